@@ -1,0 +1,72 @@
+"""cffi builder for the native runtime library, the extension module ``shim._native``.
+
+setup.py names this file in ``cffi_modules``. The module is one shared object holding
+- the C files in this folder: the halide_* entry points the shim overrides, the call
+  contexts, and the helpers Python calls;
+- Halide's own standalone host runtime (thread pool, semaphores, halide_malloc, the
+  halide_error_* family), compiled here with ``halide.compile_standalone_runtime``. Every
+  symbol in it is weak, so where this folder defines a function too, ours wins at link time;
+- the cffi glue for the declarations in ``abi/``.
+
+Python loads it with RTLD_GLOBAL|RTLD_NOW before any pipeline (see shim/native.py), so its
+definitions also win over the runtime a pipeline carries inside its own .so.
+"""
+
+import glob
+import os
+from importlib import metadata
+
+import cffi
+import halide
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+HERE = os.path.join(ROOT, "native_stubs")
+ABI = os.path.join(ROOT, "abi")
+HALIDE_INCLUDE = os.path.join(halide.install_dir(), "include")
+
+# What cffi sees, in dependency order.
+CDEF_FILES = ["halide_runtime.h", "halide_device_impl.h", "shim_api.h"]
+
+
+def _relative(path):
+    # setuptools wants sources relative to setup.py, which lives in ROOT.
+    return os.path.relpath(path, ROOT)
+
+
+def standalone_runtime_object():
+    """Halide's host runtime for this machine's OS and architecture, without CPU features, so
+    the library runs on any CPU of the family. Cached per halide version in build/."""
+    host = halide.get_host_target()
+    target = halide.Target(host.os, host.arch, host.bits)
+    version = metadata.version("halide")
+    out_dir = os.path.join(ROOT, "build", "native")
+    path = os.path.join(out_dir, f"halide_runtime-{version}-{target}.o")
+    if not os.path.exists(path):
+        os.makedirs(out_dir, exist_ok=True)
+        tmp = f"{path}.{os.getpid()}.tmp.o"
+        halide.compile_standalone_runtime(tmp, target)
+        os.replace(tmp, path)
+    return path
+
+
+def build_ffi():
+    ffibuilder = cffi.FFI()
+    for name in CDEF_FILES:
+        with open(os.path.join(ABI, name)) as f:
+            ffibuilder.cdef(f.read())
+    ffibuilder.set_source(
+        "shim._native",
+        '#include "shim_native.h"\n',
+        sources=[_relative(p) for p in sorted(glob.glob(os.path.join(HERE, "*.c")))],
+        include_dirs=[_relative(HERE), _relative(ABI), HALIDE_INCLUDE],
+        extra_objects=[standalone_runtime_object()],
+        extra_compile_args=["-std=gnu11", "-O2", "-Wall", "-Wno-unused-function"],
+        libraries=["dl", "pthread", "m"],
+    )
+    return ffibuilder
+
+
+ffibuilder = build_ffi()
+
+if __name__ == "__main__":
+    ffibuilder.compile(verbose=True)

@@ -1,0 +1,152 @@
+/* Call contexts, and the halide_error / halide_print overrides that report into them.
+ *
+ * Halide's default halide_error prints and calls abort(), which would take the Python process
+ * down with it. Ours records the message in the calling thread's context and returns, so the
+ * pipeline returns its error code and Python raises an exception that carries the message.
+ */
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "shim_native.h"
+
+/* Error text is short; print text can be large (the `debug` target feature logs every runtime
+ * call), so it is capped and the excess counted rather than kept. */
+enum { ERROR_TEXT_CAP = 64 * 1024, PRINT_TEXT_CAP = 8 * 1024 * 1024 };
+
+typedef struct {
+    char *data;
+    size_t len, cap, limit, dropped;
+} text_buffer;
+
+struct shim_call {
+    uint64_t id;
+    pthread_mutex_t lock; /* worker threads of one call may report at the same time */
+    text_buffer errors;
+    text_buffer prints;
+};
+
+static __thread shim_call *current_call;
+
+static void text_append(text_buffer *t, const char *msg) {
+    size_t n = strlen(msg);
+    size_t room = t->limit - t->len;
+    if (n > room) {
+        t->dropped += n - room;
+        n = room;
+    }
+    if (n == 0) {
+        return;
+    }
+    if (t->len + n + 1 > t->cap) {
+        size_t cap = t->cap ? t->cap : 256;
+        while (cap < t->len + n + 1) {
+            cap *= 2;
+        }
+        char *data = realloc(t->data, cap);
+        if (data == NULL) {
+            t->dropped += n;
+            return;
+        }
+        t->data = data;
+        t->cap = cap;
+    }
+    memcpy(t->data + t->len, msg, n);
+    t->len += n;
+    t->data[t->len] = '\0';
+}
+
+static const char *text_get(const text_buffer *t) {
+    return t->data ? t->data : "";
+}
+
+shim_call *shim_call_new(uint64_t id) {
+    shim_call *call = calloc(1, sizeof(shim_call));
+    if (call == NULL) {
+        return NULL;
+    }
+    call->id = id;
+    pthread_mutex_init(&call->lock, NULL);
+    call->errors.limit = ERROR_TEXT_CAP;
+    call->prints.limit = PRINT_TEXT_CAP;
+    return call;
+}
+
+void shim_call_free(shim_call *call) {
+    if (call == NULL) {
+        return;
+    }
+    pthread_mutex_destroy(&call->lock);
+    free(call->errors.data);
+    free(call->prints.data);
+    free(call);
+}
+
+uint64_t shim_call_id(const shim_call *call) {
+    return call->id;
+}
+
+shim_call *shim_call_enter(shim_call *call) {
+    shim_call *previous = current_call;
+    current_call = call;
+    return previous;
+}
+
+void shim_call_leave(shim_call *previous) {
+    current_call = previous;
+}
+
+shim_call *shim_current_call(void) {
+    return current_call;
+}
+
+int shim_call_argv(shim_call *call, int (*argv_fn)(void **), void **argv) {
+    shim_call *previous = shim_call_enter(call);
+    int result = argv_fn(argv);
+    shim_call_leave(previous);
+    return result;
+}
+
+const char *shim_call_errors(const shim_call *call) {
+    return text_get(&call->errors);
+}
+
+const char *shim_call_prints(const shim_call *call) {
+    return text_get(&call->prints);
+}
+
+size_t shim_call_prints_dropped(const shim_call *call) {
+    return call->prints.dropped;
+}
+
+static void report(text_buffer *(*which)(shim_call *), const char *msg) {
+    shim_call *call = current_call;
+    if (call == NULL) {
+        /* Not inside any shim call (a destructor at exit, a thread Halide did not start for
+         * us): there is nobody to hand the text to, so do what Halide does, minus the abort. */
+        fputs(msg, stderr);
+        return;
+    }
+    pthread_mutex_lock(&call->lock);
+    text_append(which(call), msg);
+    pthread_mutex_unlock(&call->lock);
+}
+
+static text_buffer *errors_of(shim_call *call) {
+    return &call->errors;
+}
+
+static text_buffer *prints_of(shim_call *call) {
+    return &call->prints;
+}
+
+void halide_error(void *user_context, const char *msg) {
+    (void)user_context;
+    report(errors_of, msg);
+}
+
+void halide_print(void *user_context, const char *msg) {
+    (void)user_context;
+    report(prints_of, msg);
+}

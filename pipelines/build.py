@@ -1,0 +1,171 @@
+"""Build the sample pipelines into shared libraries.
+
+    python -m pipelines.build                      # every pipeline, host target, both runtimes
+    python -m pipelines.build blur3x3 --target opencl --runtime no_runtime
+    python -m pipelines.build --list
+
+Each (pipeline, target, runtime) becomes one .so in the cache directory
+($HALIDE_SHIM_PIPELINES, default ~/.cache/halide-shim/pipelines), named after a hash of the
+generator's source, the target, the runtime choice and the halide version, so a build is
+reused until one of them changes. ``runtime`` is "bundled" (Halide's default: the runtime
+is compiled into the .so) or "no_runtime" (the .so needs the shim's runtime to load).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+
+GENERATORS_DIR = Path(__file__).resolve().parent / "generators"
+PACKAGE_ROOT = GENERATORS_DIR.parent.parent
+
+# Short names for the targets the project builds. CUDA's default PTX (sm_20) is older than
+# any current driver accepts, so the cuda target asks for compute capability 6.1.
+TARGETS = {
+    "host": "host",
+    "opencl": "host-opencl",
+    "cuda": "host-cuda-cuda_capability_61",
+}
+RUNTIMES = ("bundled", "no_runtime")
+
+# Bump when the recipe below changes in a way that changes the output.
+RECIPE_VERSION = "1"
+
+
+def generator_names() -> list[str]:
+    return sorted(p.stem for p in GENERATORS_DIR.glob("*.py") if not p.stem.startswith("_"))
+
+
+def cache_dir() -> Path:
+    configured = os.environ.get("HALIDE_SHIM_PIPELINES")
+    if configured:
+        return Path(configured)
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "halide-shim" / "pipelines"
+
+
+@dataclass(frozen=True)
+class Build:
+    """One shared library to build: a generator for a target, with or without its runtime."""
+
+    name: str
+    target: str = "host"
+    runtime: str = "bundled"
+
+    def __post_init__(self):
+        if self.name not in generator_names():
+            raise ValueError(f"unknown pipeline {self.name!r}; known: {', '.join(generator_names())}")
+        if self.target not in TARGETS:
+            raise ValueError(f"unknown target {self.target!r}; known: {', '.join(TARGETS)}")
+        if self.runtime not in RUNTIMES:
+            raise ValueError(f"unknown runtime {self.runtime!r}; known: {', '.join(RUNTIMES)}")
+
+    @property
+    def halide_target(self) -> str:
+        target = TARGETS[self.target]
+        return f"{target}-no_runtime" if self.runtime == "no_runtime" else target
+
+    def key(self) -> str:
+        digest = hashlib.sha256()
+        for source in (GENERATORS_DIR / f"{self.name}.py", GENERATORS_DIR / "_schedule.py"):
+            digest.update(source.read_bytes())
+        digest.update(
+            f"{self.halide_target}|{metadata.version('halide')}|{RECIPE_VERSION}".encode())
+        return digest.hexdigest()[:12]
+
+    def path(self, directory: Path | None = None) -> Path:
+        directory = cache_dir() if directory is None else Path(directory)
+        return directory / f"{self.name}-{self.target}-{self.runtime}-{self.key()}.so"
+
+
+def build(spec: Build, directory: Path | None = None) -> Path:
+    """The .so for ``spec``, compiling it unless an up-to-date one is cached."""
+    out = spec.path(directory)
+    if out.exists():
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="halide-shim-build-") as tmp:
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PACKAGE_ROOT), env.get("PYTHONPATH")]))
+        _run([sys.executable, "-m", f"pipelines.generators.{spec.name}", "-g", spec.name,
+              "-o", tmp, "-e", "object", "-f", spec.name, f"target={spec.halide_target}"], env)
+        library = Path(tmp) / f"{spec.name}.so"
+        compiler = os.environ.get("CC", "cc")
+        _run([compiler, "-shared", "-o", str(library), str(Path(tmp) / f"{spec.name}.o"),
+              "-lpthread", "-ldl", "-lm"], env)
+        # Rename into place so a concurrent reader never sees a half-written library.
+        staged = out.with_name(f".{out.name}.{os.getpid()}")
+        shutil.copyfile(library, staged)
+        os.replace(staged, out)
+    return out
+
+
+def _run(command, env):
+    done = subprocess.run(command, env=env, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"{' '.join(command)} failed ({done.returncode}):\n{done.stdout}{done.stderr}")
+
+
+def build_all(specs, directory=None, jobs=None, progress=print) -> dict[Build, Path]:
+    """Build many specs in parallel (one compiler process per core); reports each as it ends."""
+    specs = list(dict.fromkeys(specs))
+    todo = [s for s in specs if not s.path(directory).exists()]
+    results = {s: s.path(directory) for s in specs if s not in todo}
+    if not todo:
+        return results
+    started = time.monotonic()
+    with ThreadPoolExecutor(max_workers=jobs or os.cpu_count() or 1) as pool:
+        futures = {pool.submit(build, s, directory): s for s in todo}
+        for done, future in enumerate(as_completed(futures), 1):
+            spec = futures[future]
+            results[spec] = future.result()
+            if progress:
+                progress(f"[{done}/{len(todo)}] built {spec.name} ({spec.target}, {spec.runtime}) "
+                         f"at {time.monotonic() - started:.1f}s")
+    return results
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m pipelines.build", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("names", nargs="*", metavar="PIPELINE",
+                        help=f"pipelines to build (default: all of {', '.join(generator_names())})")
+    parser.add_argument("--target", action="append", choices=sorted(TARGETS),
+                        help="target to build for; repeatable (default: host)")
+    parser.add_argument("--runtime", action="append", choices=RUNTIMES,
+                        help="bundled runtime or no_runtime; repeatable (default: both)")
+    parser.add_argument("--out", type=Path, help="output directory (default: the cache directory)")
+    parser.add_argument("-j", "--jobs", type=int, help="parallel builds (default: one per core)")
+    parser.add_argument("--list", action="store_true", help="list the pipelines and exit")
+    args = parser.parse_args(argv)
+    if args.list:
+        print("\n".join(generator_names()))
+        return 0
+    unknown = sorted(set(args.names) - set(generator_names()))
+    if unknown:
+        parser.error(f"unknown pipeline(s): {', '.join(unknown)}")
+    specs = [Build(n, t, r)
+             for n in (args.names or generator_names())
+             for t in (args.target or ["host"])
+             for r in (args.runtime or list(RUNTIMES))]
+    try:
+        results = build_all(specs, args.out, args.jobs)
+    except RuntimeError as e:
+        print(e, file=sys.stderr)
+        return 1
+    for spec in specs:
+        print(results[spec])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,33 @@
+"""halide-shim: a drop-in runtime for ahead-of-time compiled Halide pipelines.
+
+Importing shim loads its native runtime library into the global symbol scope first, so every
+pipeline loaded afterwards calls the shim's halide_* functions instead of Halide's own.
+"""
+
+from shim import native as _native  # noqa: F401  (must come first: see shim/native.py)
+from shim.buffer import Buffer, Dimension
+from shim.errors import (
+    ArgumentError,
+    DeviceError,
+    DeviceUnavailable,
+    PipelineError,
+    ShimError,
+)
+from shim.metadata import Argument, ArgumentKind
+from shim.pipeline import Pipeline, load
+from shim.types import HalideType
+
+__all__ = [
+    "Argument",
+    "ArgumentError",
+    "ArgumentKind",
+    "Buffer",
+    "DeviceError",
+    "DeviceUnavailable",
+    "Dimension",
+    "HalideType",
+    "Pipeline",
+    "PipelineError",
+    "ShimError",
+    "load",
+]

@@ -1,0 +1,58 @@
+"""The native runtime library (shim._native), loaded before any pipeline can be.
+
+Its halide_* definitions must be first in the process's global symbol scope, so that every
+pipeline .so loaded afterwards, with or without its own bundled runtime, binds to them. That
+takes RTLD_GLOBAL (visible to later libraries) and RTLD_NOW (bound before any pipeline runs).
+This module is imported by shim/__init__.py first thing.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import sys
+
+_saved_flags = sys.getdlopenflags()
+sys.setdlopenflags(os.RTLD_GLOBAL | os.RTLD_NOW)
+try:
+    from shim import _native
+finally:
+    sys.setdlopenflags(_saved_flags)
+
+ffi = _native.ffi
+lib = _native.lib
+
+_ERROR_NAMES = ffi.typeof("enum halide_error_code_t").elements
+_call_ids = itertools.count(1)
+
+
+def error_name(code: int) -> str:
+    """Halide's name for an error code, without the common prefix."""
+    name = _ERROR_NAMES.get(code)
+    if name is None:
+        return "unknown_error"
+    return name.removeprefix("halide_error_code_")
+
+
+class CallContext:
+    """What one call into Halide code reports: error text and print output from any thread
+    that worked for it. Create one per call; it is freed with the Python object."""
+
+    __slots__ = ("id", "pointer")
+
+    def __init__(self):
+        self.id = next(_call_ids)
+        pointer = lib.shim_call_new(self.id)
+        if pointer == ffi.NULL:
+            raise MemoryError("cannot allocate a call context")
+        self.pointer = ffi.gc(pointer, lib.shim_call_free)
+
+    def errors(self) -> str:
+        return ffi.string(lib.shim_call_errors(self.pointer)).decode("utf-8", "replace")
+
+    def prints(self) -> str:
+        text = ffi.string(lib.shim_call_prints(self.pointer)).decode("utf-8", "replace")
+        dropped = lib.shim_call_prints_dropped(self.pointer)
+        if dropped:
+            text += f"\n[halide-shim: {dropped} more bytes of print output were dropped]\n"
+        return text

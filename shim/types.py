@@ -1,0 +1,81 @@
+"""Halide element types (halide_type_t) and their numpy equivalents."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+INT, UINT, FLOAT, HANDLE, BFLOAT = 0, 1, 2, 3, 4
+_CODE_NAMES = {INT: "int", UINT: "uint", FLOAT: "float", HANDLE: "handle", BFLOAT: "bfloat"}
+
+
+@dataclass(frozen=True)
+class HalideType:
+    """A halide_type_t: type code, bits per scalar, vector lanes."""
+
+    code: int
+    bits: int
+    lanes: int = 1
+
+    @property
+    def bytes(self) -> int:
+        return (self.bits + 7) // 8
+
+    @property
+    def dtype(self) -> np.dtype | None:
+        """The numpy dtype with the same storage, or None where numpy has none (bfloat16,
+        handles, vectors)."""
+        if self.lanes != 1:
+            return None
+        if self.code == UINT and self.bits == 1:
+            return np.dtype(np.bool_)
+        kind = {INT: "i", UINT: "u", FLOAT: "f"}.get(self.code)
+        if kind is None or self.bits not in (8, 16, 32, 64) or (kind == "f" and self.bits == 8):
+            return None
+        return np.dtype(f"{kind}{self.bytes}")
+
+    @property
+    def is_handle(self) -> bool:
+        return self.code == HANDLE
+
+    def __str__(self) -> str:
+        if self.code == UINT and self.bits == 1:
+            name = "bool"
+        elif self.code == HANDLE:
+            name = "handle"
+        else:
+            name = f"{_CODE_NAMES.get(self.code, f'code{self.code}')}{self.bits}"
+        return name if self.lanes == 1 else f"{name}x{self.lanes}"
+
+    @classmethod
+    def from_dtype(cls, dtype) -> HalideType:
+        """The Halide type stored like numpy's ``dtype``; raises TypeError for the others."""
+        dtype = np.dtype(dtype)
+        if dtype == np.bool_:
+            return cls(UINT, 1)
+        code = {"i": INT, "u": UINT, "f": FLOAT}.get(dtype.kind)
+        if code is None or dtype.itemsize not in (1, 2, 4, 8) or (code == FLOAT and dtype.itemsize == 1):
+            raise TypeError(f"numpy dtype {dtype} has no Halide equivalent")
+        return cls(code, dtype.itemsize * 8)
+
+    @classmethod
+    def from_c(cls, ctype) -> HalideType:
+        return cls(ctype.code, ctype.bits, ctype.lanes)
+
+    def to_c(self, ctype) -> None:
+        ctype.code, ctype.bits, ctype.lanes = self.code, self.bits, self.lanes
+
+    # The member of halide_scalar_value_t.u that holds a scalar of this type.
+    @property
+    def scalar_field(self) -> str:
+        if self.code == UINT and self.bits == 1:
+            return "b"
+        if self.code == HANDLE:
+            return "handle"
+        if self.code == BFLOAT:
+            return "u16"
+        prefix = {INT: "i", UINT: "u", FLOAT: "f"}[self.code]
+        if prefix == "f" and self.bits == 16:
+            return "u16"  # float16 travels as its bits
+        return f"{prefix}{self.bits}"
