@@ -4,7 +4,7 @@ Importing shim loads its native runtime library into the global symbol scope fir
 pipeline loaded afterwards calls the shim's halide_* functions instead of Halide's own.
 """
 
-from shim import native as _native  # noqa: F401  (must come first: see shim/native.py)
+from shim import native  # noqa: F401  (must come first: see shim/native.py)
 from shim.buffer import Buffer, Dimension
 from shim.errors import (
     ArgumentError,
