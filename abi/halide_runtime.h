@@ -166,6 +166,7 @@ enum halide_error_code_t {
 };
 
 /* The runtime entry points Python calls directly. */
+void halide_error(void *user_context, const char *msg);
 int halide_copy_to_host(void *user_context, struct halide_buffer_t *buf);
 int halide_copy_to_device(void *user_context, struct halide_buffer_t *buf,
                           const struct halide_device_interface_t *device_interface);
@@ -173,4 +174,22 @@ int halide_device_malloc(void *user_context, struct halide_buffer_t *buf,
                          const struct halide_device_interface_t *device_interface);
 int halide_device_free(void *user_context, struct halide_buffer_t *buf);
 int halide_device_sync(void *user_context, struct halide_buffer_t *buf);
+int halide_device_sync_global(void *user_context,
+                              const struct halide_device_interface_t *device_interface);
+void halide_device_release(void *user_context,
+                           const struct halide_device_interface_t *device_interface);
+int halide_device_wrap_native(void *user_context, struct halide_buffer_t *buf, uint64_t handle,
+                              const struct halide_device_interface_t *device_interface);
+int halide_device_detach_native(void *user_context, struct halide_buffer_t *buf);
+int halide_device_and_host_malloc(void *user_context, struct halide_buffer_t *buf,
+                                  const struct halide_device_interface_t *device_interface);
+int halide_device_and_host_free(void *user_context, struct halide_buffer_t *buf);
+int halide_buffer_copy(void *user_context, struct halide_buffer_t *src,
+                       const struct halide_device_interface_t *dst_device_interface,
+                       struct halide_buffer_t *dst);
+int halide_device_crop(void *user_context, const struct halide_buffer_t *src,
+                       struct halide_buffer_t *dst);
+int halide_device_slice(void *user_context, const struct halide_buffer_t *src,
+                        int slice_dim, int slice_pos, struct halide_buffer_t *dst);
+int halide_device_release_crop(void *user_context, struct halide_buffer_t *buf);
 int halide_set_num_threads(int n);

@@ -30,3 +30,28 @@ size_t shim_call_prints_dropped(const shim_call *call);
  * write the word itself: generated code and other threads change it concurrently. */
 uint64_t shim_flags_get(const struct halide_buffer_t *buf);
 void shim_flags_assign(struct halide_buffer_t *buf, uint64_t bits, bool value);
+
+/* The backends whose halide_device_interface_t the shim provides: one interface per backend
+ * in the process, whichever pipeline asks for it. */
+enum shim_backend {
+    SHIM_BACKEND_HOST = 0,   /* a simulated device in host memory, for tests */
+    SHIM_BACKEND_OPENCL = 1,
+    SHIM_BACKEND_CUDA = 2,
+    SHIM_BACKEND_COUNT = 3
+};
+
+const struct halide_device_interface_t *shim_backend_interface(int backend);
+/* The backend whose interface this is, or -1 if the shim does not own it. */
+int shim_backend_of(const struct halide_device_interface_t *device_interface);
+
+/* The calling thread's context (NULL outside any shim call). */
+shim_call *shim_current_call(void);
+
+/* Atomic stores Python uses for the device fields; release order, so that a fast path that
+ * sees a device handle also sees the interface stored before it. */
+void shim_buffer_set_device(struct halide_buffer_t *buf, uint64_t device,
+                            const struct halide_device_interface_t *device_interface);
+
+/* Halide's host allocator (from the standalone runtime), for device_and_host_malloc. */
+void *halide_malloc(void *user_context, size_t size);
+void halide_free(void *user_context, void *ptr);

@@ -1,13 +1,34 @@
 /* The generic halide_* device entry points.
  *
- * Generated code and Halide's buffer helpers call these; every device interface's public
- * members point here too, as in Halide, and the backend is reached through the interface's
- * impl table. Each entry point validates the buffer as Halide 21 does (same checks, same order,
- * same error codes), decides no-ops from atomic loads of flags and device, and only then
- * dispatches.
+ * Generated code and Halide's buffer helpers call these, and every device interface's public
+ * members point here, as in Halide. Each entry point
+ *   1. validates the buffer as Halide 21 does (same checks, order and error codes),
+ *   2. decides the no-ops from atomic loads, without a lock and without Python,
+ *   3. dispatches through the interface's impl table.
+ * There is no process-wide lock (Halide's device_copy_mutex): nothing here takes any lock.
  *
- * Unlike Halide's src/runtime/device_interface.cpp there is no process-wide device_copy_mutex:
- * nothing here takes a lock.
+ * For the shim's own interfaces (interfaces.c) the impl entries are the Python runtime core,
+ * which takes the allocation family's lock, re-checks the flags, moves the data and updates the
+ * flags itself. For any other interface (a backend the shim does not implement, running in a
+ * pipeline's bundled runtime) the impl is the backend alone and this file updates the flags
+ * afterwards, as Halide's generic layer does.
+ *
+ * Why the lock-free no-op is safe (double-checked locking)
+ * --------------------------------------------------------
+ * The fast paths read buf->device, buf->device_interface and buf->flags with acquire loads.
+ * The shim's slow paths write them under the family lock, and in this order:
+ *  - an allocation publishes the interface, then the handle, both with release stores, after
+ *    the allocation exists: a reader that sees the handle sees a usable allocation;
+ *  - a dirty bit is cleared with a release read-modify-write only after the copy it describes
+ *    has completed: a reader that sees host_dirty clear also sees every byte that upload wrote
+ *    (and likewise device_dirty clear and the download), so returning "nothing to do" hands the
+ *    caller data that is already where it needs it.
+ * A fast path that sees a dirty bit set takes the slow path, which re-reads everything under
+ * the lock: two threads racing to copy the same buffer copy it once; the second finds the bit
+ * clear. What the fast path cannot see is a bit being set at the same moment by a writer on
+ * another thread (generated code sets flags with plain stores). Such a writer is racing with
+ * the reader for the data itself; Halide's global lock does not order it either, since the
+ * writer never takes that lock.
  */
 #include <stdio.h>
 
@@ -17,6 +38,12 @@ enum {
     HOST_DIRTY = halide_buffer_flag_host_dirty,
     DEVICE_DIRTY = halide_buffer_flag_device_dirty,
 };
+
+/* Halide's own buffer_copy, from the standalone runtime, minus its global lock: used for
+ * interfaces the shim does not own. */
+int halide_buffer_copy_already_locked(void *user_context, struct halide_buffer_t *src,
+                                      const struct halide_device_interface_t *dst_device_interface,
+                                      struct halide_buffer_t *dst);
 
 static const struct halide_device_interface_t *interface_of(const halide_buffer_t *buf) {
     return __atomic_load_n(&buf->device_interface, __ATOMIC_ACQUIRE);
@@ -50,6 +77,31 @@ static int refuse_interface_switch(void *user_context, const char *routine) {
     return halide_error_code_incompatible_device_interface;
 }
 
+/* A malloc-like entry point may not move a buffer to another interface. */
+static int check_same_interface(void *user_context, const halide_buffer_t *buf,
+                                const struct halide_device_interface_t *device_interface,
+                                const char *routine) {
+    if (device_interface == NULL) {
+        /* Halide dereferences the NULL interface here; we report it instead. */
+        return halide_error_no_device_interface(user_context);
+    }
+    const struct halide_device_interface_t *current = interface_of(buf);
+    if (current != NULL && current != device_interface) {
+        return refuse_interface_switch(user_context, routine);
+    }
+    return halide_error_code_success;
+}
+
+/* Runs a foreign backend's impl entry the way Halide's generic layer does: inside
+ * use_module/release_module, any failure reported as `failure`. */
+#define FOREIGN_CALL(interface, failure, entry, ...)                                        \
+    ({                                                                                     \
+        (interface)->impl->use_module();                                                   \
+        int foreign_result_ = (interface)->impl->entry(__VA_ARGS__);                       \
+        (interface)->impl->release_module();                                               \
+        foreign_result_ ? (failure) : halide_error_code_success;                           \
+    })
+
 int halide_copy_to_host(void *user_context, struct halide_buffer_t *buf) {
     int result = validate(user_context, buf, "halide_copy_to_host");
     if (result) {
@@ -62,11 +114,15 @@ int halide_copy_to_host(void *user_context, struct halide_buffer_t *buf) {
     if (interface == NULL) {
         return halide_error_code_no_device_interface;
     }
-    if (interface->impl->copy_to_host(user_context, buf)) {
-        return halide_error_code_copy_to_host_failed;
+    if (shim_owns_interface(interface)) {
+        return interface->impl->copy_to_host(user_context, buf);
     }
-    shim_flags_clear(buf, DEVICE_DIRTY);
-    return halide_error_code_success;
+    result = FOREIGN_CALL(interface, halide_error_code_copy_to_host_failed, copy_to_host,
+                          user_context, buf);
+    if (result == halide_error_code_success) {
+        shim_flags_clear(buf, DEVICE_DIRTY);
+    }
+    return result;
 }
 
 int halide_copy_to_device(void *user_context, struct halide_buffer_t *buf,
@@ -82,10 +138,17 @@ int halide_copy_to_device(void *user_context, struct halide_buffer_t *buf,
         }
         device_interface = current;
     }
-    if (shim_device_load(buf) != 0 && current != device_interface) {
+    bool allocated = shim_device_load(buf) != 0;
+    if (allocated && current != device_interface) {
         return refuse_interface_switch(user_context, "halide_copy_to_device");
     }
-    if (shim_device_load(buf) == 0) {
+    if (allocated && !(shim_flags_load(buf) & HOST_DIRTY)) {
+        return halide_error_code_success;
+    }
+    if (shim_owns_interface(device_interface)) {
+        return device_interface->impl->copy_to_device(user_context, buf);
+    }
+    if (!allocated) {
         result = halide_device_malloc(user_context, buf, device_interface);
         if (result) {
             return result;
@@ -95,11 +158,15 @@ int halide_copy_to_device(void *user_context, struct halide_buffer_t *buf,
     if (!(flags & HOST_DIRTY)) {
         return halide_error_code_success;
     }
-    if ((flags & DEVICE_DIRTY) || device_interface->impl->copy_to_device(user_context, buf)) {
+    if (flags & DEVICE_DIRTY) {
         return halide_error_code_copy_to_device_failed;
     }
-    shim_flags_clear(buf, HOST_DIRTY);
-    return halide_error_code_success;
+    result = FOREIGN_CALL(device_interface, halide_error_code_copy_to_device_failed,
+                          copy_to_device, user_context, buf);
+    if (result == halide_error_code_success) {
+        shim_flags_clear(buf, HOST_DIRTY);
+    }
+    return result;
 }
 
 int halide_device_malloc(void *user_context, struct halide_buffer_t *buf,
@@ -108,18 +175,18 @@ int halide_device_malloc(void *user_context, struct halide_buffer_t *buf,
     if (result) {
         return result;
     }
-    if (device_interface == NULL) {
-        /* Halide dereferences the NULL interface here; we report it instead. */
-        return halide_error_no_device_interface(user_context);
+    result = check_same_interface(user_context, buf, device_interface, "halide_device_malloc");
+    if (result) {
+        return result;
     }
-    const struct halide_device_interface_t *current = interface_of(buf);
-    if (current != NULL && current != device_interface) {
-        return refuse_interface_switch(user_context, "halide_device_malloc");
+    if (shim_device_load(buf) != 0) {
+        return halide_error_code_success; /* already allocated on this interface */
     }
-    device_interface->impl->use_module();
-    result = device_interface->impl->device_malloc(user_context, buf);
-    device_interface->impl->release_module();
-    return result ? halide_error_code_device_malloc_failed : halide_error_code_success;
+    if (shim_owns_interface(device_interface)) {
+        return device_interface->impl->device_malloc(user_context, buf);
+    }
+    return FOREIGN_CALL(device_interface, halide_error_code_device_malloc_failed, device_malloc,
+                        user_context, buf);
 }
 
 int halide_device_free(void *user_context, struct halide_buffer_t *buf) {
@@ -128,16 +195,19 @@ int halide_device_free(void *user_context, struct halide_buffer_t *buf) {
         return result;
     }
     const struct halide_device_interface_t *interface = interface_of(buf);
-    if (interface != NULL) {
-        interface->impl->use_module();
-        result = interface->impl->device_free(user_context, buf);
-        interface->impl->release_module();
-        if (result) {
-            return halide_error_code_device_free_failed;
-        }
+    if (interface == NULL) {
+        shim_flags_clear(buf, DEVICE_DIRTY);
+        return halide_error_code_success;
     }
-    shim_flags_clear(buf, DEVICE_DIRTY);
-    return halide_error_code_success;
+    if (shim_owns_interface(interface)) {
+        return interface->impl->device_free(user_context, buf);
+    }
+    result = FOREIGN_CALL(interface, halide_error_code_device_free_failed, device_free,
+                          user_context, buf);
+    if (result == halide_error_code_success) {
+        shim_flags_clear(buf, DEVICE_DIRTY);
+    }
+    return result;
 }
 
 void halide_device_free_as_destructor(void *user_context, void *obj) {
@@ -153,10 +223,11 @@ int halide_device_sync(void *user_context, struct halide_buffer_t *buf) {
     if (interface == NULL) {
         return halide_error_no_device_interface(user_context);
     }
-    if (interface->impl->device_sync(user_context, buf)) {
-        return halide_error_code_device_sync_failed;
+    if (shim_owns_interface(interface)) {
+        return interface->impl->device_sync(user_context, buf);
     }
-    return halide_error_code_success;
+    return FOREIGN_CALL(interface, halide_error_code_device_sync_failed, device_sync,
+                        user_context, buf);
 }
 
 int halide_device_sync_global(void *user_context,
@@ -180,17 +251,16 @@ int halide_device_and_host_malloc(void *user_context, struct halide_buffer_t *bu
     if (result) {
         return result;
     }
-    if (device_interface == NULL) {
-        return halide_error_no_device_interface(user_context);
+    result = check_same_interface(user_context, buf, device_interface,
+                                  "halide_device_and_host_malloc");
+    if (result) {
+        return result;
     }
-    const struct halide_device_interface_t *current = interface_of(buf);
-    if (current != NULL && current != device_interface) {
-        return refuse_interface_switch(user_context, "halide_device_and_host_malloc");
+    if (shim_owns_interface(device_interface)) {
+        return device_interface->impl->device_and_host_malloc(user_context, buf);
     }
-    device_interface->impl->use_module();
-    result = device_interface->impl->device_and_host_malloc(user_context, buf);
-    device_interface->impl->release_module();
-    return result ? halide_error_code_device_malloc_failed : halide_error_code_success;
+    return FOREIGN_CALL(device_interface, halide_error_code_device_malloc_failed,
+                        device_and_host_malloc, user_context, buf);
 }
 
 int halide_device_and_host_free(void *user_context, struct halide_buffer_t *buf) {
@@ -199,12 +269,14 @@ int halide_device_and_host_free(void *user_context, struct halide_buffer_t *buf)
         return result;
     }
     const struct halide_device_interface_t *interface = interface_of(buf);
+    if (interface != NULL && shim_owns_interface(interface)) {
+        return interface->impl->device_and_host_free(user_context, buf);
+    }
     if (interface != NULL) {
-        interface->impl->use_module();
-        result = interface->impl->device_and_host_free(user_context, buf);
-        interface->impl->release_module();
+        result = FOREIGN_CALL(interface, halide_error_code_device_free_failed,
+                              device_and_host_free, user_context, buf);
         if (result) {
-            return halide_error_code_device_free_failed;
+            return result;
         }
     } else if (buf->host != NULL) {
         /* The device side is already gone; the host side is still ours to free. */
@@ -230,20 +302,19 @@ int halide_device_wrap_native(void *user_context, struct halide_buffer_t *buf, u
     if (result) {
         return result;
     }
-    if (device_interface == NULL) {
-        return halide_error_no_device_interface(user_context);
-    }
-    const struct halide_device_interface_t *current = interface_of(buf);
-    if (current != NULL && current != device_interface) {
-        return refuse_interface_switch(user_context, "halide_device_wrap_native");
+    result = check_same_interface(user_context, buf, device_interface,
+                                  "halide_device_wrap_native");
+    if (result) {
+        return result;
     }
     /* As in Halide: the interface is set before the backend sees the buffer, and a failure
      * reports device_malloc_failed. */
-    buf->device_interface = device_interface;
-    device_interface->impl->use_module();
-    result = device_interface->impl->wrap_native(user_context, buf, handle);
-    device_interface->impl->release_module();
-    return result ? halide_error_code_device_malloc_failed : halide_error_code_success;
+    __atomic_store_n(&buf->device_interface, device_interface, __ATOMIC_RELEASE);
+    if (shim_owns_interface(device_interface)) {
+        return device_interface->impl->wrap_native(user_context, buf, handle);
+    }
+    return FOREIGN_CALL(device_interface, halide_error_code_device_malloc_failed, wrap_native,
+                        user_context, buf, handle);
 }
 
 int halide_device_detach_native(void *user_context, struct halide_buffer_t *buf) {
@@ -255,11 +326,14 @@ int halide_device_detach_native(void *user_context, struct halide_buffer_t *buf)
     if (interface == NULL) {
         return halide_error_code_success;
     }
-    interface->impl->use_module();
-    result = interface->impl->detach_native(user_context, buf);
-    interface->impl->release_module();
+    if (shim_owns_interface(interface)) {
+        result = interface->impl->detach_native(user_context, buf);
+    } else {
+        result = FOREIGN_CALL(interface, halide_error_code_device_detach_native_failed,
+                              detach_native, user_context, buf);
+    }
     if (result) {
-        return halide_error_code_device_detach_native_failed;
+        return result;
     }
     if (shim_device_load(buf) != 0) {
         halide_error(user_context, "buf->device is not 0 after detach_native\n");
@@ -283,6 +357,10 @@ static int check_crop_destination(void *user_context, const struct halide_buffer
 
 int halide_device_crop(void *user_context, const struct halide_buffer_t *src,
                        struct halide_buffer_t *dst) {
+    /* Halide dereferences NULL buffers in the crop family of calls; we report them. */
+    if (src == NULL || dst == NULL) {
+        return halide_error_buffer_is_null(user_context, "halide_device_crop");
+    }
     if (shim_device_load(src) == 0) {
         return halide_error_code_success;
     }
@@ -297,6 +375,9 @@ int halide_device_crop(void *user_context, const struct halide_buffer_t *src,
 
 int halide_device_slice(void *user_context, const struct halide_buffer_t *src, int slice_dim,
                         int slice_pos, struct halide_buffer_t *dst) {
+    if (src == NULL || dst == NULL) {
+        return halide_error_buffer_is_null(user_context, "halide_device_slice");
+    }
     if (shim_device_load(src) == 0) {
         return halide_error_code_success;
     }
@@ -311,13 +392,36 @@ int halide_device_slice(void *user_context, const struct halide_buffer_t *src, i
 }
 
 int halide_device_release_crop(void *user_context, struct halide_buffer_t *buf) {
+    if (buf == NULL) {
+        return halide_error_buffer_is_null(user_context, "halide_device_release_crop");
+    }
     if (shim_device_load(buf) == 0) {
         return halide_error_code_success;
     }
     const struct halide_device_interface_t *interface = interface_of(buf);
+    if (shim_owns_interface(interface)) {
+        return interface->impl->device_release_crop(user_context, buf);
+    }
     int result = interface->impl->device_release_crop(user_context, buf);
     buf->device = 0;
     interface->impl->release_module();
     buf->device_interface = NULL;
     return result;
+}
+
+static bool shim_or_none(const struct halide_device_interface_t *device_interface) {
+    return device_interface == NULL || shim_owns_interface(device_interface);
+}
+
+int halide_buffer_copy(void *user_context, struct halide_buffer_t *src,
+                       const struct halide_device_interface_t *dst_device_interface,
+                       struct halide_buffer_t *dst) {
+    if (src == NULL || dst == NULL) {
+        return halide_error_buffer_is_null(user_context, "halide_buffer_copy");
+    }
+    if (shim_or_none(interface_of(src)) && shim_or_none(dst_device_interface) &&
+        shim_or_none(interface_of(dst))) {
+        return shim_py_buffer_copy(user_context, src, dst_device_interface, dst);
+    }
+    return halide_buffer_copy_already_locked(user_context, src, dst_device_interface, dst);
 }

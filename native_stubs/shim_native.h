@@ -15,8 +15,38 @@
 #include "halide_device_impl.h"
 #include "shim_api.h"
 
-/* The calling thread's context, or NULL outside any shim call. */
-shim_call *shim_current_call(void);
+/* Generic entry points Halide defines but its public header does not declare. */
+int halide_device_and_host_malloc(void *user_context, struct halide_buffer_t *buf,
+                                  const struct halide_device_interface_t *device_interface);
+int halide_device_and_host_free(void *user_context, struct halide_buffer_t *buf);
+
+/* The Python runtime core's callbacks (abi/shim_callbacks.h), as plain C prototypes. */
+int shim_py_device_malloc(void *, struct halide_buffer_t *, const struct halide_device_interface_t *);
+int shim_py_device_free(void *, struct halide_buffer_t *, const struct halide_device_interface_t *);
+int shim_py_device_sync(void *, struct halide_buffer_t *, const struct halide_device_interface_t *);
+int shim_py_device_release(void *, const struct halide_device_interface_t *);
+int shim_py_copy_to_host(void *, struct halide_buffer_t *, const struct halide_device_interface_t *);
+int shim_py_copy_to_device(void *, struct halide_buffer_t *, const struct halide_device_interface_t *);
+int shim_py_device_and_host_malloc(void *, struct halide_buffer_t *,
+                                   const struct halide_device_interface_t *);
+int shim_py_device_and_host_free(void *, struct halide_buffer_t *,
+                                 const struct halide_device_interface_t *);
+int shim_py_buffer_copy(void *, struct halide_buffer_t *, const struct halide_device_interface_t *,
+                        struct halide_buffer_t *);
+int shim_py_device_crop(void *, const struct halide_buffer_t *, struct halide_buffer_t *,
+                        const struct halide_device_interface_t *);
+int shim_py_device_slice(void *, const struct halide_buffer_t *, int, int, struct halide_buffer_t *,
+                         const struct halide_device_interface_t *);
+int shim_py_device_release_crop(void *, struct halide_buffer_t *,
+                                const struct halide_device_interface_t *);
+int shim_py_wrap_native(void *, struct halide_buffer_t *, uint64_t,
+                        const struct halide_device_interface_t *);
+int shim_py_detach_native(void *, struct halide_buffer_t *, const struct halide_device_interface_t *);
+int shim_py_compute_capability(void *, int *, int *, const struct halide_device_interface_t *);
+
+static inline bool shim_owns_interface(const struct halide_device_interface_t *device_interface) {
+    return shim_backend_of(device_interface) >= 0;
+}
 
 /* Atomic access to halide_buffer_t::flags. Generated code writes flags inline, so every read the
  * shim bases a decision on is an acquire load, and every change is a read-modify-write that keeps

@@ -5,11 +5,14 @@ pipeline loaded afterwards calls the shim's halide_* functions instead of Halide
 """
 
 from shim import native  # noqa: F401  (must come first: see shim/native.py)
+from shim import runtime  # noqa: F401  (registers the device-layer callbacks)
 from shim.buffer import Buffer, Dimension
+from shim.devices import device, devices
 from shim.errors import (
     ArgumentError,
     DeviceError,
     DeviceUnavailable,
+    DirtyBufferWarning,
     PipelineError,
     ShimError,
 )
@@ -25,9 +28,12 @@ __all__ = [
     "DeviceError",
     "DeviceUnavailable",
     "Dimension",
+    "DirtyBufferWarning",
     "HalideType",
     "Pipeline",
     "PipelineError",
     "ShimError",
+    "device",
+    "devices",
     "load",
 ]

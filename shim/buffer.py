@@ -6,12 +6,17 @@ axis, so a numpy array of shape (height, width) is a Halide buffer of extents (w
 
 from __future__ import annotations
 
+import warnings
 from typing import NamedTuple
 
 import numpy as np
 
-from shim.errors import ArgumentError
+from shim import devices, families
+from shim.backends.base import Backend, interface_of
+from shim.errors import ArgumentError, DirtyBufferWarning
+from shim.families import Family
 from shim.native import ffi, lib
+from shim.runtime import runtime_call
 from shim.types import HalideType
 
 HOST_DIRTY = lib.halide_buffer_flag_host_dirty
@@ -49,14 +54,18 @@ def as_host_array(value, argument: str) -> np.ndarray:
 
 
 class Buffer:
-    """A Halide buffer over host memory.
+    """A Halide buffer over host memory, with an optional device allocation.
 
     ``Buffer(array)`` wraps a numpy array (or any object ``as_host_array`` accepts) without
     copying; ``Buffer(shape=..., dtype=...)`` allocates zeroed memory. Shapes are in numpy order.
     A new Buffer is host-dirty: its host memory is the only copy of its data.
+
+    Device methods follow halide.Buffer. Reading the host data through this class
+    (``numpy()``, ``np.asarray``) copies device results back first, and dropping a Buffer frees
+    its device memory, copying unread device results back to host memory (with a warning).
     """
 
-    __slots__ = ("_raw", "_dims", "_array", "_type", "__weakref__")
+    __slots__ = ("_raw", "_dims", "_array", "_type", "_family", "__weakref__")
 
     def __init__(self, data=None, *, shape=None, dtype=None):
         if data is None:
@@ -102,6 +111,8 @@ class Buffer:
         raw.dim = self._dims
         self._array = array
         self._type = htype
+        self._family = Family()
+        families.register_owned(raw, self._family)
 
     # --- shape ---------------------------------------------------------------------------
 
@@ -137,7 +148,10 @@ class Buffer:
     # --- host data -----------------------------------------------------------------------
 
     def numpy(self) -> np.ndarray:
-        """The host memory as a numpy array, without copying."""
+        """The host memory as a numpy array, without copying; device results are copied back
+        first, so what it shows is current."""
+        if self.device_dirty:
+            self.copy_to_host()
         return self._array
 
     def __array__(self, dtype=None, copy=None):
@@ -166,8 +180,90 @@ class Buffer:
     def set_device_dirty(self, value: bool = True) -> None:
         lib.shim_flags_assign(self._raw, DEVICE_DIRTY, value)
 
+    # --- device --------------------------------------------------------------------------
+
+    @property
+    def has_device_allocation(self) -> bool:
+        return self._raw.device != 0
+
+    @property
+    def device(self) -> Backend | None:
+        """The device holding this Buffer's device allocation, if any."""
+        if not self._raw.device:
+            return None
+        return devices.backend_for_interface(self._raw.device_interface)
+
+    def device_malloc(self, device=None) -> None:
+        """Allocate device memory (on ``device``: a name such as "opencl", or a device from
+        shim.device(); default: shim's default device). Does nothing if already allocated."""
+        self._runtime("device_malloc", lib.halide_device_malloc, self._raw,
+                      interface_of(_device(device)))
+
+    def copy_to_device(self, device=None) -> None:
+        """Make the device allocation current: allocate it if needed, upload if host-dirty."""
+        if device is None and self._raw.device:
+            interface = ffi.NULL  # the interface it already has
+        else:
+            interface = interface_of(_device(device))
+        self._runtime("copy_to_device", lib.halide_copy_to_device, self._raw, interface)
+
+    def copy_to_host(self) -> None:
+        """Make the host memory current: download if device-dirty."""
+        self._runtime("copy_to_host", lib.halide_copy_to_host, self._raw)
+
+    def device_sync(self) -> None:
+        """Wait for the device work queued on this Buffer's device to finish."""
+        if self._raw.device:
+            self._runtime("device_sync", lib.halide_device_sync, self._raw)
+
+    def device_free(self) -> None:
+        """Free the device allocation. Results that exist only on the device are copied back to
+        host memory first: freeing never loses data."""
+        self._release_device(dropping=False)
+
+    def _runtime(self, what, function, *args) -> None:
+        with runtime_call(what) as check:
+            check(function(ffi.NULL, *args))
+
+    def _release_device(self, *, dropping: bool) -> None:
+        if not self._raw.device:
+            lib.shim_flags_assign(self._raw, DEVICE_DIRTY, False)
+            return
+        if self.device_dirty and self._raw.host != ffi.NULL:
+            self.copy_to_host()
+            if dropping:
+                warnings.warn(f"{self!r} was dropped holding device results it never read; "
+                              "they were copied back to its host memory", DirtyBufferWarning,
+                              stacklevel=3)
+        self._runtime("device_free", lib.halide_device_free, self._raw)
+
+    def __del__(self):
+        raw = getattr(self, "_raw", None)
+        if raw is None:
+            return  # construction failed before the struct existed
+        if raw.device and self._family.lock.held_by_current_thread():
+            # The collector ran inside this family's own critical section: a stand-in that
+            # keeps the struct and its memory alive finishes the job once the lock is free.
+            orphan = Buffer.__new__(Buffer)
+            for name in Buffer.__slots__[:-1]:
+                setattr(orphan, name, getattr(self, name))
+            self._family.deferred.append(lambda: orphan._release_device(dropping=True))
+            return
+        try:
+            if raw.device:
+                self._release_device(dropping=True)
+        except Exception as e:  # noqa: BLE001 - a finalizer must not raise
+            warnings.warn(f"releasing the device memory of a dropped Buffer failed: {e}",
+                          RuntimeWarning, stacklevel=2)
+        finally:
+            families.unregister_owned(raw)
+
     def __repr__(self) -> str:
         return f"<shim.Buffer {self._type} shape={self.shape}>"
+
+
+def _device(device) -> Backend:
+    return devices.default_device() if device is None else devices.device(device)
 
 
 def _shape_tuple(shape, argument: str) -> tuple[int, ...]:

@@ -49,3 +49,8 @@ class DeviceError(HalideCodeError):
 
 class DeviceUnavailable(ShimError):
     """The requested device does not exist on this machine, or its driver cannot be loaded."""
+
+
+class DirtyBufferWarning(UserWarning):
+    """A Buffer holding results only on its device was dropped or freed; the shim copied the
+    data back to host memory first, but the program never read it."""

@@ -18,12 +18,15 @@ import numpy as np
 
 from shim.buffer import Buffer, _shape_tuple, as_host_array
 from shim.elf import NotELF, pipeline_names
-from shim.errors import ArgumentError, BoundsError, PipelineError
+from shim.errors import ArgumentError, BoundsError, DeviceError, PipelineError
 from shim.metadata import USER_CONTEXT, Argument, read_metadata
 from shim.native import CallContext, ffi, lib
+from shim.runtime import take_exception
 from shim.types import BFLOAT, FLOAT
 
 _BOUNDS_CACHE_SIZE = 64
+# Target features that make a pipeline run code on a device.
+DEVICE_FEATURES = {"opencl", "cuda", "metal", "vulkan", "d3d12compute", "webgpu"}
 
 
 def load(path, name: str | None = None) -> Pipeline:
@@ -45,7 +48,11 @@ class _Marshalled:
     buffers: list = field(default_factory=list)
     # (index into argv, scalar pointer) for each scalar argument.
     scalars: list = field(default_factory=list)
-    # (temporary Buffer, user's array) pairs to copy back after the call.
+    # Buffers the shim made for this call over the caller's arrays; their device memory is
+    # freed when the call ends.
+    temporaries: list = field(default_factory=list)
+    # (output Buffer, the caller's array to copy it into, or None when the Buffer is a view of
+    # that array) for outputs given as arrays: their results go back to host memory.
     copy_back: list = field(default_factory=list)
     # What the call returns, in metadata order of the outputs.
     results: list = field(default_factory=list)
@@ -75,6 +82,8 @@ class Pipeline:
             raise ArgumentError("path", f"{self.path}: metadata names the pipeline {md_name!r}, "
                                         f"exported as {self.name!r}")
         self.arguments = [a for a in self._all_arguments if a.name != USER_CONTEXT]
+        # The device APIs the pipeline's code uses (none: it computes on the CPU only).
+        self.device_kinds = frozenset(f for f in self.target.split("-") if f in DEVICE_FEATURES)
         self._by_name = {a.name: a for a in self.arguments}
         self._bounds_ok = OrderedDict()
 
@@ -94,10 +103,24 @@ class Pipeline:
     def __call__(self, *args, **kwargs):
         values = self._bind(args, kwargs)
         call = self._marshal(values)
-        self._check_bounds(call)
-        self._run(call.argv)
-        for temporary, target in call.copy_back:
-            np.copyto(target, temporary.numpy())
+        try:
+            self._check_bounds(call)
+            for _, arg, buf in call.buffers:
+                self._prepare_device_state(buf)
+            self._run(call.argv)
+            if not self.device_kinds:
+                # Code compiled for the CPU only writes outputs without marking them
+                # host-dirty; a device copy they may have would silently go stale.
+                for _, arg, buf in call.buffers:
+                    if arg.is_output:
+                        buf.set_host_dirty(True)
+            for output, target in call.copy_back:
+                output.copy_to_host()
+                if target is not None:
+                    np.copyto(target, output.numpy())
+        finally:
+            for temporary in call.temporaries:
+                temporary.device_free()
         return call.results[0] if len(call.results) == 1 else tuple(call.results)
 
     def _bind(self, args, kwargs) -> dict:
@@ -157,17 +180,33 @@ class Pipeline:
             raise ArgumentError(arg.name, "the output array is read-only")
         if _halide_can_address(array):
             buf = Buffer._wrap(array, arg.name)
+            if arg.is_output:
+                call.copy_back.append((buf, None))
         elif arg.is_output:
             # Halide wants unit stride in x; compute into a dense array and copy back.
             buf = Buffer._wrap(np.empty(array.shape, array.dtype), arg.name)
             call.copy_back.append((buf, array))
         else:
             buf = Buffer._wrap(np.ascontiguousarray(array), arg.name)
-        if not arg.is_output:
-            buf.set_host_dirty(True)
+        call.temporaries.append(buf)
         if arg.is_output:
             call.results.append(array)
+        else:
+            buf.set_host_dirty(True)
         return buf
+
+    def _prepare_device_state(self, buf: Buffer) -> None:
+        """Make a Buffer that lives on a device this pipeline does not use acceptable to it:
+        its current data goes to host memory (a CPU pipeline fails on device-dirty inputs), and
+        a GPU pipeline on another API gets it without a device allocation, which it would
+        otherwise refuse as a switch of interfaces."""
+        device = buf.device
+        if device is None or device.kind in self.device_kinds:
+            return
+        if buf.device_dirty:
+            buf.copy_to_host()
+        if self.device_kinds:
+            buf.device_free()
 
     # --- bounds ----------------------------------------------------------------------------
 
@@ -211,7 +250,11 @@ class Pipeline:
         if printed:
             sys.stderr.write(printed)
         if result != 0:
-            raise PipelineError(result, context.errors().strip(), context=self.name)
+            message = context.errors().strip()
+            cause = take_exception(context.id)
+            if cause is not None:  # a device operation failed inside the pipeline
+                raise DeviceError(result, message, context=self.name) from cause
+            raise PipelineError(result, message, context=self.name)
 
 
 _MISSING = object()

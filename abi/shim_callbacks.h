@@ -1,0 +1,41 @@
+/* The Python runtime core, as C sees it: one callback per device-interface operation,
+ * implemented in shim/runtime.py. "Python+C" lets the native library's own C files call them.
+ *
+ * Each takes the interface of the backend it acts for, so one set of callbacks serves every
+ * backend. They return Halide error codes, the ones Halide's generic layer would return.
+ */
+extern "Python+C" {
+    int shim_py_device_malloc(void *user_context, struct halide_buffer_t *buf,
+                              const struct halide_device_interface_t *device_interface);
+    int shim_py_device_free(void *user_context, struct halide_buffer_t *buf,
+                            const struct halide_device_interface_t *device_interface);
+    int shim_py_device_sync(void *user_context, struct halide_buffer_t *buf,
+                            const struct halide_device_interface_t *device_interface);
+    int shim_py_device_release(void *user_context,
+                               const struct halide_device_interface_t *device_interface);
+    int shim_py_copy_to_host(void *user_context, struct halide_buffer_t *buf,
+                             const struct halide_device_interface_t *device_interface);
+    int shim_py_copy_to_device(void *user_context, struct halide_buffer_t *buf,
+                               const struct halide_device_interface_t *device_interface);
+    int shim_py_device_and_host_malloc(void *user_context, struct halide_buffer_t *buf,
+                                       const struct halide_device_interface_t *device_interface);
+    int shim_py_device_and_host_free(void *user_context, struct halide_buffer_t *buf,
+                                     const struct halide_device_interface_t *device_interface);
+    int shim_py_buffer_copy(void *user_context, struct halide_buffer_t *src,
+                            const struct halide_device_interface_t *dst_device_interface,
+                            struct halide_buffer_t *dst);
+    int shim_py_device_crop(void *user_context, const struct halide_buffer_t *src,
+                            struct halide_buffer_t *dst,
+                            const struct halide_device_interface_t *device_interface);
+    int shim_py_device_slice(void *user_context, const struct halide_buffer_t *src,
+                             int slice_dim, int slice_pos, struct halide_buffer_t *dst,
+                             const struct halide_device_interface_t *device_interface);
+    int shim_py_device_release_crop(void *user_context, struct halide_buffer_t *buf,
+                                    const struct halide_device_interface_t *device_interface);
+    int shim_py_wrap_native(void *user_context, struct halide_buffer_t *buf, uint64_t handle,
+                            const struct halide_device_interface_t *device_interface);
+    int shim_py_detach_native(void *user_context, struct halide_buffer_t *buf,
+                              const struct halide_device_interface_t *device_interface);
+    int shim_py_compute_capability(void *user_context, int *major, int *minor,
+                                   const struct halide_device_interface_t *device_interface);
+}

@@ -1,0 +1,1 @@
+"""Device backends: what moves bytes for each kind of device (see base.Backend)."""

@@ -1,0 +1,99 @@
+"""The protocol a device backend implements.
+
+The generic layer (shim/runtime.py) does everything Halide's generic device layer does:
+validation, locking, dirty bits, which copy to make. A backend only allocates device memory,
+hands out handles into it, and moves bytes between device memory and host memory as a
+CopyPlan (shim/regions.py) describes. GPU backends also compile and launch kernels, through the
+entry points of their own modules.
+
+A backend is bound to one device for the life of the process: Halide's handles (a cl_mem, a
+CUdeviceptr) do not say which device they belong to, so there is one interface, one context
+and one device per backend.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+from shim.regions import CopyPlan
+
+
+class BackendError(Exception):
+    """A backend operation failed. The generic layer turns it into the Halide error code of
+    the operation that failed (device_malloc_failed, copy_to_host_failed, ...)."""
+
+
+class Memory:
+    """One device allocation (or wrapped native memory), as its backend represents it."""
+
+    def __init__(self, nbytes: int, owned: bool = True):
+        self.nbytes = nbytes
+        self.owned = owned  # False for wrapped native memory: never freed by the shim
+
+
+class Backend(ABC):
+    #: "host", "opencl" or "cuda": the key in shim.device(kind) and the native interface.
+    kind: str
+    #: Index of this backend's interface in the native library (enum shim_backend).
+    index: int
+
+    @property
+    @abstractmethod
+    def name(self) -> str:
+        """The device's name, for people."""
+
+    @abstractmethod
+    def allocate(self, nbytes: int) -> Memory:
+        """A new allocation of at least ``nbytes``."""
+
+    @abstractmethod
+    def free(self, memory: Memory) -> None:
+        """Release an owned allocation (called once, when no handle into it remains)."""
+
+    @abstractmethod
+    def handle(self, memory: Memory, offset: int) -> int:
+        """The value Halide keeps in halide_buffer_t::device for the element ``offset`` bytes
+        into ``memory`` (Halide's handle layout for this API)."""
+
+    def release_handle(self, memory: Memory, handle: int) -> None:
+        """Forget a handle made by ``handle`` (for APIs whose handles own something)."""
+
+    def detached(self, memory: Memory) -> None:
+        """detach_native gave ``memory`` to the caller: the shim will not free it."""
+
+    @abstractmethod
+    def write(self, memory: Memory, plan: CopyPlan, host_address: int) -> None:
+        """Host -> device: plan.src_* describe host memory at ``host_address``, plan.dst_* the
+        allocation."""
+
+    @abstractmethod
+    def read(self, memory: Memory, plan: CopyPlan, host_address: int) -> None:
+        """Device -> host: plan.src_* describe the allocation, plan.dst_* host memory."""
+
+    @abstractmethod
+    def copy(self, src: Memory, dst: Memory, plan: CopyPlan) -> None:
+        """Device -> device within this backend."""
+
+    def sync(self) -> None:
+        """Wait until all work queued on the device has finished."""
+
+    @abstractmethod
+    def wrap(self, native: int) -> Memory:
+        """Memory the caller allocated (a cl_mem, a CUdeviceptr, ...), not owned by the shim."""
+
+    @abstractmethod
+    def native(self, memory: Memory) -> int:
+        """The native handle of an allocation (what ``wrap`` takes)."""
+
+    def release(self) -> None:
+        """halide_device_release: drop caches (compiled kernels); live allocations stay valid."""
+
+    def compute_capability(self) -> tuple[int, int]:
+        return (0, 0)
+
+
+def interface_of(backend: Backend):
+    """The backend's halide_device_interface_t, the one every pipeline in the process uses."""
+    from shim.native import lib
+
+    return lib.shim_backend_interface(backend.index)

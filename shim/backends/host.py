@@ -1,0 +1,144 @@
+"""The ``host`` device: a simulated device whose memory is separate host memory.
+
+It behaves like a GPU as far as Halide's buffer protocol goes (its own allocations, explicit
+copies in both directions, handles that are not host pointers of the buffer), so code that
+manages device state can be tested on any machine. It also injects faults: the Nth allocation
+or copy from now fails, copies sleep to widen race windows, and it counts live allocations for
+leak checks.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from shim.backends.base import Backend, BackendError, Memory
+from shim.regions import CopyPlan, host_memory
+
+ALIGNMENT = 128
+
+
+class HostMemory(Memory):
+    def __init__(self, nbytes: int, address: int, array: np.ndarray | None = None):
+        super().__init__(nbytes, owned=array is not None)
+        self.address = address
+        self.array = array  # keeps owned memory alive; None for wrapped memory
+
+
+@dataclass
+class Faults:
+    """What to break. Counts are "the Nth from now" (1 = the next one); None disables."""
+
+    fail_allocation: int | None = None
+    fail_copy: int | None = None
+    copy_delay: float = 0.0
+
+
+class HostBackend(Backend):
+    kind = "host"
+    index = 0
+
+    def __init__(self):
+        self._faults = Faults()
+        self._counter_lock = threading.Lock()  # guards the counters below, never held across work
+        self._allocations_seen = 0
+        self._copies_seen = 0
+        self._live: dict[int, HostMemory] = {}
+        # Detached allocations now belong to whoever detached them; host memory has no
+        # native allocator to hand them to, so they stay valid as long as the backend.
+        self._detached: list[HostMemory] = []
+        self.bytes_copied = 0
+
+    @property
+    def name(self) -> str:
+        return "simulated device in host memory"
+
+    # --- fault injection -----------------------------------------------------------------
+
+    def set_faults(self, *, fail_allocation: int | None = None, fail_copy: int | None = None,
+                   copy_delay: float = 0.0) -> None:
+        """Make the ``fail_allocation``-th allocation and the ``fail_copy``-th copy from now
+        fail (1 = the next), and every copy sleep ``copy_delay`` seconds first."""
+        with self._counter_lock:
+            self._faults = Faults(
+                None if fail_allocation is None else self._allocations_seen + fail_allocation,
+                None if fail_copy is None else self._copies_seen + fail_copy,
+                copy_delay)
+
+    def clear_faults(self) -> None:
+        self.set_faults()
+
+    @property
+    def live_allocations(self) -> int:
+        return len(self._live)
+
+    @property
+    def live_bytes(self) -> int:
+        return sum(m.nbytes for m in list(self._live.values()))
+
+    def _next_allocation_fails(self) -> bool:
+        with self._counter_lock:
+            self._allocations_seen += 1
+            return self._allocations_seen == self._faults.fail_allocation
+
+    def _before_copy(self, nbytes: int) -> None:
+        with self._counter_lock:
+            self._copies_seen += 1
+            fail = self._copies_seen == self._faults.fail_copy
+            delay = self._faults.copy_delay
+            self.bytes_copied += nbytes
+        if delay:
+            time.sleep(delay)
+        if fail:
+            raise BackendError("injected copy failure")
+
+    # --- memory --------------------------------------------------------------------------
+
+    def allocate(self, nbytes: int) -> HostMemory:
+        if self._next_allocation_fails():
+            raise BackendError("injected allocation failure")
+        raw = np.empty(max(nbytes, 1) + ALIGNMENT, np.uint8)
+        start = -raw.ctypes.data % ALIGNMENT
+        memory = HostMemory(nbytes, raw.ctypes.data + start, raw)
+        self._live[memory.address] = memory
+        return memory
+
+    def free(self, memory: HostMemory) -> None:
+        self._live.pop(memory.address, None)
+
+    def detached(self, memory: HostMemory) -> None:
+        self._live.pop(memory.address, None)
+        self._detached.append(memory)
+
+    def handle(self, memory: HostMemory, offset: int) -> int:
+        return memory.address + offset
+
+    def wrap(self, native: int) -> HostMemory:
+        # Native memory for this device is any host address; the size is unknown, so
+        # copies trust Halide's shapes, as a GPU API would.
+        if native == 0:
+            raise BackendError("cannot wrap a null address")
+        return HostMemory(0, native)
+
+    def native(self, memory: HostMemory) -> int:
+        return memory.address
+
+    # --- copies --------------------------------------------------------------------------
+
+    def write(self, memory: HostMemory, plan: CopyPlan, host_address: int) -> None:
+        self._before_copy(plan.nbytes)
+        source = host_memory(host_address, plan.src_span)
+        np.copyto(plan.dst_view(host_memory(memory.address, plan.dst_span)), plan.src_view(source))
+
+    def read(self, memory: HostMemory, plan: CopyPlan, host_address: int) -> None:
+        self._before_copy(plan.nbytes)
+        target = host_memory(host_address, plan.dst_span)
+        np.copyto(plan.dst_view(target), plan.src_view(host_memory(memory.address, plan.src_span)))
+
+    def copy(self, src: HostMemory, dst: HostMemory, plan: CopyPlan) -> None:
+        self._before_copy(plan.nbytes)
+        np.copyto(plan.dst_view(host_memory(dst.address, plan.dst_span)),
+                  plan.src_view(host_memory(src.address, plan.src_span)))

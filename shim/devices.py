@@ -1,0 +1,78 @@
+"""Choosing devices: ``shim.device(kind)``, ``shim.devices()``, and the map from Halide's
+device interfaces to the backends behind them."""
+
+from __future__ import annotations
+
+import os
+import threading
+
+from shim.backends.base import Backend
+from shim.errors import ArgumentError, DeviceUnavailable
+from shim.native import ffi, lib
+
+_backends: dict[int, Backend] = {}
+# Serializes creating a backend (a driver's context is made once), never device operations.
+_creation_lock = threading.Lock()
+
+
+def _factories():
+    from shim.backends.host import HostBackend
+
+    return {"host": HostBackend}
+
+
+KINDS = ("host",)
+
+
+def device(kind: str = "host", **options) -> Backend:
+    """The device of a backend kind ("host" here), created on first use. The backend keeps
+    that device for the life of the process; asking for it again returns the same object."""
+    if isinstance(kind, Backend):
+        return kind
+    factories = _factories()
+    if kind not in factories:
+        raise ArgumentError("kind", f"unknown device kind {kind!r}; expected one of "
+                                    f"{', '.join(sorted(factories))}")
+    factory = factories[kind]
+    backend = _backends.get(factory.index)
+    if backend is None:
+        with _creation_lock:
+            backend = _backends.get(factory.index)
+            if backend is None:
+                backend = factory(**options)
+                _backends[factory.index] = backend
+    return backend
+
+
+def default_device() -> Backend:
+    """The device used when none is named: $HALIDE_SHIM_DEVICE if set, else the first of the
+    GPU backends that works on this machine, else the simulated host device."""
+    configured = os.environ.get("HALIDE_SHIM_DEVICE")
+    if configured:
+        return device(configured)
+    for kind in _factories():
+        if kind == "host":
+            continue
+        try:
+            return device(kind)
+        except DeviceUnavailable:
+            continue
+    return device("host")
+
+
+def devices() -> list[Backend]:
+    """Every device the shim can use on this machine."""
+    return [device(kind) for kind in _factories()]
+
+
+def backend_for_interface(interface) -> Backend:
+    """The backend behind one of the shim's interfaces, created with its defaults if no one
+    asked for it yet (a pipeline may use a device before Python does)."""
+    index = lib.shim_backend_of(interface)
+    backend = _backends.get(index)
+    if backend is not None:
+        return backend
+    for kind, factory in _factories().items():
+        if factory.index == index:
+            return device(kind)
+    raise LookupError(f"no backend for interface {ffi.cast('uintptr_t', interface)}")

@@ -1,0 +1,161 @@
+"""Allocation families: the unit of locking in the device layer.
+
+A family is one device allocation and every halide_buffer_t that aliases it: the buffer it
+was made for, and the crops and slices taken of it. Each family has its own lock, created and
+owned here; unrelated buffers never contend, and there is no global lock. (Halide's own
+runtime serializes every device call in the process on one mutex.)
+
+A halide_buffer_t finds its family in one of three ways:
+ - it belongs to a shim.Buffer: the Buffer registered its struct's address here;
+ - it carries a device handle the shim gave out: the handle is registered here;
+ - neither (a pipeline's own buffer, not yet on a device): a lock of its own, kept only until
+   the struct gets an allocation, so that two threads cannot allocate it twice.
+Which of these applies can change while a thread waits for a lock, so ``locked`` re-checks
+after acquiring and retries with the right one.
+"""
+
+from __future__ import annotations
+
+import threading
+from contextlib import contextmanager
+
+from shim.native import ffi, lib
+
+
+class FamilyLock:
+    """A mutex that knows which thread holds it: code that can run at any moment (a
+    finalizer, from the garbage collector) must not wait for a lock its own thread holds."""
+
+    __slots__ = ("_lock", "owner")
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self.owner = None
+
+    def acquire(self) -> None:
+        # Blocking here releases the GIL, so a thread waiting for a family never stops the
+        # thread that holds it from running Python.
+        self._lock.acquire()
+        self.owner = threading.get_ident()
+
+    def release(self) -> None:
+        self.owner = None
+        self._lock.release()
+
+    def held_by_current_thread(self) -> bool:
+        return self.owner == threading.get_ident()
+
+
+class Family:
+    """One allocation (``memory``, made by ``backend``) and the handles into it."""
+
+    __slots__ = ("lock", "backend", "memory", "handles", "deferred", "__weakref__")
+
+    def __init__(self, backend=None):
+        self.lock = FamilyLock()
+        self.backend = backend
+        self.memory = None
+        # handle -> [byte offset into memory, number of halide_buffer_t carrying it]
+        self.handles: dict[int, list[int]] = {}
+        # Work that had to wait for the lock to be free (see run_deferred).
+        self.deferred: list = []
+
+    def add_handle(self, handle: int, offset: int) -> None:
+        entry = self.handles.setdefault(handle, [offset, 0])
+        entry[1] += 1
+        _by_handle[self.backend.index, handle] = self
+
+    def offset_of(self, handle: int) -> int:
+        return self.handles[handle][0]
+
+    def drop_handle(self, handle: int, *, free: bool = True) -> None:
+        """One halide_buffer_t no longer carries ``handle``. The memory goes when the last
+        handle does (a crop keeps its parent's allocation alive), unless ``free`` is False:
+        detach_native hands the memory to the caller instead."""
+        entry = self.handles.get(handle)
+        if entry is None:
+            return
+        entry[1] -= 1
+        if entry[1] > 0:
+            return
+        del self.handles[handle]
+        _by_handle.pop((self.backend.index, handle), None)
+        self.backend.release_handle(self.memory, handle)
+        if not self.handles:
+            memory, self.memory = self.memory, None
+            if free and memory.owned:
+                self.backend.free(memory)
+            elif not free:
+                self.backend.detached(memory)
+
+    def run_deferred(self) -> None:
+        while self.deferred:
+            self.deferred.pop()()
+
+
+# (backend index, handle) -> Family, for every handle the shim has given out.
+_by_handle: dict[tuple[int, int], Family] = {}
+# address of a shim.Buffer's halide_buffer_t -> its Family.
+_owned: dict[int, Family] = {}
+# address of a struct with neither -> its own lock, until it is allocated.
+_unallocated: dict[int, FamilyLock] = {}
+
+
+def address_of(raw) -> int:
+    return int(ffi.cast("uintptr_t", raw))
+
+
+def register_owned(raw, family: Family) -> None:
+    _owned[address_of(raw)] = family
+
+
+def unregister_owned(raw) -> None:
+    _owned.pop(address_of(raw), None)
+
+
+def family_of_handle(interface, handle: int) -> Family | None:
+    return _by_handle.get((lib.shim_backend_of(interface), handle))
+
+
+def _target(raw, address: int):
+    """(lock, family or None) that guards ``raw`` right now."""
+    family = _owned.get(address)
+    if family is None and raw.device:
+        family = family_of_handle(raw.device_interface, raw.device)
+    if family is not None:
+        return family.lock, family
+    lock = _unallocated.get(address)
+    if lock is None:
+        lock = _unallocated.setdefault(address, FamilyLock())
+    return lock, None
+
+
+def allocated(raw) -> None:
+    """``raw``, which had no family, now carries a registered handle: its own lock retires.
+    Threads already waiting for it find, once they get it, that it no longer guards ``raw``."""
+    _unallocated.pop(address_of(raw), None)
+
+
+@contextmanager
+def locked(*raws):
+    """Hold the locks of the families of ``raws`` (in a fixed order, so two threads locking
+    the same pair never deadlock). Yields the families, None for a struct with no family."""
+    addresses = [address_of(raw) for raw in raws]
+    while True:
+        targets = [_target(raw, address) for raw, address in zip(raws, addresses)]
+        locks = sorted({id(lock): lock for lock, _ in targets}.values(), key=id)
+        for lock in locks:
+            lock.acquire()
+        if all(_target(raw, address)[0] is lock
+               for raw, address, (lock, _) in zip(raws, addresses, targets)):
+            break
+        for lock in reversed(locks):
+            lock.release()
+    try:
+        yield [family for _, family in targets] if len(raws) > 1 else targets[0][1]
+    finally:
+        for lock in reversed(locks):
+            lock.release()
+        for _, family in targets:
+            if family is not None and family.deferred:
+                family.run_deferred()

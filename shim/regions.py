@@ -1,0 +1,144 @@
+"""Where a buffer's elements lie in memory, and copy plans between two such layouts.
+
+Halide addresses an element by its byte offset from the buffer's min coordinate, which is
+where ``host`` points; a device allocation mirrors the host layout (same strides), starting at
+the element the device handle stands for. So host<->device copies of one buffer are copies
+between two bases with the same strides, and buffer_copy between two buffers is a copy of the
+overlapping box between two bases with different strides. Both reduce to a ``CopyPlan``: the
+outer loop extents and strides on each side, and the contiguous chunk copied at each step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from shim.native import ffi
+
+
+class NegativeStrides(ValueError):
+    """Device allocations mirror host layouts from the min coordinate up; Halide refuses
+    buffers with negative strides on devices, and so does the shim."""
+
+
+@dataclass(frozen=True)
+class Layout:
+    """A buffer's shape in memory: per Halide dimension, min, extent and stride in bytes."""
+
+    elem_size: int
+    mins: tuple[int, ...]
+    extents: tuple[int, ...]
+    strides: tuple[int, ...]
+
+    @classmethod
+    def of(cls, raw) -> Layout:
+        elem = (raw.type.bits + 7) // 8
+        dims = [raw.dim[i] for i in range(raw.dimensions)]
+        return cls(elem, tuple(d.min for d in dims), tuple(d.extent for d in dims),
+                   tuple(d.stride * elem for d in dims))
+
+    @property
+    def nbytes_span(self) -> int:
+        """Bytes from the min element to just past the last one: the size of an allocation
+        that mirrors this layout."""
+        if any(e == 0 for e in self.extents):
+            return 0
+        if any(s < 0 for s in self.strides):
+            raise NegativeStrides("buffers with negative strides cannot have device allocations")
+        return sum((e - 1) * s for e, s in zip(self.extents, self.strides)) + self.elem_size
+
+    def offset_of(self, coords) -> int:
+        """Byte offset of the element at Halide coordinates ``coords`` from the min element."""
+        return sum((c - m) * s for c, m, s in zip(coords, self.mins, self.strides))
+
+
+@dataclass(frozen=True)
+class CopyPlan:
+    """Copy ``shape`` (outer extents..., chunk bytes) from src_offset to dst_offset, stepping
+    the outer dimensions by src_strides on one side and dst_strides on the other."""
+
+    shape: tuple[int, ...]
+    src_strides: tuple[int, ...]
+    dst_strides: tuple[int, ...]
+    src_offset: int = 0
+    dst_offset: int = 0
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64))
+
+    @property
+    def chunk(self) -> int:
+        return self.shape[-1]
+
+    @property
+    def src_span(self) -> int:
+        return _span(self.shape, self.src_strides, self.src_offset)
+
+    @property
+    def dst_span(self) -> int:
+        return _span(self.shape, self.dst_strides, self.dst_offset)
+
+    def src_view(self, memory: np.ndarray) -> np.ndarray:
+        """The bytes this plan reads, as a strided view of ``memory`` (a uint8 array)."""
+        return _view(memory, self.src_offset, self.shape, self.src_strides)
+
+    def dst_view(self, memory: np.ndarray) -> np.ndarray:
+        """The bytes this plan writes, as a strided view of ``memory`` (a uint8 array)."""
+        return _view(memory, self.dst_offset, self.shape, self.dst_strides)
+
+    def chunks(self):
+        """(src offset, dst offset) of every contiguous chunk, for backends that copy chunk by
+        chunk."""
+        outer = self.shape[:-1]
+        for index in np.ndindex(*outer):
+            yield (self.src_offset + sum(i * s for i, s in zip(index, self.src_strides)),
+                   self.dst_offset + sum(i * s for i, s in zip(index, self.dst_strides)))
+
+
+def _span(shape, strides, offset) -> int:
+    if any(e == 0 for e in shape):
+        return offset
+    return offset + sum((e - 1) * s for e, s in zip(shape[:-1], strides)) + shape[-1]
+
+
+def _view(memory: np.ndarray, offset: int, shape, strides) -> np.ndarray:
+    return np.lib.stride_tricks.as_strided(memory[offset:], shape=shape, strides=(*strides, 1),
+                                           writeable=True)
+
+
+def plan(elem_size, extents, src_strides, dst_strides, src_offset=0, dst_offset=0) -> CopyPlan:
+    """The copy of a box of ``extents`` elements between two layouts, with dimensions that are
+    contiguous on both sides merged into the chunk (as Halide's device_buffer_utils does)."""
+    if any(e == 0 for e in extents):
+        return CopyPlan((0,), (), (), src_offset, dst_offset)
+    dims = sorted(((e, s, d) for e, s, d in zip(extents, src_strides, dst_strides) if e != 1),
+                  key=lambda dim: abs(dim[2]))
+    chunk = elem_size
+    while dims and dims[0][1] == chunk and dims[0][2] == chunk:
+        chunk *= dims.pop(0)[0]
+    merged = []
+    for extent, src, dst in dims:
+        if merged:
+            last_extent, last_src, last_dst = merged[-1]
+            if src == last_src * last_extent and dst == last_dst * last_extent:
+                merged[-1] = (last_extent * extent, last_src, last_dst)
+                continue
+        merged.append((extent, src, dst))
+    merged.reverse()
+    return CopyPlan(tuple(e for e, _, _ in merged) + (chunk,),
+                    tuple(s for _, s, _ in merged), tuple(d for _, _, d in merged),
+                    src_offset, dst_offset)
+
+
+def mirror_plan(layout: Layout) -> CopyPlan:
+    """The copy of a whole buffer between its host memory and its device allocation."""
+    return plan(layout.elem_size, layout.extents, layout.strides, layout.strides)
+
+
+def host_memory(address: int, nbytes: int) -> np.ndarray:
+    """``nbytes`` of host memory at ``address`` as a writable uint8 array (no copy)."""
+    if nbytes == 0:
+        return np.zeros(0, np.uint8)
+    return np.frombuffer(ffi.buffer(ffi.cast("uint8_t *", address), nbytes), np.uint8)

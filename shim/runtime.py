@@ -1,0 +1,450 @@
+"""The Python runtime core: the device-interface operations behind the shim's interfaces.
+
+The native library validates each call as Halide 21 does and answers the no-ops itself
+(native_stubs/device_generic.c); what reaches this module is real work. Each operation takes
+the lock of the buffer's allocation family (shim/families.py), re-checks the state it was
+called for, has the backend move the bytes, and updates the flags, clearing a dirty bit only
+after the copy it describes has completed. Return codes are those of Halide's generic layer.
+
+Errors never escape as exceptions into C: a failure is reported through halide_error (so the
+message reaches the caller's call context) and returned as Halide's error code; the Python
+exception behind it is kept for the caller, who raises shim.DeviceError from it.
+"""
+
+from __future__ import annotations
+
+import threading
+from contextlib import contextmanager
+
+import numpy as np
+
+from shim import families
+from shim.backends.base import BackendError
+from shim.devices import backend_for_interface
+from shim.errors import DeviceError
+from shim.families import Family, locked
+from shim.native import CallContext, ffi, lib
+from shim.regions import Layout, NegativeStrides, host_memory, plan
+
+HOST_DIRTY = lib.halide_buffer_flag_host_dirty
+DEVICE_DIRTY = lib.halide_buffer_flag_device_dirty
+E = lib  # Halide's error codes are enum constants of the native library
+
+
+class Failure(Exception):
+    """An operation refused or failed with a specific Halide error code."""
+
+    def __init__(self, code: int, message: str):
+        super().__init__(message)
+        self.code = code
+
+
+# --- reporting -----------------------------------------------------------------------------
+
+# Exceptions behind failures, by call context id, for the caller to chain from.
+_exceptions: dict[int, BaseException] = {}
+_exceptions_guard = threading.Lock()  # only for this dict, never held across work
+
+
+def _report(user_context, code: int, message: str, exception: BaseException) -> int:
+    lib.halide_error(user_context, (message.rstrip() + "\n").encode("utf-8", "replace"))
+    call = lib.shim_current_call()
+    if call != ffi.NULL:
+        with _exceptions_guard:
+            _exceptions.setdefault(lib.shim_call_id(call), exception)
+    return code
+
+
+def take_exception(call_id: int) -> BaseException | None:
+    """The exception behind the first failure reported in a call context, if any."""
+    with _exceptions_guard:
+        return _exceptions.pop(call_id, None)
+
+
+def _guarded(operation, failure_code: int, user_context, *args) -> int:
+    """Run one operation for a C caller: its result, or a reported error code."""
+    name = operation.__name__
+    try:
+        operation(user_context, *args)
+        return E.halide_error_code_success
+    except Failure as e:
+        return _report(user_context, e.code, f"{name}: {e}", e)
+    except BackendError as e:
+        return _report(user_context, failure_code, f"{name} failed: {e}", e)
+    except BaseException as e:  # noqa: BLE001 - nothing may unwind into C
+        return _report(user_context, failure_code,
+                       f"{name} failed: {type(e).__name__}: {e}", e)
+
+
+@contextmanager
+def runtime_call(what: str):
+    """Make the calling thread's runtime calls report into a fresh call context, and raise
+    DeviceError for a failing one. Yields a ``check(result)`` function."""
+    context = CallContext()
+    previous = lib.shim_call_enter(context.pointer)
+
+    def check(result: int) -> None:
+        if result != 0:
+            cause = take_exception(context.id)
+            raise DeviceError(result, context.errors().strip(), context=what) from cause
+
+    try:
+        yield check
+    finally:
+        lib.shim_call_leave(previous)
+
+
+# --- helpers -------------------------------------------------------------------------------
+
+def _flags(raw) -> int:
+    return lib.shim_flags_get(raw)
+
+
+def _set_device(raw, handle: int, interface) -> None:
+    lib.shim_buffer_set_device(raw, handle, interface)
+
+
+def _allocation(raw, family: Family | None) -> tuple[Family, int]:
+    """The family and byte offset of the allocation ``raw``'s handle points into."""
+    if family is None or raw.device not in family.handles:
+        raise Failure(E.halide_error_code_internal_error,
+                      f"device handle {raw.device:#x} was not made by this runtime")
+    return family, family.offset_of(raw.device)
+
+
+def _host_address(raw) -> int:
+    return int(ffi.cast("uintptr_t", raw.host))
+
+
+def _mirror(raw, device_offset: int, to_device: bool):
+    layout = Layout.of(raw)
+    if to_device:
+        return plan(layout.elem_size, layout.extents, layout.strides, layout.strides,
+                    0, device_offset)
+    return plan(layout.elem_size, layout.extents, layout.strides, layout.strides,
+                device_offset, 0)
+
+
+def _span(raw, failure_code: int) -> int:
+    try:
+        return Layout.of(raw).nbytes_span
+    except NegativeStrides as e:
+        raise Failure(failure_code, str(e)) from None
+
+
+def _allocate(raw, interface, family: Family | None) -> Family:
+    """Give ``raw`` a new allocation; called with its family's lock held."""
+    backend = backend_for_interface(interface)
+    nbytes = _span(raw, E.halide_error_code_device_malloc_failed)
+    try:
+        memory = backend.allocate(nbytes)
+    except BackendError as e:
+        raise Failure(E.halide_error_code_device_malloc_failed, str(e)) from e
+    if family is None:
+        family = Family(backend)
+    family.backend, family.memory = backend, memory
+    handle = backend.handle(memory, 0)
+    family.add_handle(handle, 0)
+    _set_device(raw, handle, interface)
+    families.allocated(raw)
+    return family
+
+
+def _download(raw, family: Family | None) -> None:
+    """Device -> host for a device-dirty buffer; clears device_dirty once the data is there."""
+    if _flags(raw) & HOST_DIRTY:
+        raise Failure(E.halide_error_code_copy_to_host_failed,
+                      "the buffer is both host-dirty and device-dirty")
+    if raw.host == ffi.NULL:
+        raise Failure(E.halide_error_code_copy_to_host_failed, "the buffer has no host memory")
+    family, offset = _allocation(raw, family)
+    family.backend.read(family.memory, _mirror(raw, offset, to_device=False), _host_address(raw))
+    lib.shim_flags_assign(raw, DEVICE_DIRTY, False)
+
+
+def _drop_device(raw, family: Family | None, *, free: bool = True) -> None:
+    if raw.device and family is not None:
+        family.drop_handle(raw.device, free=free)
+    _set_device(raw, 0, ffi.NULL)
+
+
+# --- the operations ------------------------------------------------------------------------
+
+def device_malloc(uc, raw, interface):
+    with locked(raw) as family:
+        if raw.device:
+            return  # another thread allocated it while we waited
+        _allocate(raw, interface, family)
+
+
+def device_free(uc, raw, interface):
+    with locked(raw) as family:
+        _drop_device(raw, family)
+        lib.shim_flags_assign(raw, DEVICE_DIRTY, False)
+
+
+def device_sync(uc, raw, interface):
+    backend_for_interface(interface).sync()
+
+
+def device_release(uc, interface):
+    backend_for_interface(interface).release()
+
+
+def copy_to_host(uc, raw, interface):
+    with locked(raw) as family:
+        if _flags(raw) & DEVICE_DIRTY:
+            _download(raw, family)
+
+
+def copy_to_device(uc, raw, interface):
+    with locked(raw) as family:
+        if raw.device and raw.device_interface != interface:
+            raise Failure(E.halide_error_code_incompatible_device_interface,
+                          "the buffer lives on another device interface")
+        if not raw.device:
+            family = _allocate(raw, interface, family)
+        flags = _flags(raw)
+        if not flags & HOST_DIRTY:
+            return
+        if flags & DEVICE_DIRTY:
+            raise Failure(E.halide_error_code_copy_to_device_failed,
+                          "the buffer is both host-dirty and device-dirty")
+        family, offset = _allocation(raw, family)
+        family.backend.write(family.memory, _mirror(raw, offset, to_device=True), _host_address(raw))
+        lib.shim_flags_assign(raw, HOST_DIRTY, False)
+
+
+def device_and_host_malloc(uc, raw, interface):
+    with locked(raw) as family:
+        nbytes = _span(raw, E.halide_error_code_device_malloc_failed)
+        host = lib.halide_malloc(uc, nbytes)
+        if host == ffi.NULL:
+            raise Failure(E.halide_error_code_device_malloc_failed, "out of host memory")
+        raw.host = ffi.cast("uint8_t *", host)
+        try:
+            _allocate(raw, interface, family)
+        except BaseException:
+            lib.halide_free(uc, host)
+            raw.host = ffi.NULL
+            raise
+
+
+def device_and_host_free(uc, raw, interface):
+    with locked(raw) as family:
+        _drop_device(raw, family)
+        if raw.host != ffi.NULL:
+            lib.halide_free(uc, raw.host)
+            raw.host = ffi.NULL
+        lib.shim_flags_assign(raw, HOST_DIRTY | DEVICE_DIRTY, False)
+
+
+def wrap_native(uc, raw, native, interface):
+    with locked(raw) as family:
+        if raw.device:
+            raise Failure(E.halide_error_code_device_malloc_failed,
+                          "the buffer already has a device allocation")
+        backend = backend_for_interface(interface)
+        try:
+            memory = backend.wrap(native)
+        except BackendError as e:
+            raise Failure(E.halide_error_code_device_malloc_failed, str(e)) from e
+        family = family or Family(backend)
+        family.backend, family.memory = backend, memory
+        handle = backend.handle(memory, 0)
+        family.add_handle(handle, 0)
+        _set_device(raw, handle, interface)
+        families.allocated(raw)
+
+
+def detach_native(uc, raw, interface):
+    with locked(raw) as family:
+        _drop_device(raw, family, free=False)
+
+
+def _crop_into(src, dst, interface, dst_min_offset) -> None:
+    with locked(src) as family:
+        family, src_offset = _allocation(src, family)
+        offset = src_offset + dst_min_offset
+        handle = family.backend.handle(family.memory, offset)
+        family.add_handle(handle, offset)
+        _set_device(dst, handle, interface)
+
+
+def device_crop(uc, src, dst, interface):
+    layout = Layout.of(src)
+    coords = [dst.dim[i].min for i in range(dst.dimensions)]
+    _crop_into(src, dst, interface, layout.offset_of(coords))
+
+
+def device_slice(uc, src, slice_dim, slice_pos, dst, interface):
+    layout = Layout.of(src)
+    kept = [dst.dim[i].min for i in range(dst.dimensions)]
+    coords = kept[:slice_dim] + [slice_pos] + kept[slice_dim:]
+    _crop_into(src, dst, interface, layout.offset_of(coords))
+
+
+def device_release_crop(uc, raw, interface):
+    with locked(raw) as family:
+        _drop_device(raw, family)
+
+
+def compute_capability(uc, major, minor, interface):
+    major[0], minor[0] = backend_for_interface(interface).compute_capability()
+
+
+def buffer_copy(uc, src, dst_interface, dst):
+    """halide_buffer_copy: the overlap of src's and dst's boxes, into dst's host memory
+    (dst_interface NULL) or its device allocation; the same choice of paths as Halide's."""
+    with locked(src, dst) as (src_family, dst_family):
+        if src is dst or families.address_of(src) == families.address_of(dst):
+            dst_family = src_family
+        if dst_interface != ffi.NULL and dst.device_interface not in (ffi.NULL, dst_interface):
+            raise Failure(E.halide_error_code_incompatible_device_interface,
+                          "buffer_copy does not switch a buffer's device interface")
+        if dst_interface != ffi.NULL and not dst.device:
+            dst_family = _allocate(dst, dst_interface, dst_family)
+        src_layout, dst_layout = Layout.of(src), Layout.of(dst)
+        if src_layout.elem_size != dst_layout.elem_size:
+            raise Failure(E.halide_error_code_device_buffer_copy_failed,
+                          "source and destination element sizes differ")
+        box = _overlap(src_layout, dst_layout)
+        src_flags = _flags(src)
+        from_device_valid = bool(src.device) and (src.host == ffi.NULL or not src_flags & HOST_DIRTY)
+        from_host_valid = src.host != ffi.NULL and (not src_flags & DEVICE_DIRTY or src.device == 0)
+        to_device = dst_interface != ffi.NULL
+        if not to_device and dst.host == ffi.NULL:
+            raise Failure(E.halide_error_code_host_is_null, "the destination has no host memory")
+
+        def box_plan(src_base, dst_base):
+            lo = [b[0] for b in box]
+            extents = [b[1] - b[0] for b in box]
+            return plan(src_layout.elem_size, extents, src_layout.strides, dst_layout.strides,
+                        src_base + src_layout.offset_of(lo), dst_base + dst_layout.offset_of(lo))
+
+        same_backend = (to_device and src.device
+                        and lib.shim_backend_of(src.device_interface) == lib.shim_backend_of(dst_interface))
+        if from_device_valid and same_backend:
+            src_family, src_offset = _allocation(src, src_family)
+            dst_family, dst_offset = _allocation(dst, dst_family)
+            dst_family.backend.copy(src_family.memory, dst_family.memory, box_plan(src_offset, dst_offset))
+        elif not to_device and from_host_valid:
+            copy = box_plan(0, 0)
+            np.copyto(copy.dst_view(host_memory(_host_address(dst), copy.dst_span)),
+                      copy.src_view(host_memory(_host_address(src), copy.src_span)))
+        elif not to_device and from_device_valid:
+            src_family, src_offset = _allocation(src, src_family)
+            src_family.backend.read(src_family.memory, box_plan(src_offset, 0), _host_address(dst))
+        else:
+            if not from_host_valid:
+                if not (from_device_valid and src.host != ffi.NULL):
+                    raise Failure(E.halide_error_code_incompatible_device_interface,
+                                  "no copy path: the source's valid data is on another device "
+                                  "and neither buffer has host memory")
+                _download(src, src_family)  # bounce through the source's host memory
+            dst_family, dst_offset = _allocation(dst, dst_family)
+            dst_family.backend.write(dst_family.memory, box_plan(0, dst_offset), _host_address(src))
+        if families.address_of(src) != families.address_of(dst):
+            if to_device:
+                lib.shim_flags_assign(dst, HOST_DIRTY, False)
+                lib.shim_flags_assign(dst, DEVICE_DIRTY, True)
+            else:
+                lib.shim_flags_assign(dst, DEVICE_DIRTY, False)
+                lib.shim_flags_assign(dst, HOST_DIRTY, True)
+
+
+def _overlap(a: Layout, b: Layout) -> list[tuple[int, int]]:
+    """Per dimension, [lo, hi) of the intersection of two buffers' boxes."""
+    box = []
+    for a_min, a_extent, b_min, b_extent in zip(a.mins, a.extents, b.mins, b.extents):
+        lo, hi = max(a_min, b_min), min(a_min + a_extent, b_min + b_extent)
+        box.append((lo, max(lo, hi)))
+    return box
+
+
+# --- the callbacks the native library calls ------------------------------------------------
+
+# What a callback returns if even reporting its failure fails: still a failure, never success.
+_UNREPORTED_FAILURE = E.halide_error_code_generic_error
+
+@ffi.def_extern(error=_UNREPORTED_FAILURE)
+def shim_py_device_malloc(uc, buf, interface):
+    return _guarded(device_malloc, E.halide_error_code_device_malloc_failed, uc, buf, interface)
+
+
+@ffi.def_extern(error=_UNREPORTED_FAILURE)
+def shim_py_device_free(uc, buf, interface):
+    return _guarded(device_free, E.halide_error_code_device_free_failed, uc, buf, interface)
+
+
+@ffi.def_extern(error=_UNREPORTED_FAILURE)
+def shim_py_device_sync(uc, buf, interface):
+    return _guarded(device_sync, E.halide_error_code_device_sync_failed, uc, buf, interface)
+
+
+@ffi.def_extern(error=_UNREPORTED_FAILURE)
+def shim_py_device_release(uc, interface):
+    return _guarded(device_release, E.halide_error_code_generic_error, uc, interface)
+
+
+@ffi.def_extern(error=_UNREPORTED_FAILURE)
+def shim_py_copy_to_host(uc, buf, interface):
+    return _guarded(copy_to_host, E.halide_error_code_copy_to_host_failed, uc, buf, interface)
+
+
+@ffi.def_extern(error=_UNREPORTED_FAILURE)
+def shim_py_copy_to_device(uc, buf, interface):
+    return _guarded(copy_to_device, E.halide_error_code_copy_to_device_failed, uc, buf, interface)
+
+
+@ffi.def_extern(error=_UNREPORTED_FAILURE)
+def shim_py_device_and_host_malloc(uc, buf, interface):
+    return _guarded(device_and_host_malloc, E.halide_error_code_device_malloc_failed,
+                    uc, buf, interface)
+
+
+@ffi.def_extern(error=_UNREPORTED_FAILURE)
+def shim_py_device_and_host_free(uc, buf, interface):
+    return _guarded(device_and_host_free, E.halide_error_code_device_free_failed,
+                    uc, buf, interface)
+
+
+@ffi.def_extern(error=_UNREPORTED_FAILURE)
+def shim_py_buffer_copy(uc, src, dst_interface, dst):
+    return _guarded(buffer_copy, E.halide_error_code_device_buffer_copy_failed,
+                    uc, src, dst_interface, dst)
+
+
+@ffi.def_extern(error=_UNREPORTED_FAILURE)
+def shim_py_device_crop(uc, src, dst, interface):
+    return _guarded(device_crop, E.halide_error_code_device_crop_failed, uc, src, dst, interface)
+
+
+@ffi.def_extern(error=_UNREPORTED_FAILURE)
+def shim_py_device_slice(uc, src, slice_dim, slice_pos, dst, interface):
+    return _guarded(device_slice, E.halide_error_code_device_crop_failed,
+                    uc, src, slice_dim, slice_pos, dst, interface)
+
+
+@ffi.def_extern(error=_UNREPORTED_FAILURE)
+def shim_py_device_release_crop(uc, buf, interface):
+    return _guarded(device_release_crop, E.halide_error_code_device_crop_failed,
+                    uc, buf, interface)
+
+
+@ffi.def_extern(error=_UNREPORTED_FAILURE)
+def shim_py_wrap_native(uc, buf, handle, interface):
+    return _guarded(wrap_native, E.halide_error_code_device_malloc_failed,
+                    uc, buf, handle, interface)
+
+
+@ffi.def_extern(error=_UNREPORTED_FAILURE)
+def shim_py_detach_native(uc, buf, interface):
+    return _guarded(detach_native, E.halide_error_code_device_detach_native_failed,
+                    uc, buf, interface)
+
+
+@ffi.def_extern(error=_UNREPORTED_FAILURE)
+def shim_py_compute_capability(uc, major, minor, interface):
+    return _guarded(compute_capability, E.halide_error_code_generic_error,
+                    uc, major, minor, interface)
