@@ -212,9 +212,10 @@ class Buffer:
         self._runtime("copy_to_host", lib.halide_copy_to_host, self._raw)
 
     def device_sync(self) -> None:
-        """Wait for the device work queued on this Buffer's device to finish."""
-        if self._raw.device:
-            self._runtime("device_sync", lib.halide_device_sync, self._raw)
+        """Wait for the work queued on this Buffer's device to finish."""
+        interface = self._raw.device_interface  # one read: another thread may free the buffer
+        if interface != ffi.NULL:
+            self._runtime("device_sync", lib.halide_device_sync_global, interface)
 
     def device_free(self) -> None:
         """Free the device allocation. Results that exist only on the device are copied back to
@@ -241,6 +242,8 @@ class Buffer:
         raw = getattr(self, "_raw", None)
         if raw is None:
             return  # construction failed before the struct existed
+        if devices.shut_down():
+            return  # the interpreter is exiting: device memory goes with the process
         if raw.device and self._family.lock.held_by_current_thread():
             # The collector ran inside this family's own critical section: a stand-in that
             # keeps the struct and its memory alive finishes the job once the lock is free.

@@ -3,6 +3,7 @@ device interfaces to the backends behind them."""
 
 from __future__ import annotations
 
+import atexit
 import os
 import threading
 
@@ -76,3 +77,24 @@ def backend_for_interface(interface) -> Backend:
         if factory.index == index:
             return device(kind)
     raise LookupError(f"no backend for interface {ffi.cast('uintptr_t', interface)}")
+
+
+_shut_down = False
+
+
+def shut_down() -> bool:
+    """Whether the interpreter is exiting and the backends have been released: from then on
+    dropped Buffers leave their device memory to the process's end."""
+    return _shut_down
+
+
+@atexit.register
+def _release_backends() -> None:
+    global _shut_down
+    _shut_down = True
+    for backend in list(_backends.values()):
+        try:
+            backend.sync()
+            backend.release()
+        except Exception:  # noqa: BLE001 - exiting anyway; a driver may already be gone
+            pass

@@ -34,7 +34,7 @@ class Faults:
 
     fail_allocation: int | None = None
     fail_copy: int | None = None
-    copy_delay: float = 0.0
+    delay: float = 0.0
 
 
 class HostBackend(Backend):
@@ -59,14 +59,15 @@ class HostBackend(Backend):
     # --- fault injection -----------------------------------------------------------------
 
     def set_faults(self, *, fail_allocation: int | None = None, fail_copy: int | None = None,
-                   copy_delay: float = 0.0) -> None:
+                   delay: float = 0.0) -> None:
         """Make the ``fail_allocation``-th allocation and the ``fail_copy``-th copy from now
-        fail (1 = the next), and every copy sleep ``copy_delay`` seconds first."""
+        fail (1 = the next), and every allocation and copy sleep ``delay`` seconds first, to
+        widen race windows."""
         with self._counter_lock:
             self._faults = Faults(
                 None if fail_allocation is None else self._allocations_seen + fail_allocation,
                 None if fail_copy is None else self._copies_seen + fail_copy,
-                copy_delay)
+                delay)
 
     def clear_faults(self) -> None:
         self.set_faults()
@@ -79,16 +80,21 @@ class HostBackend(Backend):
     def live_bytes(self) -> int:
         return sum(m.nbytes for m in list(self._live.values()))
 
-    def _next_allocation_fails(self) -> bool:
+    def _before_allocation(self) -> None:
         with self._counter_lock:
             self._allocations_seen += 1
-            return self._allocations_seen == self._faults.fail_allocation
+            fail = self._allocations_seen == self._faults.fail_allocation
+            delay = self._faults.delay
+        if delay:
+            time.sleep(delay)
+        if fail:
+            raise BackendError("injected allocation failure")
 
     def _before_copy(self, nbytes: int) -> None:
         with self._counter_lock:
             self._copies_seen += 1
             fail = self._copies_seen == self._faults.fail_copy
-            delay = self._faults.copy_delay
+            delay = self._faults.delay
             self.bytes_copied += nbytes
         if delay:
             time.sleep(delay)
@@ -98,8 +104,7 @@ class HostBackend(Backend):
     # --- memory --------------------------------------------------------------------------
 
     def allocate(self, nbytes: int) -> HostMemory:
-        if self._next_allocation_fails():
-            raise BackendError("injected allocation failure")
+        self._before_allocation()
         raw = np.empty(max(nbytes, 1) + ALIGNMENT, np.uint8)
         start = -raw.ctypes.data % ALIGNMENT
         memory = HostMemory(nbytes, raw.ctypes.data + start, raw)
