@@ -49,9 +49,34 @@ static const struct halide_device_interface_t *interface_of(const halide_buffer_
     return __atomic_load_n(&buf->device_interface, __ATOMIC_ACQUIRE);
 }
 
+#define COLD __attribute__((noinline, cold))
+#define LIKELY(x) __builtin_expect(!!(x), 1)
+
+/* One acquire-load snapshot of the fields a fast path decides on. */
+typedef struct {
+    uint64_t device;
+    const struct halide_device_interface_t *interface;
+    uint64_t flags;
+} snapshot;
+
+static inline snapshot take_snapshot(const halide_buffer_t *buf) {
+    snapshot s;
+    s.device = shim_device_load(buf);
+    s.interface = interface_of(buf);
+    s.flags = shim_flags_load(buf);
+    return s;
+}
+
+/* Would validate() accept this snapshot? (device and interface both set or both unset, not
+ * both dirty) */
+static inline bool snapshot_valid(snapshot s) {
+    return (s.device != 0) == (s.interface != NULL) &&
+           (s.flags & (HOST_DIRTY | DEVICE_DIRTY)) != (HOST_DIRTY | DEVICE_DIRTY);
+}
+
 /* Halide's debug_log_and_validate_buf: null buffer, device without interface, interface
  * without device, both dirty. */
-static int validate(void *user_context, const halide_buffer_t *buf, const char *routine) {
+static COLD int validate(void *user_context, const halide_buffer_t *buf, const char *routine) {
     if (buf == NULL) {
         return halide_error_buffer_is_null(user_context, routine);
     }
@@ -70,7 +95,7 @@ static int validate(void *user_context, const halide_buffer_t *buf, const char *
     return halide_error_code_success;
 }
 
-static int refuse_interface_switch(void *user_context, const char *routine) {
+static COLD int refuse_interface_switch(void *user_context, const char *routine) {
     char msg[128];
     snprintf(msg, sizeof msg, "%s does not support switching device interfaces\n", routine);
     halide_error(user_context, msg);
@@ -103,6 +128,12 @@ static int check_same_interface(void *user_context, const halide_buffer_t *buf,
     })
 
 int halide_copy_to_host(void *user_context, struct halide_buffer_t *buf) {
+    if (LIKELY(buf != NULL)) {
+        snapshot s = take_snapshot(buf);
+        if (LIKELY(snapshot_valid(s) && !(s.flags & DEVICE_DIRTY))) {
+            return halide_error_code_success; /* nothing to copy */
+        }
+    }
     int result = validate(user_context, buf, "halide_copy_to_host");
     if (result) {
         return result;
@@ -127,6 +158,13 @@ int halide_copy_to_host(void *user_context, struct halide_buffer_t *buf) {
 
 int halide_copy_to_device(void *user_context, struct halide_buffer_t *buf,
                           const struct halide_device_interface_t *device_interface) {
+    if (LIKELY(buf != NULL)) {
+        snapshot s = take_snapshot(buf);
+        if (LIKELY(s.device != 0 && s.interface != NULL && !(s.flags & HOST_DIRTY) &&
+                   (device_interface == NULL || device_interface == s.interface))) {
+            return halide_error_code_success; /* already on this device, and current */
+        }
+    }
     int result = validate(user_context, buf, "halide_copy_to_device");
     if (result) {
         return result;
@@ -171,6 +209,13 @@ int halide_copy_to_device(void *user_context, struct halide_buffer_t *buf,
 
 int halide_device_malloc(void *user_context, struct halide_buffer_t *buf,
                          const struct halide_device_interface_t *device_interface) {
+    if (LIKELY(buf != NULL)) {
+        snapshot s = take_snapshot(buf);
+        if (LIKELY(s.device != 0 && s.interface == device_interface && device_interface != NULL &&
+                   snapshot_valid(s))) {
+            return halide_error_code_success; /* already allocated there */
+        }
+    }
     int result = validate(user_context, buf, "halide_device_malloc");
     if (result) {
         return result;

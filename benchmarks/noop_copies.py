@@ -1,0 +1,203 @@
+"""No-op halide_copy_to_device / halide_copy_to_host, called from C in a loop: the shim's
+runtime against Halide's stock runtime, side by side in one run.
+
+    python benchmarks/noop_copies.py [--iterations N] [--repeats R]
+
+prints ns per call for 1 and 2 threads (each thread on its own buffer) and the ratios. The
+stock runtime is the one bundled in a sample pipeline, loaded in a child process where the
+shim is not; the shim is measured in this process. Both are timed by the same C loop
+(benchmarks/noop_loop.c), which calls the entry point through a function pointer.
+
+In both runtimes the call has nothing to do: the buffer has a device allocation and is not
+dirty. The stock runtime decides that after taking its process-wide mutex; the shim decides it
+from atomic loads. For the stock child the buffers carry a placeholder device handle: a no-op
+call returns before looking at it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import hashlib
+import json
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+HARNESS_SOURCE = HERE / "noop_loop.c"
+OPERATIONS = ("copy_to_device", "copy_to_host")
+
+
+def harness():
+    """The compiled C loop (ctypes), rebuilt when its source changes."""
+    source = HARNESS_SOURCE.read_bytes()
+    out_dir = ROOT / "build" / "benchmarks"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    library = out_dir / f"noop_loop-{hashlib.sha256(source).hexdigest()[:12]}.so"
+    if not library.exists():
+        staged = library.with_suffix(f".{os.getpid()}.so")
+        subprocess.run([os.environ.get("CC", "cc"), "-O2", "-shared", "-fPIC", "-pthread",
+                        "-o", str(staged), str(HARNESS_SOURCE)], check=True)
+        os.replace(staged, library)
+    lib = ctypes.CDLL(str(library))
+    lib.noop_loop.restype = ctypes.c_double
+    lib.noop_loop.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.POINTER(ctypes.c_void_p),
+                              ctypes.c_void_p, ctypes.c_int, ctypes.c_long]
+    return lib
+
+
+class Loop:
+    """Times one runtime's two entry points on a set of buffers, one per thread."""
+
+    def __init__(self, to_device_address, to_host_address, buffers, interface):
+        self._harness = harness()
+        self._functions = {"copy_to_device": to_device_address, "copy_to_host": to_host_address}
+        self._buffers = (ctypes.c_void_p * len(buffers))(*buffers)
+        self._interface = interface
+
+    def seconds(self, operation: str, threads: int, iterations: int) -> float:
+        elapsed = self._harness.noop_loop(self._functions[operation], operation == "copy_to_device",
+                                          self._buffers, self._interface, threads, iterations)
+        if elapsed < 0:
+            raise RuntimeError(f"{operation} failed inside the timing loop")
+        return elapsed
+
+
+def measure(loops: dict, iterations: int, repeats: int) -> dict:
+    """{name: {operation: {threads: {"min": ns, "median": ns}}}} in ns per call (for 2 threads:
+    wall time over the calls of both threads, i.e. aggregate throughput). The runtimes take
+    turns sample by sample, so a noisy moment on the machine hits them alike."""
+    samples = {name: {op: {1: [], 2: []} for op in OPERATIONS} for name in loops}
+    for loop in loops.values():
+        for operation in OPERATIONS:
+            loop.seconds(operation, 2, iterations // 10)  # warm up
+    for _ in range(repeats):
+        for operation in OPERATIONS:
+            for threads in (1, 2):
+                for name, loop in loops.items():
+                    seconds = loop.seconds(operation, threads, iterations)
+                    samples[name][operation][threads].append(1e9 * seconds / (threads * iterations))
+    return {name: {op: {t: {"min": min(v), "median": statistics.median(v)} for t, v in per.items()}
+                   for op, per in ops.items()}
+            for name, ops in samples.items()}
+
+
+# --- the stock runtime, in a process without the shim ---------------------------------------
+
+def stock_loop(library: str) -> Loop:
+    """Halide's own runtime, as bundled in ``library``. Must not run where shim is imported."""
+    assert "shim" not in sys.modules, "the stock runtime must be measured without the shim"
+    stock = ctypes.CDLL(library, mode=os.RTLD_NOW | os.RTLD_LOCAL)
+    address = lambda name: ctypes.cast(getattr(stock, name), ctypes.c_void_p).value  # noqa: E731
+    # halide_buffer_t: device at +0, device_interface at +8, flags at +24 (all zero but the
+    # device handle and interface). 64-byte aligned, one cache line per buffer.
+    global _keep
+    _keep = [(ctypes.c_uint64 * 8)() for _ in range(2)]
+    placeholder_interface = ctypes.c_void_p(0x1000)
+    for raw in _keep:
+        raw[0], raw[1] = 1, placeholder_interface.value
+    buffers = [ctypes.addressof(raw) for raw in _keep]
+    return Loop(address("halide_copy_to_device"), address("halide_copy_to_host"), buffers,
+                placeholder_interface.value)
+
+
+def serve(library: str) -> None:
+    """Answer timing requests on stdin, one JSON line each, with seconds on stdout."""
+    loop = stock_loop(library)
+    print("ready", flush=True)
+    for line in sys.stdin:
+        request = json.loads(line)
+        print(loop.seconds(request["operation"], request["threads"], request["iterations"]),
+              flush=True)
+
+
+class StockProcess:
+    """A child process holding the stock runtime, for timings side by side with the shim."""
+
+    def __init__(self, library):
+        self._child = subprocess.Popen([sys.executable, str(Path(__file__)), "--serve", str(library)],
+                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        assert self._child.stdout.readline().strip() == "ready"
+
+    def _ask(self, request):
+        self._child.stdin.write(json.dumps(request) + "\n")
+        self._child.stdin.flush()
+        return json.loads(self._child.stdout.readline())
+
+    def seconds(self, operation, threads, iterations) -> float:
+        return self._ask({"operation": operation, "threads": threads, "iterations": iterations})
+
+    def close(self):
+        self._child.stdin.close()
+        self._child.wait()
+
+
+# --- the shim ---------------------------------------------------------------------------------
+
+def shim_loop():
+    """The shim's runtime, on two real allocations on the simulated host device."""
+    import numpy as np
+
+    import shim
+    from shim.native import ffi, lib
+
+    device = shim.device("host")
+    global _keep
+    _keep = [shim.Buffer(np.zeros(16, np.float32)) for _ in range(2)]
+    for buf in _keep:
+        buf.copy_to_device(device)
+    address = lambda name: int(ffi.cast("uintptr_t", ffi.addressof(lib, name)))  # noqa: E731
+    return Loop(address("halide_copy_to_device"), address("halide_copy_to_host"),
+                [buf.raw_buffer() for buf in _keep],
+                int(ffi.cast("uintptr_t", lib.shim_backend_interface(device.index))))
+
+
+def stock_library() -> str:
+    sys.path.insert(0, str(ROOT))
+    from pipelines.build import Build, build
+
+    return str(build(Build("brighten", "host", "bundled")))
+
+
+def report(stock: dict, ours: dict) -> str:
+    lines = [f"{'operation':<16}{'threads':>8}{'stock ns/call':>16}{'shim ns/call':>15}"
+             f"{'shim/stock':>12}",
+             "  (min over repeats; for 2 threads, aggregate: wall time / all calls)"]
+    for op in OPERATIONS:
+        for threads in (1, 2):
+            s, o = stock[op][threads]["min"], ours[op][threads]["min"]
+            lines.append(f"{op:<16}{threads:>8}{s:>16.2f}{o:>15.2f}{o / s:>12.2f}")
+    lines.append("")
+    lines.append("2-thread aggregate throughput / 1-thread throughput (higher scales better):")
+    for op in OPERATIONS:
+        for name, results in (("stock", stock), ("shim", ours)):
+            speedup = results[op][1]["min"] / results[op][2]["min"]
+            lines.append(f"  {op:<16} {name:<6} {speedup:.2f}x")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--iterations", type=int, default=2_000_000, help="calls per thread per sample")
+    parser.add_argument("--repeats", type=int, default=31, help="samples per runtime, operation and thread count")
+    parser.add_argument("--serve", metavar="LIBRARY", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.serve:
+        serve(args.serve)
+        return 0
+    child = StockProcess(stock_library())
+    try:
+        results = measure({"stock": child, "shim": shim_loop()}, args.iterations, args.repeats)
+    finally:
+        child.close()
+    print(report(results["stock"], results["shim"]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
