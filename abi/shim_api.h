@@ -55,3 +55,29 @@ void shim_buffer_set_device(struct halide_buffer_t *buf, uint64_t device,
 /* Halide's host allocator (from the standalone runtime), for device_and_host_malloc. */
 void *halide_malloc(void *user_context, size_t size);
 void halide_free(void *user_context, void *ptr);
+
+/* The stream a call's CUDA work runs on (NULL: the backend's default stream). */
+void shim_call_set_stream(shim_call *call, void *stream);
+void *shim_call_stream(const shim_call *call);
+
+/* OpenCL (native_stubs/opencl.c). A device handle points to one of these; the first two
+ * fields are Halide's own handle layout. */
+typedef struct shim_cl_handle {
+    uint64_t offset;   /* bytes from the start of mem to the buffer's min element */
+    void *mem;         /* cl_mem of the allocation */
+    void *launch_mem;  /* what kernels get: mem or a sub-buffer; NULL if offset is misaligned */
+} shim_cl_handle;
+
+typedef struct shim_cl_module shim_cl_module;
+/* Bind launches to the ICD loader pyopencl uses and to the backend's context and queue. */
+int shim_opencl_bind(const char *loader, void *context, void *queue);
+shim_cl_module *shim_opencl_module_new(void *program);
+/* Halide's OpenCL preferences (halide_opencl_set_*), NULL if unset. */
+const char *halide_opencl_get_platform_name(void *user_context);
+const char *halide_opencl_get_device_type(void *user_context);
+const char *halide_opencl_get_build_options(void *user_context);
+
+/* CUDA (native_stubs/cuda.c). */
+typedef struct shim_cuda_module shim_cuda_module;
+int shim_cuda_bind(const char *driver, void *context, void *stream);
+shim_cuda_module *shim_cuda_module_new(void *module);

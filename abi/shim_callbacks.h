@@ -38,4 +38,15 @@ extern "Python+C" {
                               const struct halide_device_interface_t *device_interface);
     int shim_py_compute_capability(void *user_context, int *major, int *minor,
                                    const struct halide_device_interface_t *device_interface);
+
+    /* GPU backends: compile a module's kernels (once per source), create the backend's
+     * context on first use, and launch a kernel the C fast path cannot. */
+    int shim_py_opencl_initialize(void *user_context, void **state_ptr, const char *src, int size);
+    int shim_py_opencl_start(void *user_context);
+    int shim_py_opencl_run(void *user_context, void *state_ptr, const char *entry_name,
+                           int blocksX, int blocksY, int blocksZ,
+                           int threadsX, int threadsY, int threadsZ, int shared_mem_bytes,
+                           size_t *arg_sizes, void **args, int8_t *arg_is_buffer);
+    int shim_py_cuda_initialize(void *user_context, void **state_ptr, const char *src, int size);
+    int shim_py_cuda_start(void *user_context);
 }

@@ -22,6 +22,7 @@ typedef struct {
 
 struct shim_call {
     uint64_t id;
+    void *stream; /* CUDA stream for this call's launches, or NULL */
     pthread_mutex_t lock; /* worker threads of one call may report at the same time */
     text_buffer errors;
     text_buffer prints;
@@ -85,6 +86,14 @@ void shim_call_free(shim_call *call) {
 
 uint64_t shim_call_id(const shim_call *call) {
     return call->id;
+}
+
+void shim_call_set_stream(shim_call *call, void *stream) {
+    call->stream = stream;
+}
+
+void *shim_call_stream(const shim_call *call) {
+    return call->stream;
 }
 
 shim_call *shim_call_enter(shim_call *call) {

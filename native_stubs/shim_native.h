@@ -11,6 +11,8 @@
 #include <stdint.h>
 
 #include <HalideRuntime.h>
+#include <HalideRuntimeCuda.h>
+#include <HalideRuntimeOpenCL.h>
 
 #include "halide_device_impl.h"
 #include "shim_api.h"
@@ -43,6 +45,12 @@ int shim_py_wrap_native(void *, struct halide_buffer_t *, uint64_t,
                         const struct halide_device_interface_t *);
 int shim_py_detach_native(void *, struct halide_buffer_t *, const struct halide_device_interface_t *);
 int shim_py_compute_capability(void *, int *, int *, const struct halide_device_interface_t *);
+int shim_py_opencl_initialize(void *, void **, const char *, int);
+int shim_py_opencl_start(void *);
+int shim_py_opencl_run(void *, void *, const char *, int, int, int, int, int, int, int, size_t *,
+                       void **, int8_t *);
+int shim_py_cuda_initialize(void *, void **, const char *, int);
+int shim_py_cuda_start(void *);
 
 static inline bool shim_owns_interface(const struct halide_device_interface_t *device_interface) {
     return shim_backend_of(device_interface) >= 0;

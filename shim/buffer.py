@@ -65,7 +65,7 @@ class Buffer:
     its device memory, copying unread device results back to host memory (with a warning).
     """
 
-    __slots__ = ("_raw", "_dims", "_array", "_type", "_family", "__weakref__")
+    __slots__ = ("_raw", "_dims", "_array", "_type", "_family", "_box", "__weakref__")
 
     def __init__(self, data=None, *, shape=None, dtype=None):
         if data is None:
@@ -84,7 +84,8 @@ class Buffer:
         buf._init_from_array(array, argument)
         return buf
 
-    def _init_from_array(self, array: np.ndarray, argument: str) -> None:
+    def _init_from_array(self, array: np.ndarray, argument: str, mins=None,
+                         family: Family | None = None) -> None:
         try:
             htype = HalideType.from_dtype(array.dtype)
         except TypeError as e:
@@ -93,6 +94,9 @@ class Buffer:
         n = array.ndim
         self._raw = ffi.new("halide_buffer_t *")
         self._dims = ffi.new("halide_dimension_t[]", max(n, 1))
+        mins = mins or (0,) * n
+        # (min, extent) per Halide dimension: what bounds queries compare, kept in Python.
+        self._box = tuple((mins[i], array.shape[n - 1 - i]) for i in range(n))
         for i in range(n):
             axis = n - 1 - i
             extent, stride_bytes = array.shape[axis], array.strides[axis]
@@ -103,7 +107,7 @@ class Buffer:
             if extent > INT32_MAX or abs(stride) > INT32_MAX:
                 raise ArgumentError(argument, f"axis {axis} is too large for Halide's 32-bit "
                                               f"extents and strides")
-            self._dims[i].min, self._dims[i].extent, self._dims[i].stride = 0, extent, stride
+            self._dims[i].min, self._dims[i].extent, self._dims[i].stride = mins[i], extent, stride
         raw = self._raw
         raw.host = ffi.cast("uint8_t *", array.ctypes.data)
         htype.to_c(raw.type)
@@ -111,7 +115,7 @@ class Buffer:
         raw.dim = self._dims
         self._array = array
         self._type = htype
-        self._family = Family()
+        self._family = Family() if family is None else family
         families.register_owned(raw, self._family)
 
     # --- shape ---------------------------------------------------------------------------
@@ -139,6 +143,66 @@ class Buffer:
             raise ArgumentError("i", f"dimension {i} out of range for a {self.dimensions}-D buffer")
         d = self._dims[i]
         return Dimension(d.min, d.extent, d.stride)
+
+    # --- crops and slices ------------------------------------------------------------------
+
+    def cropped(self, dim_or_ranges, min: int | None = None, extent: int | None = None) -> Buffer:
+        """A Buffer over part of this one, in Halide coordinates: ``cropped(d, min, extent)``
+        crops dimension ``d``; ``cropped([(min, extent), ...])`` crops dimensions 0, 1, ... in
+        order (x first). The crop shares this Buffer's host memory and, where this Buffer has a
+        device allocation, aliases it on the device."""
+        if isinstance(dim_or_ranges, (list, tuple)):
+            if min is not None or extent is not None:
+                raise ArgumentError("min", "give either a list of (min, extent) or dim, min, extent")
+            ranges = [tuple(r) for r in dim_or_ranges]
+            if len(ranges) > self.dimensions or any(len(r) != 2 for r in ranges):
+                raise ArgumentError("ranges", f"expected up to {self.dimensions} (min, extent) pairs, "
+                                              f"got {dim_or_ranges!r}")
+            ranges += list(self._box[len(ranges):])
+        else:
+            d = self._dimension_index(dim_or_ranges)
+            if min is None or extent is None:
+                raise ArgumentError("extent", "cropped(dim, min, extent) needs min and extent")
+            ranges = list(self._box)
+            ranges[d] = (min, extent)
+        for d, ((lo, n), (have_lo, have_n)) in enumerate(zip(ranges, self._box)):
+            if n < 0 or lo < have_lo or lo + n > have_lo + have_n:
+                raise ArgumentError("ranges", f"dimension {d}: [{lo}, {lo + n}) is not inside "
+                                              f"[{have_lo}, {have_lo + have_n})")
+        index = tuple(slice(lo - have_lo, lo - have_lo + n)
+                      for (lo, n), (have_lo, _) in zip(reversed(ranges), reversed(self._box)))
+        crop = self._view(self._array[index], [lo for lo, _ in ranges])
+        if self._raw.device:
+            crop._runtime("device_crop", lib.halide_device_crop, self._raw, crop._raw)
+        return crop
+
+    def sliced(self, dim: int, pos: int) -> Buffer:
+        """The (dimensions - 1)-D Buffer at coordinate ``pos`` of dimension ``dim``; shares
+        memory like a crop."""
+        d = self._dimension_index(dim)
+        lo, n = self._box[d]
+        if not lo <= pos < lo + n:
+            raise ArgumentError("pos", f"{pos} is outside dimension {d}'s [{lo}, {lo + n})")
+        index = [slice(None)] * self.dimensions
+        index[self.dimensions - 1 - d] = pos - lo
+        mins = [m for i, (m, _) in enumerate(self._box) if i != d]
+        piece = self._view(self._array[tuple(index)], mins)
+        if self._raw.device:
+            piece._runtime("device_slice", lib.halide_device_slice, self._raw, d, pos, piece._raw)
+        return piece
+
+    def _dimension_index(self, dim) -> int:
+        if not isinstance(dim, int) or not 0 <= dim < self.dimensions:
+            raise ArgumentError("dim", f"expected a dimension index in [0, {self.dimensions}), got {dim!r}")
+        return dim
+
+    def _view(self, array: np.ndarray, mins) -> Buffer:
+        """A Buffer over ``array`` (a view of this one's memory) in this Buffer's family, with
+        its flags."""
+        view = Buffer.__new__(Buffer)
+        view._init_from_array(array, "crop", mins=mins, family=self._family)
+        lib.shim_flags_assign(view._raw, lib.shim_flags_get(self._raw), True)
+        return view
 
     def raw_buffer(self) -> int:
         """The address of this Buffer's halide_buffer_t, for native code (like halide.Buffer's

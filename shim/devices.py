@@ -17,17 +17,17 @@ _creation_lock = threading.Lock()
 
 
 def _factories():
+    from shim.backends.cuda import CUDABackend
     from shim.backends.host import HostBackend
+    from shim.backends.opencl import OpenCLBackend
 
-    return {"host": HostBackend}
-
-
-KINDS = ("host",)
+    return {"host": HostBackend, "opencl": OpenCLBackend, "cuda": CUDABackend}
 
 
 def device(kind: str = "host", **options) -> Backend:
-    """The device of a backend kind ("host" here), created on first use. The backend keeps
-    that device for the life of the process; asking for it again returns the same object."""
+    """The device of a backend kind: "opencl", "cuda" or "host" (the simulated device),
+    created on first use with ``options`` (see each backend). A backend keeps its device for
+    the life of the process: Halide's handles do not say which device they belong to."""
     if isinstance(kind, Backend):
         return kind
     factories = _factories()
@@ -42,6 +42,9 @@ def device(kind: str = "host", **options) -> Backend:
             if backend is None:
                 backend = factory(**options)
                 _backends[factory.index] = backend
+    elif options and not backend.matches(**options):
+        raise ArgumentError("options", f"the {kind} backend already uses {backend.name}; a "
+                                       "process has one device per backend")
     return backend
 
 
@@ -61,9 +64,14 @@ def default_device() -> Backend:
     return device("host")
 
 
-def devices() -> list[Backend]:
-    """Every device the shim can use on this machine."""
-    return [device(kind) for kind in _factories()]
+def devices() -> list[tuple[str, str]]:
+    """(kind, description) of every device the shim can use on this machine, without
+    creating any context."""
+    from shim.backends import cuda, opencl
+
+    found = [("opencl", f"{d} ({p})") for p, d in opencl.available()]
+    found += [("cuda", name) for name in cuda.available()]
+    return found + [("host", "simulated device in host memory")]
 
 
 def backend_for_interface(interface) -> Backend:

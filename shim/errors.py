@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 
+# Halide error codes that mean a device operation failed (allocation, copy, launch, handles).
+DEVICE_ERROR_CODES = frozenset({-14, -15, -16, -17, -18, -23, -29, -32, -33, -39, -40, -41, -42})
+
+
 class ShimError(Exception):
     """Base class of every error the shim raises."""
 

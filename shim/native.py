@@ -50,6 +50,9 @@ class CallContext:
     def errors(self) -> str:
         return ffi.string(lib.shim_call_errors(self.pointer)).decode("utf-8", "replace")
 
+    def printed(self) -> bool:
+        return lib.shim_call_prints(self.pointer)[0] != b"\0"
+
     def prints(self) -> str:
         text = ffi.string(lib.shim_call_prints(self.pointer)).decode("utf-8", "replace")
         dropped = lib.shim_call_prints_dropped(self.pointer)

@@ -8,7 +8,6 @@ gives each argument's name, kind, type and dimensionality; ``argv`` takes, in th
 from __future__ import annotations
 
 import ctypes
-import operator
 import os
 import sys
 from collections import OrderedDict
@@ -18,11 +17,11 @@ import numpy as np
 
 from shim.buffer import Buffer, _shape_tuple, as_host_array
 from shim.elf import NotELF, pipeline_names
-from shim.errors import ArgumentError, BoundsError, DeviceError, PipelineError
+from shim.errors import DEVICE_ERROR_CODES, ArgumentError, BoundsError, DeviceError, PipelineError
 from shim.metadata import USER_CONTEXT, Argument, read_metadata
 from shim.native import CallContext, ffi, lib
 from shim.runtime import take_exception
-from shim.types import BFLOAT, FLOAT
+from shim.scalars import MISSING, ScalarArgument
 
 _BOUNDS_CACHE_SIZE = 64
 # Target features that make a pipeline run code on a device.
@@ -38,18 +37,20 @@ def load(path, name: str | None = None) -> Pipeline:
     return Pipeline(path, name)
 
 
-@dataclass
-class _Marshalled:
-    """The native form of one call's arguments, and what must happen after the call."""
+@dataclass(eq=False)
+class _Call:
+    """The native form of one call's arguments, and what must happen around each run."""
 
     argv: object = None
     keep_alive: list = field(default_factory=list)
     # (index into argv, Argument, Buffer) for each buffer argument.
     buffers: list = field(default_factory=list)
-    # (index into argv, scalar pointer) for each scalar argument.
-    scalars: list = field(default_factory=list)
-    # Buffers the shim made for this call over the caller's arrays; their device memory is
-    # freed when the call ends.
+    # Hashable form of the scalar values, for the bounds-query cache.
+    scalar_key: list = field(default_factory=list)
+    # Buffers the shim made over the caller's input arrays: host-dirty before every run, since
+    # the caller may have written to the array.
+    array_inputs: list = field(default_factory=list)
+    # Buffers the shim made for this call; their device memory is freed when it closes.
     temporaries: list = field(default_factory=list)
     # (output Buffer, the caller's array to copy it into, or None when the Buffer is a view of
     # that array) for outputs given as arrays: their results go back to host memory.
@@ -85,6 +86,9 @@ class Pipeline:
         # The device APIs the pipeline's code uses (none: it computes on the CPU only).
         self.device_kinds = frozenset(f for f in self.target.split("-") if f in DEVICE_FEATURES)
         self._by_name = {a.name: a for a in self.arguments}
+        self._names = [a.name for a in self.arguments]
+        self._scalars = {a.name: ScalarArgument(a) for a in self.arguments if not a.is_buffer}
+        self._null_user_context = ffi.new("void **")  # what __user_context points to
         self._bounds_ok = OrderedDict()
 
     @property
@@ -101,33 +105,26 @@ class Pipeline:
     # --- calling ---------------------------------------------------------------------------
 
     def __call__(self, *args, **kwargs):
-        values = self._bind(args, kwargs)
-        call = self._marshal(values)
+        with self.prepare(*args, **kwargs) as call:
+            return call()
+
+    def prepare(self, *args, **kwargs) -> PreparedCall:
+        """Marshal the arguments once and check them with the pipeline's bounds query; the
+        returned PreparedCall runs the pipeline with them as often as it is called, for loops
+        where the per-call argument handling would cost more than the pipeline."""
+        call = self._marshal(self._bind(args, kwargs))
         try:
             self._check_bounds(call)
-            for _, arg, buf in call.buffers:
-                self._prepare_device_state(buf)
-            self._run(call.argv)
-            if not self.device_kinds:
-                # Code compiled for the CPU only writes outputs without marking them
-                # host-dirty; a device copy they may have would silently go stale.
-                for _, arg, buf in call.buffers:
-                    if arg.is_output:
-                        buf.set_host_dirty(True)
-            for output, target in call.copy_back:
-                output.copy_to_host()
-                if target is not None:
-                    np.copyto(target, output.numpy())
-        finally:
-            for temporary in call.temporaries:
-                temporary.device_free()
-        return call.results[0] if len(call.results) == 1 else tuple(call.results)
+        except BaseException:
+            _free_temporaries(call)
+            raise
+        return PreparedCall(self, call)
 
     def _bind(self, args, kwargs) -> dict:
         if len(args) > len(self.arguments):
             raise ArgumentError("args", f"{self.name} takes {len(self.arguments)} arguments "
                                         f"({self._signature()}), got {len(args)} positional")
-        values = dict(zip((a.name for a in self.arguments), args))
+        values = dict(zip(self._names, args))
         for key, value in kwargs.items():
             if key not in self._by_name:
                 raise ArgumentError(key, f"unknown argument; {self.name} takes {self._signature()}")
@@ -137,34 +134,32 @@ class Pipeline:
         return values
 
     def _signature(self) -> str:
-        return ", ".join(a.name for a in self.arguments)
+        return ", ".join(self._names)
 
-    def _marshal(self, values: dict) -> _Marshalled:
-        call = _Marshalled()
-        argv = ffi.new("void *[]", max(len(self._all_arguments), 1))
-        call.argv = argv
+    def _marshal(self, values: dict) -> _Call:
+        call = _Call()
+        argv = call.argv = ffi.new("void *[]", max(len(self._all_arguments), 1))
         for i, arg in enumerate(self._all_arguments):
             if arg.name == USER_CONTEXT:
-                argv[i] = ffi.new("void **")  # a pointer to a NULL user_context
-                call.keep_alive.append(argv[i])
+                argv[i] = self._null_user_context
             elif arg.is_buffer:
-                buf = self._buffer_argument(arg, values.get(arg.name, _MISSING), call)
+                buf = self._buffer_argument(arg, values.get(arg.name, MISSING), call)
                 argv[i] = buf._raw
                 call.buffers.append((i, arg, buf))
             else:
-                scalar = _scalar_argument(arg, values.get(arg.name, _MISSING))
+                scalar, key = self._scalars[arg.name].convert(values.get(arg.name, MISSING))
                 argv[i] = scalar
                 call.keep_alive.append(scalar)
-                call.scalars.append((i, scalar))
+                call.scalar_key.append(key)
         return call
 
-    def _buffer_argument(self, arg: Argument, value, call: _Marshalled) -> Buffer:
-        if value is _MISSING:
+    def _buffer_argument(self, arg: Argument, value, call: _Call) -> Buffer:
+        if value is MISSING:
             if not arg.is_output:
                 raise ArgumentError(arg.name, f"missing input; {self.name} takes {self._signature()}")
             value = _estimated_shape(arg)
         if isinstance(value, Buffer):
-            _check_buffer_type(arg, value.type, value.dimensions, value.shape)
+            _check_buffer_type(arg, value._type, len(value._box), value.shape)
             if arg.is_output:
                 call.results.append(value)
             return value
@@ -187,12 +182,14 @@ class Pipeline:
             buf = Buffer._wrap(np.empty(array.shape, array.dtype), arg.name)
             call.copy_back.append((buf, array))
         else:
+            # A copy made once: later runs of a PreparedCall see the copy, not the array.
             buf = Buffer._wrap(np.ascontiguousarray(array), arg.name)
         call.temporaries.append(buf)
         if arg.is_output:
             call.results.append(array)
-        else:
-            buf.set_host_dirty(True)
+        elif buf._array is array:
+            call.array_inputs.append(buf)
+        buf.set_host_dirty(not arg.is_output)
         return buf
 
     def _prepare_device_state(self, buf: Buffer) -> None:
@@ -210,7 +207,7 @@ class Pipeline:
 
     # --- bounds ----------------------------------------------------------------------------
 
-    def _check_bounds(self, call: _Marshalled) -> None:
+    def _check_bounds(self, call: _Call) -> None:
         """Run the pipeline's bounds query and refuse inputs that are too small and outputs
         whose shape the pipeline constrains otherwise, before the real call can fail halfway."""
         key = self._bounds_key(call)
@@ -226,38 +223,28 @@ class Pipeline:
         self._run(query_argv)
         for arg, buf, raw, _dims in queries:
             for d in range(raw.dimensions):
-                want = (raw.dim[d].min, raw.dim[d].extent)
-                have = (buf._raw.dim[d].min, buf._raw.dim[d].extent)
-                _check_region(arg, d, want, have)
+                _check_region(arg, d, (raw.dim[d].min, raw.dim[d].extent), buf._box[d])
         self._bounds_ok[key] = True
         if len(self._bounds_ok) > _BOUNDS_CACHE_SIZE:
             self._bounds_ok.popitem(last=False)
 
-    def _bounds_key(self, call: _Marshalled) -> tuple:
-        shapes = tuple(
-            tuple((buf._raw.dim[d].min, buf._raw.dim[d].extent) for d in range(buf.dimensions))
-            for _, _, buf in call.buffers
-        )
-        scalars = tuple(bytes(ffi.buffer(pointer)) for _, pointer in call.scalars)
-        return shapes, scalars
+    @staticmethod
+    def _bounds_key(call: _Call) -> tuple:
+        return tuple(buf._box for _, _, buf in call.buffers), tuple(call.scalar_key)
 
     # --- running ---------------------------------------------------------------------------
 
     def _run(self, argv) -> None:
         context = CallContext()
         result = lib.shim_call_argv(context.pointer, self._argv_fn, argv)
-        printed = context.prints()
-        if printed:
-            sys.stderr.write(printed)
+        if context.printed():
+            sys.stderr.write(context.prints())
         if result != 0:
             message = context.errors().strip()
             cause = take_exception(context.id)
-            if cause is not None:  # a device operation failed inside the pipeline
+            if cause is not None or result in DEVICE_ERROR_CODES:  # a device operation failed
                 raise DeviceError(result, message, context=self.name) from cause
             raise PipelineError(result, message, context=self.name)
-
-
-_MISSING = object()
 
 
 def _open_library(path: str):
@@ -373,65 +360,47 @@ def _check_region(arg: Argument, d: int, want: tuple, have: tuple) -> None:
                           f"input covers {covered}")
 
 
-def _scalar_argument(arg: Argument, value):
-    """A new halide_scalar_value_t holding ``value`` as the argument's type."""
-    htype = arg.type
-    if value is _MISSING:
-        if arg.default is None:
-            raise ArgumentError(arg.name, f"missing {htype} scalar (it has no default)")
-        value = arg.default
-    scalar = ffi.new("struct halide_scalar_value_t *")
-    if htype.is_handle:
-        scalar.u.handle = _handle_value(arg, value)
-        return scalar
-    number = _checked_number(arg, value)
-    if htype.code == FLOAT and htype.bits == 16:
-        scalar.u.u16 = int(np.array(number, np.float16).view(np.uint16))
-    elif htype.code == BFLOAT:
-        scalar.u.u16 = int(np.array(number, np.float32).view(np.uint32)) >> 16
-    else:
-        setattr(scalar.u, htype.scalar_field, number)
-    return scalar
+class PreparedCall:
+    """A pipeline call whose arguments are marshalled and bounds-checked once (see
+    Pipeline.prepare). Calling it runs the pipeline and returns the outputs, as calling the
+    Pipeline would; ``close()`` (or leaving its ``with`` block) frees the device memory of the
+    buffers the shim made for the caller's arrays."""
+
+    def __init__(self, pipeline: Pipeline, call: _Call):
+        self._pipeline = pipeline
+        self._call = call
+
+    def __call__(self):
+        pipeline, call = self._pipeline, self._call
+        for buf in call.array_inputs:
+            buf.set_host_dirty(True)  # the caller may have written to the array since
+        for _, _, buf in call.buffers:
+            if buf._raw.device:
+                pipeline._prepare_device_state(buf)
+        pipeline._run(call.argv)
+        if not pipeline.device_kinds:
+            # Code compiled for the CPU only writes outputs without marking them host-dirty;
+            # a device copy they may have would silently go stale.
+            for _, arg, buf in call.buffers:
+                if arg.is_output:
+                    buf.set_host_dirty(True)
+        for output, target in call.copy_back:
+            output.copy_to_host()
+            if target is not None:
+                np.copyto(target, output.numpy())
+        return call.results[0] if len(call.results) == 1 else tuple(call.results)
+
+    def close(self) -> None:
+        _free_temporaries(self._call)
+
+    def __enter__(self) -> PreparedCall:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
-def _handle_value(arg: Argument, value):
-    if value is None:
-        return ffi.NULL
-    if isinstance(value, ffi.CData):
-        return ffi.cast("void *", value)
-    try:
-        return ffi.cast("void *", operator.index(value))
-    except TypeError:
-        raise ArgumentError(arg.name, f"expected a pointer (int address, cffi pointer or None), "
-                                      f"got {type(value).__name__}") from None
-
-
-def _checked_number(arg: Argument, value):
-    """``value`` as a Python number of the argument's type, within the type's range and the
-    argument's declared min and max."""
-    htype = arg.type
-    dtype = htype.dtype
-    if dtype is not None and dtype.kind == "b":
-        if not isinstance(value, (bool, np.bool_)):
-            raise ArgumentError(arg.name, f"expected a bool, got {value!r}")
-        return bool(value)
-    if htype.code in (FLOAT, BFLOAT):
-        if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.number)):
-            raise ArgumentError(arg.name, f"expected a number for {htype}, got {value!r}")
-        number = float(value)
-    else:
-        if isinstance(value, (bool, np.bool_)):
-            raise ArgumentError(arg.name, f"expected an integer for {htype}, got {value!r}")
-        try:
-            number = operator.index(value)
-        except TypeError:
-            raise ArgumentError(arg.name, f"expected an integer for {htype}, got {value!r}") from None
-        info = np.iinfo(dtype)
-        if not info.min <= number <= info.max:
-            raise ArgumentError(arg.name, f"{number} does not fit in {htype} "
-                                          f"[{info.min}, {info.max}]")
-    if arg.min is not None and number < arg.min:
-        raise ArgumentError(arg.name, f"{number} is below the minimum {arg.min}")
-    if arg.max is not None and number > arg.max:
-        raise ArgumentError(arg.name, f"{number} is above the maximum {arg.max}")
-    return number
+def _free_temporaries(call: _Call) -> None:
+    for temporary in call.temporaries:
+        temporary.device_free()
+    call.temporaries.clear()

@@ -61,7 +61,7 @@ def take_exception(call_id: int) -> BaseException | None:
         return _exceptions.pop(call_id, None)
 
 
-def _guarded(operation, failure_code: int, user_context, *args) -> int:
+def guarded(operation, failure_code: int, user_context, *args) -> int:
     """Run one operation for a C caller: its result, or a reported error code."""
     name = operation.__name__
     try:
@@ -143,7 +143,7 @@ def _allocate(raw, interface, family: Family | None) -> Family:
     if family is None:
         family = Family(backend)
     family.backend, family.memory = backend, memory
-    handle = backend.handle(memory, 0)
+    handle = backend.handle(memory, 0, nbytes)
     family.add_handle(handle, 0)
     _set_device(raw, handle, interface)
     families.allocated(raw)
@@ -158,8 +158,18 @@ def _download(raw, family: Family | None) -> None:
     if raw.host == ffi.NULL:
         raise Failure(E.halide_error_code_copy_to_host_failed, "the buffer has no host memory")
     family, offset = _allocation(raw, family)
-    family.backend.read(family.memory, _mirror(raw, offset, to_device=False), _host_address(raw))
+    _read(family, _mirror(raw, offset, to_device=False), _host_address(raw))
     lib.shim_flags_assign(raw, DEVICE_DIRTY, False)
+
+
+def _write(family: Family, copy, host_address: int) -> None:
+    family.backend.write(family.memory, copy, host_address)
+    family.backend.transfers.add("uploaded", copy.nbytes)
+
+
+def _read(family: Family, copy, host_address: int) -> None:
+    family.backend.read(family.memory, copy, host_address)
+    family.backend.transfers.add("downloaded", copy.nbytes)
 
 
 def _drop_device(raw, family: Family | None, *, free: bool = True) -> None:
@@ -211,7 +221,7 @@ def copy_to_device(uc, raw, interface):
             raise Failure(E.halide_error_code_copy_to_device_failed,
                           "the buffer is both host-dirty and device-dirty")
         family, offset = _allocation(raw, family)
-        family.backend.write(family.memory, _mirror(raw, offset, to_device=True), _host_address(raw))
+        _write(family, _mirror(raw, offset, to_device=True), _host_address(raw))
         lib.shim_flags_assign(raw, HOST_DIRTY, False)
 
 
@@ -251,7 +261,7 @@ def wrap_native(uc, raw, native, interface):
             raise Failure(E.halide_error_code_device_malloc_failed, str(e)) from e
         family = family or Family(backend)
         family.backend, family.memory = backend, memory
-        handle = backend.handle(memory, 0)
+        handle = backend.handle(memory, 0, memory.nbytes)
         family.add_handle(handle, 0)
         _set_device(raw, handle, interface)
         families.allocated(raw)
@@ -266,7 +276,8 @@ def _crop_into(src, dst, interface, dst_min_offset) -> None:
     with locked(src) as family:
         family, src_offset = _allocation(src, family)
         offset = src_offset + dst_min_offset
-        handle = family.backend.handle(family.memory, offset)
+        nbytes = _span(dst, E.halide_error_code_device_crop_failed)
+        handle = family.backend.handle(family.memory, offset, nbytes)
         family.add_handle(handle, offset)
         _set_device(dst, handle, interface)
 
@@ -327,14 +338,16 @@ def buffer_copy(uc, src, dst_interface, dst):
         if from_device_valid and same_backend:
             src_family, src_offset = _allocation(src, src_family)
             dst_family, dst_offset = _allocation(dst, dst_family)
-            dst_family.backend.copy(src_family.memory, dst_family.memory, box_plan(src_offset, dst_offset))
+            copy = box_plan(src_offset, dst_offset)
+            dst_family.backend.copy(src_family.memory, dst_family.memory, copy)
+            dst_family.backend.transfers.add("device_copied", copy.nbytes)
         elif not to_device and from_host_valid:
             copy = box_plan(0, 0)
             np.copyto(copy.dst_view(host_memory(_host_address(dst), copy.dst_span)),
                       copy.src_view(host_memory(_host_address(src), copy.src_span)))
         elif not to_device and from_device_valid:
             src_family, src_offset = _allocation(src, src_family)
-            src_family.backend.read(src_family.memory, box_plan(src_offset, 0), _host_address(dst))
+            _read(src_family, box_plan(src_offset, 0), _host_address(dst))
         else:
             if not from_host_valid:
                 if not (from_device_valid and src.host != ffi.NULL):
@@ -343,7 +356,7 @@ def buffer_copy(uc, src, dst_interface, dst):
                                   "and neither buffer has host memory")
                 _download(src, src_family)  # bounce through the source's host memory
             dst_family, dst_offset = _allocation(dst, dst_family)
-            dst_family.backend.write(dst_family.memory, box_plan(0, dst_offset), _host_address(src))
+            _write(dst_family, box_plan(0, dst_offset), _host_address(src))
         if families.address_of(src) != families.address_of(dst):
             if to_device:
                 lib.shim_flags_assign(dst, HOST_DIRTY, False)
@@ -369,82 +382,82 @@ _UNREPORTED_FAILURE = E.halide_error_code_generic_error
 
 @ffi.def_extern(error=_UNREPORTED_FAILURE)
 def shim_py_device_malloc(uc, buf, interface):
-    return _guarded(device_malloc, E.halide_error_code_device_malloc_failed, uc, buf, interface)
+    return guarded(device_malloc, E.halide_error_code_device_malloc_failed, uc, buf, interface)
 
 
 @ffi.def_extern(error=_UNREPORTED_FAILURE)
 def shim_py_device_free(uc, buf, interface):
-    return _guarded(device_free, E.halide_error_code_device_free_failed, uc, buf, interface)
+    return guarded(device_free, E.halide_error_code_device_free_failed, uc, buf, interface)
 
 
 @ffi.def_extern(error=_UNREPORTED_FAILURE)
 def shim_py_device_sync(uc, buf, interface):
-    return _guarded(device_sync, E.halide_error_code_device_sync_failed, uc, buf, interface)
+    return guarded(device_sync, E.halide_error_code_device_sync_failed, uc, buf, interface)
 
 
 @ffi.def_extern(error=_UNREPORTED_FAILURE)
 def shim_py_device_release(uc, interface):
-    return _guarded(device_release, E.halide_error_code_generic_error, uc, interface)
+    return guarded(device_release, E.halide_error_code_generic_error, uc, interface)
 
 
 @ffi.def_extern(error=_UNREPORTED_FAILURE)
 def shim_py_copy_to_host(uc, buf, interface):
-    return _guarded(copy_to_host, E.halide_error_code_copy_to_host_failed, uc, buf, interface)
+    return guarded(copy_to_host, E.halide_error_code_copy_to_host_failed, uc, buf, interface)
 
 
 @ffi.def_extern(error=_UNREPORTED_FAILURE)
 def shim_py_copy_to_device(uc, buf, interface):
-    return _guarded(copy_to_device, E.halide_error_code_copy_to_device_failed, uc, buf, interface)
+    return guarded(copy_to_device, E.halide_error_code_copy_to_device_failed, uc, buf, interface)
 
 
 @ffi.def_extern(error=_UNREPORTED_FAILURE)
 def shim_py_device_and_host_malloc(uc, buf, interface):
-    return _guarded(device_and_host_malloc, E.halide_error_code_device_malloc_failed,
+    return guarded(device_and_host_malloc, E.halide_error_code_device_malloc_failed,
                     uc, buf, interface)
 
 
 @ffi.def_extern(error=_UNREPORTED_FAILURE)
 def shim_py_device_and_host_free(uc, buf, interface):
-    return _guarded(device_and_host_free, E.halide_error_code_device_free_failed,
+    return guarded(device_and_host_free, E.halide_error_code_device_free_failed,
                     uc, buf, interface)
 
 
 @ffi.def_extern(error=_UNREPORTED_FAILURE)
 def shim_py_buffer_copy(uc, src, dst_interface, dst):
-    return _guarded(buffer_copy, E.halide_error_code_device_buffer_copy_failed,
+    return guarded(buffer_copy, E.halide_error_code_device_buffer_copy_failed,
                     uc, src, dst_interface, dst)
 
 
 @ffi.def_extern(error=_UNREPORTED_FAILURE)
 def shim_py_device_crop(uc, src, dst, interface):
-    return _guarded(device_crop, E.halide_error_code_device_crop_failed, uc, src, dst, interface)
+    return guarded(device_crop, E.halide_error_code_device_crop_failed, uc, src, dst, interface)
 
 
 @ffi.def_extern(error=_UNREPORTED_FAILURE)
 def shim_py_device_slice(uc, src, slice_dim, slice_pos, dst, interface):
-    return _guarded(device_slice, E.halide_error_code_device_crop_failed,
+    return guarded(device_slice, E.halide_error_code_device_crop_failed,
                     uc, src, slice_dim, slice_pos, dst, interface)
 
 
 @ffi.def_extern(error=_UNREPORTED_FAILURE)
 def shim_py_device_release_crop(uc, buf, interface):
-    return _guarded(device_release_crop, E.halide_error_code_device_crop_failed,
+    return guarded(device_release_crop, E.halide_error_code_device_crop_failed,
                     uc, buf, interface)
 
 
 @ffi.def_extern(error=_UNREPORTED_FAILURE)
 def shim_py_wrap_native(uc, buf, handle, interface):
-    return _guarded(wrap_native, E.halide_error_code_device_malloc_failed,
+    return guarded(wrap_native, E.halide_error_code_device_malloc_failed,
                     uc, buf, handle, interface)
 
 
 @ffi.def_extern(error=_UNREPORTED_FAILURE)
 def shim_py_detach_native(uc, buf, interface):
-    return _guarded(detach_native, E.halide_error_code_device_detach_native_failed,
+    return guarded(detach_native, E.halide_error_code_device_detach_native_failed,
                     uc, buf, interface)
 
 
 @ffi.def_extern(error=_UNREPORTED_FAILURE)
 def shim_py_compute_capability(uc, major, minor, interface):
-    return _guarded(compute_capability, E.halide_error_code_generic_error,
+    return guarded(compute_capability, E.halide_error_code_generic_error,
                     uc, major, minor, interface)

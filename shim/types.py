@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -22,7 +23,7 @@ class HalideType:
     def bytes(self) -> int:
         return (self.bits + 7) // 8
 
-    @property
+    @cached_property
     def dtype(self) -> np.dtype | None:
         """The numpy dtype with the same storage, or None where numpy has none (bfloat16,
         handles, vectors)."""

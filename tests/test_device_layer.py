@@ -59,12 +59,12 @@ def test_device_memory_is_separate_from_host_memory(device):
 
 def test_upload_happens_only_when_host_dirty(device):
     buf = shim.Buffer(np.zeros((16, 16), np.uint8))
-    copied = device.bytes_copied
+    copied = device.transfers.total
     buf.copy_to_device(device)
-    assert device.bytes_copied - copied == 256
+    assert device.transfers.total - copied == 256
     for _ in range(5):
         buf.copy_to_device(device)  # no-ops: decided in C
-    assert device.bytes_copied - copied == 256
+    assert device.transfers.total - copied == 256
 
 
 def test_reading_a_device_dirty_buffer_copies_back_first(device):
@@ -266,11 +266,11 @@ def test_buffer_copy_device_to_device(device):
     src.copy_to_device(device)
     dst = shim.Buffer(np.zeros((4, 5), np.float32))
     dst.device_malloc(device)
-    copied = device.bytes_copied
+    copied = device.transfers.total
     with shim.runtime.runtime_call("buffer_copy") as check:
         check(lib.halide_buffer_copy(ffi.NULL, src._raw, lib.shim_backend_interface(device.index),
                                      dst._raw))
-    assert device.bytes_copied - copied == src_data.nbytes  # one copy, device to device
+    assert device.transfers.total - copied == src_data.nbytes  # one copy, device to device
     assert dst.device_dirty and not dst.host_dirty
     np.testing.assert_array_equal(dst.numpy(), src_data)
 

@@ -78,14 +78,14 @@ def test_threads_racing_to_upload_one_buffer_upload_once(device):
     device.set_faults(delay=0.01)
     buf = shim.Buffer(np.ones((32, 32), np.int32))
     start = threading.Barrier(8)
-    copied = device.bytes_copied
+    copied = device.transfers.total
 
     def upload(_):
         start.wait()
         buf.copy_to_device(device)
 
     run_threads(8, upload)
-    assert device.bytes_copied - copied == 32 * 32 * 4
+    assert device.transfers.total - copied == 32 * 32 * 4
     assert not buf.host_dirty
 
 

@@ -13,6 +13,7 @@ and one device per backend.
 
 from __future__ import annotations
 
+import threading
 from abc import ABC, abstractmethod
 
 from shim.regions import CopyPlan
@@ -31,11 +32,33 @@ class Memory:
         self.owned = owned  # False for wrapped native memory: never freed by the shim
 
 
+class Transfers:
+    """Bytes a backend moved, by direction; the generic layer counts every copy it asks for."""
+
+    def __init__(self):
+        self._lock = threading.Lock()  # for the counters only
+        self.uploaded = self.downloaded = self.device_copied = 0
+
+    def add(self, direction: str, nbytes: int) -> None:
+        with self._lock:
+            setattr(self, direction, getattr(self, direction) + nbytes)
+
+    @property
+    def total(self) -> int:
+        return self.uploaded + self.downloaded + self.device_copied
+
+    def __repr__(self) -> str:
+        return (f"Transfers(uploaded={self.uploaded}, downloaded={self.downloaded}, "
+                f"device_copied={self.device_copied})")
+
+
 class Backend(ABC):
     #: "host", "opencl" or "cuda": the key in shim.device(kind) and the native interface.
     kind: str
     #: Index of this backend's interface in the native library (enum shim_backend).
     index: int
+    #: Bytes moved so far (see Transfers).
+    transfers: Transfers
 
     @property
     @abstractmethod
@@ -51,9 +74,10 @@ class Backend(ABC):
         """Release an owned allocation (called once, when no handle into it remains)."""
 
     @abstractmethod
-    def handle(self, memory: Memory, offset: int) -> int:
-        """The value Halide keeps in halide_buffer_t::device for the element ``offset`` bytes
-        into ``memory`` (Halide's handle layout for this API)."""
+    def handle(self, memory: Memory, offset: int, nbytes: int) -> int:
+        """The value Halide keeps in halide_buffer_t::device for a buffer whose min element is
+        ``offset`` bytes into ``memory`` and which spans ``nbytes`` (Halide's handle layout for
+        this API)."""
 
     def release_handle(self, memory: Memory, handle: int) -> None:
         """Forget a handle made by ``handle`` (for APIs whose handles own something)."""
@@ -90,6 +114,16 @@ class Backend(ABC):
 
     def compute_capability(self) -> tuple[int, int]:
         return (0, 0)
+
+    def __init__(self):
+        self.transfers = Transfers()
+
+    def matches(self, **options) -> bool:
+        """Whether this backend's device is the one ``options`` would select."""
+        return not options
+
+    def __repr__(self) -> str:
+        return f"<shim device {self.kind}: {self.name}>"
 
 
 def interface_of(backend: Backend):

@@ -42,6 +42,7 @@ class HostBackend(Backend):
     index = 0
 
     def __init__(self):
+        super().__init__()
         self._faults = Faults()
         self._counter_lock = threading.Lock()  # guards the counters below, never held across work
         self._allocations_seen = 0
@@ -50,7 +51,6 @@ class HostBackend(Backend):
         # Detached allocations now belong to whoever detached them; host memory has no
         # native allocator to hand them to, so they stay valid as long as the backend.
         self._detached: list[HostMemory] = []
-        self.bytes_copied = 0
 
     @property
     def name(self) -> str:
@@ -90,12 +90,11 @@ class HostBackend(Backend):
         if fail:
             raise BackendError("injected allocation failure")
 
-    def _before_copy(self, nbytes: int) -> None:
+    def _before_copy(self) -> None:
         with self._counter_lock:
             self._copies_seen += 1
             fail = self._copies_seen == self._faults.fail_copy
             delay = self._faults.delay
-            self.bytes_copied += nbytes
         if delay:
             time.sleep(delay)
         if fail:
@@ -118,7 +117,7 @@ class HostBackend(Backend):
         self._live.pop(memory.address, None)
         self._detached.append(memory)
 
-    def handle(self, memory: HostMemory, offset: int) -> int:
+    def handle(self, memory: HostMemory, offset: int, nbytes: int) -> int:
         return memory.address + offset
 
     def wrap(self, native: int) -> HostMemory:
@@ -134,16 +133,16 @@ class HostBackend(Backend):
     # --- copies --------------------------------------------------------------------------
 
     def write(self, memory: HostMemory, plan: CopyPlan, host_address: int) -> None:
-        self._before_copy(plan.nbytes)
+        self._before_copy()
         source = host_memory(host_address, plan.src_span)
         np.copyto(plan.dst_view(host_memory(memory.address, plan.dst_span)), plan.src_view(source))
 
     def read(self, memory: HostMemory, plan: CopyPlan, host_address: int) -> None:
-        self._before_copy(plan.nbytes)
+        self._before_copy()
         target = host_memory(host_address, plan.dst_span)
         np.copyto(plan.dst_view(target), plan.src_view(host_memory(memory.address, plan.src_span)))
 
     def copy(self, src: HostMemory, dst: HostMemory, plan: CopyPlan) -> None:
-        self._before_copy(plan.nbytes)
+        self._before_copy()
         np.copyto(plan.dst_view(host_memory(dst.address, plan.dst_span)),
                   plan.src_view(host_memory(src.address, plan.src_span)))

@@ -9,7 +9,6 @@ Halide's stock runtime, in a process where the shim is not loaded:
 Nothing here imports shim, so the stock run sees only Halide's own code.
 """
 
-import glob
 import json
 import os
 import sys
@@ -84,34 +83,17 @@ def run_table(ffi, lib, interface, other_interface, host_allocator=None, skip=()
 
 def _stock_table(library):
     """The table for Halide's stock runtime bundled in ``library`` (built for host-opencl)."""
-    import cffi
-    import pyopencl
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
+    from pipelines.stock import StockRuntime
 
-    # Halide's OpenCL runtime looks for clGetPlatformIDs & co. among the process's global
-    # symbols first: provide pyopencl's ICD loader, which finds PoCL.
-    for loader in glob.glob(os.path.join(os.path.dirname(pyopencl.__file__), ".libs", "libOpenCL*")):
-        import ctypes
-
-        ctypes.CDLL(loader, mode=os.RTLD_GLOBAL | os.RTLD_NOW)
-    ffi = cffi.FFI()
-    abi = os.path.join(os.path.dirname(__file__), "..", "..", "abi")
-    with open(os.path.join(abi, "halide_runtime.h")) as f:
-        ffi.cdef(f.read())
-    ffi.cdef("const struct halide_device_interface_t *halide_opencl_device_interface(void);"
-             "void *halide_malloc(void *, size_t);"
-             "typedef void (*halide_error_handler_t)(void *, const char *);"
-             "halide_error_handler_t halide_set_error_handler(halide_error_handler_t);")
-    lib = ffi.dlopen(library, os.RTLD_NOW | os.RTLD_LOCAL)
-    # The stock handler aborts; keep the process alive to observe the return codes, as
-    # Halide's RunGen does.
-    quiet = ffi.callback("void(void *, const char *)", lambda uc, msg: None)
-    lib.halide_set_error_handler(quiet)
+    stock = StockRuntime(library)
     # Another interface for the "other interface" rows: those calls must fail with -42
     # before they look inside it, so an empty struct stands in.
-    other = ffi.new("struct halide_device_interface_t *")
+    other = stock.ffi.new("struct halide_device_interface_t *")
     # device_and_host_free hands the host pointer to halide_free: give it one from halide_malloc.
-    return run_table(ffi, lib, lib.halide_opencl_device_interface(), other,
-                     host_allocator=lambda n: lib.halide_malloc(ffi.NULL, n), skip=STOCK_CRASHES)
+    return run_table(stock.ffi, stock.lib, stock.lib.halide_opencl_device_interface(), other,
+                     host_allocator=lambda n: stock.lib.halide_malloc(stock.ffi.NULL, n),
+                     skip=STOCK_CRASHES)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,217 @@
+"""The CUDA backend, through cuda-python (the driver API).
+
+It uses the device's primary context (the one the CUDA runtime, PyTorch and CuPy share),
+chosen by ``shim.device("cuda", device=N)``, $HALIDE_SHIM_CUDA_DEVICE or Halide's HL_GPU_DEVICE
+(default 0). Handles are raw CUdeviceptr values, as in Halide. Launches are in C
+(native_stubs/cuda.c), on the stream of the calling pipeline (``shim.stream``) or the default
+stream; this module loads modules (once per PTX source), allocates and copies.
+
+Copies are synchronous, as in Halide's runtime when no stream is set.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import threading
+
+from shim.backends.base import Backend, BackendError, Memory
+from shim.errors import DeviceUnavailable
+from shim.native import ffi, lib
+from shim.regions import CopyPlan
+
+
+def _driver():
+    try:
+        try:
+            from cuda.bindings import driver
+        except ImportError:
+            from cuda import cuda as driver
+    except ImportError:
+        raise DeviceUnavailable("CUDA needs cuda-python: pip install 'halide-shim[cuda]'") from None
+    return driver
+
+
+def _check(result, what):
+    """cuda-python returns (CUresult, values...): the values, or BackendError."""
+    status, *values = result if isinstance(result, tuple) else (result,)
+    if int(status) != 0:
+        name = _driver().cuGetErrorName(status)
+        raise BackendError(f"{what} failed: {name[1].decode() if name[0] == 0 else int(status)}")
+    return values[0] if len(values) == 1 else values
+
+
+def _init():
+    """The driver module, initialized; DeviceUnavailable where there is no CUDA driver."""
+    cu = _driver()
+    try:
+        _check(cu.cuInit(0), "cuInit")
+    except BackendError as e:
+        raise DeviceUnavailable(f"no CUDA device: {e}") from None
+    except Exception as e:  # noqa: BLE001 - cuda-python raises its own when the driver is missing
+        raise DeviceUnavailable(f"no CUDA driver on this machine: {e}") from None
+    return cu
+
+
+def available() -> list[str]:
+    """The names of the CUDA devices on this machine ([] without a driver)."""
+    try:
+        cu = _init()
+        names = []
+        for i in range(_check(cu.cuDeviceGetCount(), "cuDeviceGetCount")):
+            device = _check(cu.cuDeviceGet(i), "cuDeviceGet")
+            names.append(_check(cu.cuDeviceGetName(256, device), "cuDeviceGetName")
+                         .split(b"\0")[0].decode())
+        return names
+    except (DeviceUnavailable, BackendError):
+        return []
+
+
+def _driver_library_path() -> str:
+    with open("/proc/self/maps") as maps:
+        found = re.findall(r"(/\S*libcuda\.so\S*)", maps.read())
+    return found[0] if found else "libcuda.so.1"
+
+
+class CUDAMemory(Memory):
+    def __init__(self, pointer: int, nbytes: int, owned: bool = True):
+        super().__init__(nbytes, owned)
+        self.pointer = pointer
+
+
+class CUDABackend(Backend):
+    kind = "cuda"
+    index = lib.SHIM_BACKEND_CUDA
+
+    def __init__(self, device=None):
+        super().__init__()
+        cu = self._cu = _init()
+        if device is None:
+            device = os.environ.get("HALIDE_SHIM_CUDA_DEVICE") or os.environ.get("HL_GPU_DEVICE") or 0
+        count = _check(cu.cuDeviceGetCount(), "cuDeviceGetCount")
+        self.ordinal = int(device)
+        if not 0 <= self.ordinal < count:
+            raise DeviceUnavailable(f"no CUDA device {self.ordinal}: this machine has {count}")
+        self._device = _check(cu.cuDeviceGet(self.ordinal), "cuDeviceGet")
+        self.context = _check(cu.cuDevicePrimaryCtxRetain(self._device), "cuDevicePrimaryCtxRetain")
+        self._current()
+        self._modules: dict[bytes, tuple] = {}
+        self._module_lock = threading.Lock()
+        status = lib.shim_cuda_bind(_driver_library_path().encode(),
+                                    ffi.cast("void *", int(self.context)), ffi.NULL)
+        if status != 0:
+            raise DeviceUnavailable(f"cannot bind kernel launches to the CUDA driver (status {status})")
+
+    def _current(self):
+        # The driver API wants the context current on whichever thread calls it.
+        _check(self._cu.cuCtxSetCurrent(self.context), "cuCtxSetCurrent")
+
+    @property
+    def name(self) -> str:
+        raw = _check(self._cu.cuDeviceGetName(256, self._device), "cuDeviceGetName")
+        return raw.split(b"\0")[0].decode()
+
+    def matches(self, device=None) -> bool:
+        return device is None or int(device) == self.ordinal
+
+    def compute_capability(self) -> tuple[int, int]:
+        attribute = self._cu.CUdevice_attribute
+        major = _check(self._cu.cuDeviceGetAttribute(
+            attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, self._device), "cuDeviceGetAttribute")
+        minor = _check(self._cu.cuDeviceGetAttribute(
+            attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, self._device), "cuDeviceGetAttribute")
+        return major, minor
+
+    # --- memory --------------------------------------------------------------------------
+
+    def allocate(self, nbytes: int) -> CUDAMemory:
+        self._current()
+        pointer = _check(self._cu.cuMemAlloc(max(nbytes, 1)), f"cuMemAlloc({nbytes})")
+        return CUDAMemory(int(pointer), nbytes)
+
+    def free(self, memory: CUDAMemory) -> None:
+        self._current()
+        _check(self._cu.cuMemFree(memory.pointer), "cuMemFree")
+
+    def handle(self, memory: CUDAMemory, offset: int, nbytes: int) -> int:
+        return memory.pointer + offset
+
+    def wrap(self, native: int) -> CUDAMemory:
+        if native == 0:
+            raise BackendError("cannot wrap a null device pointer")
+        return CUDAMemory(native, 0, owned=False)
+
+    def native(self, memory: CUDAMemory) -> int:
+        return memory.pointer
+
+    # --- copies --------------------------------------------------------------------------
+
+    def write(self, memory: CUDAMemory, plan: CopyPlan, host_address: int) -> None:
+        self._current()
+        for src, dst in plan.chunks():
+            _check(self._cu.cuMemcpyHtoD(memory.pointer + dst, host_address + src, plan.chunk),
+                   "cuMemcpyHtoD")
+
+    def read(self, memory: CUDAMemory, plan: CopyPlan, host_address: int) -> None:
+        self._current()
+        for src, dst in plan.chunks():
+            _check(self._cu.cuMemcpyDtoH(host_address + dst, memory.pointer + src, plan.chunk),
+                   "cuMemcpyDtoH")
+
+    def copy(self, src: CUDAMemory, dst: CUDAMemory, plan: CopyPlan) -> None:
+        self._current()
+        for s, d in plan.chunks():
+            _check(self._cu.cuMemcpyDtoD(dst.pointer + d, src.pointer + s, plan.chunk), "cuMemcpyDtoD")
+
+    def sync(self) -> None:
+        self._current()
+        _check(self._cu.cuCtxSynchronize(), "cuCtxSynchronize")
+
+    # --- kernels -------------------------------------------------------------------------
+
+    def module(self, ptx: bytes):
+        """The loaded module for ``ptx`` (a shim_cuda_module*), loading it once."""
+        key = hashlib.sha256(ptx).digest()
+        entry = self._modules.get(key)
+        if entry is None:
+            with self._module_lock:
+                entry = self._modules.get(key)
+                if entry is None:
+                    self._current()
+                    module = _check(self._cu.cuModuleLoadData(ptx + b"\0"), "cuModuleLoadData")
+                    handle = lib.shim_cuda_module_new(ffi.cast("void *", int(module)))
+                    entry = self._modules[key] = (module, handle)
+        return entry[1]
+
+
+# --- the callbacks ------------------------------------------------------------------------
+
+def _backend() -> CUDABackend:
+    from shim.devices import device
+
+    return device("cuda")
+
+
+def _initialize(uc, state_ptr, src, size):
+    ptx = bytes(ffi.buffer(src, max(size - 1, 0)))
+    state_ptr[0] = ffi.cast("void *", _backend().module(ptx))
+
+
+def _start(uc):
+    _backend()
+
+
+def _register():
+    from shim.runtime import E, guarded
+
+    @ffi.def_extern(error=E.halide_error_code_generic_error)
+    def shim_py_cuda_initialize(uc, state_ptr, src, size):
+        return guarded(_initialize, E.halide_error_code_generic_error, uc, state_ptr, src, size)
+
+    @ffi.def_extern(error=E.halide_error_code_generic_error)
+    def shim_py_cuda_start(uc):
+        return guarded(_start, E.halide_error_code_generic_error, uc)
+
+
+_register()

@@ -1,0 +1,416 @@
+"""The OpenCL backend, through pyopencl (PoCL's CPU device where there is no GPU).
+
+One context and one in-order command queue for the process, on the device chosen by
+``shim.device("opencl", platform=..., device=...)``, by $HALIDE_SHIM_OPENCL_PLATFORM and
+$HALIDE_SHIM_OPENCL_DEVICE, by Halide's own HL_OCL_PLATFORM_NAME / HL_OCL_DEVICE_TYPE, or
+else: the first platform with a GPU, else the first platform with any device.
+
+Kernel launches are in C (native_stubs/opencl.c); this module compiles programs (once per
+device and source, shared by every pipeline), allocates memory, copies, and launches the rare
+kernels whose buffers are crops at offsets OpenCL cannot make sub-buffers at.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import threading
+
+import numpy as np
+
+from shim.backends.base import Backend, BackendError, Memory
+from shim.errors import DeviceUnavailable
+from shim.native import ffi, lib
+from shim.regions import CopyPlan, host_memory, plan
+
+
+def _cl():
+    try:
+        import pyopencl
+    except ImportError as e:  # pragma: no cover - pyopencl is a dependency
+        raise DeviceUnavailable(f"OpenCL needs pyopencl: {e}") from None
+    return pyopencl
+
+
+def _platforms():
+    cl = _cl()
+    try:
+        return cl.get_platforms()
+    except cl.LogicError:  # PLATFORM_NOT_FOUND_KHR: no ICD installed
+        return []
+
+
+def available() -> list[tuple[str, str]]:
+    """(platform name, device name) for every OpenCL device on this machine."""
+    return [(p.name, d.name) for p in _platforms() for d in p.get_devices()]
+
+
+def _select(platform, device):
+    """The (platform, device) to use, from arguments, environment or the default rule."""
+    platforms = _platforms()
+    if not platforms:
+        raise DeviceUnavailable(
+            "no OpenCL platform found: install an OpenCL driver, e.g. "
+            "`pip install pocl-binary-distribution` for PoCL's CPU device, or your GPU "
+            "vendor's ICD")
+    platform = platform if platform is not None else (
+        os.environ.get("HALIDE_SHIM_OPENCL_PLATFORM") or _preference(lib.halide_opencl_get_platform_name)
+        or os.environ.get("HL_OCL_PLATFORM_NAME"))
+    device = device if device is not None else os.environ.get("HALIDE_SHIM_OPENCL_DEVICE")
+    device_type = (_preference(lib.halide_opencl_get_device_type)
+                   or os.environ.get("HL_OCL_DEVICE_TYPE", "")).lower()
+    names = ", ".join(f"{i}: {p.name}" for i, p in enumerate(platforms))
+    if platform is not None:
+        chosen = _pick(platforms, platform, lambda p: p.name)
+        if chosen is None:
+            raise DeviceUnavailable(f"no OpenCL platform matches {platform!r}; platforms: {names}")
+        candidates = [chosen]
+    else:
+        candidates = platforms
+    cl = _cl()
+    wanted = {"gpu": cl.device_type.GPU, "cpu": cl.device_type.CPU,
+              "acc": cl.device_type.ACCELERATOR}.get(device_type)
+
+    def devices_of(p, types):
+        return [d for d in p.get_devices() if types is None or d.type & types]
+
+    if device is not None:
+        for p in candidates:
+            chosen = _pick(p.get_devices(), device, lambda d: d.name)
+            if chosen is not None:
+                return p, chosen
+        raise DeviceUnavailable(f"no OpenCL device matches {device!r} on platforms: {names}")
+    for types in ([wanted] if wanted else [cl.device_type.GPU, None]):
+        for p in candidates:
+            found = devices_of(p, types)
+            if found:
+                return p, found[0]
+    raise DeviceUnavailable(f"no OpenCL device found on platforms: {names}")
+
+
+def _preference(getter) -> str | None:
+    """A preference native code set with Halide's halide_opencl_set_* functions."""
+    value = getter(ffi.NULL)
+    return None if value == ffi.NULL else ffi.string(value).decode()
+
+
+def _pick(items, selector, name_of):
+    """An item by index (int or digits) or by a case-insensitive name substring."""
+    if isinstance(selector, int) or str(selector).isdigit():
+        index = int(selector)
+        return items[index] if 0 <= index < len(items) else None
+    for item in items:
+        if str(selector).lower() in name_of(item).lower():
+            return item
+    return None
+
+
+def _icd_loader_path() -> str:
+    """The libOpenCL pyopencl is linked against, so C launches go through the same loader."""
+    import pyopencl._cl  # noqa: F401  (loads the library)
+
+    with open("/proc/self/maps") as maps:
+        found = re.findall(r"(/\S*libOpenCL\S*\.so\S*)", maps.read())
+    if not found:
+        raise DeviceUnavailable("cannot find the OpenCL ICD loader pyopencl uses")
+    return found[0]
+
+
+class OpenCLMemory(Memory):
+    def __init__(self, buffer, nbytes: int, owned: bool = True):
+        super().__init__(nbytes, owned)
+        self.buffer = buffer  # pyopencl.Buffer
+        # handle value -> (shim_cl_handle cdata, sub-buffer or None): kept alive with the handle
+        self.handles: dict[int, tuple] = {}
+
+
+class OpenCLBackend(Backend):
+    kind = "opencl"
+    index = lib.SHIM_BACKEND_OPENCL
+
+    def __init__(self, platform=None, device=None):
+        super().__init__()
+        cl = _cl()
+        self._platform, self._device = _select(platform, device)
+        self.context = cl.Context([self._device])
+        self.queue = cl.CommandQueue(self.context, self._device)
+        self.alignment = max(self._device.mem_base_addr_align // 8, 1)
+        self._programs: dict[bytes, tuple] = {}  # source digest -> (program, module cdata)
+        self._compile_lock = threading.Lock()  # one compile per source, never held by launches
+        self._build_options = " ".join(filter(None, [
+            f"-D MAX_CONSTANT_BUFFER_SIZE={self._device.max_constant_buffer_size}",
+            f"-D MAX_CONSTANT_ARGS={self._device.max_constant_args}",
+            _preference(lib.halide_opencl_get_build_options) or os.environ.get("HL_OCL_BUILD_OPTIONS", "")]))
+        loader = _icd_loader_path()
+        status = lib.shim_opencl_bind(loader.encode(), ffi.cast("void *", self.context.int_ptr),
+                                      ffi.cast("void *", self.queue.int_ptr))
+        if status != 0:
+            raise DeviceUnavailable(f"cannot bind kernel launches to {loader} (status {status})")
+
+    @property
+    def name(self) -> str:
+        return f"{self._device.name.strip()} ({self._platform.name.strip()})"
+
+    def matches(self, platform=None, device=None) -> bool:
+        _, chosen = _select(platform, device)
+        return chosen.int_ptr == self._device.int_ptr
+
+    # --- memory --------------------------------------------------------------------------
+
+    def allocate(self, nbytes: int) -> OpenCLMemory:
+        cl = _cl()
+        try:
+            buffer = cl.Buffer(self.context, cl.mem_flags.READ_WRITE, max(nbytes, 1))
+        except cl.Error as e:
+            raise BackendError(f"clCreateBuffer({nbytes}) failed: {e}") from None
+        return OpenCLMemory(buffer, nbytes)
+
+    def free(self, memory: OpenCLMemory) -> None:
+        memory.handles.clear()
+        memory.buffer.release()
+
+    def handle(self, memory: OpenCLMemory, offset: int, nbytes: int) -> int:
+        struct = ffi.new("shim_cl_handle *")
+        struct.offset = offset
+        struct.mem = ffi.cast("void *", memory.buffer.int_ptr)
+        sub = None
+        if offset == 0:
+            struct.launch_mem = struct.mem
+        elif offset % self.alignment == 0:
+            cl = _cl()
+            try:
+                sub = memory.buffer.get_sub_region(offset, max(nbytes, 1))
+            except cl.Error as e:
+                raise BackendError(f"clCreateSubBuffer at offset {offset} failed: {e}") from None
+            struct.launch_mem = ffi.cast("void *", sub.int_ptr)
+        # else: launch_mem stays NULL and launches stage the crop (see launch_staged).
+        value = int(ffi.cast("uintptr_t", struct))
+        memory.handles[value] = (struct, sub)
+        return value
+
+    def release_handle(self, memory: OpenCLMemory, handle: int) -> None:
+        _, sub = memory.handles.pop(handle, (None, None))
+        if sub is not None:
+            sub.release()
+
+    def wrap(self, native: int) -> OpenCLMemory:
+        cl = _cl()
+        try:
+            buffer = cl.Buffer.from_int_ptr(native, retain=True)
+        except cl.Error as e:
+            raise BackendError(f"not a cl_mem: {e}") from None
+        return OpenCLMemory(buffer, buffer.size, owned=False)
+
+    def native(self, memory: OpenCLMemory) -> int:
+        return memory.buffer.int_ptr
+
+    def detached(self, memory: OpenCLMemory) -> None:
+        # The caller owns the cl_mem now: keep OpenCL's reference count as it was.
+        memory.handles.clear()
+        if memory.owned:
+            _cl().Buffer.from_int_ptr(memory.buffer.int_ptr, retain=True)
+
+    # --- copies --------------------------------------------------------------------------
+
+    def write(self, memory: OpenCLMemory, plan: CopyPlan, host_address: int) -> None:
+        host = host_memory(host_address, plan.src_span)
+        for rect in _rects(plan):
+            self._copy(memory.buffer, host, rect, buffer_is_dst=True)
+
+    def read(self, memory: OpenCLMemory, plan: CopyPlan, host_address: int) -> None:
+        host = host_memory(host_address, plan.dst_span)
+        for rect in _rects(plan):
+            self._copy(memory.buffer, host, rect, buffer_is_dst=False)
+
+    def _copy(self, buffer, host, rect, buffer_is_dst):
+        cl = _cl()
+        (src_offset, dst_offset, region, src_pitches, dst_pitches) = rect
+        buffer_offset, host_offset = (dst_offset, src_offset) if buffer_is_dst else (src_offset, dst_offset)
+        buffer_pitches, host_pitches = (dst_pitches, src_pitches) if buffer_is_dst else (src_pitches, dst_pitches)
+        dst, src = (buffer, host) if buffer_is_dst else (host, buffer)
+        try:
+            cl.enqueue_copy(self.queue, dst, src, buffer_origin=(buffer_offset, 0, 0),
+                            host_origin=(host_offset, 0, 0), region=region,
+                            buffer_pitches=buffer_pitches, host_pitches=host_pitches,
+                            is_blocking=True)
+        except cl.Error as e:
+            raise BackendError(f"OpenCL {'write' if buffer_is_dst else 'read'} failed: {e}") from None
+
+    def copy(self, src: OpenCLMemory, dst: OpenCLMemory, plan: CopyPlan) -> None:
+        self._copy_device(src.buffer, dst.buffer, plan)
+        self.queue.finish()
+
+    def _copy_device(self, src, dst, plan: CopyPlan) -> None:
+        cl = _cl()
+        try:
+            for src_offset, dst_offset, region, src_pitches, dst_pitches in _rects(plan):
+                cl.enqueue_copy(self.queue, dst, src, src_origin=(src_offset, 0, 0),
+                                dst_origin=(dst_offset, 0, 0), region=region,
+                                src_pitches=src_pitches, dst_pitches=dst_pitches)
+        except cl.Error as e:
+            raise BackendError(f"OpenCL device copy failed: {e}") from None
+
+    def sync(self) -> None:
+        self.queue.finish()
+
+    # --- kernels -------------------------------------------------------------------------
+
+    def module(self, source: bytes):
+        """The compiled module for ``source`` (a shim_cl_module*), compiling it once."""
+        key = hashlib.sha256(source).digest()
+        entry = self._programs.get(key)
+        if entry is None:
+            with self._compile_lock:
+                entry = self._programs.get(key)
+                if entry is None:
+                    entry = self._programs[key] = self._compile(source)
+        return entry[1]
+
+    def _compile(self, source: bytes):
+        cl = _cl()
+        try:
+            program = cl.Program(self.context, source.decode("utf-8", "replace")).build(
+                options=self._build_options)
+        except cl.Error as e:
+            raise BackendError(f"clBuildProgram failed: {e}") from None
+        module = lib.shim_opencl_module_new(ffi.cast("void *", program.int_ptr))
+        if module == ffi.NULL:
+            raise MemoryError("cannot allocate a kernel module")
+        return program, module
+
+    def _program_of(self, module):
+        for program, candidate in self._programs.values():
+            if candidate == module:
+                return program
+        raise BackendError("kernel launched with a module this backend did not compile")
+
+    def launch_staged(self, module, entry_name, blocks, threads, shared_mem_bytes, arguments):
+        """Launch a kernel some of whose buffers are crops at offsets OpenCL cannot make a
+        sub-buffer at: each such crop is copied into an aligned buffer with the same layout,
+        the kernel runs on that, and the crop's elements (only those) are copied back, all in
+        queue order, so the data around the crop is never touched."""
+        cl = _cl()
+        kernel = cl.Kernel(self._program_of(module), entry_name)
+        staged = []
+        for i, (kind, value) in enumerate(arguments):
+            if kind == "buffer":
+                raw = value
+                struct = ffi.cast("shim_cl_handle *", raw.device)
+                if struct.launch_mem != ffi.NULL:
+                    kernel.set_arg(i, cl.Buffer.from_int_ptr(int(ffi.cast("uintptr_t", struct.launch_mem)),
+                                                             retain=True))
+                    continue
+                parent = cl.Buffer.from_int_ptr(int(ffi.cast("uintptr_t", struct.mem)), retain=True)
+                copy = _mirror_plan(raw, int(struct.offset))
+                temporary = cl.Buffer(self.context, cl.mem_flags.READ_WRITE, max(copy.dst_span, 1))
+                self._copy_device(parent, temporary, copy)
+                staged.append((parent, temporary, copy))
+                kernel.set_arg(i, temporary)
+            else:
+                kernel.set_arg(i, value)
+        kernel.set_arg(len(arguments), cl.LocalMemory(max(shared_mem_bytes, 1)))
+        try:
+            cl.enqueue_nd_range_kernel(self.queue, kernel,
+                                       tuple(b * t for b, t in zip(blocks, threads)), threads)
+        except cl.Error as e:
+            raise BackendError(f"clEnqueueNDRangeKernel failed for {entry_name}: {e}") from None
+        for parent, temporary, copy in staged:
+            back = CopyPlan(copy.shape, copy.dst_strides, copy.src_strides, copy.dst_offset,
+                            copy.src_offset)
+            self._copy_device(temporary, parent, back)
+
+
+def _mirror_plan(raw, device_offset: int) -> CopyPlan:
+    """The copy of a crop's elements from its parent allocation (at ``device_offset``) into a
+    buffer of the same layout starting at 0."""
+    from shim.regions import Layout
+
+    layout = Layout.of(raw)
+    return plan(layout.elem_size, layout.extents, layout.strides, layout.strides, device_offset, 0)
+
+
+def _rects(copy: CopyPlan):
+    """A CopyPlan as OpenCL rectangle copies: (src offset, dst offset, region, src pitches,
+    dst pitches). A rectangle takes up to the two innermost outer dimensions, as long as each
+    pitch covers the rows below it (as OpenCL requires); a loop runs over the rest."""
+    if copy.nbytes == 0:
+        return
+    outer = list(zip(copy.shape[:-1], copy.src_strides, copy.dst_strides))  # outermost first
+    rect = []
+    covered_src = covered_dst = copy.chunk
+    for extent, src, dst in reversed(outer):
+        if len(rect) == 2 or src < covered_src or dst < covered_dst:
+            break
+        rect.append((extent, src, dst))
+        covered_src, covered_dst = src * extent, dst * extent
+    loop = outer[:len(outer) - len(rect)]
+    region = (copy.chunk, *(e for e, _, _ in rect), *(1,) * (2 - len(rect)))
+    src_pitches = _pitches(copy.chunk, [(e, s) for e, s, _ in rect])
+    dst_pitches = _pitches(copy.chunk, [(e, d) for e, _, d in rect])
+    for index in np.ndindex(*(e for e, _, _ in loop)):
+        src = copy.src_offset + sum(i * s for i, (_, s, _) in zip(index, loop))
+        dst = copy.dst_offset + sum(i * d for i, (_, _, d) in zip(index, loop))
+        yield src, dst, region, src_pitches, dst_pitches
+
+
+def _pitches(chunk, dims):
+    """(row pitch, slice pitch) for a rectangle of ``dims`` = [(extent, stride), ...]."""
+    if not dims:
+        return (chunk, chunk)
+    if len(dims) == 1:
+        extent, stride = dims[0]
+        return (stride, stride * extent)
+    return (dims[0][1], dims[1][1])
+
+
+# --- the callbacks ------------------------------------------------------------------------
+
+def _backend() -> OpenCLBackend:
+    from shim.devices import device
+
+    return device("opencl")
+
+
+def _initialize(uc, state_ptr, src, size):
+    source = bytes(ffi.buffer(src, max(size - 1, 0)))  # size counts the terminating NUL
+    state_ptr[0] = ffi.cast("void *", _backend().module(source))
+
+
+def _start(uc):
+    _backend()
+
+
+def _run(uc, state_ptr, entry_name, bx, by, bz, tx, ty, tz, shared_mem_bytes, arg_sizes, args,
+         arg_is_buffer):
+    arguments = []
+    i = 0
+    while arg_sizes[i] != 0:
+        if arg_is_buffer[i]:
+            arguments.append(("buffer", ffi.cast("halide_buffer_t *", args[i])))
+        else:
+            arguments.append(("scalar", bytes(ffi.buffer(args[i], arg_sizes[i]))))
+        i += 1
+    _backend().launch_staged(ffi.cast("shim_cl_module *", state_ptr), ffi.string(entry_name).decode(),
+                             (bx, by, bz), (tx, ty, tz), shared_mem_bytes, arguments)
+
+
+def _register():
+    from shim.runtime import E, guarded
+
+    @ffi.def_extern(error=E.halide_error_code_generic_error)
+    def shim_py_opencl_initialize(uc, state_ptr, src, size):
+        return guarded(_initialize, E.halide_error_code_generic_error, uc, state_ptr, src, size)
+
+    @ffi.def_extern(error=E.halide_error_code_generic_error)
+    def shim_py_opencl_start(uc):
+        return guarded(_start, E.halide_error_code_generic_error, uc)
+
+    @ffi.def_extern(error=E.halide_error_code_gpu_device_error)
+    def shim_py_opencl_run(uc, state_ptr, entry_name, bx, by, bz, tx, ty, tz, shmem, sizes, args,
+                           is_buffer):
+        return guarded(_run, E.halide_error_code_gpu_device_error, uc, state_ptr, entry_name,
+                       bx, by, bz, tx, ty, tz, shmem, sizes, args, is_buffer)
+
+
+_register()

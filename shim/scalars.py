@@ -1,0 +1,91 @@
+"""Python values as Halide scalar arguments (halide_scalar_value_t), checked against the
+argument's type and its declared range."""
+
+from __future__ import annotations
+
+import operator
+
+import numpy as np
+
+from shim.errors import ArgumentError
+from shim.metadata import Argument
+from shim.native import ffi
+from shim.types import BFLOAT, FLOAT
+
+MISSING = object()
+
+
+class ScalarArgument:
+    """Converts values for one scalar argument; the default's C value is made once."""
+
+    __slots__ = ("arg", "_default")
+
+    def __init__(self, arg: Argument):
+        self.arg = arg
+        self._default = None if arg.default is None else self._new(arg.default)
+
+    def convert(self, value):
+        """(a halide_scalar_value_t * for the pipeline, a hashable form of the value)."""
+        if value is MISSING:
+            if self._default is None:
+                raise ArgumentError(self.arg.name, f"missing {self.arg.type} scalar (it has no default)")
+            return self._default
+        return self._new(value)
+
+    def _new(self, value):
+        htype = self.arg.type
+        scalar = ffi.new("struct halide_scalar_value_t *")
+        if htype.is_handle:
+            scalar.u.handle = _handle(self.arg, value)
+            return scalar, int(ffi.cast("uintptr_t", scalar.u.handle))
+        number = _checked_number(self.arg, value)
+        if htype.code == FLOAT and htype.bits == 16:
+            scalar.u.u16 = int(np.array(number, np.float16).view(np.uint16))
+        elif htype.code == BFLOAT:
+            scalar.u.u16 = int(np.array(number, np.float32).view(np.uint32)) >> 16
+        else:
+            setattr(scalar.u, htype.scalar_field, number)
+        return scalar, number
+
+
+def _handle(arg: Argument, value):
+    if value is None:
+        return ffi.NULL
+    if isinstance(value, ffi.CData):
+        return ffi.cast("void *", value)
+    try:
+        return ffi.cast("void *", operator.index(value))
+    except TypeError:
+        raise ArgumentError(arg.name, f"expected a pointer (int address, cffi pointer or None), "
+                                      f"got {type(value).__name__}") from None
+
+
+def _checked_number(arg: Argument, value):
+    """``value`` as a Python number of the argument's type, within the type's range and the
+    argument's declared min and max."""
+    htype = arg.type
+    dtype = htype.dtype
+    if dtype is not None and dtype.kind == "b":
+        if not isinstance(value, (bool, np.bool_)):
+            raise ArgumentError(arg.name, f"expected a bool, got {value!r}")
+        return bool(value)
+    if htype.code in (FLOAT, BFLOAT):
+        if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.number)):
+            raise ArgumentError(arg.name, f"expected a number for {htype}, got {value!r}")
+        number = float(value)
+    else:
+        if isinstance(value, (bool, np.bool_)):
+            raise ArgumentError(arg.name, f"expected an integer for {htype}, got {value!r}")
+        try:
+            number = operator.index(value)
+        except TypeError:
+            raise ArgumentError(arg.name, f"expected an integer for {htype}, got {value!r}") from None
+        info = np.iinfo(dtype)
+        if not info.min <= number <= info.max:
+            raise ArgumentError(arg.name, f"{number} does not fit in {htype} "
+                                          f"[{info.min}, {info.max}]")
+    if arg.min is not None and number < arg.min:
+        raise ArgumentError(arg.name, f"{number} is below the minimum {arg.min}")
+    if arg.max is not None and number > arg.max:
+        raise ArgumentError(arg.name, f"{number} is above the maximum {arg.max}")
+    return number
