@@ -65,7 +65,8 @@ class Buffer:
     its device memory, copying unread device results back to host memory (with a warning).
     """
 
-    __slots__ = ("_raw", "_dims", "_array", "_type", "_family", "_box", "__weakref__")
+    __slots__ = ("_raw", "_dims", "_array", "_type", "_family", "_box", "_exposed", "_unread",
+                 "__weakref__")
 
     def __init__(self, data=None, *, shape=None, dtype=None):
         if data is None:
@@ -78,10 +79,12 @@ class Buffer:
         self.set_host_dirty(True)
 
     @classmethod
-    def _wrap(cls, array: np.ndarray, argument: str) -> Buffer:
-        """A Buffer over ``array`` with clean flags, for arrays the shim passes to pipelines."""
+    def _wrap(cls, array: np.ndarray, argument: str, *, exposed: bool = True) -> Buffer:
+        """A Buffer over ``array`` with clean flags, for arrays the shim passes to pipelines;
+        ``exposed=False`` when the shim allocated the array and nobody else holds it yet."""
         buf = cls.__new__(cls)
         buf._init_from_array(array, argument)
+        buf._exposed = exposed
         return buf
 
     def _init_from_array(self, array: np.ndarray, argument: str, mins=None,
@@ -117,6 +120,11 @@ class Buffer:
         self._type = htype
         self._family = Family() if family is None else family
         families.register_owned(raw, self._family)
+        # Whether anyone outside the shim can see the host memory (then device results must
+        # reach it before the device memory goes), and whether results a pipeline wrote here
+        # have not been read by anyone yet (then dropping the Buffer is worth a warning).
+        self._exposed = True
+        self._unread = False
 
     # --- shape ---------------------------------------------------------------------------
 
@@ -216,6 +224,8 @@ class Buffer:
         first, so what it shows is current."""
         if self.device_dirty:
             self.copy_to_host()
+        self._exposed = True
+        self._unread = False
         return self._array
 
     def __array__(self, dtype=None, copy=None):
@@ -243,6 +253,7 @@ class Buffer:
 
     def set_device_dirty(self, value: bool = True) -> None:
         lib.shim_flags_assign(self._raw, DEVICE_DIRTY, value)
+        self._unread = value
 
     # --- device --------------------------------------------------------------------------
 
@@ -274,6 +285,7 @@ class Buffer:
     def copy_to_host(self) -> None:
         """Make the host memory current: download if device-dirty."""
         self._runtime("copy_to_host", lib.halide_copy_to_host, self._raw)
+        self._unread = False
 
     def device_sync(self) -> None:
         """Wait for the work queued on this Buffer's device to finish."""
@@ -294,12 +306,12 @@ class Buffer:
         if not self._raw.device:
             lib.shim_flags_assign(self._raw, DEVICE_DIRTY, False)
             return
-        if self.device_dirty and self._raw.host != ffi.NULL:
-            self.copy_to_host()
-            if dropping:
-                warnings.warn(f"{self!r} was dropped holding device results it never read; "
-                              "they were copied back to its host memory", DirtyBufferWarning,
-                              stacklevel=3)
+        if self.device_dirty:
+            if dropping and self._unread:
+                warnings.warn(f"{self!r} was dropped holding pipeline results nobody read",
+                              DirtyBufferWarning, stacklevel=3)
+            if self._exposed and self._raw.host != ffi.NULL:
+                self.copy_to_host()  # someone can still see this memory: nothing is lost
         self._runtime("device_free", lib.halide_device_free, self._raw)
 
     def __del__(self):

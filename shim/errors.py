@@ -56,5 +56,6 @@ class DeviceUnavailable(ShimError):
 
 
 class DirtyBufferWarning(UserWarning):
-    """A Buffer holding results only on its device was dropped or freed; the shim copied the
-    data back to host memory first, but the program never read it."""
+    """A Buffer was dropped while its device held results that nobody read, on the host or
+    as the input of another pipeline. (If its host memory is visible to anyone, the shim
+    copied the results there first: no data is lost either way.)"""

@@ -166,7 +166,7 @@ class Pipeline:
         if arg.is_output and isinstance(value, (tuple, list)):
             shape = _shape_tuple(value, arg.name)
             _check_dimensions(arg, len(shape), shape)
-            buf = Buffer._wrap(np.zeros(shape, dtype=_dtype_of(arg)), arg.name)
+            buf = Buffer._wrap(np.zeros(shape, dtype=_dtype_of(arg)), arg.name, exposed=False)
             call.results.append(buf)
             return buf
         array = as_host_array(value, arg.name)
@@ -179,7 +179,7 @@ class Pipeline:
                 call.copy_back.append((buf, None))
         elif arg.is_output:
             # Halide wants unit stride in x; compute into a dense array and copy back.
-            buf = Buffer._wrap(np.empty(array.shape, array.dtype), arg.name)
+            buf = Buffer._wrap(np.empty(array.shape, array.dtype), arg.name, exposed=False)
             call.copy_back.append((buf, array))
         else:
             # A copy made once: later runs of a PreparedCall see the copy, not the array.
@@ -378,12 +378,12 @@ class PreparedCall:
             if buf._raw.device:
                 pipeline._prepare_device_state(buf)
         pipeline._run(call.argv)
-        if not pipeline.device_kinds:
-            # Code compiled for the CPU only writes outputs without marking them host-dirty;
-            # a device copy they may have would silently go stale.
-            for _, arg, buf in call.buffers:
-                if arg.is_output:
-                    buf.set_host_dirty(True)
+        for _, arg, buf in call.buffers:
+            buf._unread = arg.is_output
+            if arg.is_output and not pipeline.device_kinds:
+                # Code compiled for the CPU only writes outputs without marking them
+                # host-dirty; a device copy they may have would silently go stale.
+                buf.set_host_dirty(True)
         for output, target in call.copy_back:
             output.copy_to_host()
             if target is not None:

@@ -193,12 +193,12 @@ def _backend() -> CUDABackend:
     return device("cuda")
 
 
-def _initialize(uc, state_ptr, src, size):
+def initialize_kernels(uc, state_ptr, src, size):
     ptx = bytes(ffi.buffer(src, max(size - 1, 0)))
     state_ptr[0] = ffi.cast("void *", _backend().module(ptx))
 
 
-def _start(uc):
+def start(uc):
     _backend()
 
 
@@ -207,11 +207,11 @@ def _register():
 
     @ffi.def_extern(error=E.halide_error_code_generic_error)
     def shim_py_cuda_initialize(uc, state_ptr, src, size):
-        return guarded(_initialize, E.halide_error_code_generic_error, uc, state_ptr, src, size)
+        return guarded(initialize_kernels, E.halide_error_code_generic_error, uc, state_ptr, src, size)
 
     @ffi.def_extern(error=E.halide_error_code_generic_error)
     def shim_py_cuda_start(uc):
-        return guarded(_start, E.halide_error_code_generic_error, uc)
+        return guarded(start, E.halide_error_code_generic_error, uc)
 
 
 _register()

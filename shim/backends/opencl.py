@@ -269,11 +269,15 @@ class OpenCLBackend(Backend):
 
     def _compile(self, source: bytes):
         cl = _cl()
+        program = cl.Program(self.context, source.decode("utf-8", "replace"))
         try:
-            program = cl.Program(self.context, source.decode("utf-8", "replace")).build(
-                options=self._build_options)
+            program.build(options=self._build_options)
         except cl.Error as e:
-            raise BackendError(f"clBuildProgram failed: {e}") from None
+            try:
+                log = program.get_build_info(self._device, cl.program_build_info.LOG)
+            except cl.Error:
+                log = "(no build log)"
+            raise BackendError(f"clBuildProgram failed ({e.code}), build log:\n{log.strip()}") from None
         module = lib.shim_opencl_module_new(ffi.cast("void *", program.int_ptr))
         if module == ffi.NULL:
             raise MemoryError("cannot allocate a kernel module")
@@ -372,16 +376,16 @@ def _backend() -> OpenCLBackend:
     return device("opencl")
 
 
-def _initialize(uc, state_ptr, src, size):
+def initialize_kernels(uc, state_ptr, src, size):
     source = bytes(ffi.buffer(src, max(size - 1, 0)))  # size counts the terminating NUL
     state_ptr[0] = ffi.cast("void *", _backend().module(source))
 
 
-def _start(uc):
+def start(uc):
     _backend()
 
 
-def _run(uc, state_ptr, entry_name, bx, by, bz, tx, ty, tz, shared_mem_bytes, arg_sizes, args,
+def run_staged(uc, state_ptr, entry_name, bx, by, bz, tx, ty, tz, shared_mem_bytes, arg_sizes, args,
          arg_is_buffer):
     arguments = []
     i = 0
@@ -400,16 +404,16 @@ def _register():
 
     @ffi.def_extern(error=E.halide_error_code_generic_error)
     def shim_py_opencl_initialize(uc, state_ptr, src, size):
-        return guarded(_initialize, E.halide_error_code_generic_error, uc, state_ptr, src, size)
+        return guarded(initialize_kernels, E.halide_error_code_generic_error, uc, state_ptr, src, size)
 
     @ffi.def_extern(error=E.halide_error_code_generic_error)
     def shim_py_opencl_start(uc):
-        return guarded(_start, E.halide_error_code_generic_error, uc)
+        return guarded(start, E.halide_error_code_generic_error, uc)
 
     @ffi.def_extern(error=E.halide_error_code_gpu_device_error)
     def shim_py_opencl_run(uc, state_ptr, entry_name, bx, by, bz, tx, ty, tz, shmem, sizes, args,
                            is_buffer):
-        return guarded(_run, E.halide_error_code_gpu_device_error, uc, state_ptr, entry_name,
+        return guarded(run_staged, E.halide_error_code_gpu_device_error, uc, state_ptr, entry_name,
                        bx, by, bz, tx, ty, tz, shmem, sizes, args, is_buffer)
 
 

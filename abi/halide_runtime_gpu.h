@@ -1,0 +1,18 @@
+/* Halide 21's GPU runtime entry points (HalideRuntimeOpenCL.h, HalideRuntimeCuda.h) that
+ * Python calls directly, plus the OpenCL context hook that opencl.cpp defines. cffi cdef. */
+
+const struct halide_device_interface_t *halide_opencl_device_interface(void);
+int halide_opencl_initialize_kernels(void *user_context, void **state_ptr, const char *src, int size);
+int halide_opencl_run(void *user_context, void *state_ptr, const char *entry_name,
+                      int blocksX, int blocksY, int blocksZ, int threadsX, int threadsY, int threadsZ,
+                      int shared_mem_bytes, size_t arg_sizes[], void *args[], int8_t arg_is_buffer[]);
+int halide_opencl_wrap_cl_mem(void *user_context, struct halide_buffer_t *buf, uint64_t device_ptr);
+int halide_opencl_detach_cl_mem(void *user_context, struct halide_buffer_t *buf);
+uintptr_t halide_opencl_get_cl_mem(void *user_context, struct halide_buffer_t *buf);
+uint64_t halide_opencl_get_crop_offset(void *user_context, struct halide_buffer_t *buf);
+int halide_acquire_cl_context(void *user_context, void **ctx, void **queue, bool create);
+
+const struct halide_device_interface_t *halide_cuda_device_interface(void);
+int halide_cuda_wrap_device_ptr(void *user_context, struct halide_buffer_t *buf, uint64_t device_ptr);
+int halide_cuda_detach_device_ptr(void *user_context, struct halide_buffer_t *buf);
+uintptr_t halide_cuda_get_device_ptr(void *user_context, struct halide_buffer_t *buf);

@@ -1,0 +1,47 @@
+"""The sample GPU pipelines with inputs and numpy references, shared by the OpenCL and CUDA
+suites: name -> (inputs and scalars, {output: (shape, dtype)}, reference(inputs) -> outputs)."""
+
+import numpy as np
+
+
+def blur_reference(image):
+    wide = image.astype(np.uint32)
+    blur_x = (wide[:, :-2] + wide[:, 1:-1] + wide[:, 2:]) // 3
+    return ((blur_x[:-2] + blur_x[1:-1] + blur_x[2:]) // 3).astype(np.uint16)
+
+
+def cases():
+    rng = np.random.default_rng(42)
+    image = rng.random((48, 64), dtype=np.float32)
+    pixels = rng.integers(0, 1 << 16, size=(66, 70), dtype=np.uint16)
+    a8 = rng.integers(0, 256, size=(20, 30), dtype=np.uint8)
+    bf = rng.random((20, 30), dtype=np.float32)
+    ai = rng.integers(-10**6, 10**6, size=(17, 23), dtype=np.int32)
+    bi = rng.integers(-10**6, 10**6, size=(17, 23), dtype=np.int32)
+    gray = rng.integers(0, 256, size=(50, 70), dtype=np.uint8)
+    ys, xs = np.mgrid[0:12, 0:9]
+    return {
+        "brighten": ({"input": image, "scale": 1.5, "offset": 0.25},
+                     {"output": ((48, 64), np.float32)},
+                     lambda v: {"output": v["input"] * np.float32(1.5) + np.float32(0.25)}),
+        "blur3x3": ({"input": pixels}, {"output": ((64, 68), np.uint16)},
+                    lambda v: {"output": blur_reference(v["input"])}),
+        "mix": ({"a": a8, "b": bf, "alpha": 0.25, "offset": -3},
+                {"output": ((20, 30), np.float32)},
+                lambda v: {"output": v["a"].astype(np.float32) * np.float32(0.25)
+                           + v["b"] * np.float32(0.75) + np.float32(-3)}),
+        "sum_diff": ({"a": ai, "b": bi}, {"sum": ((17, 23), np.int32), "diff": ((17, 23), np.int32)},
+                     lambda v: {"sum": v["a"] + v["b"], "diff": v["a"] - v["b"]}),
+        "histogram": ({"input": gray}, {"output": ((256,), np.uint32)},
+                      lambda v: {"output": np.bincount(v["input"].ravel(), minlength=256)}),
+        "crop_fill": ({"param": 3}, {"f": ((12, 9), np.int32)},
+                      lambda v: {"f": xs * 100 + ys + 3 * 10000}),
+    }
+
+
+def assert_matches_reference(actual, expected):
+    """Integers exactly; floats within one rounding (a GPU compiler may fuse multiply-add)."""
+    if np.issubdtype(actual.dtype, np.floating):
+        np.testing.assert_allclose(actual, expected, rtol=2e-7, atol=0)
+    else:
+        np.testing.assert_array_equal(actual, expected)
