@@ -10,6 +10,8 @@ typedef struct shim_call shim_call;
 
 shim_call *shim_call_new(uint64_t id);
 void shim_call_free(shim_call *call);
+/* Make a finished context ready for the next call: new id, no text, default stream. */
+void shim_call_reset(shim_call *call, uint64_t id);
 uint64_t shim_call_id(const shim_call *call);
 
 /* Make `call` the calling thread's context; returns the one it replaces, to hand back to
@@ -19,6 +21,16 @@ void shim_call_leave(shim_call *previous);
 
 /* Runs a pipeline's NAME_argv entry point with `call` as the calling thread's context. */
 int shim_call_argv(shim_call *call, int (*argv_fn)(void **), void **argv);
+
+/* What shim_call_run returns instead of running the pipeline: one of `buffers` lives on a
+ * device of the shim's that is not in `backends` (a bit mask of enum shim_backend), and the
+ * pipeline cannot take it as it is (it runs on a GPU, or the data is only on the device). */
+#define SHIM_CALL_NEEDS_PREPARATION 1
+/* shim_call_reset(call, id), then shim_call_argv, after checking that every buffer in
+ * `buffers` is on the host, on an interface the shim does not own, or on a backend in
+ * `backends`: a prepared call's whole per-run bookkeeping in one C call. */
+int shim_call_run(shim_call *call, uint64_t id, int (*argv_fn)(void **), void **argv,
+                  struct halide_buffer_t **buffers, int count, unsigned backends);
 
 /* Text reported through halide_error / halide_print during the call ("" if none). */
 const char *shim_call_errors(const shim_call *call);

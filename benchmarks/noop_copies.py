@@ -19,12 +19,12 @@ from __future__ import annotations
 import argparse
 import ctypes
 import hashlib
-import json
 import os
-import statistics
 import subprocess
 import sys
 from pathlib import Path
+
+from sidebyside import ChildProcess, interleave, serve
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -67,23 +67,14 @@ class Loop:
         return elapsed
 
 
-def measure(loops: dict, iterations: int, repeats: int) -> dict:
-    """{name: {operation: {threads: {"min": ns, "median": ns}}}} in ns per call (for 2 threads:
-    wall time over the calls of both threads, i.e. aggregate throughput). The runtimes take
-    turns sample by sample, so a noisy moment on the machine hits them alike."""
-    samples = {name: {op: {1: [], 2: []} for op in OPERATIONS} for name in loops}
-    for loop in loops.values():
-        for operation in OPERATIONS:
-            loop.seconds(operation, 2, iterations // 10)  # warm up
-    for _ in range(repeats):
-        for operation in OPERATIONS:
-            for threads in (1, 2):
-                for name, loop in loops.items():
-                    seconds = loop.seconds(operation, threads, iterations)
-                    samples[name][operation][threads].append(1e9 * seconds / (threads * iterations))
-    return {name: {op: {t: {"min": min(v), "median": statistics.median(v)} for t, v in per.items()}
-                   for op, per in ops.items()}
-            for name, ops in samples.items()}
+def requests(iterations: int) -> dict:
+    """The cases: each operation with 1 and 2 threads."""
+    return {(op, threads): {"operation": op, "threads": threads, "iterations": iterations}
+            for op in OPERATIONS for threads in (1, 2)}
+
+
+def calls(request) -> int:
+    return request["threads"] * request["iterations"]
 
 
 # --- the stock runtime, in a process without the shim ---------------------------------------
@@ -105,35 +96,8 @@ def stock_loop(library: str) -> Loop:
                 placeholder_interface.value)
 
 
-def serve(library: str) -> None:
-    """Answer timing requests on stdin, one JSON line each, with seconds on stdout."""
-    loop = stock_loop(library)
-    print("ready", flush=True)
-    for line in sys.stdin:
-        request = json.loads(line)
-        print(loop.seconds(request["operation"], request["threads"], request["iterations"]),
-              flush=True)
-
-
-class StockProcess:
-    """A child process holding the stock runtime, for timings side by side with the shim."""
-
-    def __init__(self, library):
-        self._child = subprocess.Popen([sys.executable, str(Path(__file__)), "--serve", str(library)],
-                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        assert self._child.stdout.readline().strip() == "ready"
-
-    def _ask(self, request):
-        self._child.stdin.write(json.dumps(request) + "\n")
-        self._child.stdin.flush()
-        return json.loads(self._child.stdout.readline())
-
-    def seconds(self, operation, threads, iterations) -> float:
-        return self._ask({"operation": operation, "threads": threads, "iterations": iterations})
-
-    def close(self):
-        self._child.stdin.close()
-        self._child.wait()
+def stock_process() -> ChildProcess:
+    return ChildProcess([sys.executable, str(Path(__file__)), "--serve", stock_library()])
 
 
 # --- the shim ---------------------------------------------------------------------------------
@@ -166,16 +130,16 @@ def stock_library() -> str:
 def report(stock: dict, ours: dict) -> str:
     lines = [f"{'operation':<16}{'threads':>8}{'stock ns/call':>16}{'shim ns/call':>15}"
              f"{'shim/stock':>12}",
-             "  (min over repeats; for 2 threads, aggregate: wall time / all calls)"]
+             "  (min over samples; for 2 threads, aggregate: wall time / all calls)"]
     for op in OPERATIONS:
         for threads in (1, 2):
-            s, o = stock[op][threads]["min"], ours[op][threads]["min"]
+            s, o = 1e9 * stock[op, threads]["min"], 1e9 * ours[op, threads]["min"]
             lines.append(f"{op:<16}{threads:>8}{s:>16.2f}{o:>15.2f}{o / s:>12.2f}")
     lines.append("")
     lines.append("2-thread aggregate throughput / 1-thread throughput (higher scales better):")
     for op in OPERATIONS:
         for name, results in (("stock", stock), ("shim", ours)):
-            speedup = results[op][1]["min"] / results[op][2]["min"]
+            speedup = results[op, 1]["min"] / results[op, 2]["min"]
             lines.append(f"  {op:<16} {name:<6} {speedup:.2f}x")
     return "\n".join(lines)
 
@@ -188,11 +152,12 @@ def main(argv=None) -> int:
     parser.add_argument("--serve", metavar="LIBRARY", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.serve:
-        serve(args.serve)
+        serve(stock_loop(args.serve).seconds)
         return 0
-    child = StockProcess(stock_library())
+    child = stock_process()
     try:
-        results = measure({"stock": child, "shim": shim_loop()}, args.iterations, args.repeats)
+        results = interleave({"stock": child, "shim": shim_loop()}, requests(args.iterations),
+                             args.repeats, per_sample=calls)
     finally:
         child.close()
     print(report(results["stock"], results["shim"]))

@@ -17,7 +17,7 @@ ITERATIONS = 2_000_000
 
 @pytest.fixture(scope="module")
 def loops():
-    child = noop_copies.StockProcess(noop_copies.stock_library())
+    child = noop_copies.stock_process()
     yield {"stock": child, "shim": noop_copies.shim_loop()}
     child.close()
 
@@ -27,7 +27,8 @@ def loops():
 @pytest.mark.parametrize("runtime", ["stock", "shim"])
 def test_noop_copy(benchmark, loops, runtime, operation, threads):
     loop = loops[runtime]
-    seconds = benchmark.pedantic(loop.seconds, args=(operation, threads, ITERATIONS),
+    seconds = benchmark.pedantic(loop.seconds, kwargs={"operation": operation, "threads": threads,
+                                                       "iterations": ITERATIONS},
                                  rounds=9, iterations=1, warmup_rounds=1)
     assert seconds > 0
     benchmark.extra_info["calls per round"] = threads * ITERATIONS

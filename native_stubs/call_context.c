@@ -84,6 +84,19 @@ void shim_call_free(shim_call *call) {
     free(call);
 }
 
+void shim_call_reset(shim_call *call, uint64_t id) {
+    call->id = id;
+    call->stream = NULL;
+    call->errors.len = call->errors.dropped = 0;
+    call->prints.len = call->prints.dropped = 0;
+    if (call->errors.data) {
+        call->errors.data[0] = '\0';
+    }
+    if (call->prints.data) {
+        call->prints.data[0] = '\0';
+    }
+}
+
 uint64_t shim_call_id(const shim_call *call) {
     return call->id;
 }
@@ -115,6 +128,25 @@ int shim_call_argv(shim_call *call, int (*argv_fn)(void **), void **argv) {
     int result = argv_fn(argv);
     shim_call_leave(previous);
     return result;
+}
+
+int shim_call_run(shim_call *call, uint64_t id, int (*argv_fn)(void **), void **argv,
+                  struct halide_buffer_t **buffers, int count, unsigned backends) {
+    for (int i = 0; i < count; i++) {
+        const struct halide_device_interface_t *interface =
+            __atomic_load_n(&buffers[i]->device_interface, __ATOMIC_ACQUIRE);
+        int backend = interface ? shim_backend_of(interface) : -1;
+        if (backend < 0 || (backends & (1u << backend))) {
+            continue;
+        }
+        /* A GPU pipeline would refuse the other interface; a CPU pipeline only minds data
+         * that exists on the device alone. */
+        if (backends != 0 || (shim_flags_load(buffers[i]) & halide_buffer_flag_device_dirty)) {
+            return SHIM_CALL_NEEDS_PREPARATION;
+        }
+    }
+    shim_call_reset(call, id);
+    return shim_call_argv(call, argv_fn, argv);
 }
 
 const char *shim_call_errors(const shim_call *call) {

@@ -11,6 +11,7 @@ from __future__ import annotations
 import itertools
 import os
 import sys
+import threading
 
 _saved_flags = sys.getdlopenflags()
 sys.setdlopenflags(os.RTLD_GLOBAL | os.RTLD_NOW)
@@ -24,6 +25,7 @@ lib = _native.lib
 
 _ERROR_NAMES = ffi.typeof("enum halide_error_code_t").elements
 _call_ids = itertools.count(1)
+_per_thread = threading.local()
 
 
 def error_name(code: int) -> str:
@@ -36,9 +38,10 @@ def error_name(code: int) -> str:
 
 class CallContext:
     """What one call into Halide code reports: error text and print output from any thread
-    that worked for it. Create one per call; it is freed with the Python object."""
+    that worked for it. ``begin()`` one per call and ``end()`` it when the call has returned;
+    each thread reuses its own, since allocating one costs more than a small pipeline call."""
 
-    __slots__ = ("id", "pointer")
+    __slots__ = ("id", "pointer", "busy")
 
     def __init__(self):
         self.id = next(_call_ids)
@@ -46,6 +49,27 @@ class CallContext:
         if pointer == ffi.NULL:
             raise MemoryError("cannot allocate a call context")
         self.pointer = ffi.gc(pointer, lib.shim_call_free)
+        self.busy = False
+
+    @classmethod
+    def begin(cls, *, reset: bool = True) -> CallContext:
+        """A context for a new call: the calling thread's own, or a new one while that one is
+        busy (a call made from inside another, such as a finalizer during a callback). It has
+        a fresh id; ``reset=False`` leaves clearing it to the C function that runs the call."""
+        context = getattr(_per_thread, "context", None)
+        if context is None:
+            context = _per_thread.context = cls()
+        elif context.busy:
+            context = cls()
+        else:
+            context.id = next(_call_ids)
+            if reset:
+                lib.shim_call_reset(context.pointer, context.id)
+        context.busy = True
+        return context
+
+    def end(self) -> None:
+        self.busy = False
 
     def errors(self) -> str:
         return ffi.string(lib.shim_call_errors(self.pointer)).decode("utf-8", "replace")

@@ -85,6 +85,9 @@ class Pipeline:
         self.arguments = [a for a in self._all_arguments if a.name != USER_CONTEXT]
         # The device APIs the pipeline's code uses (none: it computes on the CPU only).
         self.device_kinds = frozenset(f for f in self.target.split("-") if f in DEVICE_FEATURES)
+        self._backend_mask = sum(
+            1 << {"opencl": lib.SHIM_BACKEND_OPENCL, "cuda": lib.SHIM_BACKEND_CUDA}[kind]
+            for kind in self.device_kinds if kind in ("opencl", "cuda"))
         self._by_name = {a.name: a for a in self.arguments}
         self._names = [a.name for a in self.arguments]
         self._scalars = {a.name: ScalarArgument(a) for a in self.arguments if not a.is_buffer}
@@ -197,9 +200,9 @@ class Pipeline:
         its current data goes to host memory (a CPU pipeline fails on device-dirty inputs), and
         a GPU pipeline on another API gets it without a device allocation, which it would
         otherwise refuse as a switch of interfaces."""
-        device = buf.device
-        if device is None or device.kind in self.device_kinds:
-            return
+        backend = lib.shim_backend_of(buf._raw.device_interface)
+        if backend < 0 or self._backend_mask & (1 << backend):
+            return  # on a device the pipeline uses, or one the shim does not own
         if buf.device_dirty:
             buf.copy_to_host()
         if self.device_kinds:
@@ -235,14 +238,20 @@ class Pipeline:
     # --- running ---------------------------------------------------------------------------
 
     def _run(self, argv) -> None:
-        context = CallContext()
-        result = lib.shim_call_argv(context.pointer, self._argv_fn, argv)
+        context = CallContext.begin()
+        try:
+            self._finish(context, lib.shim_call_argv(context.pointer, self._argv_fn, argv))
+        finally:
+            context.end()
+
+    def _finish(self, context: CallContext, result: int) -> None:
+        """Hand on what the call printed; raise for a failed call."""
         if context.printed():
             sys.stderr.write(context.prints())
         if result != 0:
             message = context.errors().strip()
             cause = take_exception(context.id)
-            if cause is not None or result in DEVICE_ERROR_CODES:  # a device operation failed
+            if cause is not None or result in DEVICE_ERROR_CODES:  # a device call failed
                 raise DeviceError(result, message, context=self.name) from cause
             raise PipelineError(result, message, context=self.name)
 
@@ -369,18 +378,33 @@ class PreparedCall:
     def __init__(self, pipeline: Pipeline, call: _Call):
         self._pipeline = pipeline
         self._call = call
+        buffers = [buf for _, _, buf in call.buffers]
+        self._raw_buffers = ffi.new("halide_buffer_t *[]", [buf._raw for buf in buffers] or 1)
+        self._outputs = [buf for _, arg, buf in call.buffers if arg.is_output]
+        self._inputs = [buf for _, arg, buf in call.buffers if not arg.is_output]
 
     def __call__(self):
         pipeline, call = self._pipeline, self._call
         for buf in call.array_inputs:
             buf.set_host_dirty(True)  # the caller may have written to the array since
-        for _, _, buf in call.buffers:
-            if buf._raw.device:
-                pipeline._prepare_device_state(buf)
-        pipeline._run(call.argv)
-        for _, arg, buf in call.buffers:
-            buf._unread = arg.is_output
-            if arg.is_output and not pipeline.device_kinds:
+        context = CallContext.begin(reset=False)
+        try:
+            result = self._run(context)
+            if result == lib.SHIM_CALL_NEEDS_PREPARATION:
+                for _, _, buf in call.buffers:
+                    pipeline._prepare_device_state(buf)
+                result = self._run(context)
+                if result == lib.SHIM_CALL_NEEDS_PREPARATION:
+                    raise RuntimeError("internal error: a buffer's device state could not be "
+                                       "prepared for this pipeline")
+            pipeline._finish(context, result)
+        finally:
+            context.end()
+        for buf in self._inputs:
+            buf._unread = False
+        for buf in self._outputs:
+            buf._unread = True
+            if not pipeline.device_kinds:
                 # Code compiled for the CPU only writes outputs without marking them
                 # host-dirty; a device copy they may have would silently go stale.
                 buf.set_host_dirty(True)
@@ -389,6 +413,11 @@ class PreparedCall:
             if target is not None:
                 np.copyto(target, output.numpy())
         return call.results[0] if len(call.results) == 1 else tuple(call.results)
+
+    def _run(self, context: CallContext) -> int:
+        call, pipeline = self._call, self._pipeline
+        return lib.shim_call_run(context.pointer, context.id, pipeline._argv_fn, call.argv,
+                                 self._raw_buffers, len(call.buffers), pipeline._backend_mask)
 
     def close(self) -> None:
         _free_temporaries(self._call)

@@ -80,7 +80,7 @@ def guarded(operation, failure_code: int, user_context, *args) -> int:
 def runtime_call(what: str):
     """Make the calling thread's runtime calls report into a fresh call context, and raise
     DeviceError for a failing one. Yields a ``check(result)`` function."""
-    context = CallContext()
+    context = CallContext.begin()
     previous = lib.shim_call_enter(context.pointer)
 
     def check(result: int) -> None:
@@ -92,6 +92,7 @@ def runtime_call(what: str):
         yield check
     finally:
         lib.shim_call_leave(previous)
+        context.end()
 
 
 # --- helpers -------------------------------------------------------------------------------
