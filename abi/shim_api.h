@@ -26,11 +26,12 @@ int shim_call_argv(shim_call *call, int (*argv_fn)(void **), void **argv);
  * device of the shim's that is not in `backends` (a bit mask of enum shim_backend), and the
  * pipeline cannot take it as it is (it runs on a GPU, or the data is only on the device). */
 #define SHIM_CALL_NEEDS_PREPARATION 1
-/* shim_call_reset(call, id), then shim_call_argv, after checking that every buffer in
+/* shim_call_reset(call, id), shim_call_set_stream(call, stream), then shim_call_argv, after
+ * checking that every buffer in
  * `buffers` is on the host, on an interface the shim does not own, or on a backend in
  * `backends`: a prepared call's whole per-run bookkeeping in one C call. */
-int shim_call_run(shim_call *call, uint64_t id, int (*argv_fn)(void **), void **argv,
-                  struct halide_buffer_t **buffers, int count, unsigned backends);
+int shim_call_run(shim_call *call, uint64_t id, void *stream, int (*argv_fn)(void **),
+                  void **argv, struct halide_buffer_t **buffers, int count, unsigned backends);
 
 /* Text reported through halide_error / halide_print during the call ("" if none). */
 const char *shim_call_errors(const shim_call *call);

@@ -130,8 +130,8 @@ int shim_call_argv(shim_call *call, int (*argv_fn)(void **), void **argv) {
     return result;
 }
 
-int shim_call_run(shim_call *call, uint64_t id, int (*argv_fn)(void **), void **argv,
-                  struct halide_buffer_t **buffers, int count, unsigned backends) {
+int shim_call_run(shim_call *call, uint64_t id, void *stream, int (*argv_fn)(void **),
+                  void **argv, struct halide_buffer_t **buffers, int count, unsigned backends) {
     for (int i = 0; i < count; i++) {
         const struct halide_device_interface_t *interface =
             __atomic_load_n(&buffers[i]->device_interface, __ATOMIC_ACQUIRE);
@@ -146,6 +146,7 @@ int shim_call_run(shim_call *call, uint64_t id, int (*argv_fn)(void **), void **
         }
     }
     shim_call_reset(call, id);
+    call->stream = stream;
     return shim_call_argv(call, argv_fn, argv);
 }
 

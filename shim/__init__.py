@@ -18,7 +18,8 @@ from shim.errors import (
     ShimError,
 )
 from shim.metadata import Argument, ArgumentKind
-from shim.pipeline import Pipeline, load
+from shim.pipeline import Pipeline, PreparedCall, load
+from shim.streams import stream
 from shim.types import HalideType
 
 __all__ = [
@@ -32,9 +33,11 @@ __all__ = [
     "DirtyBufferWarning",
     "HalideType",
     "Pipeline",
+    "PreparedCall",
     "PipelineError",
     "ShimError",
     "device",
     "devices",
     "load",
+    "stream",
 ]

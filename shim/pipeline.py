@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from shim import streams
 from shim.buffer import Buffer, _shape_tuple, as_host_array
 from shim.elf import NotELF, pipeline_names
 from shim.errors import DEVICE_ERROR_CODES, ArgumentError, BoundsError, DeviceError, PipelineError
@@ -239,6 +240,7 @@ class Pipeline:
 
     def _run(self, argv) -> None:
         context = CallContext.begin()
+        lib.shim_call_set_stream(context.pointer, ffi.cast("void *", streams.current()))
         try:
             self._finish(context, lib.shim_call_argv(context.pointer, self._argv_fn, argv))
         finally:
@@ -416,8 +418,9 @@ class PreparedCall:
 
     def _run(self, context: CallContext) -> int:
         call, pipeline = self._call, self._pipeline
-        return lib.shim_call_run(context.pointer, context.id, pipeline._argv_fn, call.argv,
-                                 self._raw_buffers, len(call.buffers), pipeline._backend_mask)
+        return lib.shim_call_run(context.pointer, context.id, ffi.cast("void *", streams.current()),
+                                 pipeline._argv_fn, call.argv, self._raw_buffers,
+                                 len(call.buffers), pipeline._backend_mask)
 
     def close(self) -> None:
         _free_temporaries(self._call)

@@ -18,7 +18,7 @@ from contextlib import contextmanager
 
 import numpy as np
 
-from shim import families
+from shim import families, streams
 from shim.backends.base import BackendError
 from shim.devices import backend_for_interface
 from shim.errors import DeviceError
@@ -81,6 +81,7 @@ def runtime_call(what: str):
     """Make the calling thread's runtime calls report into a fresh call context, and raise
     DeviceError for a failing one. Yields a ``check(result)`` function."""
     context = CallContext.begin()
+    lib.shim_call_set_stream(context.pointer, ffi.cast("void *", streams.current()))
     previous = lib.shim_call_enter(context.pointer)
 
     def check(result: int) -> None:

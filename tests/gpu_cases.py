@@ -1,6 +1,9 @@
 """The sample GPU pipelines with inputs and numpy references, shared by the OpenCL and CUDA
 suites: name -> (inputs and scalars, {output: (shape, dtype)}, reference(inputs) -> outputs)."""
 
+import subprocess
+import sys
+
 import numpy as np
 
 
@@ -45,3 +48,39 @@ def assert_matches_reference(actual, expected):
         np.testing.assert_allclose(actual, expected, rtol=2e-7, atol=0)
     else:
         np.testing.assert_array_equal(actual, expected)
+
+
+def run_stock(library, name, values, outputs, work):
+    """Run a bundled-runtime library with Halide's own runtime, in a child process without
+    the shim; the outputs as numpy arrays."""
+    args = []
+    for key, value in values.items():
+        if isinstance(value, np.ndarray):
+            np.save(work / f"in_{key}.npy", value)
+            args.append(f"{key}={work / f'in_{key}.npy'}")
+        else:
+            args.append(f"{key}={value}")
+    for key, (shape, dtype) in outputs.items():
+        args.append(f"{key}={'x'.join(map(str, shape))}:{np.dtype(dtype).name}")
+    done = subprocess.run([sys.executable, "-m", "pipelines.stock", str(library), name, str(work), *args],
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    return {key: np.load(work / f"{key}.npy") for key in outputs}
+
+
+def check_against_stock(libraries, name, work, runtimes):
+    """Run case ``name`` through the shim (each of ``runtimes``) and through the stock runtime:
+    bit-for-bit equal, and equal to the numpy reference."""
+    import shim
+
+    values, outputs, reference = cases()[name]
+    stock = run_stock(libraries[name, "bundled"], name, values, outputs, work)
+    expected = reference(values)
+    for runtime in runtimes:
+        pipeline = shim.load(libraries[name, runtime])
+        results = pipeline(**values, **{k: shape for k, (shape, _) in outputs.items()})
+        results = results if isinstance(results, tuple) else (results,)
+        for key, result in zip(outputs, results):
+            assert result.device_dirty  # the result stays on the device until someone reads it
+            np.testing.assert_array_equal(result.numpy(), stock[key])  # bit for bit
+            assert_matches_reference(result.numpy(), expected[key])

@@ -1,15 +1,13 @@
 """The OpenCL backend on the machine's OpenCL device (PoCL's CPU device from pip in CI):
 Halide-generated kernels run through the shim, against Halide's stock runtime and numpy."""
 
-import subprocess
-import sys
 import threading
 
 import numpy as np
 import pytest
 
 import shim
-from gpu_cases import assert_matches_reference, cases
+from gpu_cases import cases, check_against_stock
 from pipelines.build import RUNTIMES, Build, build_all
 from shim.backends import opencl as opencl_backend
 from shim.native import ffi, lib
@@ -32,37 +30,9 @@ def libraries(device):
     return {(s.name, s.runtime): path for s, path in paths.items()}
 
 
-def run_stock(library, name, values, outputs, work):
-    """Run a bundled-runtime library with Halide's own runtime, in a child process."""
-    args = []
-    for key, value in values.items():
-        if isinstance(value, np.ndarray):
-            np.save(work / f"in_{key}.npy", value)
-            args.append(f"{key}={work / f'in_{key}.npy'}")
-        else:
-            args.append(f"{key}={value}")
-    for key, (shape, dtype) in outputs.items():
-        args.append(f"{key}={'x'.join(map(str, shape))}:{np.dtype(dtype).name}")
-    done = subprocess.run([sys.executable, "-m", "pipelines.stock", str(library), name, str(work), *args],
-                          capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr
-    return {key: np.load(work / f"{key}.npy") for key in outputs}
-
-
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_pipeline_matches_the_stock_runtime_and_numpy(libraries, name, tmp_path):
-    values, outputs, reference = CASES[name]
-    stock = run_stock(libraries[name, "bundled"], name, values, outputs, tmp_path)
-    expected = reference(values)
-    for runtime in RUNTIMES:
-        pipeline = shim.load(libraries[name, runtime])
-        assert "opencl" in pipeline.device_kinds
-        results = pipeline(**values, **{k: shape for k, (shape, _) in outputs.items()})
-        results = results if isinstance(results, tuple) else (results,)
-        for key, result in zip(outputs, results):
-            assert result.device_dirty  # the result is on the device until someone reads it
-            np.testing.assert_array_equal(result.numpy(), stock[key])  # bit for bit
-            assert_matches_reference(result.numpy(), expected[key])
+    check_against_stock(libraries, name, tmp_path, RUNTIMES)
 
 
 def test_device_buffers_pass_between_libraries_without_host_round_trips(libraries, device):

@@ -84,6 +84,7 @@ class Backend(ABC):
 
     def detached(self, memory: Memory) -> None:
         """detach_native gave ``memory`` to the caller: the shim will not free it."""
+        self._released(memory)
 
     @abstractmethod
     def write(self, memory: Memory, plan: CopyPlan, host_address: int) -> None:
@@ -117,6 +118,25 @@ class Backend(ABC):
 
     def __init__(self):
         self.transfers = Transfers()
+        # What the backend itself allocated and has not freed, counted where the memory is made
+        # and released (not by the generic layer), so that leak checks catch the generic
+        # layer's mistakes too.
+        self._live: dict[int, Memory] = {}
+
+    def _allocated(self, memory: Memory) -> Memory:
+        self._live[id(memory)] = memory
+        return memory
+
+    def _released(self, memory: Memory) -> None:
+        self._live.pop(id(memory), None)
+
+    @property
+    def live_allocations(self) -> int:
+        return len(self._live)
+
+    @property
+    def live_bytes(self) -> int:
+        return sum(m.nbytes for m in list(self._live.values()))
 
     def matches(self, **options) -> bool:
         """Whether this backend's device is the one ``options`` would select."""

@@ -16,6 +16,7 @@ import os
 import re
 import threading
 
+from shim import streams
 from shim.backends.base import Backend, BackendError, Memory
 from shim.errors import DeviceUnavailable
 from shim.native import ffi, lib
@@ -57,15 +58,27 @@ def _init():
 def available() -> list[str]:
     """The names of the CUDA devices on this machine ([] without a driver)."""
     try:
-        cu = _init()
-        names = []
-        for i in range(_check(cu.cuDeviceGetCount(), "cuDeviceGetCount")):
-            device = _check(cu.cuDeviceGet(i), "cuDeviceGet")
-            names.append(_check(cu.cuDeviceGetName(256, device), "cuDeviceGetName")
-                         .split(b"\0")[0].decode())
-        return names
+        return _device_names()
     except (DeviceUnavailable, BackendError):
         return []
+
+
+def unavailable_reason() -> str | None:
+    """Why this machine has no usable CUDA device, or None if it has one."""
+    try:
+        return None if _device_names() else "the CUDA driver reports no device"
+    except (DeviceUnavailable, BackendError) as e:
+        return str(e)
+
+
+def _device_names() -> list[str]:
+    cu = _init()
+    names = []
+    for i in range(_check(cu.cuDeviceGetCount(), "cuDeviceGetCount")):
+        device = _check(cu.cuDeviceGet(i), "cuDeviceGet")
+        names.append(_check(cu.cuDeviceGetName(256, device), "cuDeviceGetName")
+                     .split(b"\0")[0].decode())
+    return names
 
 
 def _driver_library_path() -> str:
@@ -128,9 +141,10 @@ class CUDABackend(Backend):
     def allocate(self, nbytes: int) -> CUDAMemory:
         self._current()
         pointer = _check(self._cu.cuMemAlloc(max(nbytes, 1)), f"cuMemAlloc({nbytes})")
-        return CUDAMemory(int(pointer), nbytes)
+        return self._allocated(CUDAMemory(int(pointer), nbytes))
 
     def free(self, memory: CUDAMemory) -> None:
+        self._released(memory)
         self._current()
         _check(self._cu.cuMemFree(memory.pointer), "cuMemFree")
 
@@ -146,23 +160,34 @@ class CUDABackend(Backend):
         return memory.pointer
 
     # --- copies --------------------------------------------------------------------------
+    #
+    # On the stream of the call that asked for them, so that they are ordered with that call's
+    # kernels even on a non-blocking stream; synchronized before returning, since the caller
+    # reads or reuses the host memory next (Halide's runtime leaves async copies unsynced).
 
     def write(self, memory: CUDAMemory, plan: CopyPlan, host_address: int) -> None:
-        self._current()
-        for src, dst in plan.chunks():
-            _check(self._cu.cuMemcpyHtoD(memory.pointer + dst, host_address + src, plan.chunk),
-                   "cuMemcpyHtoD")
+        self._on_stream(lambda stream: [
+            _check(self._cu.cuMemcpyHtoDAsync(memory.pointer + dst, host_address + src,
+                                              plan.chunk, stream), "cuMemcpyHtoDAsync")
+            for src, dst in plan.chunks()])
 
     def read(self, memory: CUDAMemory, plan: CopyPlan, host_address: int) -> None:
-        self._current()
-        for src, dst in plan.chunks():
-            _check(self._cu.cuMemcpyDtoH(host_address + dst, memory.pointer + src, plan.chunk),
-                   "cuMemcpyDtoH")
+        self._on_stream(lambda stream: [
+            _check(self._cu.cuMemcpyDtoHAsync(host_address + dst, memory.pointer + src,
+                                              plan.chunk, stream), "cuMemcpyDtoHAsync")
+            for src, dst in plan.chunks()])
 
     def copy(self, src: CUDAMemory, dst: CUDAMemory, plan: CopyPlan) -> None:
+        self._on_stream(lambda stream: [
+            _check(self._cu.cuMemcpyDtoDAsync(dst.pointer + d, src.pointer + s, plan.chunk,
+                                              stream), "cuMemcpyDtoDAsync")
+            for s, d in plan.chunks()])
+
+    def _on_stream(self, enqueue) -> None:
         self._current()
-        for s, d in plan.chunks():
-            _check(self._cu.cuMemcpyDtoD(dst.pointer + d, src.pointer + s, plan.chunk), "cuMemcpyDtoD")
+        stream = _call_stream()
+        enqueue(stream)
+        _check(self._cu.cuStreamSynchronize(stream), "cuStreamSynchronize")
 
     def sync(self) -> None:
         self._current()
@@ -183,6 +208,17 @@ class CUDABackend(Backend):
                     handle = lib.shim_cuda_module_new(ffi.cast("void *", int(module)))
                     entry = self._modules[key] = (module, handle)
         return entry[1]
+
+
+def _call_stream() -> int:
+    """The stream of the runtime call being served (its context carries it), else the
+    calling thread's choice (shim.stream), else the default stream (0)."""
+    call = lib.shim_current_call()
+    if call != ffi.NULL:
+        stream = lib.shim_call_stream(call)
+        if stream != ffi.NULL:
+            return int(ffi.cast("uintptr_t", stream))
+    return streams.current()
 
 
 # --- the callbacks ------------------------------------------------------------------------

@@ -47,7 +47,6 @@ class HostBackend(Backend):
         self._counter_lock = threading.Lock()  # guards the counters below, never held across work
         self._allocations_seen = 0
         self._copies_seen = 0
-        self._live: dict[int, HostMemory] = {}
         # Detached allocations now belong to whoever detached them; host memory has no
         # native allocator to hand them to, so they stay valid as long as the backend.
         self._detached: list[HostMemory] = []
@@ -71,14 +70,6 @@ class HostBackend(Backend):
 
     def clear_faults(self) -> None:
         self.set_faults()
-
-    @property
-    def live_allocations(self) -> int:
-        return len(self._live)
-
-    @property
-    def live_bytes(self) -> int:
-        return sum(m.nbytes for m in list(self._live.values()))
 
     def _before_allocation(self) -> None:
         with self._counter_lock:
@@ -106,15 +97,13 @@ class HostBackend(Backend):
         self._before_allocation()
         raw = np.empty(max(nbytes, 1) + ALIGNMENT, np.uint8)
         start = -raw.ctypes.data % ALIGNMENT
-        memory = HostMemory(nbytes, raw.ctypes.data + start, raw)
-        self._live[memory.address] = memory
-        return memory
+        return self._allocated(HostMemory(nbytes, raw.ctypes.data + start, raw))
 
     def free(self, memory: HostMemory) -> None:
-        self._live.pop(memory.address, None)
+        self._released(memory)
 
     def detached(self, memory: HostMemory) -> None:
-        self._live.pop(memory.address, None)
+        super().detached(memory)
         self._detached.append(memory)
 
     def handle(self, memory: HostMemory, offset: int, nbytes: int) -> int:

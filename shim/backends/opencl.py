@@ -164,9 +164,10 @@ class OpenCLBackend(Backend):
             buffer = cl.Buffer(self.context, cl.mem_flags.READ_WRITE, max(nbytes, 1))
         except cl.Error as e:
             raise BackendError(f"clCreateBuffer({nbytes}) failed: {e}") from None
-        return OpenCLMemory(buffer, nbytes)
+        return self._allocated(OpenCLMemory(buffer, nbytes))
 
     def free(self, memory: OpenCLMemory) -> None:
+        self._released(memory)
         memory.handles.clear()
         memory.buffer.release()
 
@@ -207,6 +208,7 @@ class OpenCLBackend(Backend):
 
     def detached(self, memory: OpenCLMemory) -> None:
         # The caller owns the cl_mem now: keep OpenCL's reference count as it was.
+        super().detached(memory)
         memory.handles.clear()
         if memory.owned:
             _cl().Buffer.from_int_ptr(memory.buffer.int_ptr, retain=True)
