@@ -8,7 +8,7 @@ from shim import native  # noqa: F401  (must come first: see shim/native.py)
 from shim import runtime  # noqa: F401  (registers the device-layer callbacks)
 from shim.backends import cuda as _cuda, opencl as _opencl  # noqa: F401  (their callbacks too)
 from shim.buffer import Buffer, Dimension
-from shim.devices import device, devices
+from shim.devices import default_device, device, devices
 from shim.errors import (
     ArgumentError,
     DeviceError,
@@ -36,6 +36,7 @@ __all__ = [
     "PreparedCall",
     "PipelineError",
     "ShimError",
+    "default_device",
     "device",
     "devices",
     "load",

@@ -70,5 +70,37 @@ def run(say=print) -> int:
         shim.load(paths[specs[0]])(photo, scale=20.0, output=photo.shape)
     except shim.ArgumentError as e:
         say(f"bad input is refused with a clear error: {type(e).__name__}: {e}")
+    failures += _gpu_chain(say, photo)
     say("all results match numpy" if not failures else f"{failures} result(s) differ from numpy")
     return 1 if failures else 0
+
+
+def _gpu_chain(say, image: np.ndarray) -> int:
+    """Two pipelines from two libraries (one with Halide's runtime bundled, one built
+    no_runtime) chained on the default GPU device; the intermediate never leaves it."""
+    try:
+        device = shim.default_device()
+    except shim.DeviceUnavailable as e:
+        say(f"no GPU device, skipping the GPU part: {e}")
+        return 0
+    if device.kind == "host":
+        say("no GPU device on this machine: skipping the GPU part")
+        return 0
+    say(f"GPU device: {device.name} ({device.kind})")
+    specs = [Build("brighten", device.kind, runtime) for runtime in ("bundled", "no_runtime")]
+    paths = build_all(specs, progress=lambda line: say("  " + line))
+    first, second = (shim.load(paths[spec]) for spec in specs)
+    start = time.perf_counter()
+    middle = first(image, scale=2.0, offset=0.0, output=image.shape)
+    say(f"  first call, kernels compiled: {1e3 * (time.perf_counter() - start):.0f} ms")
+    before = (device.transfers.uploaded, device.transfers.downloaded)
+    out = second(middle, scale=0.25, offset=1.0, output=image.shape)
+    moved = (device.transfers.uploaded - before[0], device.transfers.downloaded - before[1])
+    say(f"  {first.path.rsplit('/', 1)[-1]} -> {second.path.rsplit('/', 1)[-1]}: bytes uploaded "
+        f"{moved[0]}, downloaded {moved[1]} between the two (the intermediate stayed on the device)")
+    with second.prepare(middle, scale=0.25, offset=1.0, output=out) as call:
+        _, ms = _timed(lambda: (call(), device.sync()))
+    say(f"  steady state: {ms:.3f} ms per call, synchronized, data resident on the device")
+    ok = np.allclose(out.numpy(), image * 0.5 + 1.0)
+    say(f"  chained result {'matches numpy' if ok else 'DIFFERS FROM NUMPY'}")
+    return 0 if ok else 1
