@@ -50,7 +50,11 @@ enum shim_backend {
     SHIM_BACKEND_HOST = 0,   /* a simulated device in host memory, for tests */
     SHIM_BACKEND_OPENCL = 1,
     SHIM_BACKEND_CUDA = 2,
-    SHIM_BACKEND_COUNT = 3
+    /* Not a device: the interface a crop carries while its parent has no device allocation.
+     * It stands for "the parent's allocation, not yet made"; the crop's first device use
+     * allocates the parent on the device asked for and makes the crop alias it. */
+    SHIM_BACKEND_PROXY = 3,
+    SHIM_BACKEND_COUNT = 4
 };
 
 const struct halide_device_interface_t *shim_backend_interface(int backend);

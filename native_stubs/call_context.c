@@ -139,6 +139,9 @@ int shim_call_run(shim_call *call, uint64_t id, void *stream, int (*argv_fn)(voi
         if (backend < 0 || (backends & (1u << backend))) {
             continue;
         }
+        if (backend == SHIM_BACKEND_PROXY && backends != 0) {
+            continue; /* a crop whose parent is not on a device yet: any device may take it */
+        }
         /* A GPU pipeline would refuse the other interface; a CPU pipeline only minds data
          * that exists on the device alone. */
         if (backends != 0 || (shim_flags_load(buffers[i]) & halide_buffer_flag_device_dirty)) {

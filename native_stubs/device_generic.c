@@ -111,7 +111,7 @@ static int check_same_interface(void *user_context, const halide_buffer_t *buf,
         return halide_error_no_device_interface(user_context);
     }
     const struct halide_device_interface_t *current = interface_of(buf);
-    if (current != NULL && current != device_interface) {
+    if (current != NULL && current != device_interface && !shim_is_proxy(current)) {
         return refuse_interface_switch(user_context, routine);
     }
     return halide_error_code_success;
@@ -176,7 +176,9 @@ int halide_copy_to_device(void *user_context, struct halide_buffer_t *buf,
         }
         device_interface = current;
     }
-    bool allocated = shim_device_load(buf) != 0;
+    /* A crop carrying the proxy interface is not on a device yet: the backend asked for
+     * allocates its parent and makes it alias that (shim/runtime.py). */
+    bool allocated = shim_device_load(buf) != 0 && !shim_is_proxy(current);
     if (allocated && current != device_interface) {
         return refuse_interface_switch(user_context, "halide_copy_to_device");
     }
@@ -224,7 +226,7 @@ int halide_device_malloc(void *user_context, struct halide_buffer_t *buf,
     if (result) {
         return result;
     }
-    if (shim_device_load(buf) != 0) {
+    if (shim_device_load(buf) != 0 && !shim_is_proxy(interface_of(buf))) {
         return halide_error_code_success; /* already allocated on this interface */
     }
     if (shim_owns_interface(device_interface)) {

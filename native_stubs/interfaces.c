@@ -34,11 +34,15 @@ static int opencl_compute_capability(void *uc, int *major, int *minor) {
 static int cuda_compute_capability(void *uc, int *major, int *minor) {
     return compute_capability(SHIM_BACKEND_CUDA, uc, major, minor);
 }
+static int proxy_compute_capability(void *uc, int *major, int *minor) {
+    return compute_capability(SHIM_BACKEND_PROXY, uc, major, minor);
+}
 
 static const struct halide_device_interface_t interfaces[SHIM_BACKEND_COUNT] = {
     [SHIM_BACKEND_HOST] = INTERFACE(SHIM_BACKEND_HOST, host_compute_capability),
     [SHIM_BACKEND_OPENCL] = INTERFACE(SHIM_BACKEND_OPENCL, opencl_compute_capability),
     [SHIM_BACKEND_CUDA] = INTERFACE(SHIM_BACKEND_CUDA, cuda_compute_capability),
+    [SHIM_BACKEND_PROXY] = INTERFACE(SHIM_BACKEND_PROXY, proxy_compute_capability),
 };
 
 const struct halide_device_interface_t *shim_backend_interface(int backend) {
@@ -116,11 +120,13 @@ static int compute_capability(int backend, void *user_context, int *major, int *
 IMPL_FUNCTIONS(host, SHIM_BACKEND_HOST)
 IMPL_FUNCTIONS(opencl, SHIM_BACKEND_OPENCL)
 IMPL_FUNCTIONS(cuda, SHIM_BACKEND_CUDA)
+IMPL_FUNCTIONS(proxy, SHIM_BACKEND_PROXY)
 
 static const struct halide_device_interface_impl_t impls[SHIM_BACKEND_COUNT] = {
     [SHIM_BACKEND_HOST] = IMPL_TABLE(host),
     [SHIM_BACKEND_OPENCL] = IMPL_TABLE(opencl),
     [SHIM_BACKEND_CUDA] = IMPL_TABLE(cuda),
+    [SHIM_BACKEND_PROXY] = IMPL_TABLE(proxy),
 };
 
 void shim_buffer_set_device(struct halide_buffer_t *buf, uint64_t device,

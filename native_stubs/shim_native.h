@@ -56,6 +56,10 @@ static inline bool shim_owns_interface(const struct halide_device_interface_t *d
     return shim_backend_of(device_interface) >= 0;
 }
 
+static inline bool shim_is_proxy(const struct halide_device_interface_t *device_interface) {
+    return device_interface != NULL && device_interface == shim_backend_interface(SHIM_BACKEND_PROXY);
+}
+
 /* Atomic access to halide_buffer_t::flags. Generated code writes flags inline, so every read the
  * shim bases a decision on is an acquire load, and every change is a read-modify-write that keeps
  * the other bits. */

@@ -11,7 +11,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from shim import devices, families
+from shim import aliasing, devices, families, runtime
 from shim.backends.base import Backend, interface_of
 from shim.errors import ArgumentError, DirtyBufferWarning
 from shim.families import Family
@@ -66,7 +66,7 @@ class Buffer:
     """
 
     __slots__ = ("_raw", "_dims", "_array", "_type", "_family", "_box", "_exposed", "_unread",
-                 "__weakref__")
+                 "_root_box", "_root_dims", "__weakref__")
 
     def __init__(self, data=None, *, shape=None, dtype=None):
         if data is None:
@@ -120,6 +120,9 @@ class Buffer:
         self._type = htype
         self._family = Family() if family is None else family
         families.register_owned(raw, self._family)
+        # Where this Buffer lies in its family's root (itself, unless it is a crop or slice):
+        # its box in the root's coordinates, and which root dimension each of its is.
+        self._root_box, self._root_dims = self._box, tuple(range(n))
         # Whether anyone outside the shim can see the host memory (then device results must
         # reach it before the device memory goes), and whether results a pipeline wrote here
         # have not been read by anyone yet (then dropping the Buffer is worth a warning).
@@ -179,10 +182,11 @@ class Buffer:
                                               f"[{have_lo}, {have_lo + have_n})")
         index = tuple(slice(lo - have_lo, lo - have_lo + n)
                       for (lo, n), (have_lo, _) in zip(reversed(ranges), reversed(self._box)))
-        crop = self._view(self._array[index], [lo for lo, _ in ranges])
-        if self._raw.device:
-            crop._runtime("device_crop", lib.halide_device_crop, self._raw, crop._raw)
-        return crop
+        root_box = list(self._root_box)
+        for d, box in zip(self._root_dims, ranges):
+            root_box[d] = box
+        return self._view(self._array[index], [lo for lo, _ in ranges], tuple(root_box),
+                          self._root_dims)
 
     def sliced(self, dim: int, pos: int) -> Buffer:
         """The (dimensions - 1)-D Buffer at coordinate ``pos`` of dimension ``dim``; shares
@@ -194,22 +198,24 @@ class Buffer:
         index = [slice(None)] * self.dimensions
         index[self.dimensions - 1 - d] = pos - lo
         mins = [m for i, (m, _) in enumerate(self._box) if i != d]
-        piece = self._view(self._array[tuple(index)], mins)
-        if self._raw.device:
-            piece._runtime("device_slice", lib.halide_device_slice, self._raw, d, pos, piece._raw)
-        return piece
+        root_box = list(self._root_box)
+        root_box[self._root_dims[d]] = (pos, 1)
+        root_dims = self._root_dims[:d] + self._root_dims[d + 1:]
+        return self._view(self._array[tuple(index)], mins, tuple(root_box), root_dims)
 
     def _dimension_index(self, dim) -> int:
         if not isinstance(dim, int) or not 0 <= dim < self.dimensions:
             raise ArgumentError("dim", f"expected a dimension index in [0, {self.dimensions}), got {dim!r}")
         return dim
 
-    def _view(self, array: np.ndarray, mins) -> Buffer:
-        """A Buffer over ``array`` (a view of this one's memory) in this Buffer's family, with
-        its flags."""
+    def _view(self, array: np.ndarray, mins, root_box, root_dims) -> Buffer:
+        """A Buffer over ``array`` (a view of this one's memory) that joins this Buffer's
+        family: it aliases the family's device allocation, or carries the proxy interface
+        until there is one (shim/aliasing.py)."""
         view = Buffer.__new__(Buffer)
         view._init_from_array(array, "crop", mins=mins, family=self._family)
-        lib.shim_flags_assign(view._raw, lib.shim_flags_get(self._raw), True)
+        view._root_box, view._root_dims = root_box, root_dims
+        runtime.adopt(self._raw, self._root_box, view._raw, root_box)
         return view
 
     def raw_buffer(self) -> int:
@@ -249,22 +255,30 @@ class Buffer:
         return bool(lib.shim_flags_get(self._raw) & DEVICE_DIRTY)
 
     def set_host_dirty(self, value: bool = True) -> None:
-        lib.shim_flags_assign(self._raw, HOST_DIRTY, value)
+        """Say that the host memory holds changes the device copy lacks (or, False, not)."""
+        if self._family.shared:
+            runtime.mark_dirty(self._raw, HOST_DIRTY, value)
+        else:
+            lib.shim_flags_assign(self._raw, HOST_DIRTY, value)
 
     def set_device_dirty(self, value: bool = True) -> None:
-        lib.shim_flags_assign(self._raw, DEVICE_DIRTY, value)
+        """Say that the device copy holds changes the host memory lacks (or, False, not)."""
+        if self._family.shared:
+            runtime.mark_dirty(self._raw, DEVICE_DIRTY, value)
+        else:
+            lib.shim_flags_assign(self._raw, DEVICE_DIRTY, value)
         self._unread = value
 
     # --- device --------------------------------------------------------------------------
 
     @property
     def has_device_allocation(self) -> bool:
-        return self._raw.device != 0
+        return self._raw.device != 0 and not aliasing.is_proxy(self._raw.device_interface)
 
     @property
     def device(self) -> Backend | None:
         """The device holding this Buffer's device allocation, if any."""
-        if not self._raw.device:
+        if not self.has_device_allocation:
             return None
         return devices.backend_for_interface(self._raw.device_interface)
 
@@ -303,6 +317,12 @@ class Buffer:
             check(function(ffi.NULL, *args))
 
     def _release_device(self, *, dropping: bool) -> None:
+        if self._family.shared:
+            # A crop's or parent's changes stay with the family (the last handle out brings
+            # the device's home), and the others may still read them: nothing to copy here.
+            if self.has_device_allocation:
+                self._runtime("device_free", lib.halide_device_free, self._raw)
+            return
         if not self._raw.device:
             lib.shim_flags_assign(self._raw, DEVICE_DIRTY, False)
             return

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import threading
 from contextlib import contextmanager
+from typing import NamedTuple
 
 from shim.native import ffi, lib
 
@@ -46,10 +47,26 @@ class FamilyLock:
         return self.owner == threading.get_ident()
 
 
-class Family:
-    """One allocation (``memory``, made by ``backend``) and the handles into it."""
+class Member(NamedTuple):
+    """A shim.Buffer's struct in a shared family, and its box in the root's coordinates."""
 
-    __slots__ = ("lock", "backend", "memory", "handles", "deferred", "__weakref__")
+    raw: object
+    box: tuple
+
+
+class Family:
+    """One allocation (``memory``, made by ``backend``) and the handles into it.
+
+    A family whose root Buffer has crops or slices is *shared*: its members are windows on one
+    host region (the root's) and one device allocation mirroring it. Which parts are newer on
+    which side is kept as boxes in the root's coordinates (``host_regions``,
+    ``device_regions``), never both at once, and every member's dirty bits are derived from
+    them, so that the C fast paths, which read only a struct's own flags, stay right for the
+    whole family. The operations on shared families live in shim/runtime.py.
+    """
+
+    __slots__ = ("lock", "backend", "memory", "handles", "deferred", "members", "root_host",
+                 "root_layout", "host_regions", "device_regions", "in_flight", "__weakref__")
 
     def __init__(self, backend=None):
         self.lock = FamilyLock()
@@ -59,6 +76,49 @@ class Family:
         self.handles: dict[int, list[int]] = {}
         # Work that had to wait for the lock to be free (see run_deferred).
         self.deferred: list = []
+        # Shared families only (see share()).
+        self.members: dict[int, Member] | None = None
+        self.root_host = 0
+        self.root_layout = None
+        self.host_regions: list = []
+        self.device_regions: list = []
+        # address -> number of pipeline calls running on that member right now: generated code
+        # may be setting its flags, so nobody but the member's own operations touches them.
+        self.in_flight: dict[int, int] = {}
+
+    @property
+    def shared(self) -> bool:
+        return self.members is not None
+
+    def share(self, root_raw, root_box) -> None:
+        """Become a shared family whose root is ``root_raw``; its dirty bits become regions."""
+        if self.shared:
+            return
+        from shim.regions import Layout
+
+        self.root_host = int(ffi.cast("uintptr_t", root_raw.host))
+        self.root_layout = Layout.of(root_raw)
+        self.members = {address_of(root_raw): Member(root_raw, root_box)}
+        flags = lib.shim_flags_get(root_raw)
+        self.host_regions = [root_box] if flags & lib.halide_buffer_flag_host_dirty else []
+        self.device_regions = [root_box] if flags & lib.halide_buffer_flag_device_dirty else []
+
+    def box_of(self, raw):
+        return self.members[address_of(raw)].box
+
+    def refresh_bits(self, active=None) -> None:
+        """Set each member's dirty bits from the regions: dirty where it overlaps one. Members
+        a pipeline is running on are left alone (their kernels set their bits, and the call's
+        end takes them in), except ``active``, the member the current operation is for."""
+        from shim.regions import intersect
+
+        for address, member in list(self.members.items()):
+            if self.in_flight.get(address) and member.raw != active:
+                continue
+            for bit, regions in ((lib.halide_buffer_flag_host_dirty, self.host_regions),
+                                 (lib.halide_buffer_flag_device_dirty, self.device_regions)):
+                dirty = any(intersect(region, member.box) for region in regions)
+                lib.shim_flags_assign(member.raw, bit, dirty)
 
     def add_handle(self, handle: int, offset: int) -> None:
         entry = self.handles.setdefault(handle, [offset, 0])
@@ -67,6 +127,10 @@ class Family:
 
     def offset_of(self, handle: int) -> int:
         return self.handles[handle][0]
+
+    def last_handle(self, handle: int) -> bool:
+        """Whether dropping ``handle`` would leave no handle into the memory."""
+        return len(self.handles) == 1 and self.handles.get(handle, [0, 0])[1] == 1
 
     def drop_handle(self, handle: int, *, free: bool = True) -> None:
         """One halide_buffer_t no longer carries ``handle``. The memory goes when the last
@@ -110,7 +174,10 @@ def register_owned(raw, family: Family) -> None:
 
 
 def unregister_owned(raw) -> None:
-    _owned.pop(address_of(raw), None)
+    address = address_of(raw)
+    family = _owned.pop(address, None)
+    if family is not None and family.shared:
+        family.members.pop(address, None)
 
 
 def family_of_handle(interface, handle: int) -> Family | None:

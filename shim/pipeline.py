@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from shim import streams
+from shim import runtime, streams
 from shim.buffer import Buffer, _shape_tuple, as_host_array
 from shim.elf import NotELF, pipeline_names
 from shim.errors import DEVICE_ERROR_CODES, ArgumentError, BoundsError, DeviceError, PipelineError
@@ -206,7 +206,7 @@ class Pipeline:
             return  # on a device the pipeline uses, or one the shim does not own
         if buf.device_dirty:
             buf.copy_to_host()
-        if self.device_kinds:
+        if self.device_kinds and backend != lib.SHIM_BACKEND_PROXY:
             buf.device_free()
 
     # --- bounds ----------------------------------------------------------------------------
@@ -389,6 +389,9 @@ class PreparedCall:
         pipeline, call = self._pipeline, self._call
         for buf in call.array_inputs:
             buf.set_host_dirty(True)  # the caller may have written to the array since
+        shared = [(buf, buf in self._outputs) for _, _, buf in call.buffers if buf._family.shared]
+        for buf, is_output in shared:
+            runtime.begin_call(buf._raw, host_write=is_output and not pipeline.device_kinds)
         context = CallContext.begin(reset=False)
         try:
             result = self._run(context)
@@ -402,14 +405,17 @@ class PreparedCall:
             pipeline._finish(context, result)
         finally:
             context.end()
+            for buf in self._outputs:
+                if not pipeline.device_kinds:
+                    # Code compiled for the CPU only writes outputs without marking them
+                    # host-dirty; a device copy they may have would silently go stale.
+                    lib.shim_flags_assign(buf._raw, lib.halide_buffer_flag_host_dirty, True)
+            for buf, is_output in shared:
+                runtime.end_call(buf._raw, written=is_output)  # a crop's results reach its parent
         for buf in self._inputs:
             buf._unread = False
         for buf in self._outputs:
             buf._unread = True
-            if not pipeline.device_kinds:
-                # Code compiled for the CPU only writes outputs without marking them
-                # host-dirty; a device copy they may have would silently go stale.
-                buf.set_host_dirty(True)
         for output, target in call.copy_back:
             output.copy_to_host()
             if target is not None:

@@ -142,3 +142,55 @@ def host_memory(address: int, nbytes: int) -> np.ndarray:
     if nbytes == 0:
         return np.zeros(0, np.uint8)
     return np.frombuffer(ffi.buffer(ffi.cast("uint8_t *", address), nbytes), np.uint8)
+
+
+# --- boxes: a buffer's region as ((min, extent), ...) per dimension -----------------------------
+
+def intersect(a, b):
+    """The box where ``a`` and ``b`` overlap, or None."""
+    out = []
+    for (a_min, a_extent), (b_min, b_extent) in zip(a, b):
+        lo, hi = max(a_min, b_min), min(a_min + a_extent, b_min + b_extent)
+        if hi <= lo:
+            return None
+        out.append((lo, hi - lo))
+    return tuple(out)
+
+
+def contains(outer, inner) -> bool:
+    return all(o_min <= i_min and i_min + i_extent <= o_min + o_extent
+               for (o_min, o_extent), (i_min, i_extent) in zip(outer, inner))
+
+
+def subtract(box, hole) -> list:
+    """``box`` minus ``hole``, as disjoint boxes (none if the hole covers it)."""
+    overlap = intersect(box, hole)
+    if overlap is None:
+        return [box]
+    pieces, rest = [], list(box)
+    for d, ((lo, extent), (h_lo, h_extent)) in enumerate(zip(box, overlap)):
+        if h_lo > lo:
+            pieces.append(tuple(rest[:d] + [(lo, h_lo - lo)] + rest[d + 1:]))
+        if h_lo + h_extent < lo + extent:
+            pieces.append(tuple(rest[:d] + [(h_lo + h_extent, lo + extent - h_lo - h_extent)]
+                                + rest[d + 1:]))
+        rest[d] = (h_lo, h_extent)
+    return pieces
+
+
+def subtract_all(boxes, holes) -> list:
+    for hole in holes:
+        boxes = [piece for box in boxes for piece in subtract(box, hole)]
+    return boxes
+
+
+def box_plan(layout: Layout, box, device_offset: int, to_device: bool) -> CopyPlan:
+    """The copy of the elements of ``box`` (in ``layout``'s coordinates) between host memory
+    laid out as ``layout`` and a device allocation mirroring it from ``device_offset``."""
+    offset = layout.offset_of([lo for lo, _ in box])
+    extents = [extent for _, extent in box]
+    if to_device:
+        return plan(layout.elem_size, extents, layout.strides, layout.strides,
+                    offset, device_offset + offset)
+    return plan(layout.elem_size, extents, layout.strides, layout.strides,
+                device_offset + offset, offset)

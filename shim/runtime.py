@@ -18,9 +18,9 @@ from contextlib import contextmanager
 
 import numpy as np
 
-from shim import families, streams
-from shim.backends.base import BackendError
-from shim.devices import backend_for_interface
+from shim import aliasing, families, streams
+from shim.backends.base import BackendError, interface_of
+from shim.devices import backend_for_interface, default_device
 from shim.errors import DeviceError
 from shim.families import Family, locked
 from shim.native import CallContext, ffi, lib
@@ -135,8 +135,23 @@ def _span(raw, failure_code: int) -> int:
 
 
 def _allocate(raw, interface, family: Family | None) -> Family:
-    """Give ``raw`` a new allocation; called with its family's lock held."""
+    """Give ``raw`` a device allocation; called with its family's lock held. A member of a
+    shared family aliases the family's allocation, made for the whole root if needed."""
+    if aliasing.is_proxy(interface):  # "on the device the parent will be on": the default
+        interface = interface_of(default_device())
     backend = backend_for_interface(interface)
+    if family is not None and family.shared:
+        if family.memory is None:
+            try:
+                aliasing.allocate(family, backend)
+            except (BackendError, NegativeStrides) as e:
+                raise Failure(E.halide_error_code_device_malloc_failed, str(e)) from e
+        elif family.backend is not backend:
+            raise Failure(E.halide_error_code_incompatible_device_interface,
+                          f"the buffer's parent lives on {family.backend.name}")
+        else:
+            aliasing.attach(family, raw)
+        return family
     nbytes = _span(raw, E.halide_error_code_device_malloc_failed)
     try:
         memory = backend.allocate(nbytes)
@@ -174,17 +189,38 @@ def _read(family: Family, copy, host_address: int) -> None:
     family.backend.transfers.add("downloaded", copy.nbytes)
 
 
+def _transfer(family: Family, copy, host_address: int, to_device: bool) -> None:
+    (_write if to_device else _read)(family, copy, host_address)
+
+
+def _shared(operation, family: Family, *args) -> None:
+    """Run one of shim/aliasing.py's operations on a shared family."""
+    try:
+        operation(family, *args)
+    except aliasing.Conflict as e:
+        raise Failure(E.halide_error_code_host_and_device_dirty, str(e)) from None
+
+
 def _drop_device(raw, family: Family | None, *, free: bool = True) -> None:
+    if aliasing.is_proxy(raw.device_interface):
+        return  # a member without a handle of its own: nothing to drop
+    shared = family is not None and family.shared
     if raw.device and family is not None:
+        if shared and family.device_regions and family.last_handle(raw.device):
+            _shared(aliasing.download_all, family, _transfer, raw)  # never drop device-only data
         family.drop_handle(raw.device, free=free)
-    _set_device(raw, 0, ffi.NULL)
+    if shared:
+        # Still in the family: the proxy stands for the allocation the others hold or will.
+        _set_device(raw, families.address_of(raw), aliasing.PROXY)
+    else:
+        _set_device(raw, 0, ffi.NULL)
 
 
 # --- the operations ------------------------------------------------------------------------
 
 def device_malloc(uc, raw, interface):
     with locked(raw) as family:
-        if raw.device:
+        if raw.device and not aliasing.is_proxy(raw.device_interface):
             return  # another thread allocated it while we waited
         _allocate(raw, interface, family)
 
@@ -192,25 +228,41 @@ def device_malloc(uc, raw, interface):
 def device_free(uc, raw, interface):
     with locked(raw) as family:
         _drop_device(raw, family)
-        lib.shim_flags_assign(raw, DEVICE_DIRTY, False)
+        if family is not None and family.shared:
+            family.refresh_bits(raw)
+        else:
+            lib.shim_flags_assign(raw, DEVICE_DIRTY, False)
 
 
 def device_sync(uc, raw, interface):
-    backend_for_interface(interface).sync()
+    if not aliasing.is_proxy(interface):
+        backend_for_interface(interface).sync()
 
 
 def device_release(uc, interface):
-    backend_for_interface(interface).release()
+    if not aliasing.is_proxy(interface):
+        backend_for_interface(interface).release()
 
 
 def copy_to_host(uc, raw, interface):
     with locked(raw) as family:
-        if _flags(raw) & DEVICE_DIRTY:
+        if family is not None and family.shared:
+            _shared(aliasing.download, family, raw, _transfer)
+        elif _flags(raw) & DEVICE_DIRTY:
             _download(raw, family)
 
 
 def copy_to_device(uc, raw, interface):
     with locked(raw) as family:
+        if family is not None and family.shared:
+            current = raw.device_interface
+            if raw.device and not aliasing.is_proxy(current) and current != interface \
+                    and not aliasing.is_proxy(interface):
+                raise Failure(E.halide_error_code_incompatible_device_interface,
+                              "the buffer lives on another device interface")
+            family = _allocate(raw, interface, family)
+            _shared(aliasing.upload_all, family, _transfer, raw)
+            return
         if raw.device and raw.device_interface != interface:
             raise Failure(E.halide_error_code_incompatible_device_interface,
                           "the buffer lives on another device interface")
@@ -229,6 +281,9 @@ def copy_to_device(uc, raw, interface):
 
 def device_and_host_malloc(uc, raw, interface):
     with locked(raw) as family:
+        if family is not None and family.shared:
+            raise Failure(E.halide_error_code_device_malloc_failed,
+                          "a crop or slice shares its parent's host memory")
         nbytes = _span(raw, E.halide_error_code_device_malloc_failed)
         host = lib.halide_malloc(uc, nbytes)
         if host == ffi.NULL:
@@ -253,6 +308,9 @@ def device_and_host_free(uc, raw, interface):
 
 def wrap_native(uc, raw, native, interface):
     with locked(raw) as family:
+        if family is not None and family.shared:
+            raise Failure(E.halide_error_code_device_malloc_failed,
+                          "a crop or slice aliases its parent's allocation")
         if raw.device:
             raise Failure(E.halide_error_code_device_malloc_failed,
                           "the buffer already has a device allocation")
@@ -271,10 +329,15 @@ def wrap_native(uc, raw, native, interface):
 
 def detach_native(uc, raw, interface):
     with locked(raw) as family:
+        if family is not None and family.shared and not aliasing.is_proxy(interface):
+            raise Failure(E.halide_error_code_device_detach_native_failed,
+                          "a crop or slice's allocation belongs to its family")
         _drop_device(raw, family, free=False)
 
 
 def _crop_into(src, dst, interface, dst_min_offset) -> None:
+    if aliasing.is_proxy(interface):
+        return  # the parent has no allocation yet: neither has the crop, as in Halide
     with locked(src) as family:
         family, src_offset = _allocation(src, family)
         offset = src_offset + dst_min_offset
@@ -299,11 +362,16 @@ def device_slice(uc, src, slice_dim, slice_pos, dst, interface):
 
 def device_release_crop(uc, raw, interface):
     with locked(raw) as family:
+        if family is not None and family.shared:
+            _shared(aliasing.absorb, family, raw, False)  # its changes stay with the family
         _drop_device(raw, family)
 
 
 def compute_capability(uc, major, minor, interface):
-    major[0], minor[0] = backend_for_interface(interface).compute_capability()
+    if aliasing.is_proxy(interface):
+        major[0] = minor[0] = 0
+    else:
+        major[0], minor[0] = backend_for_interface(interface).compute_capability()
 
 
 def buffer_copy(uc, src, dst_interface, dst):
@@ -375,6 +443,56 @@ def _overlap(a: Layout, b: Layout) -> list[tuple[int, int]]:
         lo, hi = max(a_min, b_min), min(a_min + a_extent, b_min + b_extent)
         box.append((lo, max(lo, hi)))
     return box
+
+
+# --- shared families, for shim.Buffer and prepared calls --------------------------------------
+
+def adopt(parent_raw, parent_box, view_raw, view_box) -> None:
+    """Register a crop or slice of ``parent_raw`` in the parent's family (see aliasing.adopt)."""
+    with locked(parent_raw) as family:
+        aliasing.adopt(family, parent_raw, parent_box, view_raw, view_box)
+
+
+def mark_dirty(raw, bit: int, value: bool) -> None:
+    """Buffer.set_host_dirty / set_device_dirty: for a member of a shared family, through the
+    family's regions; raises DeviceError when the other side holds overlapping changes."""
+    with runtime_call("set dirty") as check, locked(raw) as family:
+        if family is None or not family.shared:
+            lib.shim_flags_assign(raw, bit, value)
+            return
+        try:
+            aliasing.mark(family, raw, bit, value, _transfer)
+        except aliasing.Conflict as e:
+            lib.halide_error(ffi.NULL, (str(e) + "\n").encode())
+            check(E.halide_error_code_host_and_device_dirty)
+        except BackendError as e:
+            lib.halide_error(ffi.NULL, (str(e) + "\n").encode())
+            check(E.halide_error_code_copy_to_host_failed if bit == HOST_DIRTY
+                  else E.halide_error_code_copy_to_device_failed)
+
+
+def begin_call(raw, host_write: bool) -> None:
+    """A pipeline call is about to run on member ``raw``. If it writes the member on the host
+    (a CPU pipeline's output), every device-side change comes home first, so that the family
+    never holds changes on both sides."""
+    with runtime_call("before the pipeline") as check, locked(raw) as family:
+
+        def download_device_changes(uc):
+            aliasing.download_all(family, _transfer, raw)
+
+        if host_write and family.device_regions:
+            check(guarded(download_device_changes, E.halide_error_code_copy_to_host_failed, ffi.NULL))
+        aliasing.begin_call(family, raw)
+
+
+def end_call(raw, written: bool) -> None:
+    """The pipeline call on member ``raw`` has returned: what it wrote joins the family."""
+    with runtime_call("after the pipeline") as check, locked(raw) as family:
+
+        def take_in_changes(uc):
+            _shared(aliasing.end_call, family, raw, written)
+
+        check(guarded(take_in_changes, E.halide_error_code_host_and_device_dirty, ffi.NULL))
 
 
 # --- the callbacks the native library calls ------------------------------------------------

@@ -1,0 +1,190 @@
+"""Crops that alias their parent on the device (Halide issue 8395), and dirty bits that
+reach the parent.
+
+In Halide, a crop of a buffer that has no device allocation gets an allocation of its own on
+first device use, and a crop's dirty bits never reach its parent: realize a pipeline into
+crops on the GPU, read the parent, and the results are not there. Here a shim.Buffer and its
+crops and slices form a shared family (shim/families.py):
+
+- a crop made while the parent has no device allocation carries the proxy interface, which
+  stands for "the parent's allocation, not yet made"; the first device use of any member
+  allocates the parent's whole extent on the device asked for, and every member aliases it;
+- what is newer on the host or on the device is kept as boxes in the parent's coordinates,
+  filled in from what the shim sees (pipeline outputs after each call, set_*_dirty, bits set
+  by code the shim did not see) and never both at once: before a member is used on the device
+  every host-side change is uploaded, and before the host side is written every device-side
+  change is downloaded;
+- every member's dirty bits are derived from the boxes, so the C fast paths, which only read
+  a struct's own flags, see the family's state: reading the parent after a kernel wrote a crop
+  downloads exactly the boxes that changed;
+- data is never dropped: freeing the last handle into the allocation downloads what only the
+  device holds first.
+
+Every function here is called with the family's lock held (see shim/runtime.py).
+"""
+
+from __future__ import annotations
+
+from shim.families import Family, Member, address_of
+from shim.native import ffi, lib
+from shim.regions import box_plan, contains, intersect, subtract_all
+
+HOST_DIRTY = lib.halide_buffer_flag_host_dirty
+DEVICE_DIRTY = lib.halide_buffer_flag_device_dirty
+PROXY = lib.shim_backend_interface(lib.SHIM_BACKEND_PROXY)
+
+
+class Conflict(Exception):
+    """The same part of a family changed on the host and on the device."""
+
+
+def is_proxy(interface) -> bool:
+    return interface == PROXY
+
+
+def adopt(family: Family, parent_raw, parent_box, view_raw, view_box) -> None:
+    """Make ``view_raw`` (a crop or slice of ``parent_raw``, spanning ``view_box`` in the
+    root's coordinates) a member: aliasing the allocation if there is one, else the proxy."""
+    family.share(parent_raw, parent_box)
+    family.members[address_of(view_raw)] = Member(view_raw, view_box)
+    if family.memory is not None:
+        attach(family, view_raw)
+    else:
+        lib.shim_buffer_set_device(view_raw, address_of(view_raw), PROXY)
+    family.refresh_bits(view_raw)
+
+
+def allocate(family: Family, backend) -> None:
+    """Allocate the root's whole extent on ``backend``; every member aliases it."""
+    family.backend, family.memory = backend, backend.allocate(family.root_layout.nbytes_span)
+    for member in list(family.members.values()):
+        attach(family, member.raw)
+
+
+def attach(family: Family, raw) -> None:
+    """Give member ``raw`` a handle into the family's allocation, where its elements are."""
+    if raw.device and not is_proxy(raw.device_interface):
+        return
+    offset = int(ffi.cast("uintptr_t", raw.host)) - family.root_host
+    nbytes = _span(family, family.box_of(raw))
+    handle = family.backend.handle(family.memory, offset, nbytes)
+    family.add_handle(handle, offset)
+    lib.shim_buffer_set_device(raw, handle, lib.shim_backend_interface(family.backend.index))
+
+
+def _span(family: Family, box) -> int:
+    """Bytes from the first element of ``box`` to just past its last, in the root's layout."""
+    layout = family.root_layout
+    return (sum((extent - 1) * stride for (_, extent), stride in zip(box, layout.strides))
+            + layout.elem_size)
+
+
+def absorb(family: Family, raw, written: bool) -> None:
+    """Take ``raw``'s dirty bits into the family's regions: its whole box if ``written`` (a
+    pipeline or the program just wrote it), else only bits no region explains."""
+    box = family.box_of(raw)
+    flags = lib.shim_flags_get(raw)
+    for bit, mine, other, side in ((DEVICE_DIRTY, family.device_regions, family.host_regions, "device"),
+                                   (HOST_DIRTY, family.host_regions, family.device_regions, "host")):
+        if not flags & bit:
+            continue
+        if not written and any(intersect(region, box) for region in mine):
+            continue
+        if any(intersect(region, box) for region in other):
+            raise Conflict(f"part of this buffer changed on the {side} while the other side "
+                           "held changes not yet copied")
+        mine.append(box)
+    family.refresh_bits(raw)
+
+
+def mark(family: Family, raw, bit: int, value: bool, transfer) -> None:
+    """``Buffer.set_host_dirty`` / ``set_device_dirty`` on a member. Setting a side dirty
+    first brings the other side's changes over (they cannot overlap this member: that is a
+    conflict), so that the family never holds changes on both sides."""
+    box = family.box_of(raw)
+    mine, other = ((family.host_regions, family.device_regions) if bit == HOST_DIRTY
+                   else (family.device_regions, family.host_regions))
+    if value:
+        if any(intersect(region, box) for region in other):
+            side = "device" if bit == HOST_DIRTY else "host"
+            raise Conflict(f"the {side} holds changes to this buffer that were never copied; "
+                           f"copy them first ({'copy_to_host' if side == 'device' else 'copy_to_device'})")
+        if other:
+            if bit == HOST_DIRTY:
+                download_all(family, transfer, raw)
+            else:
+                upload_all(family, transfer, raw)
+        mine.append(box)
+    else:
+        mine[:] = subtract_all(mine, [box])
+    family.refresh_bits(raw)
+
+
+def download(family: Family, raw, transfer) -> None:
+    """copy_to_host of a member: download the changed boxes that overlap it."""
+    box = family.box_of(raw)
+    if lib.shim_flags_get(raw) & DEVICE_DIRTY and not any(intersect(r, box) for r in family.device_regions):
+        family.device_regions.append(box)  # dirty for a reason the shim did not see
+    parts = [part for part in (intersect(region, box) for region in family.device_regions) if part]
+    _move(family, parts, to_device=False, transfer=transfer)
+    family.device_regions = subtract_all(family.device_regions, parts)
+    family.refresh_bits(raw)
+
+
+def download_all(family: Family, transfer, active=None) -> None:
+    _move(family, family.device_regions, to_device=False, transfer=transfer)
+    family.device_regions = []
+    family.refresh_bits(active)
+
+
+def upload_all(family: Family, transfer, active=None) -> None:
+    """Before a member is used on the device: every host-side change goes up."""
+    _move(family, family.host_regions, to_device=True, transfer=transfer)
+    family.host_regions = []
+    family.refresh_bits(active)
+
+
+def begin_call(family: Family, raw) -> None:
+    """A pipeline call on member ``raw`` is starting: its flags are its kernels' now."""
+    address = address_of(raw)
+    family.in_flight[address] = family.in_flight.get(address, 0) + 1
+
+
+def end_call(family: Family, raw, written: bool) -> None:
+    """The call has returned: take in what it wrote (``written``: an output) and give the
+    member's flags back to the family."""
+    address = address_of(raw)
+    remaining = family.in_flight.get(address, 1) - 1
+    if remaining:
+        family.in_flight[address] = remaining
+    else:
+        family.in_flight.pop(address, None)
+    if written:
+        absorb(family, raw, True)
+    else:
+        family.refresh_bits(raw)
+
+
+def _move(family: Family, boxes, to_device: bool, transfer) -> None:
+    if not boxes:
+        return
+    if family.memory is None:
+        raise Conflict("the family has no device allocation to copy to or from")
+    for box in _outermost(boxes):
+        transfer(family, box_plan(family.root_layout, box, 0, to_device), family.root_host, to_device)
+
+
+def _outermost(boxes) -> list:
+    """The boxes, without those another box contains (they would be copied twice)."""
+    kept = []
+    for box in sorted(boxes, key=lambda b: -_volume(b)):
+        if not any(contains(k, box) for k in kept):
+            kept.append(box)
+    return kept
+
+
+def _volume(box) -> int:
+    volume = 1
+    for _, extent in box:
+        volume *= extent
+    return volume
