@@ -193,3 +193,4 @@ int halide_device_slice(void *user_context, const struct halide_buffer_t *src,
                         int slice_dim, int slice_pos, struct halide_buffer_t *dst);
 int halide_device_release_crop(void *user_context, struct halide_buffer_t *buf);
 int halide_set_num_threads(int n);
+int halide_get_num_threads(void);

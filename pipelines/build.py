@@ -14,6 +14,7 @@ is compiled into the .so) or "no_runtime" (the .so needs the shim's runtime to l
 from __future__ import annotations
 
 import argparse
+import ast
 import hashlib
 import os
 import shutil
@@ -42,8 +43,25 @@ RUNTIMES = ("bundled", "no_runtime")
 RECIPE_VERSION = "1"
 
 
+def generator_modules() -> dict[str, str]:
+    """{generator name: module} for every generator in pipelines/generators/. A module
+    defines the generator of its own name, or those its GENERATOR_NAMES lists (read without
+    importing the module, which would load Halide)."""
+    modules = {}
+    for path in sorted(GENERATORS_DIR.glob("*.py")):
+        if path.stem.startswith("_"):
+            continue
+        names = [path.stem]
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.Assign) and any(
+                    isinstance(t, ast.Name) and t.id == "GENERATOR_NAMES" for t in node.targets):
+                names = list(ast.literal_eval(node.value))
+        modules.update({name: path.stem for name in names})
+    return modules
+
+
 def generator_names() -> list[str]:
-    return sorted(p.stem for p in GENERATORS_DIR.glob("*.py") if not p.stem.startswith("_"))
+    return sorted(generator_modules())
 
 
 def cache_dir() -> Path:
@@ -74,9 +92,13 @@ class Build:
         target = TARGETS[self.target]
         return f"{target}-no_runtime" if self.runtime == "no_runtime" else target
 
+    @property
+    def module(self) -> str:
+        return generator_modules()[self.name]
+
     def key(self) -> str:
         digest = hashlib.sha256()
-        for source in (GENERATORS_DIR / f"{self.name}.py", GENERATORS_DIR / "_schedule.py"):
+        for source in (GENERATORS_DIR / f"{self.module}.py", GENERATORS_DIR / "_schedule.py"):
             digest.update(source.read_bytes())
         digest.update(
             f"{self.halide_target}|{metadata.version('halide')}|{RECIPE_VERSION}".encode())
@@ -96,7 +118,7 @@ def build(spec: Build, directory: Path | None = None) -> Path:
     with tempfile.TemporaryDirectory(prefix="halide-shim-build-") as tmp:
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PACKAGE_ROOT), env.get("PYTHONPATH")]))
-        _run([sys.executable, "-m", f"pipelines.generators.{spec.name}", "-g", spec.name,
+        _run([sys.executable, "-m", f"pipelines.generators.{spec.module}", "-g", spec.name,
               "-o", tmp, "-e", "object", "-f", spec.name, f"target={spec.halide_target}"], env)
         library = Path(tmp) / f"{spec.name}.so"
         compiler = os.environ.get("CC", "cc")

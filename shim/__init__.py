@@ -20,6 +20,7 @@ from shim.errors import (
 from shim.metadata import Argument, ArgumentKind
 from shim.pipeline import Pipeline, PreparedCall, load
 from shim.streams import stream
+from shim.threads import num_threads, set_num_threads
 from shim.types import HalideType
 
 __all__ = [
@@ -40,5 +41,7 @@ __all__ = [
     "device",
     "devices",
     "load",
+    "num_threads",
+    "set_num_threads",
     "stream",
 ]
