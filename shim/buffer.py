@@ -11,7 +11,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from shim import aliasing, devices, families, runtime
+from shim import aliasing, devices, families, runtime, shutdown
 from shim.backends.base import Backend, interface_of
 from shim.errors import ArgumentError, DirtyBufferWarning
 from shim.families import Family
@@ -338,7 +338,7 @@ class Buffer:
         raw = getattr(self, "_raw", None)
         if raw is None:
             return  # construction failed before the struct existed
-        if devices.shut_down():
+        if shutdown.shut_down():
             return  # the interpreter is exiting: device memory goes with the process
         if raw.device and self._family.lock.held_by_current_thread():
             # The collector ran inside this family's own critical section: a stand-in that

@@ -3,7 +3,6 @@ device interfaces to the backends behind them."""
 
 from __future__ import annotations
 
-import atexit
 import os
 import threading
 
@@ -74,6 +73,11 @@ def devices() -> list[tuple[str, str]]:
     return found + [("host", "simulated device in host memory")]
 
 
+def created() -> list[Backend]:
+    """The backends made so far in this process."""
+    return list(_backends.values())
+
+
 def backend_for_interface(interface) -> Backend:
     """The backend behind one of the shim's interfaces, created with its defaults if no one
     asked for it yet (a pipeline may use a device before Python does)."""
@@ -86,23 +90,3 @@ def backend_for_interface(interface) -> Backend:
             return device(kind)
     raise LookupError(f"no backend for interface {ffi.cast('uintptr_t', interface)}")
 
-
-_shut_down = False
-
-
-def shut_down() -> bool:
-    """Whether the interpreter is exiting and the backends have been released: from then on
-    dropped Buffers leave their device memory to the process's end."""
-    return _shut_down
-
-
-@atexit.register
-def _release_backends() -> None:
-    global _shut_down
-    _shut_down = True
-    for backend in list(_backends.values()):
-        try:
-            backend.sync()
-            backend.release()
-        except Exception:  # noqa: BLE001 - exiting anyway; a driver may already be gone
-            pass

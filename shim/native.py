@@ -12,6 +12,8 @@ import itertools
 import os
 import sys
 import threading
+import time
+import weakref
 
 _saved_flags = sys.getdlopenflags()
 sys.setdlopenflags(os.RTLD_GLOBAL | os.RTLD_NOW)
@@ -26,6 +28,9 @@ lib = _native.lib
 _ERROR_NAMES = ffi.typeof("enum halide_error_code_t").elements
 _call_ids = itertools.count(1)
 _per_thread = threading.local()
+# Every context ever made (a few per thread), to see at exit which calls are still running.
+_contexts: weakref.WeakSet = weakref.WeakSet()
+_closing = False
 
 
 def error_name(code: int) -> str:
@@ -41,7 +46,7 @@ class CallContext:
     that worked for it. ``begin()`` one per call and ``end()`` it when the call has returned;
     each thread reuses its own, since allocating one costs more than a small pipeline call."""
 
-    __slots__ = ("id", "pointer", "busy")
+    __slots__ = ("id", "pointer", "busy", "__weakref__")
 
     def __init__(self):
         self.id = next(_call_ids)
@@ -50,6 +55,7 @@ class CallContext:
             raise MemoryError("cannot allocate a call context")
         self.pointer = ffi.gc(pointer, lib.shim_call_free)
         self.busy = False
+        _contexts.add(self)
 
     @classmethod
     def begin(cls, *, reset: bool = True) -> CallContext:
@@ -65,7 +71,12 @@ class CallContext:
             context.id = next(_call_ids)
             if reset:
                 lib.shim_call_reset(context.pointer, context.id)
-        context.busy = True
+        context.busy = True  # before looking at _closing: see close_calls
+        if _closing:
+            context.busy = False
+            from shim.errors import ShimError
+
+            raise ShimError("the interpreter is exiting: no new calls into Halide code")
         return context
 
     def end(self) -> None:
@@ -83,3 +94,22 @@ class CallContext:
         if dropped:
             text += f"\n[halide-shim: {dropped} more bytes of print output were dropped]\n"
         return text
+
+
+def closing() -> bool:
+    """Whether calls into Halide code are being refused (the interpreter is exiting)."""
+    return _closing
+
+
+def close_calls(timeout: float) -> bool:
+    """Refuse new calls into Halide code and wait, up to ``timeout`` seconds, for those still
+    running on other threads; whether they all finished. A call either sees the refusal or is
+    seen running: it marks itself busy before it checks."""
+    global _closing
+    _closing = True
+    deadline = time.monotonic() + timeout
+    while any(context.busy for context in list(_contexts)):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.005)  # lets the running calls, and the callbacks they make, take the GIL
+    return True
