@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "shim_native.h"
 
@@ -26,6 +27,10 @@ struct shim_call {
     pthread_mutex_t lock; /* worker threads of one call may report at the same time */
     text_buffer errors;
     text_buffer prints;
+    /* Set when one of the call's tasks failed: see shim_call_task_failed. */
+    bool waker_started;
+    pthread_t waker;
+    int finished;
 };
 
 static __thread shim_call *current_call;
@@ -127,7 +132,39 @@ int shim_call_argv(shim_call *call, int (*argv_fn)(void **), void **argv) {
     shim_call *previous = shim_call_enter(call);
     int result = argv_fn(argv);
     shim_call_leave(previous);
+    if (call->waker_started) {
+        __atomic_store_n(&call->finished, 1, __ATOMIC_RELEASE);
+        pthread_join(call->waker, NULL);
+        call->waker_started = false;
+        call->finished = 0;
+    }
     return result;
+}
+
+/* Halide 21's thread pool can deadlock when a task of an async pipeline fails: it marks the
+ * failed task's siblings failed, but a thread stalled as the owner of a job nested inside a
+ * sibling (a consumer waiting on the failed producer's semaphore) only re-checks its parent
+ * when something wakes the pool's owners, and with every thread stalled nothing does. So once
+ * a call has a failed task, a helper thread wakes the owners every millisecond (a 0 -> 1
+ * semaphore release broadcasts to them) until the call returns; each stalled owner then sees
+ * its failed parent and unwinds. */
+static void *wake_pool_until_done(void *arg) {
+    shim_call *call = arg;
+    struct halide_semaphore_t nudge;
+    while (!__atomic_load_n(&call->finished, __ATOMIC_ACQUIRE)) {
+        halide_semaphore_init(&nudge, 0);
+        halide_semaphore_release(&nudge, 1);
+        usleep(1000);
+    }
+    return NULL;
+}
+
+void shim_call_task_failed(shim_call *call) {
+    pthread_mutex_lock(&call->lock);
+    if (!call->waker_started) {
+        call->waker_started = pthread_create(&call->waker, NULL, wake_pool_until_done, call) == 0;
+    }
+    pthread_mutex_unlock(&call->lock);
 }
 
 int shim_call_run(shim_call *call, uint64_t id, void *stream, int (*argv_fn)(void **),

@@ -27,6 +27,9 @@ static int run_task(void *user_context, int index, uint8_t *closure) {
     shim_call *previous = shim_call_enter(task->call);
     int result = task->fn(user_context, index, task->closure);
     shim_call_leave(previous);
+    if (result != 0) {
+        shim_call_task_failed(task->call);
+    }
     return result;
 }
 
@@ -36,6 +39,9 @@ static int run_loop_task(void *user_context, int min, int extent, uint8_t *closu
     shim_call *previous = shim_call_enter(task->call);
     int result = task->fn(user_context, min, extent, task->closure, task_parent);
     shim_call_leave(previous);
+    if (result != 0) {
+        shim_call_task_failed(task->call);
+    }
     return result;
 }
 

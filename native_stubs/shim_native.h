@@ -17,6 +17,9 @@
 #include "halide_device_impl.h"
 #include "shim_api.h"
 
+/* One of the call's thread-pool tasks returned an error (see call_context.c). */
+void shim_call_task_failed(shim_call *call);
+
 /* Generic entry points Halide defines but its public header does not declare. */
 int halide_device_and_host_malloc(void *user_context, struct halide_buffer_t *buf,
                                   const struct halide_device_interface_t *device_interface);
