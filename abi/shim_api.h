@@ -98,3 +98,9 @@ const char *halide_opencl_get_build_options(void *user_context);
 typedef struct shim_cuda_module shim_cuda_module;
 int shim_cuda_bind(const char *driver, void *context, void *stream);
 shim_cuda_module *shim_cuda_module_new(void *module);
+
+/* DLPack capsules (native_stubs/dlpack.c): the destructor a capsule gets, which calls the
+ * managed tensor's deleter if no consumer took the capsule, and the capsule names, which must
+ * outlive every capsule. */
+void shim_dlpack_capsule_destructor(void *capsule);
+const char *shim_dlpack_capsule_name(int versioned, int used);

@@ -49,4 +49,8 @@ extern "Python+C" {
                            size_t *arg_sizes, void **args, int8_t *arg_is_buffer);
     int shim_py_cuda_initialize(void *user_context, void **state_ptr, const char *src, int size);
     int shim_py_cuda_start(void *user_context);
+
+    /* The deleters of the tensors the shim exports through DLPack. */
+    void shim_py_dlpack_delete(DLManagedTensor *self);
+    void shim_py_dlpack_delete_versioned(DLManagedTensorVersioned *self);
 }

@@ -25,8 +25,8 @@ ABI = os.path.join(ROOT, "abi")
 HALIDE_INCLUDE = os.path.join(halide.install_dir(), "include")
 
 # What cffi sees, in dependency order.
-CDEF_FILES = ["halide_runtime.h", "halide_runtime_gpu.h", "halide_device_impl.h", "shim_api.h",
-              "shim_callbacks.h"]
+CDEF_FILES = ["halide_runtime.h", "halide_runtime_gpu.h", "halide_device_impl.h", "dlpack.h",
+              "shim_api.h", "shim_callbacks.h"]
 
 
 def _relative(path):

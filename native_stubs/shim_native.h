@@ -14,6 +14,7 @@
 #include <HalideRuntimeCuda.h>
 #include <HalideRuntimeOpenCL.h>
 
+#include "dlpack.h"
 #include "halide_device_impl.h"
 #include "shim_api.h"
 

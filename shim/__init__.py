@@ -10,6 +10,7 @@ from shim import shutdown  # noqa: F401  (an orderly exit)
 from shim.backends import cuda as _cuda, opencl as _opencl  # noqa: F401  (their callbacks too)
 from shim.buffer import Buffer, Dimension
 from shim.devices import default_device, device, devices
+from shim.dlpack import from_dlpack  # (registers the DLPack deleters too)
 from shim.errors import (
     ArgumentError,
     DeviceError,
@@ -41,6 +42,7 @@ __all__ = [
     "default_device",
     "device",
     "devices",
+    "from_dlpack",
     "load",
     "num_threads",
     "set_num_threads",

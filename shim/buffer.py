@@ -66,7 +66,7 @@ class Buffer:
     """
 
     __slots__ = ("_raw", "_dims", "_array", "_type", "_family", "_box", "_exposed", "_unread",
-                 "_root_box", "_root_dims", "__weakref__")
+                 "_root_box", "_root_dims", "_keepalive", "__weakref__")
 
     def __init__(self, data=None, *, shape=None, dtype=None):
         if data is None:
@@ -128,6 +128,8 @@ class Buffer:
         # have not been read by anyone yet (then dropping the Buffer is worth a warning).
         self._exposed = True
         self._unread = False
+        # What the memory belongs to, if not the shim (a DLPack producer's tensor).
+        self._keepalive = None
 
     # --- shape ---------------------------------------------------------------------------
 
@@ -215,6 +217,7 @@ class Buffer:
         view = Buffer.__new__(Buffer)
         view._init_from_array(array, "crop", mins=mins, family=self._family)
         view._root_box, view._root_dims = root_box, root_dims
+        view._keepalive = self._keepalive  # memory a DLPack producer owns outlives every view
         runtime.adopt(self._raw, self._root_box, view._raw, root_box)
         return view
 
@@ -243,6 +246,22 @@ class Buffer:
                 raise ValueError("converting the dtype requires a copy")
             array = array.astype(dtype)
         return array
+
+    # --- DLPack (shim/dlpack.py) ----------------------------------------------------------
+
+    def __dlpack__(self, *, stream=None, max_version=None, dl_device=None, copy=None):
+        """A DLPack capsule of this Buffer's data, as the Python array API standard specifies:
+        device memory stays on the device, ordered before ``stream``'s later work."""
+        from shim import dlpack
+
+        return dlpack.export(self, stream=stream, max_version=max_version, dl_device=dl_device,
+                             copy=copy)
+
+    def __dlpack_device__(self) -> tuple:
+        """(DLPack device type, device id) of this Buffer's current data."""
+        from shim import dlpack
+
+        return dlpack.device_of(self)
 
     # --- dirty bits ----------------------------------------------------------------------
 
@@ -327,7 +346,8 @@ class Buffer:
             lib.shim_flags_assign(self._raw, DEVICE_DIRTY, False)
             return
         if self.device_dirty:
-            if dropping and self._unread:
+            # (Results in a DLPack producer's memory outlive this Buffer: nothing to say.)
+            if dropping and self._unread and self._keepalive is None:
                 warnings.warn(f"{self!r} was dropped holding pipeline results nobody read",
                               DirtyBufferWarning, stacklevel=3)
             if self._exposed and self._raw.host != ffi.NULL:

@@ -66,7 +66,8 @@ class Family:
     """
 
     __slots__ = ("lock", "backend", "memory", "handles", "deferred", "members", "root_host",
-                 "root_layout", "host_regions", "device_regions", "in_flight", "__weakref__")
+                 "root_layout", "host_regions", "device_regions", "in_flight", "stream",
+                 "__weakref__")
 
     def __init__(self, backend=None):
         self.lock = FamilyLock()
@@ -85,6 +86,9 @@ class Family:
         # address -> number of pipeline calls running on that member right now: generated code
         # may be setting its flags, so nobody but the member's own operations touches them.
         self.in_flight: dict[int, int] = {}
+        # The device stream (shim.stream) of the last pipeline call that used the allocation:
+        # where work on it may still be pending, for DLPack consumers to wait on.
+        self.stream = 0
 
     @property
     def shared(self) -> bool:

@@ -15,10 +15,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from shim import runtime, streams
+from shim import dlpack, runtime, streams
 from shim.buffer import Buffer, _shape_tuple, as_host_array
 from shim.elf import NotELF, pipeline_names
-from shim.errors import DEVICE_ERROR_CODES, ArgumentError, BoundsError, DeviceError, PipelineError
+from shim.errors import (DEVICE_ERROR_CODES, ArgumentError, BoundsError, DeviceError,
+                         DeviceUnavailable, PipelineError)
 from shim.metadata import USER_CONTEXT, Argument, read_metadata
 from shim.native import CallContext, ffi, lib
 from shim.runtime import take_exception
@@ -56,6 +57,8 @@ class _Call:
     # (output Buffer, the caller's array to copy it into, or None when the Buffer is a view of
     # that array) for outputs given as arrays: their results go back to host memory.
     copy_back: list = field(default_factory=list)
+    # Outputs over another library's device memory (DLPack): their results go to that memory.
+    device_outputs: list = field(default_factory=list)
     # What the call returns, in metadata order of the outputs.
     results: list = field(default_factory=list)
 
@@ -173,6 +176,8 @@ class Pipeline:
             buf = Buffer._wrap(np.zeros(shape, dtype=_dtype_of(arg)), arg.name, exposed=False)
             call.results.append(buf)
             return buf
+        if _dlpack_device_type(value) not in dlpack.HOST_DEVICES:
+            return self._device_argument(arg, value, call)
         array = as_host_array(value, arg.name)
         _check_buffer_type(arg, _array_type(array, arg), array.ndim, array.shape)
         if arg.is_output and not array.flags.writeable:
@@ -190,10 +195,29 @@ class Pipeline:
             buf = Buffer._wrap(np.ascontiguousarray(array), arg.name)
         call.temporaries.append(buf)
         if arg.is_output:
-            call.results.append(array)
+            # The caller's own object back (a torch tensor stays one); numpy for the rest.
+            call.results.append(value if hasattr(value, "__dlpack__") else array)
         elif buf._array is array:
             call.array_inputs.append(buf)
         buf.set_host_dirty(not arg.is_output)
+        return buf
+
+    def _device_argument(self, arg: Argument, value, call: _Call) -> Buffer:
+        """A Buffer over another library's device memory (a CUDA tensor, an OpenCL buffer),
+        through DLPack and without copying: outputs are written where the caller's tensor is."""
+        try:
+            buf = dlpack.from_dlpack(value)
+        except (BufferError, DeviceUnavailable) as e:
+            raise ArgumentError(arg.name, f"cannot use {type(value).__name__}'s device memory: "
+                                          f"{e}") from None
+        _check_buffer_type(arg, buf._type, buf.dimensions, buf.shape)
+        if arg.is_output:
+            if self.device_kinds and buf.device.kind not in self.device_kinds:
+                raise ArgumentError(arg.name, f"{self.name} runs on {'/'.join(sorted(self.device_kinds))}"
+                                              f" and cannot write into {buf.device.kind} memory")
+            call.results.append(value)
+            call.device_outputs.append(buf)
+        call.temporaries.append(buf)
         return buf
 
     def _prepare_device_state(self, buf: Buffer) -> None:
@@ -295,6 +319,13 @@ def _choose_name(path: str, name: str | None) -> str:
 
 def _symbol_address(library, symbol: str) -> int:
     return ctypes.cast(getattr(library, symbol), ctypes.c_void_p).value
+
+
+def _dlpack_device_type(value) -> int:
+    """The DLPack device type of an object that has one, else kDLCPU (host memory)."""
+    if isinstance(value, (Buffer, np.ndarray)) or not hasattr(value, "__dlpack_device__"):
+        return dlpack.DLDeviceType.CPU
+    return int(value.__dlpack_device__()[0])
 
 
 def _dtype_of(arg: Argument) -> np.dtype:
@@ -405,6 +436,9 @@ class PreparedCall:
             pipeline._finish(context, result)
         finally:
             context.end()
+            if pipeline.device_kinds:
+                for _, _, buf in call.buffers:
+                    buf._family.stream = streams.current()
             for buf in self._outputs:
                 if not pipeline.device_kinds:
                     # Code compiled for the CPU only writes outputs without marking them
@@ -416,6 +450,8 @@ class PreparedCall:
             buf._unread = False
         for buf in self._outputs:
             buf._unread = True
+        for output in call.device_outputs:
+            output.copy_to_device()  # a CPU pipeline's results are still in host memory
         for output, target in call.copy_back:
             output.copy_to_host()
             if target is not None:

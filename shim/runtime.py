@@ -206,14 +206,39 @@ def _drop_device(raw, family: Family | None, *, free: bool = True) -> None:
         return  # a member without a handle of its own: nothing to drop
     shared = family is not None and family.shared
     if raw.device and family is not None:
-        if shared and family.device_regions and family.last_handle(raw.device):
-            _shared(aliasing.download_all, family, _transfer, raw)  # never drop device-only data
-        family.drop_handle(raw.device, free=free)
+        _drop_handle(family, raw.device, free=free, active=raw)
     if shared:
         # Still in the family: the proxy stands for the allocation the others hold or will.
         _set_device(raw, families.address_of(raw), aliasing.PROXY)
     else:
         _set_device(raw, 0, ffi.NULL)
+
+
+def _drop_handle(family: Family, handle: int, *, free: bool = True, active=None) -> None:
+    if family.shared and family.device_regions and family.last_handle(handle):
+        _shared(aliasing.download_all, family, _transfer, active)  # never drop device-only data
+    family.drop_handle(handle, free=free)
+
+
+def pin_device(raw):
+    """Keep ``raw``'s device allocation alive, whatever happens to ``raw``, until the returned
+    function is called (a DLPack export: the consumer may outlive the Buffer)."""
+    with locked(raw) as family:
+        handle = raw.device
+        family.add_handle(handle, family.offset_of(handle))
+
+    def unpin() -> None:
+        if family.lock.held_by_current_thread():  # a finalizer inside the family's own work
+            family.deferred.append(unpin)
+            return
+        family.lock.acquire()
+        try:
+            _drop_handle(family, handle)
+        finally:
+            family.lock.release()
+        family.run_deferred()
+
+    return unpin
 
 
 # --- the operations ------------------------------------------------------------------------
@@ -307,6 +332,20 @@ def device_and_host_free(uc, raw, interface):
 
 
 def wrap_native(uc, raw, native, interface):
+    _wrap(raw, backend_for_interface(interface), interface, native, 0)
+
+
+def wrap_device(raw, backend, native: int, offset: int) -> None:
+    """Give ``raw`` memory someone else allocated on ``backend`` (DLPack imports), its min
+    element ``offset`` bytes in; the memory stays theirs."""
+    def wrap_device_memory(uc):
+        _wrap(raw, backend, interface_of(backend), native, offset)
+
+    with runtime_call("wrap device memory") as check:
+        check(guarded(wrap_device_memory, E.halide_error_code_device_malloc_failed, ffi.NULL))
+
+
+def _wrap(raw, backend, interface, native: int, offset: int) -> None:
     with locked(raw) as family:
         if family is not None and family.shared:
             raise Failure(E.halide_error_code_device_malloc_failed,
@@ -314,15 +353,14 @@ def wrap_native(uc, raw, native, interface):
         if raw.device:
             raise Failure(E.halide_error_code_device_malloc_failed,
                           "the buffer already has a device allocation")
-        backend = backend_for_interface(interface)
         try:
             memory = backend.wrap(native)
         except BackendError as e:
             raise Failure(E.halide_error_code_device_malloc_failed, str(e)) from e
         family = family or Family(backend)
         family.backend, family.memory = backend, memory
-        handle = backend.handle(memory, 0, memory.nbytes)
-        family.add_handle(handle, 0)
+        handle = backend.handle(memory, offset, max(memory.nbytes - offset, 0))
+        family.add_handle(handle, offset)
         _set_device(raw, handle, interface)
         families.allocated(raw)
 

@@ -100,3 +100,91 @@ def test_wrapping_device_memory(device):
     with shim.runtime.runtime_call("detach") as check:
         check(lib.halide_cuda_detach_device_ptr(ffi.NULL, buf._raw))
     cuda_backend._check(driver.cuMemFree(pointer), "cuMemFree")
+
+
+# --- DLPack: the stream rules ------------------------------------------------------------
+
+class _Producer:
+    """Another library's CUDA array, as far as the shim can tell: the DLPack protocol only."""
+
+    def __init__(self, inner):
+        self.inner, self.streams = inner, []
+
+    def __dlpack_device__(self):
+        return self.inner.__dlpack_device__()
+
+    def __dlpack__(self, *, stream=None, **kwargs):
+        self.streams.append(stream)
+        return self.inner.__dlpack__(stream=stream, **kwargs)
+
+
+def _read_on_stream(tensor, nbytes: int, stream: int) -> np.ndarray:
+    """Copy a consumed DLTensor's memory to the host on ``stream``, as a consumer would."""
+    driver = cuda_backend._driver()
+    host = np.empty(nbytes, np.uint8)
+    pointer = int(ffi.cast("uintptr_t", tensor.data)) + int(tensor.byte_offset)
+    cuda_backend._check(driver.cuMemcpyDtoHAsync(host.ctypes.data, pointer, nbytes, stream),
+                        "cuMemcpyDtoHAsync")
+    cuda_backend._check(driver.cuStreamSynchronize(stream), "cuStreamSynchronize")
+    return host
+
+
+def test_dlpack_stream_values(device):
+    buf = shim.Buffer(np.zeros(8, np.float32))
+    buf.copy_to_device(device)
+    assert buf.__dlpack_device__() == (2, device.ordinal)
+    with pytest.raises(ValueError, match="ambiguous"):
+        buf.__dlpack__(stream=0)
+    with pytest.raises(ValueError, match="stream"):
+        buf.__dlpack__(stream=-7)
+    for stream in (None, 1, 2, -1):  # legacy default, per-thread default, no synchronization
+        assert buf.__dlpack__(stream=stream, max_version=(1, 0)) is not None
+
+
+def test_a_consumer_stream_waits_for_the_kernels_without_a_device_sync(libraries, device,
+                                                                       monkeypatch):
+    from shim import dlpack
+
+    driver = cuda_backend._driver()
+    producer = int(cuda_backend._check(driver.cuStreamCreate(1), "cuStreamCreate"))
+    consumer = int(cuda_backend._check(driver.cuStreamCreate(1), "cuStreamCreate"))
+    brighten = shim.load(libraries["brighten", "no_runtime"])
+    image = np.random.default_rng(4).random((2048, 2048), dtype=np.float32)
+    with shim.stream(producer):
+        out = brighten(image, scale=2.0, offset=1.0, output=image.shape)
+    monkeypatch.setattr(device, "sync", lambda: pytest.fail("a device-wide synchronization"))
+    imported = dlpack._Imported(_Producer(out), consumer)  # __dlpack__(stream=consumer)
+    host = _read_on_stream(imported.managed.dl_tensor, image.nbytes, consumer).view(np.float32)
+    np.testing.assert_array_equal(host.reshape(image.shape), image * 2 + 1)
+    del imported
+    for stream in (producer, consumer):
+        cuda_backend._check(driver.cuStreamDestroy(stream), "cuStreamDestroy")
+
+
+def test_the_shim_as_consumer_passes_its_own_stream(device):
+    driver = cuda_backend._driver()
+    stream = int(cuda_backend._check(driver.cuStreamCreate(1), "cuStreamCreate"))
+    source = shim.Buffer(np.arange(10, dtype=np.int32))
+    source.copy_to_device(device)
+    producer = _Producer(source)
+    shim.from_dlpack(producer)
+    with shim.stream(stream):
+        imported = shim.from_dlpack(producer)
+    assert producer.streams == [1, stream]  # legacy default stream outside any shim.stream
+    assert imported._raw.device == source._raw.device  # the same memory, not a copy
+    np.testing.assert_array_equal(imported.numpy(), np.arange(10))
+    cuda_backend._check(driver.cuStreamDestroy(stream), "cuStreamDestroy")
+
+
+def test_a_stream_ordered_chain_through_dlpack(libraries, device):
+    driver = cuda_backend._driver()
+    stream = int(cuda_backend._check(driver.cuStreamCreate(1), "cuStreamCreate"))
+    brighten = shim.load(libraries["brighten", "no_runtime"])
+    image = np.random.default_rng(5).random((512, 512), dtype=np.float32)
+    with shim.stream(stream):
+        first = brighten(image, scale=2.0, offset=0.0, output=image.shape)
+        handed_over = shim.from_dlpack(_Producer(first))  # a library boundary, same stream
+        second = brighten(handed_over, scale=0.5, offset=0.0, output=image.shape)
+        result = second.numpy()
+    np.testing.assert_array_equal(result, image)
+    cuda_backend._check(driver.cuStreamDestroy(stream), "cuStreamDestroy")

@@ -138,6 +138,28 @@ class Backend(ABC):
     def live_bytes(self) -> int:
         return sum(m.nbytes for m in list(self._live.values()))
 
+    # --- DLPack (shim/dlpack.py) -----------------------------------------------------------
+
+    #: The DLPack device type of this backend's memory; None: its Buffers export host memory.
+    dlpack_device_type: int | None = None
+
+    def dlpack_device_id(self) -> int:
+        return 0
+
+    def dlpack_stream(self):
+        """The ``stream`` this backend passes to a DLPack producer: where its own work runs."""
+        return None
+
+    def dlpack_data(self, handle: int) -> tuple[int, int]:
+        """DLTensor's ``data`` and ``byte_offset`` for a buffer whose device handle is
+        ``handle``."""
+        raise BufferError(f"{self.kind} memory has no DLPack representation")
+
+    def make_visible(self, stream, producer: int) -> None:
+        """Order the work queued on this device so far, on the shim's stream ``producer``,
+        before work a DLPack consumer submits on ``stream`` (what the consumer passed to
+        __dlpack__, already checked)."""
+
     def matches(self, **options) -> bool:
         """Whether this backend's device is the one ``options`` would select."""
         return not options

@@ -125,6 +125,36 @@ class CUDABackend(Backend):
         raw = _check(self._cu.cuDeviceGetName(256, self._device), "cuDeviceGetName")
         return raw.split(b"\0")[0].decode()
 
+    dlpack_device_type = 2  # kDLCUDA
+
+    def dlpack_device_id(self) -> int:
+        return self.ordinal
+
+    def dlpack_stream(self):
+        # The stream this thread's pipelines run on; 1 is DLPack's legacy default stream.
+        return streams.current() or 1
+
+    def dlpack_data(self, handle: int) -> tuple[int, int]:
+        return handle, 0  # a CUdeviceptr, already at the buffer's min element
+
+    def make_visible(self, stream, producer: int) -> None:
+        """Event record on the stream the shim's work ran on, then the consumer's stream waits
+        for it: no device-wide synchronization. ``stream`` follows DLPack's CUDA numbering:
+        None or 1 the legacy default stream, 2 the per-thread default, -1 no synchronization."""
+        if stream == -1:
+            return
+        consumer = 1 if stream is None else stream  # CU_STREAM_LEGACY = 1, CU_STREAM_PER_THREAD = 2
+        if consumer == producer or (producer == 0 and consumer == 1):
+            return  # the same stream: its own order suffices
+        self._current()
+        flags = self._cu.CUevent_flags.CU_EVENT_DISABLE_TIMING
+        event = _check(self._cu.cuEventCreate(flags), "cuEventCreate")
+        try:
+            _check(self._cu.cuEventRecord(event, producer), "cuEventRecord")
+            _check(self._cu.cuStreamWaitEvent(consumer, event, 0), "cuStreamWaitEvent")
+        finally:
+            _check(self._cu.cuEventDestroy(event), "cuEventDestroy")
+
     def matches(self, device=None) -> bool:
         return device is None or int(device) == self.ordinal
 

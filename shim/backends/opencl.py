@@ -152,6 +152,30 @@ class OpenCLBackend(Backend):
     def name(self) -> str:
         return f"{self._device.name.strip()} ({self._platform.name.strip()})"
 
+    # DLPack defines no stream value for OpenCL; the shim's is a cl_command_queue handle (an
+    # int). None asks for everything queued so far to have finished; -1 for no synchronization.
+    dlpack_device_type = 4  # kDLOpenCL
+
+    def dlpack_stream(self):
+        return self.queue.int_ptr
+
+    def dlpack_data(self, handle: int) -> tuple[int, int]:
+        struct = ffi.cast("shim_cl_handle *", handle)
+        return int(ffi.cast("uintptr_t", struct.mem)), int(struct.offset)
+
+    def make_visible(self, stream, producer: int) -> None:
+        # (The shim runs all its OpenCL work on one queue: ``producer`` is always that.)
+        if stream == -1 or stream == self.queue.int_ptr:
+            return  # no synchronization asked for, or the consumer works in our queue's order
+        if stream is None:
+            self.queue.finish()
+            return
+        cl = _cl()
+        consumer = cl.CommandQueue.from_int_ptr(stream, retain=True)
+        done = cl.enqueue_marker(self.queue)  # completes when everything before it has
+        cl.enqueue_barrier(consumer, wait_for=[done])
+        self.queue.flush()
+
     def matches(self, platform=None, device=None) -> bool:
         _, chosen = _select(platform, device)
         return chosen.int_ptr == self._device.int_ptr

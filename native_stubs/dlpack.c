@@ -1,0 +1,35 @@
+/* The C side of DLPack capsules: their destructor and their names. The export and import
+ * logic is Python's (shim/dlpack.py). */
+#include <Python.h>
+
+#include "shim_native.h"
+
+static const char *const names[2][2] = {
+    {"dltensor", "used_dltensor"},
+    {"dltensor_versioned", "used_dltensor_versioned"},
+};
+
+const char *shim_dlpack_capsule_name(int versioned, int used) {
+    return names[versioned != 0][used != 0];
+}
+
+/* A capsule nobody consumed still owns its tensor (a consumer renames the capsule to
+ * "used_..." and calls the deleter itself, later). Consumers drop refused capsules while
+ * raising, and the deleter runs Python: the pending exception waits outside it. */
+void shim_dlpack_capsule_destructor(void *object) {
+    PyObject *capsule = object;
+    PyObject *type, *value, *traceback;
+    PyErr_Fetch(&type, &value, &traceback);
+    if (PyCapsule_IsValid(capsule, names[1][0])) {
+        DLManagedTensorVersioned *tensor = PyCapsule_GetPointer(capsule, names[1][0]);
+        if (tensor && tensor->deleter) {
+            tensor->deleter(tensor);
+        }
+    } else if (PyCapsule_IsValid(capsule, names[0][0])) {
+        DLManagedTensor *tensor = PyCapsule_GetPointer(capsule, names[0][0]);
+        if (tensor && tensor->deleter) {
+            tensor->deleter(tensor);
+        }
+    }
+    PyErr_Restore(type, value, traceback);
+}
