@@ -23,7 +23,7 @@ import warnings
 
 import numpy as np
 
-from shim import runtime
+from shim import runtime, shutdown
 from shim.buffer import Buffer
 from shim.devices import device as get_device
 from shim.errors import ArgumentError
@@ -176,8 +176,8 @@ def _capsule(owners, data, byte_offset, device, strides, shape, htype: HalideTyp
 
 def _release(managed) -> None:
     entry = _exports.pop(int(ffi.cast("uintptr_t", managed.manager_ctx)), None)
-    if entry is None:
-        return
+    if entry is None or shutdown.shut_down():
+        return  # (at exit, device memory goes with the process: see shim/shutdown.py)
     for owner in entry[0]:
         if callable(owner):
             try:
