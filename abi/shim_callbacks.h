@@ -50,6 +50,10 @@ extern "Python+C" {
     int shim_py_cuda_initialize(void *user_context, void **state_ptr, const char *src, int size);
     int shim_py_cuda_start(void *user_context);
 
+    /* Kernel launches while profiling: begin returns a token for end (0: not recorded). */
+    int shim_py_profile_launch_begin(void *user_context, const shim_launch *launch);
+    void shim_py_profile_launch_end(int token, int result);
+
     /* The deleters of the tensors the shim exports through DLPack. */
     void shim_py_dlpack_delete(DLManagedTensor *self);
     void shim_py_dlpack_delete_versioned(DLManagedTensorVersioned *self);

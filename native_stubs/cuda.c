@@ -114,10 +114,7 @@ static CUstream stream_for_this_call(void) {
     return stream ? stream : cu.stream;
 }
 
-int halide_cuda_run(void *user_context, void *state_ptr, const char *entry_name, int blocksX,
-                    int blocksY, int blocksZ, int threadsX, int threadsY, int threadsZ,
-                    int shared_mem_bytes, size_t arg_sizes[], void *args[],
-                    int8_t arg_is_buffer[]) {
+static int launch(SHIM_RUN_PARAMS) {
     shim_cuda_module *module = state_ptr;
     CUcontext context = __atomic_load_n(&cu.context, __ATOMIC_ACQUIRE);
     if (module == NULL || context == NULL) {
@@ -164,6 +161,13 @@ int halide_cuda_run(void *user_context, void *state_ptr, const char *entry_name,
         return halide_error_code_gpu_device_error;
     }
     return halide_error_code_success;
+}
+
+int halide_cuda_run(SHIM_RUN_PARAMS) {
+    if (shim_profile_on()) {
+        return shim_profile_run(SHIM_BACKEND_CUDA, stream_for_this_call(), launch, SHIM_RUN_ARGS);
+    }
+    return launch(SHIM_RUN_ARGS);
 }
 
 int halide_cuda_wrap_device_ptr(void *user_context, struct halide_buffer_t *buf,

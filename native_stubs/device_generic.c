@@ -117,10 +117,15 @@ static int check_same_interface(void *user_context, const halide_buffer_t *buf,
     return halide_error_code_success;
 }
 
+/* The outcomes decided here, counted while profiling (profile.c). */
+#define NOOP(function) shim_decided(SHIM_FN_##function, SHIM_OUTCOME_NOOP, halide_error_code_success)
+#define REFUSED(function, code) shim_decided(SHIM_FN_##function, SHIM_OUTCOME_REFUSED, (code))
+
 /* Runs a foreign backend's impl entry the way Halide's generic layer does: inside
  * use_module/release_module, any failure reported as `failure`. */
-#define FOREIGN_CALL(interface, failure, entry, ...)                                        \
+#define FOREIGN_CALL(function, interface, failure, entry, ...)                              \
     ({                                                                                     \
+        shim_decided(SHIM_FN_##function, SHIM_OUTCOME_FOREIGN, 0);                         \
         (interface)->impl->use_module();                                                   \
         int foreign_result_ = (interface)->impl->entry(__VA_ARGS__);                       \
         (interface)->impl->release_module();                                               \
@@ -131,15 +136,15 @@ int halide_copy_to_host(void *user_context, struct halide_buffer_t *buf) {
     if (LIKELY(buf != NULL)) {
         snapshot s = take_snapshot(buf);
         if (LIKELY(snapshot_valid(s) && !(s.flags & DEVICE_DIRTY))) {
-            return halide_error_code_success; /* nothing to copy */
+            return NOOP(COPY_TO_HOST); /* nothing to copy */
         }
     }
     int result = validate(user_context, buf, "halide_copy_to_host");
     if (result) {
-        return result;
+        return REFUSED(COPY_TO_HOST, result);
     }
     if (!(shim_flags_load(buf) & DEVICE_DIRTY)) {
-        return halide_error_code_success;
+        return NOOP(COPY_TO_HOST);
     }
     const struct halide_device_interface_t *interface = interface_of(buf);
     if (interface == NULL) {
@@ -148,7 +153,7 @@ int halide_copy_to_host(void *user_context, struct halide_buffer_t *buf) {
     if (shim_owns_interface(interface)) {
         return interface->impl->copy_to_host(user_context, buf);
     }
-    result = FOREIGN_CALL(interface, halide_error_code_copy_to_host_failed, copy_to_host,
+    result = FOREIGN_CALL(COPY_TO_HOST, interface, halide_error_code_copy_to_host_failed, copy_to_host,
                           user_context, buf);
     if (result == halide_error_code_success) {
         shim_flags_clear(buf, DEVICE_DIRTY);
@@ -162,12 +167,12 @@ int halide_copy_to_device(void *user_context, struct halide_buffer_t *buf,
         snapshot s = take_snapshot(buf);
         if (LIKELY(s.device != 0 && s.interface != NULL && !(s.flags & HOST_DIRTY) &&
                    (device_interface == NULL || device_interface == s.interface))) {
-            return halide_error_code_success; /* already on this device, and current */
+            return NOOP(COPY_TO_DEVICE); /* already on this device, and current */
         }
     }
     int result = validate(user_context, buf, "halide_copy_to_device");
     if (result) {
-        return result;
+        return REFUSED(COPY_TO_DEVICE, result);
     }
     const struct halide_device_interface_t *current = interface_of(buf);
     if (device_interface == NULL) {
@@ -183,7 +188,7 @@ int halide_copy_to_device(void *user_context, struct halide_buffer_t *buf,
         return refuse_interface_switch(user_context, "halide_copy_to_device");
     }
     if (allocated && !(shim_flags_load(buf) & HOST_DIRTY)) {
-        return halide_error_code_success;
+        return NOOP(COPY_TO_DEVICE);
     }
     if (shim_owns_interface(device_interface)) {
         return device_interface->impl->copy_to_device(user_context, buf);
@@ -196,12 +201,12 @@ int halide_copy_to_device(void *user_context, struct halide_buffer_t *buf,
     }
     uint64_t flags = shim_flags_load(buf);
     if (!(flags & HOST_DIRTY)) {
-        return halide_error_code_success;
+        return NOOP(COPY_TO_DEVICE);
     }
     if (flags & DEVICE_DIRTY) {
         return halide_error_code_copy_to_device_failed;
     }
-    result = FOREIGN_CALL(device_interface, halide_error_code_copy_to_device_failed,
+    result = FOREIGN_CALL(COPY_TO_DEVICE, device_interface, halide_error_code_copy_to_device_failed,
                           copy_to_device, user_context, buf);
     if (result == halide_error_code_success) {
         shim_flags_clear(buf, HOST_DIRTY);
@@ -215,41 +220,41 @@ int halide_device_malloc(void *user_context, struct halide_buffer_t *buf,
         snapshot s = take_snapshot(buf);
         if (LIKELY(s.device != 0 && s.interface == device_interface && device_interface != NULL &&
                    snapshot_valid(s))) {
-            return halide_error_code_success; /* already allocated there */
+            return NOOP(DEVICE_MALLOC); /* already allocated there */
         }
     }
     int result = validate(user_context, buf, "halide_device_malloc");
     if (result) {
-        return result;
+        return REFUSED(DEVICE_MALLOC, result);
     }
     result = check_same_interface(user_context, buf, device_interface, "halide_device_malloc");
     if (result) {
-        return result;
+        return REFUSED(DEVICE_MALLOC, result);
     }
     if (shim_device_load(buf) != 0 && !shim_is_proxy(interface_of(buf))) {
-        return halide_error_code_success; /* already allocated on this interface */
+        return NOOP(DEVICE_MALLOC); /* already allocated on this interface */
     }
     if (shim_owns_interface(device_interface)) {
         return device_interface->impl->device_malloc(user_context, buf);
     }
-    return FOREIGN_CALL(device_interface, halide_error_code_device_malloc_failed, device_malloc,
+    return FOREIGN_CALL(DEVICE_MALLOC, device_interface, halide_error_code_device_malloc_failed, device_malloc,
                         user_context, buf);
 }
 
 int halide_device_free(void *user_context, struct halide_buffer_t *buf) {
     int result = validate(user_context, buf, "halide_device_free");
     if (result) {
-        return result;
+        return REFUSED(DEVICE_FREE, result);
     }
     const struct halide_device_interface_t *interface = interface_of(buf);
     if (interface == NULL) {
         shim_flags_clear(buf, DEVICE_DIRTY);
-        return halide_error_code_success;
+        return NOOP(DEVICE_FREE);
     }
     if (shim_owns_interface(interface)) {
         return interface->impl->device_free(user_context, buf);
     }
-    result = FOREIGN_CALL(interface, halide_error_code_device_free_failed, device_free,
+    result = FOREIGN_CALL(DEVICE_FREE, interface, halide_error_code_device_free_failed, device_free,
                           user_context, buf);
     if (result == halide_error_code_success) {
         shim_flags_clear(buf, DEVICE_DIRTY);
@@ -264,7 +269,7 @@ void halide_device_free_as_destructor(void *user_context, void *obj) {
 int halide_device_sync(void *user_context, struct halide_buffer_t *buf) {
     int result = validate(user_context, buf, "halide_device_sync");
     if (result) {
-        return result;
+        return REFUSED(DEVICE_SYNC, result);
     }
     const struct halide_device_interface_t *interface = interface_of(buf);
     if (interface == NULL) {
@@ -273,7 +278,7 @@ int halide_device_sync(void *user_context, struct halide_buffer_t *buf) {
     if (shim_owns_interface(interface)) {
         return interface->impl->device_sync(user_context, buf);
     }
-    return FOREIGN_CALL(interface, halide_error_code_device_sync_failed, device_sync,
+    return FOREIGN_CALL(DEVICE_SYNC, interface, halide_error_code_device_sync_failed, device_sync,
                         user_context, buf);
 }
 
@@ -296,31 +301,31 @@ int halide_device_and_host_malloc(void *user_context, struct halide_buffer_t *bu
                                   const struct halide_device_interface_t *device_interface) {
     int result = validate(user_context, buf, "halide_device_and_host_malloc");
     if (result) {
-        return result;
+        return REFUSED(DEVICE_AND_HOST_MALLOC, result);
     }
     result = check_same_interface(user_context, buf, device_interface,
                                   "halide_device_and_host_malloc");
     if (result) {
-        return result;
+        return REFUSED(DEVICE_AND_HOST_MALLOC, result);
     }
     if (shim_owns_interface(device_interface)) {
         return device_interface->impl->device_and_host_malloc(user_context, buf);
     }
-    return FOREIGN_CALL(device_interface, halide_error_code_device_malloc_failed,
+    return FOREIGN_CALL(DEVICE_AND_HOST_MALLOC, device_interface, halide_error_code_device_malloc_failed,
                         device_and_host_malloc, user_context, buf);
 }
 
 int halide_device_and_host_free(void *user_context, struct halide_buffer_t *buf) {
     int result = validate(user_context, buf, "halide_device_and_host_free");
     if (result) {
-        return result;
+        return REFUSED(DEVICE_AND_HOST_FREE, result);
     }
     const struct halide_device_interface_t *interface = interface_of(buf);
     if (interface != NULL && shim_owns_interface(interface)) {
         return interface->impl->device_and_host_free(user_context, buf);
     }
     if (interface != NULL) {
-        result = FOREIGN_CALL(interface, halide_error_code_device_free_failed,
+        result = FOREIGN_CALL(DEVICE_AND_HOST_FREE, interface, halide_error_code_device_free_failed,
                               device_and_host_free, user_context, buf);
         if (result) {
             return result;
@@ -331,7 +336,7 @@ int halide_device_and_host_free(void *user_context, struct halide_buffer_t *buf)
         buf->host = NULL;
     }
     shim_flags_clear(buf, DEVICE_DIRTY);
-    return halide_error_code_success;
+    return interface != NULL ? halide_error_code_success : NOOP(DEVICE_AND_HOST_FREE);
 }
 
 void halide_device_and_host_free_as_destructor(void *user_context, void *obj) {
@@ -347,12 +352,12 @@ int halide_device_wrap_native(void *user_context, struct halide_buffer_t *buf, u
                               const struct halide_device_interface_t *device_interface) {
     int result = validate(user_context, buf, "halide_device_wrap_native");
     if (result) {
-        return result;
+        return REFUSED(WRAP_NATIVE, result);
     }
     result = check_same_interface(user_context, buf, device_interface,
                                   "halide_device_wrap_native");
     if (result) {
-        return result;
+        return REFUSED(WRAP_NATIVE, result);
     }
     /* As in Halide: the interface is set before the backend sees the buffer, and a failure
      * reports device_malloc_failed. */
@@ -360,23 +365,23 @@ int halide_device_wrap_native(void *user_context, struct halide_buffer_t *buf, u
     if (shim_owns_interface(device_interface)) {
         return device_interface->impl->wrap_native(user_context, buf, handle);
     }
-    return FOREIGN_CALL(device_interface, halide_error_code_device_malloc_failed, wrap_native,
+    return FOREIGN_CALL(WRAP_NATIVE, device_interface, halide_error_code_device_malloc_failed, wrap_native,
                         user_context, buf, handle);
 }
 
 int halide_device_detach_native(void *user_context, struct halide_buffer_t *buf) {
     int result = validate(user_context, buf, "halide_device_detach_native");
     if (result) {
-        return result;
+        return REFUSED(DETACH_NATIVE, result);
     }
     const struct halide_device_interface_t *interface = interface_of(buf);
     if (interface == NULL) {
-        return halide_error_code_success;
+        return NOOP(DETACH_NATIVE);
     }
     if (shim_owns_interface(interface)) {
         result = interface->impl->detach_native(user_context, buf);
     } else {
-        result = FOREIGN_CALL(interface, halide_error_code_device_detach_native_failed,
+        result = FOREIGN_CALL(DETACH_NATIVE, interface, halide_error_code_device_detach_native_failed,
                               detach_native, user_context, buf);
     }
     if (result) {
@@ -409,13 +414,16 @@ int halide_device_crop(void *user_context, const struct halide_buffer_t *src,
         return halide_error_buffer_is_null(user_context, "halide_device_crop");
     }
     if (shim_device_load(src) == 0) {
-        return halide_error_code_success;
+        return NOOP(DEVICE_CROP);
     }
     int result = check_crop_destination(user_context, dst, src->dimensions == dst->dimensions);
     if (result) {
-        return result;
+        return REFUSED(DEVICE_CROP, result);
     }
     const struct halide_device_interface_t *interface = interface_of(src);
+    if (!shim_owns_interface(interface)) {
+        shim_decided(SHIM_FN_DEVICE_CROP, SHIM_OUTCOME_FOREIGN, 0);
+    }
     interface->impl->use_module();
     return interface->impl->device_crop(user_context, src, dst);
 }
@@ -426,14 +434,17 @@ int halide_device_slice(void *user_context, const struct halide_buffer_t *src, i
         return halide_error_buffer_is_null(user_context, "halide_device_slice");
     }
     if (shim_device_load(src) == 0) {
-        return halide_error_code_success;
+        return NOOP(DEVICE_SLICE);
     }
     int result =
         check_crop_destination(user_context, dst, src->dimensions == dst->dimensions + 1);
     if (result) {
-        return result;
+        return REFUSED(DEVICE_SLICE, result);
     }
     const struct halide_device_interface_t *interface = interface_of(src);
+    if (!shim_owns_interface(interface)) {
+        shim_decided(SHIM_FN_DEVICE_SLICE, SHIM_OUTCOME_FOREIGN, 0);
+    }
     interface->impl->use_module();
     return interface->impl->device_slice(user_context, src, slice_dim, slice_pos, dst);
 }
@@ -443,12 +454,13 @@ int halide_device_release_crop(void *user_context, struct halide_buffer_t *buf) 
         return halide_error_buffer_is_null(user_context, "halide_device_release_crop");
     }
     if (shim_device_load(buf) == 0) {
-        return halide_error_code_success;
+        return NOOP(DEVICE_RELEASE_CROP);
     }
     const struct halide_device_interface_t *interface = interface_of(buf);
     if (shim_owns_interface(interface)) {
         return interface->impl->device_release_crop(user_context, buf);
     }
+    shim_decided(SHIM_FN_DEVICE_RELEASE_CROP, SHIM_OUTCOME_FOREIGN, 0);
     int result = interface->impl->device_release_crop(user_context, buf);
     buf->device = 0;
     interface->impl->release_module();
@@ -470,5 +482,6 @@ int halide_buffer_copy(void *user_context, struct halide_buffer_t *src,
         shim_or_none(interface_of(dst))) {
         return shim_py_buffer_copy(user_context, src, dst_device_interface, dst);
     }
+    shim_decided(SHIM_FN_BUFFER_COPY, SHIM_OUTCOME_FOREIGN, 0);
     return halide_buffer_copy_already_locked(user_context, src, dst_device_interface, dst);
 }

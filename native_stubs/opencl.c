@@ -170,10 +170,7 @@ static int launch_failed(void *user_context, const char *what, const char *entry
     return halide_error_code_gpu_device_error;
 }
 
-int halide_opencl_run(void *user_context, void *state_ptr, const char *entry_name, int blocksX,
-                      int blocksY, int blocksZ, int threadsX, int threadsY, int threadsZ,
-                      int shared_mem_bytes, size_t arg_sizes[], void *args[],
-                      int8_t arg_is_buffer[]) {
+static int launch(SHIM_RUN_PARAMS) {
     shim_cl_module *module = state_ptr;
     const struct halide_device_interface_t *opencl = halide_opencl_device_interface();
     cl_command_queue queue = __atomic_load_n(&cl.queue, __ATOMIC_ACQUIRE);
@@ -234,6 +231,14 @@ int halide_opencl_run(void *user_context, void *state_ptr, const char *entry_nam
         return launch_failed(user_context, "clEnqueueNDRangeKernel", entry_name, error);
     }
     return halide_error_code_success;
+}
+
+int halide_opencl_run(SHIM_RUN_PARAMS) {
+    if (shim_profile_on()) {
+        return shim_profile_run(SHIM_BACKEND_OPENCL, __atomic_load_n(&cl.queue, __ATOMIC_ACQUIRE),
+                                launch, SHIM_RUN_ARGS);
+    }
+    return launch(SHIM_RUN_ARGS);
 }
 
 /* --- handles ------------------------------------------------------------------------------ */

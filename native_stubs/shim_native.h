@@ -55,6 +55,38 @@ int shim_py_opencl_run(void *, void *, const char *, int, int, int, int, int, in
                        void **, int8_t *);
 int shim_py_cuda_initialize(void *, void **, const char *, int);
 int shim_py_cuda_start(void *);
+int shim_py_profile_launch_begin(void *, const shim_launch *);
+void shim_py_profile_launch_end(int, int);
+
+/* Profiling (profile.c): the flag, read relaxed on every path it guards. */
+extern int shim_profiling;
+void shim_profile_note(enum shim_function function, enum shim_outcome outcome);
+
+static inline bool shim_profile_on(void) {
+    return __builtin_expect(__atomic_load_n(&shim_profiling, __ATOMIC_RELAXED), 0);
+}
+
+/* Returns `result`, counting the call as `outcome` of `function` while profiling. */
+static inline int shim_decided(enum shim_function function, enum shim_outcome outcome,
+                               int result) {
+    if (shim_profile_on()) {
+        shim_profile_note(function, outcome);
+    }
+    return result;
+}
+
+/* halide_<api>_run's parameters and arguments, for the launch paths and their profiling. */
+#define SHIM_RUN_PARAMS                                                                     \
+    void *user_context, void *state_ptr, const char *entry_name, int blocksX, int blocksY,  \
+        int blocksZ, int threadsX, int threadsY, int threadsZ, int shared_mem_bytes,        \
+        size_t arg_sizes[], void *args[], int8_t arg_is_buffer[]
+#define SHIM_RUN_ARGS                                                                       \
+    user_context, state_ptr, entry_name, blocksX, blocksY, blocksZ, threadsX, threadsY,     \
+        threadsZ, shared_mem_bytes, arg_sizes, args, arg_is_buffer
+typedef int (*shim_run_fn)(SHIM_RUN_PARAMS);
+
+/* Runs `run` with the profiler told before and after: the launch path while profiling. */
+int shim_profile_run(int backend, void *stream, shim_run_fn run, SHIM_RUN_PARAMS);
 
 static inline bool shim_owns_interface(const struct halide_device_interface_t *device_interface) {
     return shim_backend_of(device_interface) >= 0;

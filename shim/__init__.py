@@ -21,6 +21,7 @@ from shim.errors import (
 )
 from shim.metadata import Argument, ArgumentKind
 from shim.pipeline import Pipeline, PreparedCall, load
+from shim.profiler import Profile, profile
 from shim.streams import stream
 from shim.threads import num_threads, set_num_threads
 from shim.types import HalideType
@@ -37,6 +38,7 @@ __all__ = [
     "HalideType",
     "Pipeline",
     "PreparedCall",
+    "Profile",
     "PipelineError",
     "ShimError",
     "default_device",
@@ -45,6 +47,7 @@ __all__ = [
     "from_dlpack",
     "load",
     "num_threads",
+    "profile",
     "set_num_threads",
     "stream",
 ]

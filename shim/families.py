@@ -188,11 +188,17 @@ def family_of_handle(interface, handle: int) -> Family | None:
     return _by_handle.get((lib.shim_backend_of(interface), handle))
 
 
-def _target(raw, address: int):
-    """(lock, family or None) that guards ``raw`` right now."""
-    family = _owned.get(address)
+def family_of(raw, address: int | None = None) -> Family | None:
+    """The family ``raw`` belongs to: its shim.Buffer's, or that of the handle it carries."""
+    family = _owned.get(address_of(raw) if address is None else address)
     if family is None and raw.device:
         family = family_of_handle(raw.device_interface, raw.device)
+    return family
+
+
+def _target(raw, address: int):
+    """(lock, family or None) that guards ``raw`` right now."""
+    family = family_of(raw, address)
     if family is not None:
         return family.lock, family
     lock = _unallocated.get(address)

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from shim import dlpack, runtime, streams
+from shim import dlpack, profiler, runtime, streams
 from shim.buffer import Buffer, _shape_tuple, as_host_array
 from shim.elf import NotELF, pipeline_names
 from shim.errors import (DEVICE_ERROR_CODES, ArgumentError, BoundsError, DeviceError,
@@ -263,11 +263,16 @@ class Pipeline:
     # --- running ---------------------------------------------------------------------------
 
     def _run(self, argv) -> None:
+        """One call of the pipeline outside a PreparedCall: the bounds query."""
         context = CallContext.begin()
         lib.shim_call_set_stream(context.pointer, ffi.cast("void *", streams.current()))
+        profiled = profiler.begin_pipeline(f"{self.name} (bounds query)", context.id)
+        result = -1
         try:
-            self._finish(context, lib.shim_call_argv(context.pointer, self._argv_fn, argv))
+            result = lib.shim_call_argv(context.pointer, self._argv_fn, argv)
+            self._finish(context, result)
         finally:
+            profiler.end(profiled, result)
             context.end()
 
     def _finish(self, context: CallContext, result: int) -> None:
@@ -424,6 +429,8 @@ class PreparedCall:
         for buf, is_output in shared:
             runtime.begin_call(buf._raw, host_write=is_output and not pipeline.device_kinds)
         context = CallContext.begin(reset=False)
+        profiled = profiler.begin_pipeline(pipeline.name, context.id)
+        result = -1
         try:
             result = self._run(context)
             if result == lib.SHIM_CALL_NEEDS_PREPARATION:
@@ -435,6 +442,7 @@ class PreparedCall:
                                        "prepared for this pipeline")
             pipeline._finish(context, result)
         finally:
+            profiler.end(profiled, result)
             context.end()
             if pipeline.device_kinds:
                 for _, _, buf in call.buffers:

@@ -18,7 +18,7 @@ from contextlib import contextmanager
 
 import numpy as np
 
-from shim import aliasing, families, streams
+from shim import aliasing, families, profiler, streams
 from shim.backends.base import BackendError, interface_of
 from shim.devices import backend_for_interface, default_device
 from shim.errors import DeviceError
@@ -63,6 +63,13 @@ def take_exception(call_id: int) -> BaseException | None:
 
 def guarded(operation, failure_code: int, user_context, *args) -> int:
     """Run one operation for a C caller: its result, or a reported error code."""
+    profiled = profiler.begin_call(operation, args)
+    result = _run_guarded(operation, failure_code, user_context, args)
+    profiler.end(profiled, result)
+    return result
+
+
+def _run_guarded(operation, failure_code: int, user_context, args) -> int:
     name = operation.__name__
     try:
         operation(user_context, *args)
@@ -180,12 +187,14 @@ def _download(raw, family: Family | None) -> None:
 
 
 def _write(family: Family, copy, host_address: int) -> None:
-    family.backend.write(family.memory, copy, host_address)
+    with profiler.timed_copy(family.backend, "upload", copy.nbytes):
+        family.backend.write(family.memory, copy, host_address)
     family.backend.transfers.add("uploaded", copy.nbytes)
 
 
 def _read(family: Family, copy, host_address: int) -> None:
-    family.backend.read(family.memory, copy, host_address)
+    with profiler.timed_copy(family.backend, "download", copy.nbytes):
+        family.backend.read(family.memory, copy, host_address)
     family.backend.transfers.add("downloaded", copy.nbytes)
 
 
@@ -447,7 +456,8 @@ def buffer_copy(uc, src, dst_interface, dst):
             src_family, src_offset = _allocation(src, src_family)
             dst_family, dst_offset = _allocation(dst, dst_family)
             copy = box_plan(src_offset, dst_offset)
-            dst_family.backend.copy(src_family.memory, dst_family.memory, copy)
+            with profiler.timed_copy(dst_family.backend, "device copy", copy.nbytes):
+                dst_family.backend.copy(src_family.memory, dst_family.memory, copy)
             dst_family.backend.transfers.add("device_copied", copy.nbytes)
         elif not to_device and from_host_valid:
             copy = box_plan(0, 0)

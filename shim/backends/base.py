@@ -16,6 +16,7 @@ from __future__ import annotations
 import threading
 from abc import ABC, abstractmethod
 
+from shim import profiler
 from shim.regions import CopyPlan
 
 
@@ -125,10 +126,12 @@ class Backend(ABC):
 
     def _allocated(self, memory: Memory) -> Memory:
         self._live[id(memory)] = memory
+        profiler.memory_changed(self)
         return memory
 
     def _released(self, memory: Memory) -> None:
-        self._live.pop(id(memory), None)
+        if self._live.pop(id(memory), None) is not None:
+            profiler.memory_changed(self)
 
     @property
     def live_allocations(self) -> int:
@@ -159,6 +162,30 @@ class Backend(ABC):
         """Order the work queued on this device so far, on the shim's stream ``producer``,
         before work a DLPack consumer submits on ``stream`` (what the consumer passed to
         __dlpack__, already checked)."""
+
+    # --- device timing, for profiles (shim/profiler.py) -----------------------------------
+
+    def timing_origin(self):
+        """A device timestamp taken now, with the host's perf_counter_ns at that moment, for
+        ``timing_read``; None: this backend cannot time device work."""
+        return None
+
+    def timing_track(self, stream) -> str:
+        """The name of the device queue or stream that work enqueued on ``stream`` runs in
+        (None: where this backend's copies for the current call go)."""
+        return f"{self.kind} device"
+
+    def timing_marker(self, stream):
+        """A mark enqueued on ``stream`` now, timestamped when the device reaches it."""
+        return None
+
+    def timing_read(self, origin, before, after) -> tuple[int, int]:
+        """(host perf_counter_ns when the device reached ``before``, ns from ``before`` to
+        ``after``), once the device has reached both."""
+        raise NotImplementedError
+
+    def timing_close(self, origin) -> None:
+        """Release what ``timing_origin`` made."""
 
     def matches(self, **options) -> bool:
         """Whether this backend's device is the one ``options`` would select."""

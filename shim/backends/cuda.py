@@ -15,6 +15,7 @@ import hashlib
 import os
 import re
 import threading
+import time
 
 from shim import streams
 from shim.backends.base import Backend, BackendError, Memory
@@ -154,6 +155,37 @@ class CUDABackend(Backend):
             _check(self._cu.cuStreamWaitEvent(consumer, event, 0), "cuStreamWaitEvent")
         finally:
             _check(self._cu.cuEventDestroy(event), "cuEventDestroy")
+
+    # Device timing: CUDA events on the stream of the launch or copy.
+
+    def timing_origin(self):
+        self._current()
+        event = _check(self._cu.cuEventCreate(0), "cuEventCreate")
+        _check(self._cu.cuEventRecord(event, 0), "cuEventRecord")
+        _check(self._cu.cuEventSynchronize(event), "cuEventSynchronize")
+        return time.perf_counter_ns(), event
+
+    def timing_track(self, stream) -> str:
+        stream = _call_stream() if stream is None else stream
+        return "CUDA default stream" if stream == 0 else f"CUDA stream {stream:#x}"
+
+    def timing_marker(self, stream):
+        self._current()
+        event = _check(self._cu.cuEventCreate(0), "cuEventCreate")
+        _check(self._cu.cuEventRecord(event, _call_stream() if stream is None else stream),
+               "cuEventRecord")
+        return event
+
+    def timing_read(self, origin, before, after) -> tuple[int, int]:
+        host, reference = origin
+        since = _check(self._cu.cuEventElapsedTime(reference, before), "cuEventElapsedTime")
+        took = _check(self._cu.cuEventElapsedTime(before, after), "cuEventElapsedTime")
+        for event in (before, after):
+            _check(self._cu.cuEventDestroy(event), "cuEventDestroy")
+        return host + int(since * 1e6), max(int(took * 1e6), 0)
+
+    def timing_close(self, origin) -> None:
+        _check(self._cu.cuEventDestroy(origin[1]), "cuEventDestroy")
 
     def matches(self, device=None) -> bool:
         return device is None or int(device) == self.ordinal

@@ -1,0 +1,204 @@
+"""What a shim.Profile shows: tables for the terminal and a Chrome trace for Perfetto.
+
+The trace follows the Trace Event Format that Perfetto and chrome://tracing read: complete
+("X") slices, one track per host thread (the records of a thread nest, since they are made
+and finished in stack order) and one per device queue or stream (device slices laid end to
+end), flows from each launch and copy on the host to its execution on the device, and a
+counter of live device memory per backend.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import defaultdict
+
+from shim.native import error_name
+
+HOST_PID, DEVICE_PID = 1, 2
+MAX_BUFFER_ROWS = 20
+
+
+# --- tables ----------------------------------------------------------------------------------
+
+def summary(profile) -> str:
+    sections = [
+        f"Profile of {profile.duration_ns / 1e6:.1f} ms: {len(profile.records)} records on "
+        f"{len(profile.thread_names)} threads",
+        _function_table(profile),
+        _kernel_table(profile),
+        _pipeline_table(profile),
+        _buffer_table(profile),
+    ]
+    return "\n\n".join(s for s in sections if s)
+
+
+def _function_table(profile) -> str:
+    by_function = defaultdict(list)
+    for record in profile.records:
+        if record.kind == "runtime":
+            by_function[record.name].append(record)
+    rows = []
+    for name in sorted(set(by_function) | set(profile.decided_in_c)):
+        records = by_function.get(name, [])
+        decided = profile.decided_in_c.get(name, {})
+        errors = sum(1 for r in records if r.result != 0) + decided.get("refused", 0)
+        rows.append([name, len(records) + sum(decided.values()), decided.get("noop", 0),
+                     decided.get("foreign", 0), *_time_columns([r.duration_ns for r in records]),
+                     _bytes(sum(r.bytes for r in records)), errors])
+    return _table("Runtime calls (no-ops and foreign calls decided in C, untimed)",
+                  ["function", "calls", "no-ops", "foreign", "total ms", "mean us", "p50 us",
+                   "p99 us", "bytes", "errors"], rows)
+
+
+def _kernel_table(profile) -> str:
+    by_kernel = defaultdict(list)
+    for record in profile.records:
+        if record.kind == "launch":
+            by_kernel[record.backend, record.name].append(record)
+    rows = []
+    for (backend, name), records in sorted(by_kernel.items()):
+        device = [r.device_ns for r in records if r.device_ns is not None]
+        first = records[0].launch
+        rows.append([name, backend, len(records),
+                     f"{sum(r.duration_ns for r in records) / 1e6:.3f}",
+                     f"{sum(device) / 1e6:.3f}" if device else "-",
+                     "x".join(map(str, first["blocks"])), "x".join(map(str, first["threads"])),
+                     sum(1 for r in records if r.result != 0)])
+    return _table("Kernel launches", ["kernel", "backend", "launches", "host ms", "device ms",
+                                      "blocks", "threads", "errors"], rows)
+
+
+def _pipeline_table(profile) -> str:
+    by_name = defaultdict(list)
+    for record in profile.records:
+        if record.kind == "pipeline":
+            by_name[record.name].append(record)
+    rows = [[name, len(records), *_time_columns([r.duration_ns for r in records]),
+             sum(1 for r in records if r.result != 0)]
+            for name, records in sorted(by_name.items())]
+    return _table("Pipeline calls", ["pipeline", "calls", "total ms", "mean us", "p50 us",
+                                     "p99 us", "errors"], rows)
+
+
+def _buffer_table(profile) -> str:
+    copies = defaultdict(list)  # runtime record id -> its copies
+    for record in profile.records:
+        if record.kind == "copy" and record.parent is not None:
+            copies[record.parent].append(record)
+    usage = {}
+    for record in profile.records:
+        if record.buffer is None:
+            continue
+        entry = usage.setdefault(record.buffer.id, [record.buffer, 0, 0, 0])
+        entry[1] += 1
+        for copy in copies.get(record.id, ()):
+            if copy.name in ("upload", "download"):
+                entry[2 if copy.name == "upload" else 3] += copy.bytes
+    busiest = sorted(usage.values(), key=lambda e: (-(e[2] + e[3]), -e[1], e[0].id))
+    rows = [[info.id, "x".join(map(str, info.shape)) or "scalar", info.dtype,
+             info.crop_of if info.crop_of is not None else "", calls, _bytes(up), _bytes(down)]
+            for info, calls, up, down in busiest[:MAX_BUFFER_ROWS]]
+    title = "Buffers" if len(busiest) <= MAX_BUFFER_ROWS else \
+        f"Buffers (the {MAX_BUFFER_ROWS} that moved the most data, of {len(busiest)})"
+    return _table(title, ["buffer", "shape", "dtype", "crop of", "calls", "uploaded",
+                          "downloaded"], rows)
+
+
+def _time_columns(durations: list[int]) -> list[str]:
+    if not durations:
+        return ["-"] * 4
+    ordered = sorted(durations)
+    def at(q):
+        return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+    return [f"{sum(ordered) / 1e6:.3f}", f"{sum(ordered) / len(ordered) / 1e3:.1f}",
+            f"{at(0.5) / 1e3:.1f}", f"{at(0.99) / 1e3:.1f}"]
+
+
+def _bytes(n: int) -> str:
+    if n < 1024:
+        return f"{n} B"
+    size = float(n)
+    for unit in ("KiB", "MiB", "GiB"):
+        size /= 1024
+        if size < 1024 or unit == "GiB":
+            return f"{size:.1f} {unit}"
+
+
+def _table(title: str, header: list[str], rows: list[list]) -> str:
+    if not rows:
+        return ""
+    cells = [header] + [[str(c) for c in row] for row in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
+    def line(row):
+        return "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths)))
+    return "\n".join([title, line(header), line(["-" * w for w in widths])]
+                     + [line(row) for row in cells[1:]])
+
+
+# --- Chrome trace ----------------------------------------------------------------------------
+
+def save_trace(profile, path) -> str:
+    path = os.fspath(path)
+    with open(path, "w") as f:
+        json.dump(chrome_trace(profile), f)
+    return path
+
+
+def chrome_trace(profile) -> dict:
+    events = [_meta("process_name", HOST_PID, 0, "halide-shim: host threads"),
+              _meta("process_name", DEVICE_PID, 0, "halide-shim: device queues and streams")]
+    for thread, name in profile.thread_names.items():
+        events.append(_meta("thread_name", HOST_PID, thread, name))
+    tracks: dict[str, int] = {}
+    for record in profile.records:
+        events.append(_slice(record, HOST_PID, record.thread, record.start_ns, record.duration_ns))
+        if record.device_ns is None:
+            continue
+        track = tracks.get(record.device_track)
+        if track is None:
+            track = tracks[record.device_track] = len(tracks) + 1
+            events.append(_meta("thread_name", DEVICE_PID, track, record.device_track))
+        events.append(_slice(record, DEVICE_PID, track, record.device_start_ns, record.device_ns))
+        # A flow from the host call that enqueued the work to its execution on the device.
+        events.append({"ph": "s", "id": record.id, "name": "enqueue", "cat": "flow",
+                       "pid": HOST_PID, "tid": record.thread, "ts": _us(record.start_ns)})
+        events.append({"ph": "f", "bp": "e", "id": record.id, "name": "enqueue", "cat": "flow",
+                       "pid": DEVICE_PID, "tid": track, "ts": _us(record.device_start_ns)})
+    for ns, backend, live in profile.memory:
+        events.append({"ph": "C", "name": f"live device memory ({backend})", "pid": DEVICE_PID,
+                       "tid": 0, "ts": _us(ns), "args": {"bytes": live}})
+    return {"traceEvents": events, "displayTimeUnit": "ns",
+            "otherData": {"producer": "halide-shim", "records": len(profile.records)}}
+
+
+def _slice(record, pid: int, tid: int, start_ns: int, duration_ns: int) -> dict:
+    args = {"record": record.id, "kind": record.kind}
+    for key in ("backend", "parent", "call"):
+        value = getattr(record, key)
+        if value is not None:
+            args[key] = value
+    if record.buffer is not None:
+        args["buffer"] = record.buffer.id
+        args["shape"] = list(record.buffer.shape)
+        args["dtype"] = record.buffer.dtype
+        if record.buffer.crop_of is not None:
+            args["crop of"] = record.buffer.crop_of
+    if record.bytes:
+        args["bytes"] = record.bytes
+    if record.launch is not None:
+        args.update({key: list(v) if isinstance(v, tuple) else v for key, v in record.launch.items()})
+    if record.device_ns is not None:
+        args["device ns"] = record.device_ns
+    if record.result != 0:
+        args["result"] = f"{record.result} ({error_name(record.result)})"
+    return {"ph": "X", "name": record.name, "cat": record.kind, "pid": pid, "tid": tid,
+            "ts": _us(start_ns), "dur": _us(duration_ns), "args": args}
+
+
+def _meta(kind: str, pid: int, tid: int, name: str) -> dict:
+    return {"ph": "M", "name": kind, "pid": pid, "tid": tid, "args": {"name": name}}
+
+
+def _us(ns: int) -> float:
+    return ns / 1000.0

@@ -1,0 +1,400 @@
+"""Profiles of what the runtime does while pipelines run.
+
+    with shim.profile() as prof:
+        p(x, output=y)
+    print(prof.summary())
+    prof.save_trace("trace.json")      # Perfetto / chrome://tracing
+
+Every runtime call that reaches Python (all device work of the shim's own backends) becomes a
+Record: function, backend, buffer, bytes moved, host time, device time where the backend can
+measure it, thread, result. Kernel launches, which the native library makes without Python,
+are reported by it around each launch while a profile records; the calls it decides alone (no-
+ops, refusals, another runtime's interfaces) are counted per function in C, never entering
+Python (native_stubs/profile.c). Pipeline calls are records that enclose the runtime calls
+they make, on their thread and, through the call context, on Halide's worker threads.
+
+Device time comes from markers enqueued before and after each launch or copy (OpenCL events
+on a profiling queue, CUDA events) and is read when the profile stops, once the work is done;
+the markers' device clock is related to the host's once per profile and backend. Concurrent
+launches into one queue share its timeline, so their device times are those of the queue.
+
+One profile records at a time. With none recording, the hooks below cost one global read.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from dataclasses import dataclass, field
+
+from shim.errors import ShimError
+from shim.native import ffi, lib
+from shim.types import HalideType
+
+# Names of the functions the native library counts, by enum shim_function value.
+C_FUNCTIONS = {value: name.removeprefix("SHIM_FN_").lower()
+               for value, name in ffi.typeof("enum shim_function").elements.items()
+               if name != "SHIM_FN_COUNT"}
+_BACKEND_NAMES = {lib.SHIM_BACKEND_HOST: "host", lib.SHIM_BACKEND_OPENCL: "opencl",
+                  lib.SHIM_BACKEND_CUDA: "cuda", lib.SHIM_BACKEND_PROXY: "proxy"}
+
+_active: Profile | None = None
+_start_lock = threading.Lock()
+_local = threading.local()
+
+
+@dataclass(frozen=True, slots=True)
+class BufferInfo:
+    """A halide_buffer_t as the profile saw it first: ``id`` is the profile's own number for
+    it; ``crop_of`` the id of the buffer it is a crop or slice of."""
+
+    id: int
+    shape: tuple
+    dtype: str
+    crop_of: int | None = None
+
+
+@dataclass(slots=True, eq=False)
+class Record:
+    """One recorded call. Times are ns since the profile started; ``device_*`` are None where
+    the backend cannot time device work. ``kind`` is "pipeline", "runtime" (a runtime function),
+    "launch" (a kernel) or "copy" (bytes moved inside a runtime call)."""
+
+    id: int
+    kind: str
+    name: str
+    thread: int
+    start_ns: int
+    duration_ns: int = 0
+    backend: str | None = None
+    buffer: BufferInfo | None = None
+    bytes: int = 0
+    result: int = 0
+    parent: int | None = None
+    call: int | None = None
+    launch: dict | None = None
+    device_track: str | None = None
+    device_start_ns: int | None = None
+    device_ns: int | None = None
+    markers: object = field(default=None, repr=False)
+
+
+def profile() -> Profile:
+    """A new profile; it records inside ``with`` or between ``start()`` and ``stop()``."""
+    return Profile()
+
+
+class Profile:
+    """Records what the runtime does between ``start()`` and ``stop()``; see the module."""
+
+    def __init__(self):
+        self.records: list[Record] = []
+        #: {function: {"noop": n, "foreign": n, "refused": n}}: calls decided in C.
+        self.decided_in_c: dict[str, dict[str, int]] = {}
+        #: [(ns, backend kind, live bytes)]: the backends' device memory after each change.
+        self.memory: list[tuple[int, str, int]] = []
+        self.thread_names: dict[int, str] = {}
+        self.duration_ns = 0
+        self._origin = 0
+        self._ids = 0
+        self._buffers: dict[tuple, BufferInfo] = {}
+        self._calls: dict[int, int] = {}  # call context id -> pipeline record id
+        self._clocks: dict = {}  # backend -> its timing origin
+        self._lock = threading.Lock()
+        self._recording = False
+
+    # --- control ---------------------------------------------------------------------------
+
+    def start(self) -> Profile:
+        global _active
+        with _start_lock:
+            if _active is not None:
+                raise ShimError("another profile is recording; stop it first")
+            if self._recording or self.duration_ns:
+                raise ShimError("this profile has already recorded; make a new one")
+            self._origin = time.perf_counter_ns()
+            lib.shim_profile_reset()
+            self._recording = True
+            _active = self
+            lib.shim_profile_enable(True)
+        return self
+
+    def stop(self) -> Profile:
+        global _active
+        with _start_lock:
+            if _active is not self:
+                raise ShimError("this profile is not recording")
+            lib.shim_profile_enable(False)
+            _active = None
+            self._recording = False
+        self.duration_ns = time.perf_counter_ns() - self._origin
+        self._read_c_counts()
+        self._read_device_times()
+        return self
+
+    def __enter__(self) -> Profile:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    # --- results ---------------------------------------------------------------------------
+
+    def summary(self) -> str:
+        """Tables per function, kernel, pipeline and buffer."""
+        from shim.profile_report import summary
+
+        return summary(self)
+
+    def save_trace(self, path) -> str:
+        """Write a Chrome trace (JSON) that Perfetto and chrome://tracing open; returns the
+        path."""
+        from shim.profile_report import save_trace
+
+        return save_trace(self, path)
+
+    def calls(self, name: str) -> list[Record]:
+        """The records of runtime function (or kernel, or pipeline) ``name``."""
+        return [r for r in self.records if r.name == name]
+
+    def count(self, function: str) -> int:
+        """How many calls of a runtime function reached the shim: recorded plus decided in C."""
+        recorded = sum(1 for r in self.records if r.kind == "runtime" and r.name == function)
+        return recorded + sum(self.decided_in_c.get(function, {}).values())
+
+    # --- recording (the hooks below call these) ----------------------------------------------
+
+    def _begin(self, kind: str, name: str, raw, backend, launch=None, call_id=None) -> Record:
+        now = time.perf_counter_ns() - self._origin
+        stack = _stack()
+        thread = threading.get_native_id()
+        if thread not in self.thread_names:
+            self.thread_names[thread] = threading.current_thread().name
+        with self._lock:
+            self._ids += 1
+            record = Record(self._ids, kind, name, thread, now, backend=backend, launch=launch)
+            if raw is not None:
+                record.buffer = self._buffer_info(raw)
+            if call_id is not None:
+                self._calls[call_id] = record.id
+            self.records.append(record)
+        record.parent = stack[-1].id if stack else None
+        record.call = record.id if kind == "pipeline" else self._call_of_thread()
+        stack.append(record)
+        return record
+
+    def _end(self, record: Record, result: int) -> None:
+        record.duration_ns = time.perf_counter_ns() - self._origin - record.start_ns
+        record.result = int(result)
+        stack = _stack()
+        if stack and stack[-1] is record:
+            stack.pop()
+        if record.kind == "copy" and stack:
+            stack[-1].bytes += record.bytes  # the runtime call the copy was part of
+
+    def _call_of_thread(self) -> int | None:
+        call = lib.shim_current_call()
+        if call == ffi.NULL:
+            return None
+        return self._calls.get(lib.shim_call_id(call))
+
+    def _buffer_info(self, raw) -> BufferInfo:
+        from shim import families
+
+        address = families.address_of(raw)
+        family = families.family_of(raw)
+        key = (address, id(family))
+        info = self._buffers.get(key)
+        if info is None:
+            crop_of = None
+            if family is not None and family.shared:
+                root = next(iter(family.members.values())).raw
+                if families.address_of(root) != address:
+                    crop_of = self._buffer_info(root).id
+            shape = tuple(raw.dim[i].extent for i in reversed(range(raw.dimensions)))
+            htype = HalideType.from_c(raw.type)
+            info = BufferInfo(len(self._buffers) + 1, shape, str(htype.dtype or htype), crop_of)
+            self._buffers[key] = info
+        return info
+
+    def _timing_origin(self, backend):
+        origin = self._clocks.get(backend)
+        if origin is None:
+            origin = self._clocks[backend] = backend.timing_origin()
+        return origin
+
+    def _read_c_counts(self) -> None:
+        outcomes = {"noop": lib.SHIM_OUTCOME_NOOP, "foreign": lib.SHIM_OUTCOME_FOREIGN,
+                    "refused": lib.SHIM_OUTCOME_REFUSED}
+        for value, name in C_FUNCTIONS.items():
+            counts = {key: lib.shim_profile_count(value, outcome) for key, outcome in outcomes.items()}
+            if any(counts.values()):
+                self.decided_in_c[name] = counts
+
+    def _read_device_times(self) -> None:
+        """Turn the markers into device times (the device finishes its work first), then lay
+        each device track's slices end to end where marker jitter made them overlap."""
+        timed = [r for r in self.records if r.markers is not None and r.markers.after is not None]
+        for backend in {r.markers.backend for r in timed}:
+            backend.sync()
+        for record in timed:
+            marks, record.markers = record.markers, None
+            start, duration = marks.backend.timing_read(marks.origin, marks.before, marks.after)
+            record.device_start_ns = start - self._origin
+            record.device_ns = duration
+        for record in self.records:
+            record.markers = None  # (those of calls that failed before their second mark)
+        for backend, origin in self._clocks.items():
+            if origin is not None:
+                backend.timing_close(origin)
+        end_of_track: dict[str, int] = {}
+        for record in sorted(timed, key=lambda r: r.device_start_ns):
+            start = max(record.device_start_ns, end_of_track.get(record.device_track, 0))
+            record.device_start_ns = start
+            end_of_track[record.device_track] = start + record.device_ns
+
+
+def _stack() -> list:
+    stack = getattr(_local, "stack", None)
+    if stack is None:
+        stack = _local.stack = []
+    return stack
+
+
+# --- hooks: each costs one global read while nothing records -------------------------------
+
+def recording() -> bool:
+    return _active is not None
+
+
+def begin_call(operation, args) -> tuple | None:
+    """A runtime function (a Python operation serving a C caller) starts."""
+    profile = _active
+    if profile is None:
+        return None
+    raw, backend = _subject(operation, args)
+    return profile, profile._begin("runtime", operation.__name__, raw, backend)
+
+
+def begin_pipeline(name: str, call_id: int) -> tuple | None:
+    profile = _active
+    if profile is None:
+        return None
+    return profile, profile._begin("pipeline", name, None, None, call_id=call_id)
+
+
+def end(token, result: int = 0) -> None:
+    if token is not None:
+        profile, record = token
+        profile._end(record, result)
+
+
+class timed_copy:
+    """``with timed_copy(backend, "upload", nbytes):`` around one transfer of a runtime call."""
+
+    __slots__ = ("token", "backend", "name", "nbytes")
+
+    def __init__(self, backend, name: str, nbytes: int):
+        self.backend, self.name, self.nbytes, self.token = backend, name, nbytes, None
+
+    def __enter__(self):
+        profile = _active
+        if profile is not None:
+            record = profile._begin("copy", self.name, None, self.backend.kind)
+            record.bytes = self.nbytes
+            self.token = profile, record
+            _mark_before(profile, record, self.backend, None)
+
+    def __exit__(self, kind, value, traceback):
+        if self.token is not None:
+            profile, record = self.token
+            _mark_after(record)
+            profile._end(record, 0 if kind is None else -1)
+
+
+def memory_changed(backend) -> None:
+    profile = _active
+    if profile is not None:
+        now = time.perf_counter_ns() - profile._origin
+        profile.memory.append((now, backend.kind, backend.live_bytes))
+
+
+class _Markers:
+    """The device-side marks around one launch or copy, until the profile reads them."""
+
+    __slots__ = ("backend", "origin", "stream", "before", "after")
+
+    def __init__(self, backend, origin, stream):
+        self.backend, self.origin, self.stream = backend, origin, stream
+        self.before = backend.timing_marker(stream)
+        self.after = None
+
+
+def _mark_before(profile: Profile, record: Record, backend, stream) -> None:
+    """Enqueue the marker before a launch or copy on ``stream`` (None: where the backend's
+    copies for the current call go)."""
+    origin = profile._timing_origin(backend)
+    if origin is None:
+        return  # this backend cannot time device work
+    record.device_track = backend.timing_track(stream)
+    record.markers = _Markers(backend, origin, stream)
+
+
+def _mark_after(record: Record) -> None:
+    if record.markers is not None:
+        record.markers.after = record.markers.backend.timing_marker(record.markers.stream)
+
+
+def _subject(operation, args):
+    """The buffer a runtime operation works on and the name of its backend."""
+    raw = interface = None
+    for arg in args:
+        if isinstance(arg, ffi.CData):
+            cname = ffi.typeof(arg).cname
+            if raw is None and "halide_buffer_t *" in cname:
+                raw = arg
+            elif "halide_device_interface_t *" in cname:
+                interface = arg
+    if interface is None and raw is not None:
+        interface = raw.device_interface
+    if interface is not None and interface != ffi.NULL:
+        backend = _BACKEND_NAMES.get(lib.shim_backend_of(interface), "foreign")
+    else:
+        module = operation.__module__
+        backend = module.rsplit(".", 1)[-1] if module.startswith("shim.backends.") else None
+    return raw, backend
+
+
+# --- kernel launches, reported by the native library -----------------------------------------
+
+_launches: dict[int, tuple] = {}
+_launch_ids = itertools.count(1)
+
+
+@ffi.def_extern(error=0)
+def shim_py_profile_launch_begin(user_context, launch):
+    profile = _active
+    if profile is None:
+        return 0
+    from shim.devices import backend_for_interface
+
+    backend = backend_for_interface(lib.shim_backend_interface(launch.backend))
+    info = {"blocks": tuple(launch.blocks), "threads": tuple(launch.threads),
+            "shared_mem_bytes": launch.shared_mem_bytes}
+    record = profile._begin("launch", ffi.string(launch.kernel).decode(), None, backend.kind,
+                            launch=info)
+    _mark_before(profile, record, backend, int(ffi.cast("uintptr_t", launch.stream)))
+    token = next(_launch_ids) & 0x7FFFFFFF or 1  # a C int, unique among launches in flight
+    _launches[token] = (profile, record)
+    return token
+
+
+@ffi.def_extern()
+def shim_py_profile_launch_end(token, result):
+    entry = _launches.pop(token, None)
+    if entry is None:
+        return
+    profile, record = entry
+    _mark_after(record)
+    profile._end(record, result)

@@ -1,0 +1,208 @@
+"""shim.profile: what it records from real pipelines (on PoCL's OpenCL device and the simulated
+host device), its counts against counts made independently of it, and the structure of the
+Chrome trace it writes."""
+
+import json
+import threading
+
+import numpy as np
+import pytest
+
+import shim
+from pipelines.build import Build, build
+from shim.native import ffi, lib
+
+
+@pytest.fixture(scope="module")
+def opencl():
+    try:
+        return shim.device("opencl")
+    except shim.DeviceUnavailable as e:
+        pytest.skip(f"no OpenCL device on this machine: {e}")
+
+
+@pytest.fixture(scope="module")
+def gpu(opencl):
+    """name -> an OpenCL pipeline (built once)."""
+    names = ["brighten", "blur3x3", "async_gpu_to_cpu"]
+    return {name: shim.load(build(Build(name, "opencl", "no_runtime"))) for name in names}
+
+
+@pytest.fixture
+def host_device():
+    device = shim.device("host")
+    yield device
+    device.clear_faults()
+
+
+def test_a_gpu_pipeline_call_is_recorded_with_its_runtime_calls_and_launches(gpu):
+    image = np.random.default_rng(0).random((48, 64), dtype=np.float32)
+    gpu["brighten"](image, scale=2.0, offset=0.0, output=image.shape).numpy()  # compiled
+    with shim.profile() as prof:
+        out = gpu["brighten"](image, scale=2.0, offset=0.0, output=image.shape)
+        out.numpy()
+    [call] = prof.calls("brighten")
+    assert call.kind == "pipeline" and call.thread == threading.get_native_id()
+    [launch] = [r for r in prof.records if r.kind == "launch"]
+    assert launch.parent == call.id and launch.call == call.id
+    assert launch.name.startswith("_kernel_output")
+    blocks, threads = launch.launch["blocks"], launch.launch["threads"]
+    assert blocks[0] * threads[0] >= 64 and blocks[1] * threads[1] >= 48
+    assert launch.device_ns is not None and launch.device_ns >= 0
+    assert launch.device_track.startswith("OpenCL queue")
+    [upload] = [r for r in prof.calls("copy_to_device") if r.bytes]
+    assert upload.bytes == image.nbytes and upload.buffer.shape == image.shape
+    assert upload.buffer.dtype == "float32" and upload.parent == call.id
+    [download] = prof.calls("copy_to_host")
+    assert download.bytes == image.nbytes and download.parent is None  # out.numpy(), after
+    for record in prof.records:  # children lie inside their parents
+        if record.parent is not None:
+            parent = next(r for r in prof.records if r.id == record.parent)
+            assert parent.start_ns <= record.start_ns
+            assert record.start_ns + record.duration_ns <= parent.start_ns + parent.duration_ns
+
+
+def test_a_second_call_makes_no_uploads(gpu, opencl):
+    image = shim.Buffer(np.ones((48, 64), np.float32))
+    image.copy_to_device(opencl)
+    with gpu["brighten"].prepare(image, scale=2.0, offset=0.0, output=(48, 64)) as call:
+        call().numpy()
+        with shim.profile() as prof:
+            result = call()
+    result.numpy()
+    assert sum(r.bytes for r in prof.records if r.name == "upload") == 0
+    assert prof.decided_in_c["copy_to_device"]["noop"] >= 1  # the input, decided in C
+    assert len([r for r in prof.records if r.kind == "launch"]) == 1
+
+
+def test_counts_match_an_independent_count(host_device):
+    buf = shim.Buffer(np.zeros((8, 8), np.int32))
+    buf.copy_to_device(host_device)
+    interface = lib.shim_backend_interface(host_device.index)
+    noops, uploads = 25, 4
+    with shim.profile() as prof:
+        for _ in range(noops):  # already there and current: decided in C
+            assert lib.halide_copy_to_device(ffi.NULL, buf._raw, interface) == 0
+        for _ in range(uploads):
+            buf.set_host_dirty()
+            buf.copy_to_device()
+    assert prof.decided_in_c["copy_to_device"] == {"noop": noops, "foreign": 0, "refused": 0}
+    assert len(prof.calls("copy_to_device")) == uploads
+    assert prof.count("copy_to_device") == noops + uploads
+    assert sum(r.bytes for r in prof.calls("copy_to_device")) == uploads * buf.numpy().nbytes
+    row = next(line.split() for line in prof.summary().splitlines()
+               if line.startswith("copy_to_device "))
+    assert row[1:4] == [str(noops + uploads), str(noops), "0"]
+
+
+def test_refused_and_failed_calls_count_as_errors(host_device):
+    buf = shim.Buffer(np.zeros(4, np.float32))
+    with shim.profile() as prof:
+        host_device.set_faults(fail_copy=1)
+        with pytest.raises(shim.DeviceError):
+            buf.copy_to_device(host_device)
+        lib.shim_flags_assign(buf._raw, lib.halide_buffer_flag_device_dirty, True)  # both dirty
+        assert lib.halide_copy_to_host(ffi.NULL, buf._raw) != 0
+        lib.shim_flags_assign(buf._raw, lib.halide_buffer_flag_device_dirty, False)
+    [failed] = prof.calls("copy_to_device")
+    assert failed.result == lib.halide_error_code_copy_to_device_failed
+    assert prof.decided_in_c["copy_to_host"]["refused"] == 1
+    row = next(line.split() for line in prof.summary().splitlines()
+               if line.startswith("copy_to_device "))
+    assert row[-1] == "1"
+
+
+def test_calls_from_worker_threads_belong_to_their_pipeline_call(gpu, opencl):
+    image = (np.arange(64 * 70) % 997).astype(np.int32).reshape(64, 70)
+    shared = shim.Buffer(image)
+    shared.copy_to_device(opencl)
+    gpu["async_gpu_to_cpu"](shared, output=image.shape).numpy()
+    callers = set()
+
+    def caller():  # two callers keep Halide's pool busy enough to hand stages to workers
+        callers.add(threading.get_native_id())
+        for _ in range(10):
+            gpu["async_gpu_to_cpu"](shared, output=image.shape).numpy()
+
+    with shim.profile() as prof:
+        threads = [threading.Thread(target=caller) for _ in range(2)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    calls = {r.id: r for r in prof.records if r.kind == "pipeline"}
+    assert len(calls) == 20
+    work = [r for r in prof.records if r.kind != "pipeline" and r.name != "device_free"]
+    for record in work:  # (device_free: the shim's temporaries, after the call returned)
+        # Any thread may work for a call (a caller waiting on its own call runs the other's
+        # tasks too); what it worked for happened while that call ran.
+        call = calls[record.call]
+        assert call.start_ns <= record.start_ns
+        assert record.start_ns + record.duration_ns <= call.start_ns + call.duration_ns
+    assert any(r.thread not in callers for r in work), "no call from Halide's worker threads"
+
+
+def test_nothing_is_recorded_outside_a_profile(gpu, host_device):
+    prof = shim.profile().start()
+    with pytest.raises(shim.ShimError, match="another profile"):
+        shim.profile().start()
+    prof.stop()
+    with pytest.raises(shim.ShimError, match="not recording"):
+        prof.stop()
+    recorded = len(prof.records)
+    buf = shim.Buffer(np.zeros(4, np.float32))
+    buf.copy_to_device(host_device)
+    buf.copy_to_device(host_device)
+    assert len(prof.records) == recorded
+    assert lib.shim_profile_count(lib.SHIM_FN_COPY_TO_DEVICE, lib.SHIM_OUTCOME_NOOP) == 0
+
+
+# --- the Chrome trace -------------------------------------------------------------------------
+
+def check_nesting(events):
+    """Slices on one track must nest: each starts after the enclosing one and ends inside it."""
+    by_track = {}
+    for e in events:
+        if e["ph"] == "X":
+            by_track.setdefault((e["pid"], e["tid"]), []).append(e)
+    for track, slices in by_track.items():
+        stack = []
+        for e in sorted(slices, key=lambda e: (e["ts"], -e["dur"])):
+            end = e["ts"] + e["dur"]
+            while stack and stack[-1] <= e["ts"] + 1e-6:
+                stack.pop()
+            assert not stack or end <= stack[-1] + 1e-6, f"partial overlap on {track}: {e}"
+            stack.append(end)
+    return by_track
+
+
+def test_the_trace_of_a_multi_stage_gpu_run_is_well_formed(gpu, opencl, tmp_path):
+    pixels = np.random.default_rng(1).integers(0, 1 << 16, size=(66, 70), dtype=np.uint16)
+    frames = (np.arange(64 * 70) % 997).astype(np.int32).reshape(64, 70)
+    with shim.profile() as prof:
+        blurred = gpu["blur3x3"](pixels, output=(64, 68))
+        gpu["async_gpu_to_cpu"](frames, output=frames.shape)
+        blurred.numpy()
+    path = prof.save_trace(tmp_path / "trace.json")
+    trace = json.loads(open(path).read())
+    events = trace["traceEvents"]
+    assert trace["displayTimeUnit"] == "ns"
+    names = {(e["pid"], e["tid"]): e["args"]["name"] for e in events
+             if e["ph"] == "M" and e["name"] == "thread_name"}
+    by_track = check_nesting(events)
+    for track in by_track:
+        assert track in names, f"track {track} has no name"
+    host = [e for e in events if e["ph"] == "X" and e["pid"] == 1]
+    assert sorted(e["args"]["record"] for e in host) == [r.id for r in prof.records]
+    device = [e for e in events if e["ph"] == "X" and e["pid"] == 2]
+    assert {e["name"] for e in device} >= {r.name for r in prof.records if r.kind == "launch"}
+    assert any(names[e["pid"], e["tid"]].startswith("OpenCL queue") for e in device)
+    for e in host:
+        record = next(r for r in prof.records if r.id == e["args"]["record"])
+        if record.kind == "copy":
+            assert e["args"]["bytes"] == record.bytes > 0
+    starts = {e["id"] for e in events if e["ph"] == "s"}
+    assert starts and starts == {e["id"] for e in events if e["ph"] == "f"}
+    counters = [e for e in events if e["ph"] == "C"]
+    assert counters and all(e["args"]["bytes"] >= 0 for e in counters)
+    assert any(e["args"]["bytes"] > 0 for e in counters)
