@@ -13,6 +13,7 @@ from shim.devices import default_device, device, devices
 from shim.dlpack import from_dlpack  # (registers the DLPack deleters too)
 from shim.errors import (
     ArgumentError,
+    BoundsError,
     DeviceError,
     DeviceUnavailable,
     DirtyBufferWarning,
@@ -30,6 +31,7 @@ __all__ = [
     "Argument",
     "ArgumentError",
     "ArgumentKind",
+    "BoundsError",
     "Buffer",
     "DeviceError",
     "DeviceUnavailable",

@@ -23,8 +23,8 @@ MAX_BUFFER_ROWS = 20
 
 def summary(profile) -> str:
     sections = [
-        f"Profile of {profile.duration_ns / 1e6:.1f} ms: {len(profile.records)} records on "
-        f"{len(profile.thread_names)} threads",
+        f"Profile of {profile.duration_ns / 1e6:.1f} ms: {_plural(len(profile.records), 'record')}"
+        f" on {_plural(len(profile.thread_names), 'thread')}",
         _function_table(profile),
         _kernel_table(profile),
         _pipeline_table(profile),
@@ -103,6 +103,10 @@ def _buffer_table(profile) -> str:
         f"Buffers (the {MAX_BUFFER_ROWS} that moved the most data, of {len(busiest)})"
     return _table(title, ["buffer", "shape", "dtype", "crop of", "calls", "uploaded",
                           "downloaded"], rows)
+
+
+def _plural(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
 def _time_columns(durations: list[int]) -> list[str]:

@@ -350,7 +350,7 @@ def _subject(operation, args):
     """The buffer a runtime operation works on and the name of its backend."""
     raw = interface = None
     for arg in args:
-        if isinstance(arg, ffi.CData):
+        if isinstance(arg, ffi.CData) and arg != ffi.NULL:  # (device_sync_global: no buffer)
             cname = ffi.typeof(arg).cname
             if raw is None and "halide_buffer_t *" in cname:
                 raw = arg

@@ -41,3 +41,91 @@ def test_demo_runs_and_checks_its_results():
     done = run("demo")
     assert done.returncode == 0, done.stdout + done.stderr
     assert "all results match numpy" in done.stdout
+
+
+# --- run and profile ------------------------------------------------------------------------
+
+import json  # noqa: E402
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+from gpu_cases import blur_reference  # noqa: E402
+from pipelines.build import Build, build  # noqa: E402
+
+
+def test_run_reads_npy_inputs_and_writes_npy_outputs(host_pipelines, tmp_path):
+    image = np.random.default_rng(0).random((30, 40), dtype=np.float32)
+    np.save(tmp_path / "in.npy", image)
+    done = run("run", str(host_pipelines["brighten", "bundled"]), f"--input={tmp_path / 'in.npy'}",
+               "--scale=2", "offset=0.5", f"--output={tmp_path / 'out.npy'}:40x30")
+    assert done.returncode == 0, done.stderr
+    np.testing.assert_array_equal(np.load(tmp_path / "out.npy"), image * np.float32(2) + np.float32(0.5))
+    assert "output: float32 40x30 -> " in done.stdout
+
+
+def test_run_sizes_outputs_like_the_first_input_without_estimates(host_pipelines, tmp_path):
+    a = np.arange(12, dtype=np.int32).reshape(3, 4)
+    np.save(tmp_path / "a.npy", a)
+    done = run("run", str(host_pipelines["sum_diff", "no_runtime"]), f"--a={tmp_path / 'a.npy'}",
+               f"--b={tmp_path / 'a.npy'}", f"--sum={tmp_path / 'sum.npy'}", "--diff=:4x3")
+    assert done.returncode == 0, done.stderr
+    np.testing.assert_array_equal(np.load(tmp_path / "sum.npy"), a * 2)
+    assert "diff: int32 4x3, min 0, max 0" in done.stdout
+
+
+def test_run_sizes_outputs_from_the_estimates(host_pipelines):
+    done = run("run", str(host_pipelines["brighten", "bundled"]), "--input=random:640x480")
+    assert done.returncode == 0, done.stderr
+    assert "output: float32 640x480" in done.stdout
+
+
+def test_run_reads_and_writes_images(host_pipelines, tmp_path):
+    from PIL import Image
+
+    gray = np.random.default_rng(1).integers(0, 256, size=(34, 50), dtype=np.uint8)
+    Image.fromarray(gray).save(tmp_path / "in.png")
+    done = run("run", str(host_pipelines["blur3x3", "bundled"]), f"--input={tmp_path / 'in.png'}",
+               f"--output={tmp_path / 'out.png'}:48x32")
+    assert done.returncode == 0, done.stderr
+    written = np.asarray(Image.open(tmp_path / "out.png"))
+    np.testing.assert_array_equal(written, blur_reference(gray.astype(np.uint16)))
+
+
+def test_run_times_iterations_and_profile_summarizes_a_gpu_pipeline(tmp_path):
+    try:
+        import shim
+
+        shim.device("opencl")
+    except shim.DeviceUnavailable as e:
+        pytest.skip(f"no OpenCL device on this machine: {e}")
+    library = build(Build("brighten", "opencl", "no_runtime"))
+    trace = tmp_path / "trace.json"
+    done = run("profile", str(library), "--iterations", "4", "--input=random:64x48",
+               "--output=:64x48", "--profile", str(trace))
+    assert done.returncode == 0, done.stderr
+    assert "brighten: 4 iterations: min " in done.stdout and "(inputs on opencl)" in done.stdout
+    assert "Kernel launches" in done.stdout and "Pipeline calls" in done.stdout
+    launches = [line.split() for line in done.stdout.splitlines() if line.startswith("_kernel")]
+    assert launches and launches[0][2] == "4"  # one launch per timed iteration
+    events = json.loads(trace.read_text())["traceEvents"]
+    assert sum(1 for e in events if e["ph"] == "X" and e["name"] == "brighten") == 4
+
+
+@pytest.mark.parametrize("arguments, message", [
+    ([], "the following arguments are required: --input"),
+    (["--input=random:64x48", "--scale=abc"], "scale: expected a number of type float32, got 'abc'"),
+    (["--input=random:64x48", "--scale=30"], "scale: 30.0 is above the maximum 10.0"),
+    (["--input=random:64x48", "--bogus=1"], "unrecognized arguments: --bogus=1"),
+    (["--input=missing.npy"], "input: no such file: 'missing.npy'"),
+    (["--input=random:64"], "input: 1 extents given; input is 2-D"),
+    (["--input=random:64xq"], "input: expected extents like 640x480"),
+    (["--input=random:64x48", "--output=out.txt"], "output: expected FILE.npy or an image name"),
+    (["--input=random:64x48"], "outputs sized automatically: output 640x480; give --output="),
+    (["--iterations", "0", "--input=random:64x48"], "--iterations: expected a positive integer"),
+])
+def test_run_argument_errors_in_argparse_style(host_pipelines, arguments, message):
+    done = run("run", str(host_pipelines["brighten", "bundled"]), *arguments)
+    assert done.returncode == 2
+    assert message in done.stderr and "error:" in done.stderr
+    assert "Traceback" not in done.stderr

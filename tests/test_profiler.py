@@ -206,3 +206,12 @@ def test_the_trace_of_a_multi_stage_gpu_run_is_well_formed(gpu, opencl, tmp_path
     counters = [e for e in events if e["ph"] == "C"]
     assert counters and all(e["args"]["bytes"] >= 0 for e in counters)
     assert any(e["args"]["bytes"] > 0 for e in counters)
+
+
+def test_calls_without_a_buffer_are_recorded(host_device):
+    buf = shim.Buffer(np.zeros(4, np.float32))
+    buf.copy_to_device(host_device)
+    with shim.profile() as prof:
+        buf.device_sync()  # halide_device_sync_global: the backend's sync, no buffer
+    [sync] = prof.calls("device_sync")
+    assert sync.buffer is None and sync.backend == "host" and sync.result == 0
