@@ -114,17 +114,41 @@ class ShimRunner:
         return time.perf_counter() - start
 
 
-def report(results: dict) -> str:
+class ProfilingRunner(ShimRunner):
+    """The shim with a shim.profile recording every call of each sample (started before and
+    stopped after the timed loop)."""
+
+    def __init__(self, kind: str):
+        super().__init__(kind)
+        self.records_per_call = {}
+
+    def seconds(self, case, iterations, sync_each) -> float:
+        import shim
+
+        with shim.profile() as prof:
+            elapsed = super().seconds(case, iterations, sync_each)
+        self.records_per_call[case] = len(prof.records) / iterations
+        return elapsed
+
+
+def report(results: dict, records_per_call: dict) -> str:
     lines = [f"{'case':<8}{'sync':<11}{'stock us/call':>15}{'shim us/call':>14}{'shim/stock':>12}"
-             f"{'shim, plain call':>18}",
-             "  (min over samples; the last column includes the shim's argument handling)"]
+             f"{'shim, plain call':>18}{'profiling':>11}{'profiling/shim':>16}{'us/record':>11}",
+             "  (min over samples; 'plain call' includes the shim's argument handling; "
+             "'profiling': the shim while shim.profile records, us/record: its extra time per "
+             "record)"]
     for case in CASES:
         for sync in (False, True):
             stock = 1e6 * results["stock"][case, sync]["min"]
             ours = 1e6 * results["shim"][case, sync]["min"]
             plain = 1e6 * results["shim, plain call"][case, sync]["min"]
+            profiled = 1e6 * results["shim, profiling"][case, sync]["min"]
+            per_record = (profiled - ours) / records_per_call[case]
             lines.append(f"{case:<8}{'each call' if sync else 'at end':<11}{stock:>15.1f}"
-                         f"{ours:>14.1f}{ours / stock:>12.2f}{plain:>18.1f}")
+                         f"{ours:>14.1f}{ours / stock:>12.2f}{plain:>18.1f}{profiled:>11.1f}"
+                         f"{profiled / ours:>16.2f}{per_record:>11.1f}")
+    lines.append("records per call while profiling: " + ", ".join(
+        f"{case} {n:g}" for case, n in records_per_call.items()))
     return "\n".join(lines)
 
 
@@ -141,14 +165,15 @@ def main(argv=None) -> int:
     child = ChildProcess([sys.executable, str(Path(__file__)), "--serve", "--device", args.device])
     try:
         runners = {"stock": child, "shim": ShimRunner(args.device),
-                   "shim, plain call": ShimRunner(args.device, prepared=False)}
+                   "shim, plain call": ShimRunner(args.device, prepared=False),
+                   "shim, profiling": ProfilingRunner(args.device)}
         results = interleave(runners, requests(), args.repeats, per_sample=per_call)
-        for name in ("shim", "shim, plain call"):
+        for name in ("shim", "shim, plain call", "shim, profiling"):
             runners[name].close()
     finally:
         child.close()
     print(f"device: {runners['shim'].device.name}")
-    print(report(results))
+    print(report(results, runners["shim, profiling"].records_per_call))
     return 0
 
 

@@ -120,6 +120,19 @@ def shim_loop():
                 int(ffi.cast("uintptr_t", lib.shim_backend_interface(device.index))))
 
 
+class ProfiledLoop:
+    """The shim's loop with a shim.profile recording: the fast path counts each no-op."""
+
+    def __init__(self, loop: Loop):
+        self._loop = loop
+
+    def seconds(self, **request) -> float:
+        import shim
+
+        with shim.profile():  # started and stopped outside the timed C loop
+            return self._loop.seconds(**request)
+
+
 def stock_library() -> str:
     sys.path.insert(0, str(ROOT))
     from pipelines.build import Build, build
@@ -127,14 +140,17 @@ def stock_library() -> str:
     return str(build(Build("brighten", "host", "bundled")))
 
 
-def report(stock: dict, ours: dict) -> str:
+def report(stock: dict, ours: dict, profiled: dict) -> str:
     lines = [f"{'operation':<16}{'threads':>8}{'stock ns/call':>16}{'shim ns/call':>15}"
-             f"{'shim/stock':>12}",
-             "  (min over samples; for 2 threads, aggregate: wall time / all calls)"]
+             f"{'shim/stock':>12}{'profiling ns/call':>19}{'profiling/shim':>16}",
+             "  (min over samples; for 2 threads, aggregate: wall time / all calls; profiling:"
+             " the shim while a shim.profile records, counting each no-op)"]
     for op in OPERATIONS:
         for threads in (1, 2):
             s, o = 1e9 * stock[op, threads]["min"], 1e9 * ours[op, threads]["min"]
-            lines.append(f"{op:<16}{threads:>8}{s:>16.2f}{o:>15.2f}{o / s:>12.2f}")
+            p = 1e9 * profiled[op, threads]["min"]
+            lines.append(f"{op:<16}{threads:>8}{s:>16.2f}{o:>15.2f}{o / s:>12.2f}{p:>19.2f}"
+                         f"{p / o:>16.2f}")
     lines.append("")
     lines.append("2-thread aggregate throughput / 1-thread throughput (higher scales better):")
     for op in OPERATIONS:
@@ -156,11 +172,12 @@ def main(argv=None) -> int:
         return 0
     child = stock_process()
     try:
-        results = interleave({"stock": child, "shim": shim_loop()}, requests(args.iterations),
-                             args.repeats, per_sample=calls)
+        loop = shim_loop()
+        results = interleave({"stock": child, "shim": loop, "profiling": ProfiledLoop(loop)},
+                             requests(args.iterations), args.repeats, per_sample=calls)
     finally:
         child.close()
-    print(report(results["stock"], results["shim"]))
+    print(report(results["stock"], results["shim"], results["profiling"]))
     return 0
 
 

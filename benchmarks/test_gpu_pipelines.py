@@ -23,15 +23,16 @@ def runners():
     except shim.DeviceUnavailable as e:
         pytest.skip(f"no OpenCL device: {e}")
     child = ChildProcess([sys.executable, gpu_pipelines.__file__, "--serve", "--device", "opencl"])
-    ours = gpu_pipelines.ShimRunner("opencl")
-    yield {"stock": child, "shim": ours}
+    ours, profiling = gpu_pipelines.ShimRunner("opencl"), gpu_pipelines.ProfilingRunner("opencl")
+    yield {"stock": child, "shim": ours, "shim-profiling": profiling}
     ours.close()
+    profiling.close()
     child.close()
 
 
 @pytest.mark.parametrize("sync_each", [False, True], ids=["sync-at-end", "sync-each-call"])
 @pytest.mark.parametrize("case", sorted(gpu_pipelines.CASES))
-@pytest.mark.parametrize("runtime", ["stock", "shim"])
+@pytest.mark.parametrize("runtime", ["stock", "shim", "shim-profiling"])
 def test_gpu_pipeline(benchmark, runners, runtime, case, sync_each):
     request = {"case": case, "iterations": gpu_pipelines.ITERATIONS[case], "sync_each": sync_each}
     seconds = benchmark.pedantic(runners[runtime].seconds, kwargs=request, rounds=7, iterations=1,

@@ -18,13 +18,14 @@ ITERATIONS = 2_000_000
 @pytest.fixture(scope="module")
 def loops():
     child = noop_copies.stock_process()
-    yield {"stock": child, "shim": noop_copies.shim_loop()}
+    loop = noop_copies.shim_loop()
+    yield {"stock": child, "shim": loop, "shim-profiling": noop_copies.ProfiledLoop(loop)}
     child.close()
 
 
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("operation", noop_copies.OPERATIONS)
-@pytest.mark.parametrize("runtime", ["stock", "shim"])
+@pytest.mark.parametrize("runtime", ["stock", "shim", "shim-profiling"])
 def test_noop_copy(benchmark, loops, runtime, operation, threads):
     loop = loops[runtime]
     seconds = benchmark.pedantic(loop.seconds, kwargs={"operation": operation, "threads": threads,

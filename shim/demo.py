@@ -3,6 +3,8 @@ check every result against numpy, and say what happened."""
 
 from __future__ import annotations
 
+import os
+import tempfile
 import time
 
 import numpy as np
@@ -28,6 +30,9 @@ def _blur_reference(image: np.ndarray) -> np.ndarray:
     return ((blur_x[:-2] + blur_x[1:-1] + blur_x[2:]) // 3).astype(np.uint16)
 
 
+TRACE_PATH = os.path.join(tempfile.gettempdir(), "halide-shim-demo-trace.json")
+
+
 def run(say=print) -> int:
     say("halide-shim demo: Halide AOT pipelines called from Python through the shim's runtime")
     specs = [Build(name, "host", runtime)
@@ -35,7 +40,17 @@ def run(say=print) -> int:
              for runtime in ("bundled", "no_runtime")]
     say(f"building {len(specs)} pipeline libraries (cached after the first run) ...")
     paths = build_all(specs, progress=lambda line: say("  " + line))
+    with shim.profile() as prof:
+        failures = _run_all(say, specs, paths)
+    say("")
+    say("What the runtime did during the demo (shim.profile):")
+    say(prof.summary())
+    say(f"timeline: {prof.save_trace(TRACE_PATH)} (open it in https://ui.perfetto.dev)")
+    say("all results match numpy" if not failures else f"{failures} result(s) differ from numpy")
+    return 1 if failures else 0
 
+
+def _run_all(say, specs, paths) -> int:
     rng = np.random.default_rng(0)
     image = rng.integers(0, 1 << 16, size=(482, 642), dtype=np.uint16)
     photo = rng.random((480, 640), dtype=np.float32)
@@ -70,9 +85,11 @@ def run(say=print) -> int:
         shim.load(paths[specs[0]])(photo, scale=20.0, output=photo.shape)
     except shim.ArgumentError as e:
         say(f"bad input is refused with a clear error: {type(e).__name__}: {e}")
-    failures += _gpu_chain(say, photo)
-    say("all results match numpy" if not failures else f"{failures} result(s) differ from numpy")
-    return 1 if failures else 0
+    result = shim.load(paths[specs[0]])(photo, scale=1.5, output=photo.shape)
+    view = np.from_dlpack(result)
+    say(f"DLPack: np.from_dlpack(result) shares the Buffer's memory: "
+        f"{np.shares_memory(view, result.numpy())}")
+    return failures + _gpu_chain(say, photo)
 
 
 def _gpu_chain(say, image: np.ndarray) -> int:

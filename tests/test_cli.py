@@ -1,7 +1,14 @@
 """The command line, as a user runs it."""
 
+import json
 import subprocess
 import sys
+
+import numpy as np
+import pytest
+
+from gpu_cases import blur_reference
+from pipelines.build import Build, build
 
 
 def run(*args):
@@ -37,21 +44,17 @@ def test_unknown_command_is_an_argparse_error():
     assert done.returncode == 2 and "invalid choice" in done.stderr
 
 
-def test_demo_runs_and_checks_its_results():
+def test_demo_runs_checks_its_results_and_ends_with_a_profile():
     done = run("demo")
     assert done.returncode == 0, done.stdout + done.stderr
     assert "all results match numpy" in done.stdout
+    assert "Runtime calls" in done.stdout and "Pipeline calls" in done.stdout
+    trace = next(line.split()[1] for line in done.stdout.splitlines() if line.startswith("timeline: "))
+    events = json.loads(open(trace).read())["traceEvents"]
+    assert any(e["ph"] == "X" and e["name"] == "blur3x3" for e in events)
 
 
 # --- run and profile ------------------------------------------------------------------------
-
-import json  # noqa: E402
-
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
-
-from gpu_cases import blur_reference  # noqa: E402
-from pipelines.build import Build, build  # noqa: E402
 
 
 def test_run_reads_npy_inputs_and_writes_npy_outputs(host_pipelines, tmp_path):
