@@ -118,7 +118,8 @@ static int check_same_interface(void *user_context, const halide_buffer_t *buf,
 }
 
 /* The outcomes decided here, counted while profiling (profile.c). */
-#define NOOP(function) shim_decided(SHIM_FN_##function, SHIM_OUTCOME_NOOP, halide_error_code_success)
+#define NOOP(function)                                                                     \
+    shim_decided(SHIM_FN_##function, SHIM_OUTCOME_NOOP, halide_error_code_success)
 #define REFUSED(function, code) shim_decided(SHIM_FN_##function, SHIM_OUTCOME_REFUSED, (code))
 
 /* Runs a foreign backend's impl entry the way Halide's generic layer does: inside
@@ -153,8 +154,8 @@ int halide_copy_to_host(void *user_context, struct halide_buffer_t *buf) {
     if (shim_owns_interface(interface)) {
         return interface->impl->copy_to_host(user_context, buf);
     }
-    result = FOREIGN_CALL(COPY_TO_HOST, interface, halide_error_code_copy_to_host_failed, copy_to_host,
-                          user_context, buf);
+    result = FOREIGN_CALL(COPY_TO_HOST, interface, halide_error_code_copy_to_host_failed,
+                          copy_to_host, user_context, buf);
     if (result == halide_error_code_success) {
         shim_flags_clear(buf, DEVICE_DIRTY);
     }
@@ -237,8 +238,8 @@ int halide_device_malloc(void *user_context, struct halide_buffer_t *buf,
     if (shim_owns_interface(device_interface)) {
         return device_interface->impl->device_malloc(user_context, buf);
     }
-    return FOREIGN_CALL(DEVICE_MALLOC, device_interface, halide_error_code_device_malloc_failed, device_malloc,
-                        user_context, buf);
+    return FOREIGN_CALL(DEVICE_MALLOC, device_interface, halide_error_code_device_malloc_failed,
+                        device_malloc, user_context, buf);
 }
 
 int halide_device_free(void *user_context, struct halide_buffer_t *buf) {
@@ -254,8 +255,8 @@ int halide_device_free(void *user_context, struct halide_buffer_t *buf) {
     if (shim_owns_interface(interface)) {
         return interface->impl->device_free(user_context, buf);
     }
-    result = FOREIGN_CALL(DEVICE_FREE, interface, halide_error_code_device_free_failed, device_free,
-                          user_context, buf);
+    result = FOREIGN_CALL(DEVICE_FREE, interface, halide_error_code_device_free_failed,
+                          device_free, user_context, buf);
     if (result == halide_error_code_success) {
         shim_flags_clear(buf, DEVICE_DIRTY);
     }
@@ -278,8 +279,8 @@ int halide_device_sync(void *user_context, struct halide_buffer_t *buf) {
     if (shim_owns_interface(interface)) {
         return interface->impl->device_sync(user_context, buf);
     }
-    return FOREIGN_CALL(DEVICE_SYNC, interface, halide_error_code_device_sync_failed, device_sync,
-                        user_context, buf);
+    return FOREIGN_CALL(DEVICE_SYNC, interface, halide_error_code_device_sync_failed,
+                        device_sync, user_context, buf);
 }
 
 int halide_device_sync_global(void *user_context,
@@ -311,8 +312,9 @@ int halide_device_and_host_malloc(void *user_context, struct halide_buffer_t *bu
     if (shim_owns_interface(device_interface)) {
         return device_interface->impl->device_and_host_malloc(user_context, buf);
     }
-    return FOREIGN_CALL(DEVICE_AND_HOST_MALLOC, device_interface, halide_error_code_device_malloc_failed,
-                        device_and_host_malloc, user_context, buf);
+    return FOREIGN_CALL(DEVICE_AND_HOST_MALLOC, device_interface,
+                        halide_error_code_device_malloc_failed, device_and_host_malloc,
+                        user_context, buf);
 }
 
 int halide_device_and_host_free(void *user_context, struct halide_buffer_t *buf) {
@@ -365,8 +367,8 @@ int halide_device_wrap_native(void *user_context, struct halide_buffer_t *buf, u
     if (shim_owns_interface(device_interface)) {
         return device_interface->impl->wrap_native(user_context, buf, handle);
     }
-    return FOREIGN_CALL(WRAP_NATIVE, device_interface, halide_error_code_device_malloc_failed, wrap_native,
-                        user_context, buf, handle);
+    return FOREIGN_CALL(WRAP_NATIVE, device_interface, halide_error_code_device_malloc_failed,
+                        wrap_native, user_context, buf, handle);
 }
 
 int halide_device_detach_native(void *user_context, struct halide_buffer_t *buf) {
@@ -381,8 +383,9 @@ int halide_device_detach_native(void *user_context, struct halide_buffer_t *buf)
     if (shim_owns_interface(interface)) {
         result = interface->impl->detach_native(user_context, buf);
     } else {
-        result = FOREIGN_CALL(DETACH_NATIVE, interface, halide_error_code_device_detach_native_failed,
-                              detach_native, user_context, buf);
+        result = FOREIGN_CALL(DETACH_NATIVE, interface,
+                              halide_error_code_device_detach_native_failed, detach_native,
+                              user_context, buf);
     }
     if (result) {
         return result;
