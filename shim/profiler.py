@@ -264,10 +264,6 @@ def _stack() -> list:
 
 # --- hooks: each costs one global read while nothing records -------------------------------
 
-def recording() -> bool:
-    return _active is not None
-
-
 def begin_call(operation, args) -> tuple | None:
     """A runtime function (a Python operation serving a C caller) starts."""
     profile = _active

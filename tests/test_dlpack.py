@@ -60,6 +60,20 @@ class Producer:
         return self.inner.__dlpack__(**kwargs)
 
 
+class CapsuleHolder:
+    """Hands a consumer a capsule made earlier."""
+
+    def __init__(self, capsule):
+        self.capsule = capsule
+
+    def __dlpack_device__(self):
+        return KDL_CPU, 0
+
+    def __dlpack__(self, **kwargs):
+        capsule, self.capsule = self.capsule, None
+        return capsule
+
+
 @pytest.fixture
 def releases(monkeypatch):
     """manager_ctx -> how many times the shim's deleter ran for that exported tensor."""
@@ -140,10 +154,8 @@ def test_the_capsule_keeps_the_memory_alive_after_the_buffer_is_dropped():
     del buf
     gc.collect()
     assert alive() is not None  # held by the capsule nobody has consumed yet
-    holder = type("Holder", (), {"__dlpack__": lambda self, **kw: capsule,
-                                 "__dlpack_device__": lambda self: (KDL_CPU, 0)})()
-    view = np.from_dlpack(holder)
-    del capsule, holder
+    view = np.from_dlpack(CapsuleHolder(capsule))
+    del capsule
     gc.collect()
     np.testing.assert_array_equal(view, np.arange(1000))
     del view

@@ -1,7 +1,6 @@
 """Pipelines compiled here, outside the project's build tool, the way a user would: a Python
 generator through Halide's generator command line, and a Func compiled directly."""
 
-import os
 import subprocess
 import sys
 import textwrap
