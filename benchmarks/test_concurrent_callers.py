@@ -13,17 +13,12 @@ import pytest
 import concurrent_callers
 from sidebyside import ChildProcess
 
-import shim
 
 CALLS = 40
 
 
 @pytest.fixture(scope="module")
-def runners():
-    try:
-        shim.device("opencl")
-    except shim.DeviceUnavailable as e:
-        pytest.skip(f"no OpenCL device: {e}")
+def runners(opencl):
     child = ChildProcess([sys.executable, concurrent_callers.__file__, "--serve"])
     yield {"stock": child, "shim": concurrent_callers.ShimRunner()}
     child.close()

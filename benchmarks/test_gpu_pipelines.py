@@ -13,15 +13,9 @@ import pytest
 import gpu_pipelines
 from sidebyside import ChildProcess
 
-import shim
-
 
 @pytest.fixture(scope="module")
-def runners():
-    try:
-        shim.device("opencl")
-    except shim.DeviceUnavailable as e:
-        pytest.skip(f"no OpenCL device: {e}")
+def runners(opencl):
     child = ChildProcess([sys.executable, gpu_pipelines.__file__, "--serve", "--device", "opencl"])
     ours, profiling = gpu_pipelines.ShimRunner("opencl"), gpu_pipelines.ProfilingRunner("opencl")
     yield {"stock": child, "shim": ours, "shim-profiling": profiling}

@@ -79,11 +79,12 @@ class Buffer:
         self.set_host_dirty(True)
 
     @classmethod
-    def _wrap(cls, array: np.ndarray, argument: str, *, exposed: bool = True) -> Buffer:
+    def _wrap(cls, array: np.ndarray, argument: str, *, exposed: bool = True,
+              mins=None) -> Buffer:
         """A Buffer over ``array`` with clean flags, for arrays the shim passes to pipelines;
         ``exposed=False`` when the shim allocated the array and nobody else holds it yet."""
         buf = cls.__new__(cls)
-        buf._init_from_array(array, argument)
+        buf._init_from_array(array, argument, mins=mins)
         buf._exposed = exposed
         return buf
 

@@ -74,19 +74,11 @@ _exports: dict[int, tuple] = {}
 _keys = itertools.count(1)
 
 
-def _exportable_device(buf: Buffer):
-    """The backend whose memory ``buf`` exports from, or None for host memory: its device
-    allocation, unless host memory holds changes the device lacks."""
+def device_of(buf: Buffer) -> tuple[DLDeviceType, int]:
+    """``__dlpack_device__``: where ``buf``'s current data is: its device allocation, unless
+    host memory holds changes the device lacks (or the device has no DLPack type)."""
     backend = buf.device
     if backend is None or backend.dlpack_device_type is None or buf.host_dirty:
-        return None
-    return backend
-
-
-def device_of(buf: Buffer) -> tuple[DLDeviceType, int]:
-    """``__dlpack_device__``: where ``buf``'s current data is."""
-    backend = _exportable_device(buf)
-    if backend is None:
         return DLDeviceType.CPU, 0
     return DLDeviceType(backend.dlpack_device_type), backend.dlpack_device_id()
 
@@ -118,7 +110,7 @@ def _export_host(buf: Buffer, here, stream, copy, versioned, max_version):
     if flags & READ_ONLY and not versioned:
         raise BufferError("this buffer's memory is read-only, which only a versioned capsule "
                           "(max_version >= (1, 0)) can say")
-    return _capsule((array if copied else buf, array), array.ctypes.data, 0, (DLDeviceType.CPU, 0),
+    return _capsule((array,) if copied else (buf, array), array.ctypes.data, 0, (DLDeviceType.CPU, 0),
                     _element_strides(array), array.shape, HalideType.from_dtype(array.dtype), flags,
                     versioned, max_version)
 
@@ -200,10 +192,8 @@ def _device_copy(buf: Buffer, backend) -> Buffer:
     """A new, dense Buffer on ``backend`` holding a copy of ``buf``'s data, made on the device."""
     from shim.backends.base import interface_of
 
-    copy = Buffer._wrap(np.empty(buf.shape, buf.dtype), "copy", exposed=False)
-    for i, (lo, _) in enumerate(buf._box):
-        copy._dims[i].min = lo
-    copy._box = buf._box
+    copy = Buffer._wrap(np.empty(buf.shape, buf.dtype), "copy", exposed=False,
+                        mins=[lo for lo, _ in buf._box])
     with runtime.runtime_call("copy for DLPack") as check:
         check(lib.halide_buffer_copy(ffi.NULL, buf._raw, interface_of(backend), copy._raw))
     return copy

@@ -64,11 +64,7 @@ def input_value(arg: Argument, text: str) -> np.ndarray:
 def output_spec(arg: Argument, text: str) -> OutputSpec:
     path, _, extents = text.rpartition(":") if ":" in text else (text, "", "")
     if path.lower().endswith(".npy") or path.lower().endswith(IMAGE_SUFFIXES) or not path:
-        parsed = parse_extents(arg, extents) if extents else None
-        if parsed is not None and len(parsed) != arg.dimensions:
-            raise ArgumentError(arg.name, f"{len(parsed)} extents given; {arg.name} is "
-                                          f"{arg.dimensions}-D")
-        return OutputSpec(path or None, parsed)
+        return OutputSpec(path or None, parse_extents(arg, extents) if extents else None)
     raise ArgumentError(arg.name, f"expected FILE.npy or an image name, optionally followed by "
                                   f":WxH..., or :WxH... alone; got {text!r}")
 

@@ -24,3 +24,12 @@ def runtime(request):
 def load(host_pipelines, runtime):
     """load(name) -> shim.Pipeline for the sample pipeline ``name`` in this test's runtime."""
     return lambda name: shim.load(host_pipelines[name, runtime])
+
+
+@pytest.fixture(scope="session")
+def opencl():
+    """The OpenCL device (PoCL's CPU device from pip where there is no GPU)."""
+    try:
+        return shim.device("opencl")
+    except shim.DeviceUnavailable as e:
+        pytest.skip(f"no OpenCL device on this machine: {e}")

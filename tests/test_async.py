@@ -51,14 +51,6 @@ def join_all(threads):
 
 
 @pytest.fixture(scope="module")
-def opencl():
-    try:
-        return shim.device("opencl")
-    except shim.DeviceUnavailable as e:
-        pytest.skip(f"no OpenCL device on this machine: {e}")
-
-
-@pytest.fixture(scope="module")
 def overlap(opencl):
     specs = [Build(name, "opencl", runtime) for name in OVERLAP + ["cpu_heavy"] for runtime in RUNTIMES]
     return {(s.name, s.runtime): p for s, p in build_all(specs, progress=None).items()}

@@ -95,13 +95,7 @@ def test_run_reads_and_writes_images(host_pipelines, tmp_path):
     np.testing.assert_array_equal(written, blur_reference(gray.astype(np.uint16)))
 
 
-def test_run_times_iterations_and_profile_summarizes_a_gpu_pipeline(tmp_path):
-    try:
-        import shim
-
-        shim.device("opencl")
-    except shim.DeviceUnavailable as e:
-        pytest.skip(f"no OpenCL device on this machine: {e}")
+def test_run_times_iterations_and_profile_summarizes_a_gpu_pipeline(opencl, tmp_path):
     library = build(Build("brighten", "opencl", "no_runtime"))
     trace = tmp_path / "trace.json"
     done = run("profile", str(library), "--iterations", "4", "--input=random:64x48",

@@ -16,14 +16,6 @@ DEVICE_DIRTY = lib.halide_buffer_flag_device_dirty
 
 
 @pytest.fixture(scope="module")
-def opencl():
-    try:
-        return shim.device("opencl")
-    except shim.DeviceUnavailable as e:
-        pytest.skip(f"no OpenCL device on this machine: {e}")
-
-
-@pytest.fixture(scope="module")
 def libraries():
     specs = [Build(name, target, runtime) for name in ("crop_fill", "plane_fill", "plane_sum", "brighten")
              for target in ("host", "opencl") for runtime in RUNTIMES]

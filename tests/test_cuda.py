@@ -10,6 +10,7 @@ from gpu_cases import cases, check_against_stock
 from pipelines.build import RUNTIMES, Build, build_all
 from shim.backends import cuda as cuda_backend
 from shim.native import ffi, lib
+from support.producers import Producer
 
 CASES = cases()
 
@@ -104,20 +105,6 @@ def test_wrapping_device_memory(device):
 
 # --- DLPack: the stream rules ------------------------------------------------------------
 
-class _Producer:
-    """Another library's CUDA array, as far as the shim can tell: the DLPack protocol only."""
-
-    def __init__(self, inner):
-        self.inner, self.streams = inner, []
-
-    def __dlpack_device__(self):
-        return self.inner.__dlpack_device__()
-
-    def __dlpack__(self, *, stream=None, **kwargs):
-        self.streams.append(stream)
-        return self.inner.__dlpack__(stream=stream, **kwargs)
-
-
 def _read_on_stream(tensor, nbytes: int, stream: int) -> np.ndarray:
     """Copy a consumed DLTensor's memory to the host on ``stream``, as a consumer would."""
     driver = cuda_backend._driver()
@@ -153,7 +140,7 @@ def test_a_consumer_stream_waits_for_the_kernels_without_a_device_sync(libraries
     with shim.stream(producer):
         out = brighten(image, scale=2.0, offset=1.0, output=image.shape)
     monkeypatch.setattr(device, "sync", lambda: pytest.fail("a device-wide synchronization"))
-    imported = dlpack._Imported(_Producer(out), consumer)  # __dlpack__(stream=consumer)
+    imported = dlpack._Imported(Producer(out), consumer)  # __dlpack__(stream=consumer)
     host = _read_on_stream(imported.managed.dl_tensor, image.nbytes, consumer).view(np.float32)
     np.testing.assert_array_equal(host.reshape(image.shape), image * 2 + 1)
     del imported
@@ -166,11 +153,12 @@ def test_the_shim_as_consumer_passes_its_own_stream(device):
     stream = int(cuda_backend._check(driver.cuStreamCreate(1), "cuStreamCreate"))
     source = shim.Buffer(np.arange(10, dtype=np.int32))
     source.copy_to_device(device)
-    producer = _Producer(source)
+    producer = Producer(source)
     shim.from_dlpack(producer)
     with shim.stream(stream):
         imported = shim.from_dlpack(producer)
-    assert producer.streams == [1, stream]  # legacy default stream outside any shim.stream
+    # Outside any shim.stream, DLPack's legacy default stream.
+    assert [call["stream"] for call in producer.calls] == [1, stream]
     assert imported._raw.device == source._raw.device  # the same memory, not a copy
     np.testing.assert_array_equal(imported.numpy(), np.arange(10))
     cuda_backend._check(driver.cuStreamDestroy(stream), "cuStreamDestroy")
@@ -183,7 +171,7 @@ def test_a_stream_ordered_chain_through_dlpack(libraries, device):
     image = np.random.default_rng(5).random((512, 512), dtype=np.float32)
     with shim.stream(stream):
         first = brighten(image, scale=2.0, offset=0.0, output=image.shape)
-        handed_over = shim.from_dlpack(_Producer(first))  # a library boundary, same stream
+        handed_over = shim.from_dlpack(Producer(first))  # a library boundary, same stream
         second = brighten(handed_over, scale=0.5, offset=0.0, output=image.shape)
         result = second.numpy()
     np.testing.assert_array_equal(result, image)

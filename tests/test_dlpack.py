@@ -13,6 +13,7 @@ import pytest
 import shim
 from shim import dlpack
 from pipelines.build import Build, build
+from support.producers import Producer
 
 torch = pytest.importorskip("torch", reason="PyTorch is an optional test dependency "
                                             "(pip install -e '.[torch]')")
@@ -45,21 +46,6 @@ def versioned_head(capsule) -> _VersionedHead:
     return _VersionedHead.from_address(_pointer(capsule, b"dltensor_versioned"))
 
 
-class Producer:
-    """Another library's array, as far as the shim can tell: only the DLPack protocol."""
-
-    def __init__(self, inner):
-        self.inner = inner
-        self.calls = []
-
-    def __dlpack_device__(self):
-        return self.inner.__dlpack_device__()
-
-    def __dlpack__(self, **kwargs):
-        self.calls.append(kwargs)
-        return self.inner.__dlpack__(**kwargs)
-
-
 class CapsuleHolder:
     """Hands a consumer a capsule made earlier."""
 
@@ -87,14 +73,6 @@ def releases(monkeypatch):
 
     monkeypatch.setattr(dlpack, "_release", counting)
     return counts
-
-
-@pytest.fixture(scope="module")
-def opencl():
-    try:
-        return shim.device("opencl")
-    except shim.DeviceUnavailable as e:
-        pytest.skip(f"no OpenCL device on this machine: {e}")
 
 
 @pytest.fixture(scope="module")

@@ -14,14 +14,6 @@ from shim.native import ffi, lib
 
 
 @pytest.fixture(scope="module")
-def opencl():
-    try:
-        return shim.device("opencl")
-    except shim.DeviceUnavailable as e:
-        pytest.skip(f"no OpenCL device on this machine: {e}")
-
-
-@pytest.fixture(scope="module")
 def gpu(opencl):
     """name -> an OpenCL pipeline (built once)."""
     names = ["brighten", "blur3x3", "async_gpu_to_cpu"]
