@@ -44,6 +44,14 @@ size_t shim_call_prints_dropped(const shim_call *call);
 uint64_t shim_flags_get(const struct halide_buffer_t *buf);
 void shim_flags_assign(struct halide_buffer_t *buf, uint64_t bits, bool value);
 
+/* A flag bit of the shim's own, above Halide's dirty bits (which generated code and Halide's
+ * buffer helpers update without touching other bits): set on every member of a shared family
+ * (a Buffer with crops or slices). Such a member's dirty bits are derived from the family's
+ * regions, so both can be set at once without a conflict (a parent with one crop newer on the
+ * device and a disjoint one newer on the host); the native layer leaves that case to the
+ * Python core, which knows the regions (shim/aliasing.py). */
+#define SHIM_BUFFER_FLAG_REGIONS 65536
+
 /* The backends whose halide_device_interface_t the shim provides: one interface per backend
  * in the process, whichever pipeline asks for it. */
 enum shim_backend {

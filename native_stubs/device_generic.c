@@ -67,11 +67,17 @@ static inline snapshot take_snapshot(const halide_buffer_t *buf) {
     return s;
 }
 
+/* Both dirty bits set: a conflict, except on a member of a shared family, whose bits say
+ * only that some part of it is newer on each side (SHIM_BUFFER_FLAG_REGIONS). */
+static inline bool both_dirty(uint64_t flags) {
+    return (flags & (HOST_DIRTY | DEVICE_DIRTY | SHIM_BUFFER_FLAG_REGIONS)) ==
+           (HOST_DIRTY | DEVICE_DIRTY);
+}
+
 /* Would validate() accept this snapshot? (device and interface both set or both unset, not
  * both dirty) */
 static inline bool snapshot_valid(snapshot s) {
-    return (s.device != 0) == (s.interface != NULL) &&
-           (s.flags & (HOST_DIRTY | DEVICE_DIRTY)) != (HOST_DIRTY | DEVICE_DIRTY);
+    return (s.device != 0) == (s.interface != NULL) && !both_dirty(s.flags);
 }
 
 /* Halide's debug_log_and_validate_buf: null buffer, device without interface, interface
@@ -88,8 +94,7 @@ static COLD int validate(void *user_context, const halide_buffer_t *buf, const c
     if (has_interface && !has_device) {
         return halide_error_device_interface_no_device(user_context);
     }
-    uint64_t flags = shim_flags_load(buf);
-    if ((flags & HOST_DIRTY) && (flags & DEVICE_DIRTY)) {
+    if (both_dirty(shim_flags_load(buf))) {
         return halide_error_host_and_device_dirty(user_context);
     }
     return halide_error_code_success;
@@ -167,7 +172,8 @@ int halide_copy_to_device(void *user_context, struct halide_buffer_t *buf,
     if (LIKELY(buf != NULL)) {
         snapshot s = take_snapshot(buf);
         if (LIKELY(s.device != 0 && s.interface != NULL && !(s.flags & HOST_DIRTY) &&
-                   (device_interface == NULL || device_interface == s.interface))) {
+                   (device_interface == NULL || device_interface == s.interface) &&
+                   !shim_is_proxy(s.interface))) {
             return NOOP(COPY_TO_DEVICE); /* already on this device, and current */
         }
     }

@@ -44,6 +44,28 @@ static struct {
 
 /* --- binding to the backend ------------------------------------------------------------- */
 
+/* A child forked after binding has a copy of the parent's OpenCL objects but none of the
+ * driver's threads: a launch there would wait forever. Every entry point that would use the
+ * device refuses instead (the Python backend refuses its own operations the same way). */
+static bool forked;
+
+static void after_fork_in_child(void) {
+    __atomic_store_n(&forked, true, __ATOMIC_RELAXED);
+}
+
+static void watch_forks(void) {
+    pthread_atfork(NULL, NULL, after_fork_in_child);
+}
+
+static int refuse_in_forked_child(void *user_context) {
+    if (!__atomic_load_n(&forked, __ATOMIC_RELAXED)) {
+        return halide_error_code_success;
+    }
+    halide_error(user_context, "OpenCL: the device was initialized in the parent process; a "
+                               "forked child cannot use it\n");
+    return halide_error_code_gpu_device_error;
+}
+
 int shim_opencl_bind(const char *loader, void *context, void *queue) {
     void *library = dlopen(loader, RTLD_NOW | RTLD_NOLOAD);
     if (library == NULL) {
@@ -60,6 +82,8 @@ int shim_opencl_bind(const char *loader, void *context, void *queue) {
         !cl.release_kernel) {
         return -2;
     }
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    pthread_once(&once, watch_forks);
     cl.context = context;
     __atomic_store_n(&cl.queue, queue, __ATOMIC_RELEASE);
     return 0;
@@ -150,6 +174,10 @@ const struct halide_device_interface_t *halide_opencl_device_interface(void) {
 int halide_opencl_initialize_kernels(void *user_context, void **state_ptr, const char *src,
                                      int size) {
     /* Every pipeline call starts here; after the first, the module is already compiled. */
+    int refused = refuse_in_forked_child(user_context);
+    if (refused) {
+        return refused;
+    }
     if (__atomic_load_n(state_ptr, __ATOMIC_ACQUIRE) != NULL) {
         return halide_error_code_success;
     }
@@ -234,6 +262,10 @@ static int launch(SHIM_RUN_PARAMS) {
 }
 
 int halide_opencl_run(SHIM_RUN_PARAMS) {
+    int refused = refuse_in_forked_child(user_context);
+    if (refused) {
+        return refused;
+    }
     if (shim_profile_on()) {
         return shim_profile_run(SHIM_BACKEND_OPENCL, __atomic_load_n(&cl.queue, __ATOMIC_ACQUIRE),
                                 launch, SHIM_RUN_ARGS);
@@ -317,6 +349,10 @@ const char *halide_opencl_get_build_options(void *user_context) {
 /* --- the context hooks Halide's headers name ----------------------------------------------- */
 
 int halide_acquire_cl_context(void *user_context, void **ctx, void **queue, bool create) {
+    int refused = refuse_in_forked_child(user_context);
+    if (refused) {
+        return refused;
+    }
     if (__atomic_load_n(&cl.queue, __ATOMIC_ACQUIRE) == NULL) {
         if (!create) {
             *ctx = NULL;

@@ -25,12 +25,13 @@ Every function here is called with the family's lock held (see shim/runtime.py).
 
 from __future__ import annotations
 
-from shim.families import Family, Member, address_of
+from shim.families import Family, Member, Use, address_of
 from shim.native import ffi, lib
 from shim.regions import box_plan, contains, intersect, subtract_all
 
 HOST_DIRTY = lib.halide_buffer_flag_host_dirty
 DEVICE_DIRTY = lib.halide_buffer_flag_device_dirty
+REGIONS = lib.SHIM_BUFFER_FLAG_REGIONS
 PROXY = lib.shim_backend_interface(lib.SHIM_BACKEND_PROXY)
 
 
@@ -47,16 +48,24 @@ def adopt(family: Family, parent_raw, parent_box, view_raw, view_box) -> None:
     root's coordinates) a member: aliasing the allocation if there is one, else the proxy."""
     family.share(parent_raw, parent_box)
     family.members[address_of(view_raw)] = Member(view_raw, view_box)
+    lib.shim_flags_assign(view_raw, REGIONS, True)
     if family.memory is not None:
         attach(family, view_raw)
     else:
         lib.shim_buffer_set_device(view_raw, address_of(view_raw), PROXY)
-    family.refresh_bits(view_raw)
+    # Only the new member's bits: refreshing every member would make creating n crops cost
+    # n squared.
+    family.refresh_bits(view_raw, only=view_raw)
 
 
 def allocate(family: Family, backend) -> None:
-    """Allocate the root's whole extent on ``backend``; every member aliases it."""
+    """Allocate the root's whole extent on ``backend``; every member aliases it. New device
+    memory holds nothing yet: the host is newer everywhere, so the first device use of any
+    member uploads it (unless a pipeline writes it first)."""
     family.backend, family.memory = backend, backend.allocate(family.root_layout.nbytes_span)
+    family.device_regions = []
+    family.host_regions = [family.root_box()]
+    family.refresh_bits()  # before any member's handle is published (see runtime._allocate_behind_host)
     for member in list(family.members.values()):
         attach(family, member.raw)
 
@@ -80,21 +89,40 @@ def _span(family: Family, box) -> int:
 
 
 def absorb(family: Family, raw, written: bool) -> None:
-    """Take ``raw``'s dirty bits into the family's regions: its whole box if ``written`` (a
-    pipeline or the program just wrote it), else only bits no region explains."""
+    """Take ``raw``'s dirty bits into the family's regions. ``written``: a pipeline just
+    wrote the member's whole box, on the side its bits say; that write is the newest, so it
+    replaces whatever either side held there. Otherwise only bits no region explains count
+    (set by code the shim did not see), and they may not overlap the other side's changes."""
     box = family.box_of(raw)
     flags = lib.shim_flags_get(raw)
-    for bit, mine, other, side in ((DEVICE_DIRTY, family.device_regions, family.host_regions, "device"),
-                                   (HOST_DIRTY, family.host_regions, family.device_regions, "host")):
-        if not flags & bit:
-            continue
-        if not written and any(intersect(region, box) for region in mine):
+    sides = ((DEVICE_DIRTY, family.device_regions, family.host_regions, "device"),
+             (HOST_DIRTY, family.host_regions, family.device_regions, "host"))
+    if written:
+        if flags & HOST_DIRTY and flags & DEVICE_DIRTY:
+            raise Conflict("a pipeline left its output marked newer on both the host and the "
+                           "device")
+        for bit, mine, other, _ in sides:
+            if flags & bit:
+                other[:] = subtract_all(other, [box])
+                add_region(mine, box)
+        family.refresh_bits(raw)
+        return
+    for bit, mine, other, side in sides:
+        if not flags & bit or any(intersect(region, box) for region in mine):
             continue
         if any(intersect(region, box) for region in other):
             raise Conflict(f"part of this buffer changed on the {side} while the other side "
                            "held changes not yet copied")
-        mine.append(box)
+        add_region(mine, box)
     family.refresh_bits(raw)
+
+
+def add_region(regions: list, box) -> None:
+    """Add ``box`` to a list of regions, dropping those it contains (so that a buffer written
+    over and over does not grow its list)."""
+    regions[:] = [region for region in regions if not contains(box, region)]
+    if not any(contains(region, box) for region in regions):
+        regions.append(box)
 
 
 def mark(family: Family, raw, bit: int, value: bool, transfer) -> None:
@@ -114,7 +142,7 @@ def mark(family: Family, raw, bit: int, value: bool, transfer) -> None:
                 download_all(family, transfer, raw)
             else:
                 upload_all(family, transfer, raw)
-        mine.append(box)
+        add_region(mine, box)
     else:
         mine[:] = subtract_all(mine, [box])
     family.refresh_bits(raw)
@@ -124,7 +152,7 @@ def download(family: Family, raw, transfer) -> None:
     """copy_to_host of a member: download the changed boxes that overlap it."""
     box = family.box_of(raw)
     if lib.shim_flags_get(raw) & DEVICE_DIRTY and not any(intersect(r, box) for r in family.device_regions):
-        family.device_regions.append(box)  # dirty for a reason the shim did not see
+        add_region(family.device_regions, box)  # dirty for a reason the shim did not see
     parts = [part for part in (intersect(region, box) for region in family.device_regions) if part]
     _move(family, parts, to_device=False, transfer=transfer)
     family.device_regions = subtract_all(family.device_regions, parts)
@@ -144,22 +172,20 @@ def upload_all(family: Family, transfer, active=None) -> None:
     family.refresh_bits(active)
 
 
-def begin_call(family: Family, raw) -> None:
-    """A pipeline call on member ``raw`` is starting: its flags are its kernels' now."""
-    address = address_of(raw)
-    family.in_flight[address] = family.in_flight.get(address, 0) + 1
+def begin_call(family: Family, use: Use, raw) -> None:
+    """A pipeline call is starting on member ``raw``: its flags are its kernels' now. An
+    output's bits start clear, so that afterwards they say on which side the call left its
+    results (it writes the whole box)."""
+    family.uses.append(use)
+    if use.output:
+        lib.shim_flags_assign(raw, HOST_DIRTY | DEVICE_DIRTY, False)
 
 
-def end_call(family: Family, raw, written: bool) -> None:
-    """The call has returned: take in what it wrote (``written``: an output) and give the
-    member's flags back to the family."""
-    address = address_of(raw)
-    remaining = family.in_flight.get(address, 1) - 1
-    if remaining:
-        family.in_flight[address] = remaining
-    else:
-        family.in_flight.pop(address, None)
-    if written:
+def end_call(family: Family, use: Use, raw) -> None:
+    """The call has returned: take in what it wrote and give the member's flags back to the
+    family."""
+    family.uses.remove(use)
+    if use.output:
         absorb(family, raw, True)
     else:
         family.refresh_bits(raw)

@@ -6,6 +6,9 @@ axis, so a numpy array of shape (height, width) is a Halide buffer of extents (w
 
 from __future__ import annotations
 
+import math
+import operator
+import os
 import warnings
 from typing import NamedTuple
 
@@ -13,15 +16,18 @@ import numpy as np
 
 from shim import aliasing, devices, families, runtime, shutdown
 from shim.backends.base import Backend, interface_of
-from shim.errors import ArgumentError, DirtyBufferWarning
+from shim.errors import ArgumentError, DeviceError, DirtyBufferWarning
 from shim.families import Family
+from shim.metadata import dimension_label
 from shim.native import ffi, lib
 from shim.runtime import runtime_call
-from shim.types import HalideType
+from shim.types import INT32_MAX, HalideType
 
 HOST_DIRTY = lib.halide_buffer_flag_host_dirty
 DEVICE_DIRTY = lib.halide_buffer_flag_device_dirty
-INT32_MAX = 2**31 - 1
+# Host memory the shim will allocate or copy at most at once: more than the machine has can
+# never be computed with (numpy fails, or the kernel kills the process once the pages fill).
+PHYSICAL_MEMORY = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
 class Dimension(NamedTuple):
@@ -72,7 +78,7 @@ class Buffer:
         if data is None:
             if shape is None or dtype is None:
                 raise ArgumentError("shape", "Buffer() needs an array, or both shape= and dtype=")
-            data = np.zeros(_shape_tuple(shape, "shape"), dtype=dtype)
+            data = _zeros(_shape_tuple(shape, "shape"), _element_dtype(dtype), "shape")
         elif shape is not None or dtype is not None:
             raise ArgumentError("data", "pass either an array or shape= and dtype=, not both")
         self._init_from_array(as_host_array(data, "data"), "data")
@@ -168,21 +174,20 @@ class Buffer:
         if isinstance(dim_or_ranges, (list, tuple)):
             if min is not None or extent is not None:
                 raise ArgumentError("min", "give either a list of (min, extent) or dim, min, extent")
-            ranges = [tuple(r) for r in dim_or_ranges]
-            if len(ranges) > self.dimensions or any(len(r) != 2 for r in ranges):
+            if len(dim_or_ranges) > self.dimensions:
                 raise ArgumentError("ranges", f"expected up to {self.dimensions} (min, extent) pairs, "
                                               f"got {dim_or_ranges!r}")
-            ranges += list(self._box[len(ranges):])
+            ranges = [_range(r) for r in dim_or_ranges] + list(self._box[len(dim_or_ranges):])
         else:
             d = self._dimension_index(dim_or_ranges)
             if min is None or extent is None:
                 raise ArgumentError("extent", "cropped(dim, min, extent) needs min and extent")
             ranges = list(self._box)
-            ranges[d] = (min, extent)
+            ranges[d] = (_integer(min, "min"), _integer(extent, "extent"))
         for d, ((lo, n), (have_lo, have_n)) in enumerate(zip(ranges, self._box)):
             if n < 0 or lo < have_lo or lo + n > have_lo + have_n:
-                raise ArgumentError("ranges", f"dimension {d}: [{lo}, {lo + n}) is not inside "
-                                              f"[{have_lo}, {have_lo + have_n})")
+                raise ArgumentError("ranges", f"{dimension_label(d, self.dimensions)}: [{lo}, "
+                                              f"{lo + n}) is not inside [{have_lo}, {have_lo + have_n})")
         index = tuple(slice(lo - have_lo, lo - have_lo + n)
                       for (lo, n), (have_lo, _) in zip(reversed(ranges), reversed(self._box)))
         root_box = list(self._root_box)
@@ -193,12 +198,15 @@ class Buffer:
 
     def sliced(self, dim: int, pos: int) -> Buffer:
         """The (dimensions - 1)-D Buffer at coordinate ``pos`` of dimension ``dim``; shares
-        memory like a crop."""
+        memory like a crop. Slicing a 1-D Buffer gives a 0-D one, a single element."""
         d = self._dimension_index(dim)
+        pos = _integer(pos, "pos")
         lo, n = self._box[d]
         if not lo <= pos < lo + n:
-            raise ArgumentError("pos", f"{pos} is outside dimension {d}'s [{lo}, {lo + n})")
-        index = [slice(None)] * self.dimensions
+            raise ArgumentError("pos", f"{pos} is outside {dimension_label(d, self.dimensions)}: "
+                                       f"[{lo}, {lo + n})")
+        # The Ellipsis keeps a 0-D result an array (a view), where numpy would give a scalar.
+        index = [slice(None)] * self.dimensions + [Ellipsis]
         index[self.dimensions - 1 - d] = pos - lo
         mins = [m for i, (m, _) in enumerate(self._box) if i != d]
         root_box = list(self._root_box)
@@ -207,9 +215,11 @@ class Buffer:
         return self._view(self._array[tuple(index)], mins, tuple(root_box), root_dims)
 
     def _dimension_index(self, dim) -> int:
-        if not isinstance(dim, int) or not 0 <= dim < self.dimensions:
-            raise ArgumentError("dim", f"expected a dimension index in [0, {self.dimensions}), got {dim!r}")
-        return dim
+        d = _integer(dim, "dim")
+        if not 0 <= d < self.dimensions:
+            raise ArgumentError("dim", f"expected a Halide dimension index in [0, {self.dimensions}) "
+                                       f"(0 is x, numpy's last axis), got {dim!r}")
+        return d
 
     def _view(self, array: np.ndarray, mins, root_box, root_dims) -> Buffer:
         """A Buffer over ``array`` (a view of this one's memory) that joins this Buffer's
@@ -282,7 +292,16 @@ class Buffer:
             lib.shim_flags_assign(self._raw, HOST_DIRTY, value)
 
     def set_device_dirty(self, value: bool = True) -> None:
-        """Say that the device copy holds changes the host memory lacks (or, False, not)."""
+        """Say that the device copy holds changes the host memory lacks (or, False, not).
+        Only a Buffer with a device allocation and writable host memory can be device-dirty:
+        otherwise every later read would fail, or write into memory that must not change."""
+        if value and not self.has_device_allocation:
+            raise ArgumentError("value", "this Buffer has no device allocation (a crop: neither "
+                                         "has its parent), so there is no device copy to hold "
+                                         "changes; copy_to_device() or device_malloc() first")
+        if value and not self._array.flags.writeable:
+            raise ArgumentError("value", "this Buffer's host memory is read-only: changes on the "
+                                         "device could never be copied back to it")
         if self._family.shared:
             runtime.mark_dirty(self._raw, DEVICE_DIRTY, value)
         else:
@@ -305,8 +324,14 @@ class Buffer:
     def device_malloc(self, device=None) -> None:
         """Allocate device memory (on ``device``: a name such as "opencl", or a device from
         shim.device(); default: shim's default device). Does nothing if already allocated."""
-        self._runtime("device_malloc", lib.halide_device_malloc, self._raw,
-                      interface_of(_device(device)))
+        interface = interface_of(_device(device))
+        current = self._raw.device_interface
+        if self.has_device_allocation and current != interface:
+            # The same refusal as halide_device_malloc's, which this does not go through.
+            raise DeviceError(lib.halide_error_code_incompatible_device_interface,
+                              "device_malloc does not move a buffer to another device; "
+                              "copy_to_device does", context="device_malloc")
+        runtime.malloc_device(self._raw, interface)
 
     def copy_to_device(self, device=None) -> None:
         """Make the device allocation current: allocate it if needed, upload if host-dirty."""
@@ -328,32 +353,15 @@ class Buffer:
             self._runtime("device_sync", lib.halide_device_sync_global, interface)
 
     def device_free(self) -> None:
-        """Free the device allocation. Results that exist only on the device are copied back to
-        host memory first: freeing never loses data."""
-        self._release_device(dropping=False)
+        """Free the device allocation, once pipeline calls running on it have finished. Results
+        that exist only on the device are copied back to host memory first: freeing never loses
+        data, and the next device use uploads it again."""
+        if self._raw.device:
+            runtime.free_device(self._raw)
 
     def _runtime(self, what, function, *args) -> None:
         with runtime_call(what) as check:
             check(function(ffi.NULL, *args))
-
-    def _release_device(self, *, dropping: bool) -> None:
-        if self._family.shared:
-            # A crop's or parent's changes stay with the family (the last handle out brings
-            # the device's home), and the others may still read them: nothing to copy here.
-            if self.has_device_allocation:
-                self._runtime("device_free", lib.halide_device_free, self._raw)
-            return
-        if not self._raw.device:
-            lib.shim_flags_assign(self._raw, DEVICE_DIRTY, False)
-            return
-        if self.device_dirty:
-            # (Results in a DLPack producer's memory outlive this Buffer: nothing to say.)
-            if dropping and self._unread and self._keepalive is None:
-                warnings.warn(f"{self!r} was dropped holding pipeline results nobody read",
-                              DirtyBufferWarning, stacklevel=3)
-            if self._exposed and self._raw.host != ffi.NULL:
-                self.copy_to_host()  # someone can still see this memory: nothing is lost
-        self._runtime("device_free", lib.halide_device_free, self._raw)
 
     def __del__(self):
         raw = getattr(self, "_raw", None)
@@ -361,25 +369,48 @@ class Buffer:
             return  # construction failed before the struct existed
         if shutdown.shut_down():
             return  # the interpreter is exiting: device memory goes with the process
-        if raw.device and self._family.lock.held_by_current_thread():
-            # The collector ran inside this family's own critical section: a stand-in that
-            # keeps the struct and its memory alive finishes the job once the lock is free.
-            orphan = Buffer.__new__(Buffer)
-            for name in Buffer.__slots__[:-1]:
-                setattr(orphan, name, getattr(self, name))
-            self._family.deferred.append(lambda: orphan._release_device(dropping=True))
+        if self._family.lock.held_by_current_thread():
+            # The collector ran inside this family's own critical section: what keeps the
+            # struct and its memory alive goes to the family, which finishes the job once its
+            # lock is free.
+            state = _Dropped(raw, self._dims, self._array, self._keepalive, self._family,
+                             self._exposed, self._unread, repr(self))
+            self._family.deferred.append(state.release)
             return
-        try:
-            if raw.device:
-                self._release_device(dropping=True)
-        except Exception as e:  # noqa: BLE001 - a finalizer must not raise
-            warnings.warn(f"releasing the device memory of a dropped Buffer failed: {e}",
-                          RuntimeWarning, stacklevel=2)
-        finally:
-            families.unregister_owned(raw)
+        _Dropped(raw, self._dims, self._array, self._keepalive, self._family, self._exposed,
+                 self._unread, repr(self)).release()
 
     def __repr__(self) -> str:
         return f"<shim.Buffer {self._type} shape={self.shape}>"
+
+
+class _Dropped(NamedTuple):
+    """What a dropped Buffer leaves to release: its struct and everything its memory needs."""
+
+    raw: object
+    dims: object
+    array: np.ndarray
+    keepalive: object
+    family: Family
+    exposed: bool
+    unread: bool
+    name: str
+
+    def release(self) -> None:
+        """Leave the family and give the device memory back; device results go to host memory
+        when anyone can see it. A failure loses those results (with a warning), never the
+        memory."""
+        raw = self.raw
+        dirty = bool(lib.shim_flags_get(raw) & DEVICE_DIRTY) and not self.family.shared
+        # (Results in a DLPack producer's memory outlive this Buffer: nothing to say.)
+        if dirty and self.unread and self.keepalive is None and raw.device:
+            warnings.warn(f"{self.name} was dropped holding pipeline results nobody read",
+                          DirtyBufferWarning, stacklevel=3)
+        try:
+            runtime.release(raw, copy_back=self.exposed)
+        except Exception as e:  # noqa: BLE001 - a finalizer must not raise
+            warnings.warn(f"releasing the device memory of a dropped Buffer failed: {e}",
+                          RuntimeWarning, stacklevel=3)
 
 
 def _device(device) -> Backend:
@@ -387,10 +418,59 @@ def _device(device) -> Backend:
 
 
 def _shape_tuple(shape, argument: str) -> tuple[int, ...]:
+    """A shape in numpy order: integers (numpy's too), never floats truncated to one."""
     try:
-        dims = tuple(int(s) for s in shape)
+        dims = tuple(operator.index(s) for s in shape)
     except TypeError:
-        raise ArgumentError(argument, f"expected a sequence of ints, got {shape!r}") from None
+        raise ArgumentError(argument, f"expected a shape: a sequence of integers (numpy order), "
+                                      f"got {shape!r}") from None
     if any(s < 0 for s in dims):
         raise ArgumentError(argument, f"extents must be non-negative, got {dims}")
     return dims
+
+
+def _integer(value, argument: str) -> int:
+    """``value`` as an int: Python's or numpy's integers; floats are refused, not truncated."""
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise ArgumentError(argument, f"expected an integer, got {value!r} "
+                                      f"({type(value).__name__})") from None
+
+
+def _range(pair) -> tuple[int, int]:
+    """One (min, extent) pair of ``Buffer.cropped``'s list form."""
+    try:
+        lo, extent = pair
+    except (TypeError, ValueError):
+        raise ArgumentError("ranges", f"expected (min, extent) pairs, got {pair!r}") from None
+    return _integer(lo, "min"), _integer(extent, "extent")
+
+
+def _element_dtype(dtype) -> np.dtype:
+    """Buffer's ``dtype=`` as a numpy dtype that has a Halide element type."""
+    try:
+        dtype = np.dtype(dtype)
+        HalideType.from_dtype(dtype)
+    except TypeError as e:
+        raise ArgumentError("dtype", str(e)) from None
+    return dtype
+
+
+def _check_memory(shape, dtype: np.dtype, argument: str) -> None:
+    """Refuse host memory of ``shape`` elements of ``dtype`` that this machine cannot hold,
+    before allocating or copying it."""
+    nbytes = math.prod(shape) * dtype.itemsize
+    if nbytes > PHYSICAL_MEMORY:
+        raise ArgumentError(argument, f"shape {tuple(shape)} of {dtype} needs {_gib(nbytes)} of "
+                                      f"memory; this machine has {_gib(PHYSICAL_MEMORY)}")
+
+
+def _zeros(shape, dtype: np.dtype, argument: str) -> np.ndarray:
+    """Zeroed host memory for a buffer the shim allocates, refused if it cannot be had."""
+    _check_memory(shape, dtype, argument)
+    return np.zeros(shape, dtype)
+
+
+def _gib(nbytes: int) -> str:
+    return f"{nbytes / 2**30:.3g} GiB"

@@ -20,17 +20,20 @@ import threading
 from contextlib import contextmanager
 from typing import NamedTuple
 
+from shim import interrupts
 from shim.native import ffi, lib
 
 
 class FamilyLock:
     """A mutex that knows which thread holds it: code that can run at any moment (a
-    finalizer, from the garbage collector) must not wait for a lock its own thread holds."""
+    finalizer, from the garbage collector) must not wait for a lock its own thread holds. Its
+    condition wakes threads waiting for pipeline calls on the family to end (``Family.uses``)."""
 
-    __slots__ = ("_lock", "owner")
+    __slots__ = ("_lock", "_changed", "owner")
 
     def __init__(self):
         self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)
         self.owner = None
 
     def acquire(self) -> None:
@@ -46,12 +49,34 @@ class FamilyLock:
     def held_by_current_thread(self) -> bool:
         return self.owner == threading.get_ident()
 
+    def wait(self, timeout: float) -> None:
+        """With the lock held: release it until ``notify_all`` (or ``timeout``), then hold it
+        again."""
+        self.owner = None
+        try:
+            self._changed.wait(timeout)
+        finally:
+            self.owner = threading.get_ident()
+
+    def notify_all(self) -> None:
+        self._changed.notify_all()
+
 
 class Member(NamedTuple):
     """A shim.Buffer's struct in a shared family, and its box in the root's coordinates."""
 
     raw: object
     box: tuple
+
+
+class Use(NamedTuple):
+    """A pipeline call running on a member of a family right now."""
+
+    call: int  # the call context's id
+    thread: int  # the thread that made the call
+    address: int  # the member's halide_buffer_t
+    box: tuple | None  # its box in the root's coordinates (None: not a shared family)
+    output: bool  # whether the call writes it
 
 
 class Family:
@@ -66,7 +91,7 @@ class Family:
     """
 
     __slots__ = ("lock", "backend", "memory", "handles", "deferred", "members", "root_host",
-                 "root_layout", "host_regions", "device_regions", "in_flight", "stream",
+                 "root_layout", "host_regions", "device_regions", "uses", "stream",
                  "__weakref__")
 
     def __init__(self, backend=None):
@@ -83,9 +108,11 @@ class Family:
         self.root_layout = None
         self.host_regions: list = []
         self.device_regions: list = []
-        # address -> number of pipeline calls running on that member right now: generated code
-        # may be setting its flags, so nobody but the member's own operations touches them.
-        self.in_flight: dict[int, int] = {}
+        # The pipeline calls running on members right now. Generated code may be setting their
+        # flags and its kernels reading or writing their memory: operations of other threads
+        # wait for the calls that touch the same elements (shim/runtime.py), and derived dirty
+        # bits leave their members alone.
+        self.uses: list[Use] = []
         # The device stream (shim.stream) of the last pipeline call that used the allocation:
         # where work on it may still be pending, for DLPack consumers to wait on.
         self.stream = 0
@@ -103,6 +130,7 @@ class Family:
         self.root_host = int(ffi.cast("uintptr_t", root_raw.host))
         self.root_layout = Layout.of(root_raw)
         self.members = {address_of(root_raw): Member(root_raw, root_box)}
+        lib.shim_flags_assign(root_raw, lib.SHIM_BUFFER_FLAG_REGIONS, True)
         flags = lib.shim_flags_get(root_raw)
         self.host_regions = [root_box] if flags & lib.halide_buffer_flag_host_dirty else []
         self.device_regions = [root_box] if flags & lib.halide_buffer_flag_device_dirty else []
@@ -110,14 +138,23 @@ class Family:
     def box_of(self, raw):
         return self.members[address_of(raw)].box
 
-    def refresh_bits(self, active=None) -> None:
+    def root_box(self) -> tuple:
+        layout = self.root_layout
+        return tuple(zip(layout.mins, layout.extents))
+
+    def in_use(self, address: int) -> bool:
+        return any(use.address == address for use in self.uses)
+
+    def refresh_bits(self, active=None, only=None) -> None:
         """Set each member's dirty bits from the regions: dirty where it overlaps one. Members
         a pipeline is running on are left alone (their kernels set their bits, and the call's
-        end takes them in), except ``active``, the member the current operation is for."""
+        end takes them in), except ``active``, the member the current operation is for.
+        ``only``: refresh that member alone (nothing else changed)."""
         from shim.regions import intersect
 
-        for address, member in list(self.members.items()):
-            if self.in_flight.get(address) and member.raw != active:
+        members = [self.members[address_of(only)]] if only is not None else list(self.members.values())
+        for member in members:
+            if member.raw != active and self.in_use(address_of(member.raw)):
                 continue
             for bit, regions in ((lib.halide_buffer_flag_host_dirty, self.host_regions),
                                  (lib.halide_buffer_flag_device_dirty, self.device_regions)):
@@ -216,23 +253,25 @@ def allocated(raw) -> None:
 @contextmanager
 def locked(*raws):
     """Hold the locks of the families of ``raws`` (in a fixed order, so two threads locking
-    the same pair never deadlock). Yields the families, None for a struct with no family."""
-    addresses = [address_of(raw) for raw in raws]
-    while True:
-        targets = [_target(raw, address) for raw, address in zip(raws, addresses)]
-        locks = sorted({id(lock): lock for lock, _ in targets}.values(), key=id)
-        for lock in locks:
-            lock.acquire()
-        if all(_target(raw, address)[0] is lock
-               for raw, address, (lock, _) in zip(raws, addresses, targets)):
-            break
-        for lock in reversed(locks):
-            lock.release()
-    try:
-        yield [family for _, family in targets] if len(raws) > 1 else targets[0][1]
-    finally:
-        for lock in reversed(locks):
-            lock.release()
-        for _, family in targets:
-            if family is not None and family.deferred:
-                family.run_deferred()
+    the same pair never deadlock). Yields the families, None for a struct with no family.
+    Ctrl-C waits until the locks are released (shim/interrupts.py)."""
+    with interrupts.deferred():
+        addresses = [address_of(raw) for raw in raws]
+        while True:
+            targets = [_target(raw, address) for raw, address in zip(raws, addresses)]
+            locks = sorted({id(lock): lock for lock, _ in targets}.values(), key=id)
+            for lock in locks:
+                lock.acquire()
+            if all(_target(raw, address)[0] is lock
+                   for raw, address, (lock, _) in zip(raws, addresses, targets)):
+                break
+            for lock in reversed(locks):
+                lock.release()
+        try:
+            yield [family for _, family in targets] if len(raws) > 1 else targets[0][1]
+        finally:
+            for lock in reversed(locks):
+                lock.release()
+            for _, family in targets:
+                if family is not None and family.deferred:
+                    family.run_deferred()

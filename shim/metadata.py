@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import enum
+import math
 from dataclasses import dataclass
 
 import numpy as np
 
+from shim.errors import ArgumentError
 from shim.native import ffi
-from shim.types import BFLOAT, FLOAT, HalideType
+from shim.types import BFLOAT, FLOAT, INT32_MAX, HalideType
 
 USER_CONTEXT = "__user_context"
 _DIM_NAMES = "xyzw"
@@ -117,3 +119,29 @@ def read_metadata(pointer) -> tuple[str, str, list[Argument]]:
             buffer_estimates=_buffer_estimates(arg),
         ))
     return ffi.string(pointer.name).decode(), ffi.string(pointer.target).decode(), arguments
+
+
+def dimension_label(d: int, dimensions: int) -> str:
+    """Halide's dimension ``d`` of a ``dimensions``-D buffer, and the numpy axis it is (Halide
+    counts from x, the innermost: numpy's last axis), for messages."""
+    return f"dimension {d} (numpy axis {dimensions - 1 - d})"
+
+
+def check_extents(arg: Argument, shape, target: str) -> None:
+    """Refuse a shape (numpy order) that no buffer for ``arg`` can have in a pipeline built for
+    ``target``, before anyone allocates or copies that much: halide_dimension_t holds 32-bit
+    extents, and Halide's generated code refuses buffers of more elements than its limit
+    (buffer_extents_too_large): 2^31 - 1, unless built with the large_buffers feature."""
+    for axis, extent in enumerate(shape):
+        if extent > INT32_MAX:
+            raise ArgumentError(arg.name, f"{dimension_label(len(shape) - 1 - axis, len(shape))} "
+                                          f"has extent {extent}; Halide's extents are 32-bit, at "
+                                          f"most {INT32_MAX}")
+    large = "large_buffers" in target.split("-")
+    limit = 2**63 - 1 if large else INT32_MAX
+    elements = math.prod(shape)
+    if elements > limit:
+        raise ArgumentError(arg.name, f"shape {tuple(shape)} has {elements} elements; Halide "
+                                      f"pipelines take at most {limit} per buffer"
+                                      + ("" if large else " (2^31 - 1: more only when built with "
+                                                          "the large_buffers target feature)"))

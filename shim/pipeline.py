@@ -8,6 +8,7 @@ gives each argument's name, kind, type and dimensionality; ``argv`` takes, in th
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 import sys
 from collections import OrderedDict
@@ -15,15 +16,16 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from shim import dlpack, profiler, runtime, streams
-from shim.buffer import Buffer, _shape_tuple, as_host_array
-from shim.elf import NotELF, pipeline_names
+from shim import dlpack, interrupts, profiler, runtime, streams
+from shim.buffer import Buffer, _check_memory, _shape_tuple, _zeros, as_host_array
+from shim.elf import NotELF, architecture, pipeline_names
 from shim.errors import (DEVICE_ERROR_CODES, ArgumentError, BoundsError, DeviceError,
                          DeviceUnavailable, PipelineError)
-from shim.metadata import USER_CONTEXT, Argument, read_metadata
-from shim.native import CallContext, ffi, lib
+from shim.metadata import USER_CONTEXT, Argument, check_extents, dimension_label, read_metadata
+from shim.native import CallContext, _native, ffi, lib
 from shim.runtime import take_exception
 from shim.scalars import MISSING, ScalarArgument
+from shim.types import INT32_MAX
 
 _BOUNDS_CACHE_SIZE = 64
 # Target features that make a pipeline run code on a device.
@@ -36,6 +38,11 @@ def load(path, name: str | None = None) -> Pipeline:
     Works for any Halide 21 AOT pipeline, built with its runtime bundled or with the
     ``no_runtime`` feature. ``name`` picks one pipeline when the library holds several.
     """
+    try:
+        path = os.fsdecode(path)
+    except TypeError:
+        raise ArgumentError("path", "expected the path of a pipeline's shared library (str, bytes "
+                                    f"or os.PathLike), got {type(path).__name__}") from None
     return Pipeline(path, name)
 
 
@@ -168,31 +175,35 @@ class Pipeline:
         if isinstance(value, Buffer):
             _check_buffer_type(arg, value._type, len(value._box), value.shape)
             if arg.is_output:
+                _check_writable(arg, value._array)
                 call.results.append(value)
             return value
         if arg.is_output and isinstance(value, (tuple, list)):
             shape = _shape_tuple(value, arg.name)
             _check_dimensions(arg, len(shape), shape)
-            buf = Buffer._wrap(np.zeros(shape, dtype=_dtype_of(arg)), arg.name, exposed=False)
+            check_extents(arg, shape, self.target)
+            buf = Buffer._wrap(_zeros(shape, _dtype_of(arg), arg.name), arg.name, exposed=False)
             call.results.append(buf)
             return buf
         if _dlpack_device_type(value) not in dlpack.HOST_DEVICES:
             return self._device_argument(arg, value, call)
         array = as_host_array(value, arg.name)
         _check_buffer_type(arg, _array_type(array, arg), array.ndim, array.shape)
-        if arg.is_output and not array.flags.writeable:
-            raise ArgumentError(arg.name, "the output array is read-only")
+        check_extents(arg, array.shape, self.target)  # before any copy of it is made
+        if arg.is_output:
+            _check_writable(arg, array)
         if _halide_can_address(array):
             buf = Buffer._wrap(array, arg.name)
             if arg.is_output:
                 call.copy_back.append((buf, None))
         elif arg.is_output:
-            # Halide wants unit stride in x; compute into a dense array and copy back.
-            buf = Buffer._wrap(np.empty(array.shape, array.dtype), arg.name, exposed=False)
+            # Compute into memory Halide can address, then copy into the caller's array.
+            buf = Buffer._wrap(_zeros(array.shape, _dtype_of(arg), arg.name), arg.name,
+                               exposed=False)
             call.copy_back.append((buf, array))
         else:
             # A copy made once: later runs of a PreparedCall see the copy, not the array.
-            buf = Buffer._wrap(np.ascontiguousarray(array), arg.name)
+            buf = Buffer._wrap(_addressable_copy(arg, array), arg.name)
         call.temporaries.append(buf)
         if arg.is_output:
             # The caller's own object back (a torch tensor stays one); numpy for the rest.
@@ -264,16 +275,19 @@ class Pipeline:
 
     def _run(self, argv) -> None:
         """One call of the pipeline outside a PreparedCall: the bounds query."""
-        context = CallContext.begin()
-        lib.shim_call_set_stream(context.pointer, ffi.cast("void *", streams.current()))
-        profiled = profiler.begin_pipeline(f"{self.name} (bounds query)", context.id)
-        result = -1
-        try:
-            result = lib.shim_call_argv(context.pointer, self._argv_fn, argv)
-            self._finish(context, result)
-        finally:
-            profiler.end(profiled, result)
-            context.end()
+        with interrupts.deferred():
+            context = CallContext.begin()
+            try:
+                lib.shim_call_set_stream(context.pointer, ffi.cast("void *", streams.current()))
+                profiled = profiler.begin_pipeline(f"{self.name} (bounds query)", context.id)
+                result = -1
+                try:
+                    result = lib.shim_call_argv(context.pointer, self._argv_fn, argv)
+                    self._finish(context, result)
+                finally:
+                    profiler.end(profiled, result)
+            finally:
+                context.end()
 
     def _finish(self, context: CallContext, result: int) -> None:
         """Hand on what the call printed; raise for a failed call."""
@@ -283,7 +297,7 @@ class Pipeline:
             message = context.errors().strip()
             cause = take_exception(context.id)
             if cause is not None or result in DEVICE_ERROR_CODES:  # a device call failed
-                raise DeviceError(result, message, context=self.name) from cause
+                runtime.raise_failure(result, message, cause, self.name)
             raise PipelineError(result, message, context=self.name)
 
 
@@ -301,9 +315,12 @@ def _open_library(path: str):
 
 
 def _choose_name(path: str, name: str | None) -> str:
+    """The name of the pipeline to use in the library at ``path``, which must be a Halide
+    pipeline for the machine this process runs on."""
     if not os.path.isfile(path):
         raise ArgumentError("path", f"no such file: {path}")
     try:
+        _check_architecture(path)
         names = pipeline_names(path)
     except NotELF as e:
         raise ArgumentError("path", f"{path} is not a Halide pipeline: {e}") from None
@@ -320,6 +337,21 @@ def _choose_name(path: str, name: str | None) -> str:
     if name not in names:
         raise ArgumentError("name", f"{path} has no pipeline {name!r}; it has {', '.join(names)}")
     return name
+
+
+def _check_architecture(path: str) -> None:
+    """dlopen skips a library built for another machine as if it were not there ("No such
+    file or directory"): say what is wrong instead. This process runs the code the shim's own
+    native library holds."""
+    theirs, ours = architecture(path), _host_architecture()
+    if theirs != ours:
+        raise ArgumentError("path", f"{path} holds {theirs} code; this process runs {ours} code: "
+                                    "build the pipeline for this machine")
+
+
+@functools.cache
+def _host_architecture() -> str:
+    return architecture(_native.__file__)
 
 
 def _symbol_address(library, symbol: str) -> int:
@@ -344,16 +376,29 @@ def _array_type(array: np.ndarray, arg: Argument):
     from shim.types import HalideType
 
     try:
-        return HalideType.from_dtype(array.dtype)
+        # In native byte order: arrays in the other are converted (see _halide_can_address).
+        return HalideType.from_dtype(array.dtype.newbyteorder("="))
     except TypeError:
         raise ArgumentError(arg.name, f"expected {arg.type} elements, got numpy dtype "
                                       f"{array.dtype}") from None
 
 
 def _check_dimensions(arg: Argument, dimensions: int, shape) -> None:
+    """As many dimensions as the pipeline declares, and at least one element: Halide has no
+    use for an empty buffer (numpy gives empty arrays zero strides, which Halide refuses)."""
     if dimensions != arg.dimensions:
         raise ArgumentError(arg.name, f"expected a {arg.dimensions}-D buffer, got {dimensions}-D "
                                       f"with shape {tuple(shape)}")
+    if 0 in shape:
+        raise ArgumentError(arg.name, f"the array is empty (shape {tuple(shape)}); pipelines take "
+                                      "buffers with at least one element along every axis")
+
+
+def _check_writable(arg: Argument, array: np.ndarray) -> None:
+    if not array.flags.writeable:
+        raise ArgumentError(arg.name, "the output's memory is read-only (a numpy array with "
+                                      "writeable=False, bytes, a read-only mmap, ...): pass "
+                                      "writable memory, or a shape to have the output allocated")
 
 
 def _check_buffer_type(arg: Argument, htype, dimensions: int, shape) -> None:
@@ -363,13 +408,26 @@ def _check_buffer_type(arg: Argument, htype, dimensions: int, shape) -> None:
 
 
 def _halide_can_address(array: np.ndarray) -> bool:
-    """Whether Halide's default constraints accept the array as it is: unit stride in x (the
-    last numpy axis) and no negative strides."""
-    if array.ndim == 0:
-        return True
-    if array.shape[-1] > 1 and array.strides[-1] != array.dtype.itemsize:
+    """Whether Halide's default constraints accept the array as it is: native byte order,
+    strides of whole elements that fit in 32 bits, none negative, and unit stride in x (the
+    last numpy axis). Zero strides elsewhere (a broadcast) are fine."""
+    itemsize = array.dtype.itemsize
+    if not array.dtype.isnative or any(s < 0 or s % itemsize or s // itemsize > INT32_MAX
+                                       for s in array.strides):
         return False
-    return all(s >= 0 for s in array.strides)
+    return array.ndim == 0 or array.shape[-1] == 1 or array.strides[-1] == itemsize
+
+
+def _addressable_copy(arg: Argument, array: np.ndarray) -> np.ndarray:
+    """A copy of an input that Halide can address, no larger than it must be: axes the array
+    is broadcast along (stride 0), other than x, stay broadcast, so that a broadcast input
+    costs one row, not its full size. Refused before copying if this machine cannot hold it."""
+    x = array.ndim - 1
+    core = array[tuple(slice(0, 1) if stride == 0 and axis != x else slice(None)
+                       for axis, stride in enumerate(array.strides))]
+    dtype = _dtype_of(arg)
+    _check_memory(core.shape, dtype, arg.name)
+    return np.broadcast_to(np.array(core, dtype, order="C"), array.shape)
 
 
 def _estimated_shape(arg: Argument) -> tuple[int, ...]:
@@ -399,12 +457,12 @@ def _check_region(arg: Argument, d: int, want: tuple, have: tuple) -> None:
     if arg.is_output:
         if want != have:
             raise BoundsError(arg.name, lib.halide_error_code_constraint_violated,
-                              f"the pipeline writes dimension {d} over {wanted} but the output "
-                              f"covers {covered}")
+                              f"the pipeline writes {dimension_label(d, arg.dimensions)} over "
+                              f"{wanted} but the output covers {covered}")
     elif want_extent > 0 and (want_min < have_min or want_min + want_extent > have_min + have_extent):
         raise BoundsError(arg.name, lib.halide_error_code_access_out_of_bounds,
-                          f"too small: the pipeline reads dimension {d} over {wanted} but the "
-                          f"input covers {covered}")
+                          f"too small: the pipeline reads {dimension_label(d, arg.dimensions)} over "
+                          f"{wanted} but the input covers {covered}")
 
 
 class PreparedCall:
@@ -420,40 +478,51 @@ class PreparedCall:
         self._raw_buffers = ffi.new("halide_buffer_t *[]", [buf._raw for buf in buffers] or 1)
         self._outputs = [buf for _, arg, buf in call.buffers if arg.is_output]
         self._inputs = [buf for _, arg, buf in call.buffers if not arg.is_output]
+        # (struct, is_output) of every buffer argument, for the families' records of the call.
+        self._arguments = [(buf._raw, arg.is_output) for _, arg, buf in call.buffers]
 
     def __call__(self):
+        # Ctrl-C lands once the call is over and its bookkeeping done (shim/interrupts.py).
+        with interrupts.deferred():
+            self._run_once()
+        return self._results()
+
+    def _run_once(self) -> None:
         pipeline, call = self._pipeline, self._call
         for buf in call.array_inputs:
             buf.set_host_dirty(True)  # the caller may have written to the array since
-        shared = [(buf, buf in self._outputs) for _, _, buf in call.buffers if buf._family.shared]
-        for buf, is_output in shared:
-            runtime.begin_call(buf._raw, host_write=is_output and not pipeline.device_kinds)
         context = CallContext.begin(reset=False)
-        profiled = profiler.begin_pipeline(pipeline.name, context.id)
-        result = -1
         try:
-            result = self._run(context)
-            if result == lib.SHIM_CALL_NEEDS_PREPARATION:
-                for _, _, buf in call.buffers:
-                    pipeline._prepare_device_state(buf)
+            uses = runtime.begin_call(context.id, self._arguments,
+                                      host_write=not pipeline.device_kinds)
+            profiled = profiler.begin_pipeline(pipeline.name, context.id)
+            result = -1
+            try:
                 result = self._run(context)
                 if result == lib.SHIM_CALL_NEEDS_PREPARATION:
-                    raise RuntimeError("internal error: a buffer's device state could not be "
-                                       "prepared for this pipeline")
-            pipeline._finish(context, result)
+                    for _, _, buf in call.buffers:
+                        pipeline._prepare_device_state(buf)
+                    result = self._run(context)
+                    if result == lib.SHIM_CALL_NEEDS_PREPARATION:
+                        raise RuntimeError("internal error: a buffer's device state could not "
+                                           "be prepared for this pipeline")
+                pipeline._finish(context, result)
+            finally:
+                profiler.end(profiled, result)
+                if pipeline.device_kinds:
+                    for _, _, buf in call.buffers:
+                        buf._family.stream = streams.current()
+                else:
+                    for buf in self._outputs:
+                        # Code compiled for the CPU only writes outputs without marking them
+                        # host-dirty; a device copy they may have would silently go stale.
+                        lib.shim_flags_assign(buf._raw, lib.halide_buffer_flag_host_dirty, True)
+                runtime.end_call(context.id, uses)  # a crop's results reach its parent
         finally:
-            profiler.end(profiled, result)
             context.end()
-            if pipeline.device_kinds:
-                for _, _, buf in call.buffers:
-                    buf._family.stream = streams.current()
-            for buf in self._outputs:
-                if not pipeline.device_kinds:
-                    # Code compiled for the CPU only writes outputs without marking them
-                    # host-dirty; a device copy they may have would silently go stale.
-                    lib.shim_flags_assign(buf._raw, lib.halide_buffer_flag_host_dirty, True)
-            for buf, is_output in shared:
-                runtime.end_call(buf._raw, written=is_output)  # a crop's results reach its parent
+
+    def _results(self):
+        call = self._call
         for buf in self._inputs:
             buf._unread = False
         for buf in self._outputs:

@@ -18,13 +18,13 @@ from contextlib import contextmanager
 
 import numpy as np
 
-from shim import aliasing, families, profiler, streams
+from shim import aliasing, families, interrupts, profiler, streams
 from shim.backends.base import BackendError, interface_of
 from shim.devices import backend_for_interface, default_device
 from shim.errors import DeviceError
-from shim.families import Family, locked
+from shim.families import Family, Use, locked
 from shim.native import CallContext, ffi, lib
-from shim.regions import Layout, NegativeStrides, host_memory, plan
+from shim.regions import Layout, NegativeStrides, host_memory, intersect, plan
 
 HOST_DIRTY = lib.halide_buffer_flag_host_dirty
 DEVICE_DIRTY = lib.halide_buffer_flag_device_dirty
@@ -83,24 +83,71 @@ def _run_guarded(operation, failure_code: int, user_context, args) -> int:
                        f"{name} failed: {type(e).__name__}: {e}", e)
 
 
+def raise_failure(result: int, message: str, cause: BaseException | None, what: str):
+    """Raise what a failed runtime call stands for: DeviceError, unless it failed because the
+    program is being interrupted or is exiting (KeyboardInterrupt, SystemExit), which must
+    reach the program as they are, never as an error a ``except ShimError`` would swallow."""
+    if cause is not None and not isinstance(cause, Exception):
+        raise cause
+    raise DeviceError(result, message, context=what) from cause
+
+
 @contextmanager
 def runtime_call(what: str):
     """Make the calling thread's runtime calls report into a fresh call context, and raise
     DeviceError for a failing one. Yields a ``check(result)`` function."""
-    context = CallContext.begin()
-    lib.shim_call_set_stream(context.pointer, ffi.cast("void *", streams.current()))
-    previous = lib.shim_call_enter(context.pointer)
+    with interrupts.deferred():
+        context = CallContext.begin()
+        try:
+            lib.shim_call_set_stream(context.pointer, ffi.cast("void *", streams.current()))
+            previous = lib.shim_call_enter(context.pointer)
 
-    def check(result: int) -> None:
-        if result != 0:
-            cause = take_exception(context.id)
-            raise DeviceError(result, context.errors().strip(), context=what) from cause
+            def check(result: int) -> None:
+                if result != 0:
+                    raise_failure(result, context.errors().strip(), take_exception(context.id), what)
 
-    try:
-        yield check
-    finally:
-        lib.shim_call_leave(previous)
-        context.end()
+            try:
+                yield check
+            finally:
+                lib.shim_call_leave(previous)
+        finally:
+            context.end()
+
+
+# --- pipeline calls in flight --------------------------------------------------------------
+
+# Call context ids of the pipeline calls running now (their Uses are in their families).
+_running: set[int] = set()
+
+
+def _inside_pipeline_call() -> bool:
+    """Whether the calling thread works for a running pipeline call (its generated code, on
+    the caller's thread or one of Halide's workers)."""
+    call = lib.shim_current_call()
+    return call != ffi.NULL and lib.shim_call_id(call) in _running
+
+
+def _await_calls(family: Family | None, raw=None, *, writers_only: bool = False) -> None:
+    """Called with the family's lock held, by an operation a program asked for: wait, with
+    the lock released, until no pipeline call running on another thread uses the elements
+    ``raw`` covers (all the family's, for None): neither its kernels nor its flags may change
+    under it. A pipeline's own device calls never wait (they are its generated code, ordered
+    as Halide orders them), nor does a thread for the call it is itself making."""
+    if family is None or not family.uses or _inside_pipeline_call():
+        return
+    member = family.members.get(families.address_of(raw)) if family.shared and raw is not None else None
+    box = member.box if member is not None else None
+    me = threading.get_ident()
+    while any(_conflicts(use, box, writers_only, me) for use in family.uses):
+        if interrupts.take_pending():
+            raise KeyboardInterrupt
+        family.lock.wait(0.05)
+
+
+def _conflicts(use: Use, box, writers_only: bool, thread: int) -> bool:
+    if use.thread == thread or (writers_only and not use.output):
+        return False
+    return box is None or use.box is None or intersect(box, use.box) is not None
 
 
 # --- helpers -------------------------------------------------------------------------------
@@ -174,6 +221,17 @@ def _allocate(raw, interface, family: Family | None) -> Family:
     return family
 
 
+def _allocate_behind_host(raw, interface, family: Family | None) -> Family:
+    """Allocate for a Buffer operation. New device memory holds nothing, so where the buffer
+    has host memory that holds the data: it is marked host-dirty *before* the handle is
+    published, or a lock-free copy_to_device on another thread could find the buffer
+    allocated and clean and use the garbage. (Halide leaves the flags alone: a clean buffer
+    copied to a new allocation stays garbage there.)"""
+    if raw.host != ffi.NULL and (family is None or not family.shared):
+        lib.shim_flags_assign(raw, HOST_DIRTY, True)
+    return _allocate(raw, interface, family)
+
+
 def _download(raw, family: Family | None) -> None:
     """Device -> host for a device-dirty buffer; clears device_dirty once the data is there."""
     if _flags(raw) & HOST_DIRTY:
@@ -223,9 +281,18 @@ def _drop_device(raw, family: Family | None, *, free: bool = True) -> None:
         _set_device(raw, 0, ffi.NULL)
 
 
-def _drop_handle(family: Family, handle: int, *, free: bool = True, active=None) -> None:
+def _drop_handle(family: Family, handle: int, *, free: bool = True, active=None,
+                 force: bool = False) -> None:
+    """Give up one handle into the family's memory. Dropping the last one downloads what only
+    the device holds first; if that fails the memory stays (and the error is raised), unless
+    ``force``: a Buffer being dropped gives its memory back whatever happens."""
     if family.shared and family.device_regions and family.last_handle(handle):
-        _shared(aliasing.download_all, family, _transfer, active)  # never drop device-only data
+        try:
+            _shared(aliasing.download_all, family, _transfer, active)  # never drop device-only data
+        except BaseException:
+            if force:
+                family.drop_handle(handle, free=free)
+            raise
     family.drop_handle(handle, free=free)
 
 
@@ -261,11 +328,16 @@ def device_malloc(uc, raw, interface):
 
 def device_free(uc, raw, interface):
     with locked(raw) as family:
-        _drop_device(raw, family)
-        if family is not None and family.shared:
-            family.refresh_bits(raw)
-        else:
-            lib.shim_flags_assign(raw, DEVICE_DIRTY, False)
+        _await_calls(family)
+        _free(raw, family)
+
+
+def _free(raw, family: Family | None) -> None:
+    _drop_device(raw, family)
+    if family is not None and family.shared:
+        family.refresh_bits(raw)
+    else:
+        lib.shim_flags_assign(raw, DEVICE_DIRTY, False)
 
 
 def device_sync(uc, raw, interface):
@@ -280,6 +352,7 @@ def device_release(uc, interface):
 
 def copy_to_host(uc, raw, interface):
     with locked(raw) as family:
+        _await_calls(family, raw, writers_only=True)
         if family is not None and family.shared:
             _shared(aliasing.download, family, raw, _transfer)
         elif _flags(raw) & DEVICE_DIRTY:
@@ -288,6 +361,7 @@ def copy_to_host(uc, raw, interface):
 
 def copy_to_device(uc, raw, interface):
     with locked(raw) as family:
+        _await_calls(family, raw)
         if family is not None and family.shared:
             current = raw.device_interface
             if raw.device and not aliasing.is_proxy(current) and current != interface \
@@ -301,7 +375,7 @@ def copy_to_device(uc, raw, interface):
             raise Failure(E.halide_error_code_incompatible_device_interface,
                           "the buffer lives on another device interface")
         if not raw.device:
-            family = _allocate(raw, interface, family)
+            family = _allocate_behind_host(raw, interface, family)
         flags = _flags(raw)
         if not flags & HOST_DIRTY:
             return
@@ -505,6 +579,7 @@ def mark_dirty(raw, bit: int, value: bool) -> None:
     """Buffer.set_host_dirty / set_device_dirty: for a member of a shared family, through the
     family's regions; raises DeviceError when the other side holds overlapping changes."""
     with runtime_call("set dirty") as check, locked(raw) as family:
+        _await_calls(family, raw, writers_only=True)
         if family is None or not family.shared:
             lib.shim_flags_assign(raw, bit, value)
             return
@@ -519,28 +594,112 @@ def mark_dirty(raw, bit: int, value: bool) -> None:
                   else E.halide_error_code_copy_to_device_failed)
 
 
-def begin_call(raw, host_write: bool) -> None:
-    """A pipeline call is about to run on member ``raw``. If it writes the member on the host
-    (a CPU pipeline's output), every device-side change comes home first, so that the family
-    never holds changes on both sides."""
-    with runtime_call("before the pipeline") as check, locked(raw) as family:
+def malloc_device(raw, interface) -> None:
+    """Buffer.device_malloc: as halide_device_malloc, and since new device memory holds
+    nothing, the host has the data: the next copy_to_device uploads it. (Halide leaves the
+    flags alone, and a later copy_to_device of a clean buffer leaves garbage on the device.
+    A shared family's regions say so already.)"""
+    def malloc_for_buffer(uc):
+        with locked(raw) as family:
+            if raw.device and not aliasing.is_proxy(raw.device_interface):
+                return
+            _allocate_behind_host(raw, interface, family)
 
-        def download_device_changes(uc):
-            aliasing.download_all(family, _transfer, raw)
-
-        if host_write and family.device_regions:
-            check(guarded(download_device_changes, E.halide_error_code_copy_to_host_failed, ffi.NULL))
-        aliasing.begin_call(family, raw)
+    with runtime_call("device_malloc") as check:
+        check(guarded(malloc_for_buffer, E.halide_error_code_device_malloc_failed, ffi.NULL))
 
 
-def end_call(raw, written: bool) -> None:
-    """The pipeline call on member ``raw`` has returned: what it wrote joins the family."""
-    with runtime_call("after the pipeline") as check, locked(raw) as family:
+def free_device(raw) -> None:
+    """Buffer.device_free: wait for pipeline calls using the allocation, bring what only the
+    device holds home (to host memory, if the buffer has any), then free; if the download
+    fails, the allocation stays and DeviceError says why. A later device use uploads again."""
+    def free_keeping_data(uc):
+        with locked(raw) as family:
+            _await_calls(family)
+            if family is not None and not family.shared and raw.device \
+                    and _flags(raw) & DEVICE_DIRTY and raw.host != ffi.NULL:
+                _download(raw, family)
+            _free(raw, family)
 
-        def take_in_changes(uc):
-            _shared(aliasing.end_call, family, raw, written)
+    with runtime_call("device_free") as check:
+        check(guarded(free_keeping_data, E.halide_error_code_device_free_failed, ffi.NULL))
 
-        check(guarded(take_in_changes, E.halide_error_code_host_and_device_dirty, ffi.NULL))
+
+def release(raw, *, copy_back: bool) -> None:
+    """A shim.Buffer is being dropped: it leaves its family and gives up its device handle,
+    under the family's lock (so that a concurrent allocation cannot attach it meanwhile).
+    ``copy_back``: its device results go to host memory first. The memory goes even if that
+    download fails; the DeviceError then says what was lost."""
+    def release_buffer(uc):
+        with locked(raw) as family:
+            try:
+                if copy_back and family is not None and not family.shared and raw.device \
+                        and _flags(raw) & DEVICE_DIRTY and raw.host != ffi.NULL:
+                    _download(raw, family)
+            finally:
+                families.unregister_owned(raw)
+                if raw.device and not aliasing.is_proxy(raw.device_interface):
+                    handle = raw.device
+                    _set_device(raw, 0, ffi.NULL)
+                    if family is not None and handle in family.handles:
+                        _drop_handle(family, handle, force=True)
+
+    with runtime_call("release a dropped Buffer") as check:
+        check(guarded(release_buffer, E.halide_error_code_device_free_failed, ffi.NULL))
+
+
+def begin_call(call_id: int, arguments, host_write: bool) -> list:
+    """A pipeline call is about to run with ``arguments``, (raw, is_output) pairs of
+    shim.Buffers: each family records the use, so that other threads' operations on those
+    elements wait for the call to end (``end_call``, with what this returns). A call that
+    writes an output on the host (a CPU pipeline) first brings the family's device-side
+    changes home."""
+    _running.add(call_id)
+    uses = []
+    try:
+        for raw, output in arguments:
+            with runtime_call("before the pipeline") as check, locked(raw) as family:
+                if family.shared:
+                    if output and host_write and family.device_regions:
+                        def download_device_changes(uc):
+                            aliasing.download_all(family, _transfer, raw)
+
+                        check(guarded(download_device_changes,
+                                      E.halide_error_code_copy_to_host_failed, ffi.NULL))
+                    use = Use(call_id, threading.get_ident(), families.address_of(raw),
+                              family.box_of(raw), output)
+                    aliasing.begin_call(family, use, raw)
+                else:
+                    use = Use(call_id, threading.get_ident(), families.address_of(raw), None, output)
+                    family.uses.append(use)
+                uses.append((raw, family, use))
+    except BaseException:
+        end_call(call_id, uses)
+        raise
+    return uses
+
+
+def end_call(call_id: int, uses: list) -> None:
+    """The pipeline call has returned: what it wrote joins each family (a crop's results reach
+    its parent), and operations waiting for it go ahead."""
+    _running.discard(call_id)
+    failure = None
+    for raw, family, use in uses:
+        with runtime_call("after the pipeline") as check, locked(raw):
+            try:
+                if family.shared:
+                    def take_in_changes(uc):
+                        _shared(aliasing.end_call, family, use, raw)
+
+                    check(guarded(take_in_changes, E.halide_error_code_host_and_device_dirty, ffi.NULL))
+                else:
+                    family.uses.remove(use)
+            except DeviceError as e:
+                failure = failure or e
+            finally:
+                family.lock.notify_all()
+    if failure is not None:
+        raise failure
 
 
 # --- the callbacks the native library calls ------------------------------------------------

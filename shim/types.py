@@ -9,6 +9,8 @@ import numpy as np
 
 INT, UINT, FLOAT, HANDLE, BFLOAT = 0, 1, 2, 3, 4
 _CODE_NAMES = {INT: "int", UINT: "uint", FLOAT: "float", HANDLE: "handle", BFLOAT: "bfloat"}
+# The largest extent or stride a halide_dimension_t (int32_t fields) holds.
+INT32_MAX = 2**31 - 1
 
 
 @dataclass(frozen=True)
@@ -51,8 +53,13 @@ class HalideType:
 
     @classmethod
     def from_dtype(cls, dtype) -> HalideType:
-        """The Halide type stored like numpy's ``dtype``; raises TypeError for the others."""
+        """The Halide type stored like numpy's ``dtype``; raises TypeError for the others,
+        among them dtypes in the other byte order, whose elements Halide would misread."""
         dtype = np.dtype(dtype)
+        if not dtype.isnative:
+            raise TypeError(f"numpy dtype {dtype.str} is not in this machine's byte order, which "
+                            "Halide reads; convert it with "
+                            "arr.astype(arr.dtype.newbyteorder('='))")
         if dtype == np.bool_:
             return cls(UINT, 1)
         code = {"i": INT, "u": UINT, "f": FLOAT}.get(dtype.kind)

@@ -19,6 +19,7 @@ import time
 
 from shim import streams
 from shim.backends.base import Backend, BackendError, Memory
+from shim.devices import fork_guard
 from shim.errors import DeviceUnavailable
 from shim.native import ffi, lib
 from shim.regions import CopyPlan
@@ -100,7 +101,8 @@ class CUDABackend(Backend):
 
     def __init__(self, device=None):
         super().__init__()
-        cu = self._cu = _init()
+        self._usable = fork_guard("CUDA")
+        cu = self._api = _init()
         if device is None:
             device = os.environ.get("HALIDE_SHIM_CUDA_DEVICE") or os.environ.get("HL_GPU_DEVICE") or 0
         count = _check(cu.cuDeviceGetCount(), "cuDeviceGetCount")
@@ -116,6 +118,13 @@ class CUDABackend(Backend):
                                     ffi.cast("void *", int(self.context)), ffi.NULL)
         if status != 0:
             raise DeviceUnavailable(f"cannot bind kernel launches to the CUDA driver (status {status})")
+
+    @property
+    def _cu(self):
+        # Every driver call goes through here: a forked child is refused before it reaches the
+        # driver (kernel launches, in C, refuse on their own).
+        self._usable()
+        return self._api
 
     def _current(self):
         # The driver API wants the context current on whichever thread calls it.
@@ -137,6 +146,27 @@ class CUDABackend(Backend):
 
     def dlpack_data(self, handle: int) -> tuple[int, int]:
         return handle, 0  # a CUdeviceptr, already at the buffer's min element
+
+    def dlpack_consumer_stream(self, stream):
+        """The consumer's stream for make_visible, checked against DLPack's CUDA numbering."""
+        if stream is not None and (stream == 0 or stream < -1):
+            raise ValueError(f"stream {stream} is not a valid CUDA stream for DLPack (0 is "
+                             "ambiguous: pass 1 for the legacy default stream, 2 for the "
+                             "per-thread one)")
+        return stream
+
+    def check_dlpack_memory(self, data: int, byte_offset: int, nbytes: int) -> None:
+        """Refuse (BufferError) a DLPack tensor's ``data`` unless it is device memory of this
+        context holding ``nbytes`` from ``byte_offset``."""
+        self._current()
+        try:
+            base, size = _check(self._cu.cuMemGetAddressRange(data + byte_offset),
+                                "cuMemGetAddressRange")
+        except BackendError as e:
+            raise BufferError(f"data {data:#x} is not CUDA memory of the shim's context: {e}") from None
+        if data + byte_offset + nbytes > int(base) + int(size):
+            raise BufferError(f"the tensor spans {nbytes} bytes from {data + byte_offset:#x}; its "
+                              f"allocation ends at {int(base) + int(size):#x}")
 
     def make_visible(self, stream, producer: int) -> None:
         """Event record on the stream the shim's work ran on, then the consumer's stream waits

@@ -12,15 +12,18 @@ kernels whose buffers are crops at offsets OpenCL cannot make sub-buffers at.
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import os
 import re
 import threading
 import time
+from collections import OrderedDict
 
 import numpy as np
 
 from shim.backends.base import Backend, BackendError, Memory
+from shim.devices import fork_guard
 from shim.errors import DeviceUnavailable
 from shim.native import ffi, lib
 from shim.regions import CopyPlan, host_memory, plan
@@ -118,6 +121,25 @@ def _icd_loader_path() -> str:
     return found[0]
 
 
+def _held(kind, handle: int):
+    """The live pyopencl object of class ``kind`` whose OpenCL handle is ``handle``, or None.
+
+    An int from outside (a DLPack stream, a tensor's data) cannot be checked by the driver:
+    every OpenCL call dereferences it, and garbage crashes the ICD loader. A handle that a live
+    pyopencl object owns is valid for as long as that object lives. pyopencl keeps no registry
+    of its objects, so this scans the interpreter's: milliseconds, on paths that cache or
+    rarely come here."""
+    cl = _cl()
+    for candidate in gc.get_objects():
+        if issubclass(type(candidate), kind):  # (type(): no __class__ lookups on foreign objects)
+            try:
+                if candidate.int_ptr == handle:
+                    return candidate
+            except cl.Error:  # released
+                continue
+    return None
+
+
 class OpenCLMemory(Memory):
     def __init__(self, buffer, nbytes: int, owned: bool = True):
         super().__init__(nbytes, owned)
@@ -130,14 +152,21 @@ class OpenCLBackend(Backend):
     kind = "opencl"
     index = lib.SHIM_BACKEND_OPENCL
 
+    # Consumer queues a DLPack export last synchronized with, by handle: held, so the handle
+    # stays valid, and at most this many, since finding one takes a scan (see _held).
+    CONSUMER_QUEUES = 8
+
     def __init__(self, platform=None, device=None):
         super().__init__()
         cl = _cl()
         self._platform, self._device = _select(platform, device)
-        self.context = cl.Context([self._device])
+        self._usable = fork_guard("OpenCL")
+        self._context = cl.Context([self._device])
         # Profiling enabled for shim.profile's device times (markers), at no measurable cost.
-        self.queue = cl.CommandQueue(self.context, self._device,
-                                     properties=cl.command_queue_properties.PROFILING_ENABLE)
+        self._queue = cl.CommandQueue(self._context, self._device,
+                                      properties=cl.command_queue_properties.PROFILING_ENABLE)
+        self._consumer_queues: OrderedDict[int, object] = OrderedDict()
+        self._consumer_lock = threading.Lock()  # for the dict only
         self.alignment = max(self._device.mem_base_addr_align // 8, 1)
         self._programs: dict[bytes, tuple] = {}  # source digest -> (program, module cdata)
         self._compile_lock = threading.Lock()  # one compile per source, never held by launches
@@ -155,6 +184,19 @@ class OpenCLBackend(Backend):
     def name(self) -> str:
         return f"{self._device.name.strip()} ({self._platform.name.strip()})"
 
+    # Every device operation goes through the context or the queue: here a forked child is
+    # refused before it reaches the driver (kernel launches, in C, refuse on their own).
+
+    @property
+    def context(self):
+        self._usable()
+        return self._context
+
+    @property
+    def queue(self):
+        self._usable()
+        return self._queue
+
     # DLPack defines no stream value for OpenCL; the shim's is a cl_command_queue handle (an
     # int). None asks for everything queued so far to have finished; -1 for no synchronization.
     dlpack_device_type = 4  # kDLOpenCL
@@ -166,18 +208,65 @@ class OpenCLBackend(Backend):
         struct = ffi.cast("shim_cl_handle *", handle)
         return int(ffi.cast("uintptr_t", struct.mem)), int(struct.offset)
 
-    def make_visible(self, stream, producer: int) -> None:
+    def dlpack_consumer_stream(self, stream):
+        """The queue a consumer named for make_visible: None and -1 as they are, a handle as
+        the pyopencl CommandQueue that owns it, which must be alive and in the shim's context
+        (a handle nothing in this process owns is refused: see _held)."""
+        if stream is None or stream == -1:
+            return stream
+        if stream == self.queue.int_ptr:
+            return self.queue
+        queue = self._consumer_queue(stream) if stream > 0 else None
+        if queue is None:
+            raise BufferError(f"stream {stream} is not an OpenCL command queue this process holds: "
+                              "for OpenCL, DLPack's stream must be None, -1, or the int_ptr of a "
+                              "live pyopencl.CommandQueue in the shim's context")
+        if queue.context.int_ptr != self.context.int_ptr:
+            raise BufferError(f"stream {stream} is a command queue of another OpenCL context; it "
+                              "must be in the shim's (shim.device('opencl').context)")
+        return queue
+
+    def _consumer_queue(self, handle: int):
+        with self._consumer_lock:
+            queue = self._consumer_queues.get(handle)
+            if queue is not None:
+                self._consumer_queues.move_to_end(handle)
+                return queue
+        queue = _held(_cl().CommandQueue, handle)
+        if queue is not None:
+            with self._consumer_lock:
+                self._consumer_queues[handle] = queue
+                while len(self._consumer_queues) > self.CONSUMER_QUEUES:
+                    self._consumer_queues.popitem(last=False)
+        return queue
+
+    def make_visible(self, consumer, producer: int) -> None:
         # (The shim runs all its OpenCL work on one queue: ``producer`` is always that.)
-        if stream == -1 or stream == self.queue.int_ptr:
-            return  # no synchronization asked for, or the consumer works in our queue's order
-        if stream is None:
-            self.queue.finish()
-            return
+        if consumer is None:
+            self.sync()
+        elif consumer != -1 and consumer is not self.queue:  # (-1: no synchronization)
+            cl = _cl()
+            try:
+                done = cl.enqueue_marker(self.queue)  # completes when everything before it has
+                cl.enqueue_barrier(consumer, wait_for=[done])
+                self.queue.flush()
+            except cl.Error as e:
+                raise BackendError(f"ordering the consumer's queue after the shim's failed: {e}") from None
+
+    def check_dlpack_memory(self, data: int, byte_offset: int, nbytes: int) -> None:
+        """Refuse (BufferError) a DLPack tensor's ``data`` unless it is a cl_mem in the shim's
+        context, alive in this process, holding ``nbytes`` from ``byte_offset``."""
         cl = _cl()
-        consumer = cl.CommandQueue.from_int_ptr(stream, retain=True)
-        done = cl.enqueue_marker(self.queue)  # completes when everything before it has
-        cl.enqueue_barrier(consumer, wait_for=[done])
-        self.queue.flush()
+        buffer = next((m.buffer for m in list(self._live.values()) if m.buffer.int_ptr == data),
+                      None) or _held(cl.Buffer, data)
+        if buffer is None:
+            raise BufferError(f"data {data:#x} is not an OpenCL buffer this process holds (the "
+                              "shim's, or a live pyopencl.Buffer's)")
+        if buffer.context.int_ptr != self.context.int_ptr:
+            raise BufferError(f"data {data:#x} is an OpenCL buffer of another context")
+        if byte_offset + nbytes > buffer.size:
+            raise BufferError(f"the tensor spans bytes [{byte_offset}, {byte_offset + nbytes}) of "
+                              f"an OpenCL buffer of {buffer.size} bytes")
 
     # Device timing: markers in the one queue all the shim's OpenCL work goes to.
 
