@@ -16,9 +16,14 @@
  * call), so it is capped and the excess counted rather than kept. */
 enum { ERROR_TEXT_CAP = 64 * 1024, PRINT_TEXT_CAP = 8 * 1024 * 1024 };
 
+/* Ends error text the cap cut: the text is all the caller gets to see of it. (Print text's
+ * excess is reported from its count, shim_call_prints_dropped.) */
+static const char ERRORS_CUT_MARKER[] = "\n... (truncated: error text is capped at 64 KiB)\n";
+
 typedef struct {
     char *data;
     size_t len, cap, limit, dropped;
+    const char *cut_marker; /* appended, past the limit, where the limit first cuts; or NULL */
 } text_buffer;
 
 struct shim_call {
@@ -35,31 +40,49 @@ struct shim_call {
 
 static __thread shim_call *current_call;
 
+/* Room for n more bytes and the terminating NUL. */
+static bool text_reserve(text_buffer *t, size_t n) {
+    if (t->len + n + 1 <= t->cap) {
+        return true;
+    }
+    size_t cap = t->cap ? t->cap : 256;
+    while (cap < t->len + n + 1) {
+        cap *= 2;
+    }
+    char *data = realloc(t->data, cap);
+    if (data == NULL) {
+        return false;
+    }
+    t->data = data;
+    t->cap = cap;
+    return true;
+}
+
 static void text_append(text_buffer *t, const char *msg) {
     size_t n = strlen(msg);
-    size_t room = t->limit - t->len;
+    size_t room = t->len < t->limit ? t->limit - t->len : 0;
+    const char *marker = NULL;
     if (n > room) {
+        if (t->dropped == 0) {
+            marker = t->cut_marker; /* the first cut: later text is dropped after it */
+        }
         t->dropped += n - room;
         n = room;
     }
-    if (n == 0) {
+    size_t marker_len = marker ? strlen(marker) : 0;
+    if (n + marker_len == 0) {
         return;
     }
-    if (t->len + n + 1 > t->cap) {
-        size_t cap = t->cap ? t->cap : 256;
-        while (cap < t->len + n + 1) {
-            cap *= 2;
-        }
-        char *data = realloc(t->data, cap);
-        if (data == NULL) {
-            t->dropped += n;
-            return;
-        }
-        t->data = data;
-        t->cap = cap;
+    if (!text_reserve(t, n + marker_len)) {
+        t->dropped += n;
+        return;
     }
     memcpy(t->data + t->len, msg, n);
     t->len += n;
+    if (marker != NULL) {
+        memcpy(t->data + t->len, marker, marker_len);
+        t->len += marker_len;
+    }
     t->data[t->len] = '\0';
 }
 
@@ -75,6 +98,7 @@ shim_call *shim_call_new(uint64_t id) {
     call->id = id;
     pthread_mutex_init(&call->lock, NULL);
     call->errors.limit = ERROR_TEXT_CAP;
+    call->errors.cut_marker = ERRORS_CUT_MARKER;
     call->prints.limit = PRINT_TEXT_CAP;
     return call;
 }
@@ -202,16 +226,23 @@ size_t shim_call_prints_dropped(const shim_call *call) {
     return call->prints.dropped;
 }
 
-static void report(text_buffer *(*which)(shim_call *), const char *msg) {
+/* `whole_lines`: end the message with a newline if it lacks one, so that messages from
+ * several threads stay apart (each halide_error call is one whole message; print text may
+ * come in pieces). */
+static void report(text_buffer *(*which)(shim_call *), const char *msg, bool whole_lines) {
+    size_t n = strlen(msg);
+    const char *end = whole_lines && n > 0 && msg[n - 1] != '\n' ? "\n" : "";
     shim_call *call = current_call;
     if (call == NULL) {
         /* Not inside any shim call (a destructor at exit, a thread Halide did not start for
          * us): there is nobody to hand the text to, so do what Halide does, minus the abort. */
         fputs(msg, stderr);
+        fputs(end, stderr);
         return;
     }
     pthread_mutex_lock(&call->lock);
     text_append(which(call), msg);
+    text_append(which(call), end);
     pthread_mutex_unlock(&call->lock);
 }
 
@@ -225,10 +256,10 @@ static text_buffer *prints_of(shim_call *call) {
 
 void halide_error(void *user_context, const char *msg) {
     (void)user_context;
-    report(errors_of, msg);
+    report(errors_of, msg, true);
 }
 
 void halide_print(void *user_context, const char *msg) {
     (void)user_context;
-    report(prints_of, msg);
+    report(prints_of, msg, false);
 }

@@ -7,6 +7,7 @@ pipeline loaded afterwards calls the shim's halide_* functions instead of Halide
 from shim import native  # noqa: F401  (must come first: see shim/native.py)
 from shim import runtime  # noqa: F401  (registers the device-layer callbacks)
 from shim import shutdown  # noqa: F401  (an orderly exit)
+from shim import interrupts
 from shim.backends import cuda as _cuda, opencl as _opencl  # noqa: F401  (their callbacks too)
 from shim.buffer import Buffer, Dimension
 from shim.devices import default_device, device, devices
@@ -26,6 +27,8 @@ from shim.profiler import Profile, profile
 from shim.streams import stream
 from shim.threads import num_threads, set_num_threads
 from shim.types import HalideType
+
+interrupts.install()  # Ctrl-C never lands inside the device layer's bookkeeping
 
 __all__ = [
     "Argument",

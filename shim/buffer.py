@@ -46,11 +46,9 @@ def as_host_array(value, argument: str) -> np.ndarray:
     if isinstance(value, Buffer):
         return value.numpy()
     if hasattr(value, "__dlpack__"):
-        try:
-            return np.from_dlpack(value)
-        except (BufferError, TypeError, RuntimeError, ValueError) as e:
-            raise ArgumentError(argument, f"cannot view {type(value).__name__} as host memory "
-                                          f"through DLPack: {e}") from None
+        from shim import dlpack  # (which imports this module)
+
+        return dlpack.host_array(value, argument)  # checked: numpy trusts hostile tensors
     try:
         return np.asarray(memoryview(value))
     except TypeError:
@@ -296,9 +294,9 @@ class Buffer:
         Only a Buffer with a device allocation and writable host memory can be device-dirty:
         otherwise every later read would fail, or write into memory that must not change."""
         if value and not self.has_device_allocation:
-            raise ArgumentError("value", "this Buffer has no device allocation (a crop: neither "
-                                         "has its parent), so there is no device copy to hold "
-                                         "changes; copy_to_device() or device_malloc() first")
+            raise ArgumentError("value", "this Buffer has no device allocation (nor, for a crop, "
+                                         "does its parent), so no device copy can hold changes; "
+                                         "copy_to_device() or device_malloc() first")
         if value and not self._array.flags.writeable:
             raise ArgumentError("value", "this Buffer's host memory is read-only: changes on the "
                                          "device could never be copied back to it")
@@ -334,11 +332,17 @@ class Buffer:
         runtime.malloc_device(self._raw, interface)
 
     def copy_to_device(self, device=None) -> None:
-        """Make the device allocation current: allocate it if needed, upload if host-dirty."""
+        """Make the device allocation current: allocate it if needed, upload if host-dirty.
+        A Buffer on another device moves: its data comes home, that allocation is freed, and
+        the data goes up to ``device`` (Halide refuses with error -42 instead)."""
         if device is None and self._raw.device:
             interface = ffi.NULL  # the interface it already has
         else:
             interface = interface_of(_device(device))
+        if self.has_device_allocation and interface != ffi.NULL \
+                and self._raw.device_interface != interface:
+            runtime.move_device(self._raw, interface)
+            return
         self._runtime("copy_to_device", lib.halide_copy_to_device, self._raw, interface)
 
     def copy_to_host(self) -> None:

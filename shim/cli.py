@@ -96,7 +96,7 @@ def _pipeline_values(pipeline, args):
             if argument.is_output:
                 outputs[argument.name] = runner.output_spec(argument, text) if text else None
             elif argument.is_buffer:
-                values[argument.name] = runner.input_value(argument, text)
+                values[argument.name] = runner.input_value(argument, text, pipeline.target)
                 inputs.append(values[argument.name])
             elif text is not None:
                 values[argument.name] = _scalar(argument, text)

@@ -10,8 +10,10 @@ capsule keeps the Buffer (and its memory) alive until the consumer's deleter run
 Streams: on CUDA the consumer passes its stream and the shim makes its pending work visible
 there (event record, stream wait): None or 1 is the legacy default stream, 2 the per-thread
 default, -1 asks for no synchronization, 0 is refused as ambiguous. The standard defines no
-value for OpenCL; here it is a cl_command_queue handle as an int (None: the shim's queue is
-finished first). As a consumer, the shim passes the stream its own pipelines run on.
+value for OpenCL; here it is the cl_command_queue handle of a queue this process holds through
+pyopencl, as an int (None: the shim's queue is finished first; any other int is refused, since a
+handle cannot be checked without dereferencing it). As a consumer, the shim passes the stream
+its own pipelines run on.
 """
 
 from __future__ import annotations
@@ -19,16 +21,22 @@ from __future__ import annotations
 import ctypes
 import enum
 import itertools
+import math
+import operator
+import reprlib
 import warnings
+from contextlib import contextmanager
+from dataclasses import dataclass
 
 import numpy as np
 
 from shim import runtime, shutdown
+from shim.backends.base import BackendError
 from shim.buffer import Buffer
-from shim.devices import device as get_device
-from shim.errors import ArgumentError
+from shim.devices import device as get_device, kind_for_dlpack
+from shim.errors import ArgumentError, DeviceError, ShimError
 from shim.native import ffi, lib
-from shim.types import BFLOAT, FLOAT, INT, UINT, HalideType
+from shim.types import FLOAT, INT, UINT, HalideType
 
 
 class DLDeviceType(enum.IntEnum):
@@ -49,7 +57,6 @@ class DLDeviceType(enum.IntEnum):
 READ_ONLY, IS_COPIED = 1, 2
 VERSION = (1, 1)
 HOST_DEVICES = (DLDeviceType.CPU, DLDeviceType.CUDAHost, DLDeviceType.CUDAManaged)
-_DEVICE_KINDS = {DLDeviceType.CUDA: "cuda", DLDeviceType.OpenCL: "opencl"}
 _DL_BOOL = 6
 
 # Prototypes of our own: ctypes.pythonapi's function objects are shared with every user.
@@ -117,7 +124,7 @@ def _export_host(buf: Buffer, here, stream, copy, versioned, max_version):
 
 def _export_device(buf: Buffer, target, stream, copy, versioned, max_version):
     backend = buf.device
-    _check_stream(backend, stream)
+    consumer = _consumer_stream(backend, stream)
     source, flags = buf, 0
     if copy is True:
         source, flags = _device_copy(buf, backend), IS_COPIED
@@ -127,7 +134,8 @@ def _export_device(buf: Buffer, target, stream, copy, versioned, max_version):
         source._unread = False
     unpin = runtime.pin_device(source._raw)
     try:
-        backend.make_visible(stream, source._family.stream)
+        with _device_calls("DLPack export"):
+            backend.make_visible(consumer, source._family.stream)
         data, offset = backend.dlpack_data(source._raw.device)
     except BaseException:
         unpin()
@@ -199,19 +207,30 @@ def _device_copy(buf: Buffer, backend) -> Buffer:
     return copy
 
 
-def _check_stream(backend, stream) -> None:
-    if stream is None:
-        return
-    if not isinstance(stream, int) or isinstance(stream, bool):
+def _consumer_stream(backend, stream):
+    """The consumer's ``stream`` as ``backend.make_visible`` takes it, checked by the backend."""
+    if stream is not None and (not isinstance(stream, int) or isinstance(stream, bool)):
         raise TypeError(f"stream must be an int or None, got {type(stream).__name__}")
-    if backend.kind == "cuda" and (stream == 0 or stream < -1):
-        raise ValueError(f"stream {stream} is not a valid CUDA stream for DLPack (0 is ambiguous: "
-                         "pass 1 for the legacy default stream, 2 for the per-thread one)")
+    with _device_calls("DLPack export"):
+        return backend.dlpack_consumer_stream(stream)
+
+
+@contextmanager
+def _device_calls(what: str):
+    """Backend calls made outside any runtime call: a failure is a DeviceError, as inside."""
+    try:
+        yield
+    except BackendError as e:
+        raise DeviceError(lib.halide_error_code_gpu_device_error, str(e), context=what) from e
 
 
 def _device_name(device) -> str:
     kind, index = device
-    return f"{DLDeviceType(kind).name}:{index}"
+    try:
+        name = DLDeviceType(kind).name
+    except ValueError:  # a device type the shim has no name for, from a capsule
+        name = f"device type {kind}"
+    return f"{name}:{index}"
 
 
 def _device_tuple(dl_device) -> tuple[int, int]:
@@ -243,78 +262,222 @@ def _to_dl_type(htype: HalideType, out) -> None:
     out.lanes = 1
 
 
-def _from_dl_type(dl) -> HalideType:
+def _from_dl_type(dl, refuse) -> HalideType:
     if dl.lanes != 1:
-        raise BufferError("vector element types cannot be imported")
-    if dl.code == _DL_BOOL:
+        refuse(f"elements of {dl.lanes} lanes; only scalar elements can be imported")
+    if dl.code == _DL_BOOL and dl.bits == 8:
         return HalideType(UINT, 1)
-    if dl.code not in (INT, UINT, FLOAT, BFLOAT):
-        raise BufferError(f"DLPack type code {dl.code} has no Halide equivalent")
-    return HalideType(dl.code, dl.bits)
+    htype = HalideType(dl.code, dl.bits) if dl.code in (INT, UINT, FLOAT) else None
+    if htype is None or htype.dtype is None:
+        refuse(f"elements of DLPack type code {dl.code} with {dl.bits} bits, which have no numpy "
+               "equivalent (a shim.Buffer needs one)")
+    return htype
 
 
 # --- import ------------------------------------------------------------------------------------
+#
+# Nothing a producer hands over is trusted: what __dlpack_device__ says, the capsule and every
+# field of its tensor are checked before the shim makes a Buffer over the memory, and anything
+# wrong is an ArgumentError naming the argument (a hostile tensor would otherwise crash the
+# process or read the wrong bytes). The memory itself can only be checked on devices (see
+# Backend.check_dlpack_memory); host memory is trusted, as numpy trusts it.
+
+_MAX_DIMENSIONS = 64  # numpy's: every Buffer has a numpy array
+_INT32_MAX = 2**31 - 1  # Halide's extents and strides are 32-bit
+
 
 def from_dlpack(obj, *, copy=None) -> Buffer:
-    """A Buffer over the data of any object with ``__dlpack__``: CPU memory through numpy
-    (zero-copy), CUDA and OpenCL memory wrapped as the Buffer's device allocation (zero-copy,
-    the producer kept alive). ``copy=True`` copies, ``copy=False`` refuses to."""
+    """A Buffer over the data of any object with ``__dlpack__``: CPU memory zero-copy, CUDA
+    and OpenCL memory wrapped as the Buffer's device allocation (zero-copy, the producer kept
+    alive). ``copy=True`` copies, ``copy=False`` refuses to."""
+    return to_buffer(obj, "obj", copy)
+
+
+def to_buffer(obj, argument: str, copy=None) -> Buffer:
+    """``from_dlpack`` for the argument named ``argument``, which its errors name."""
+    claimed = claimed_device(obj, argument)
+    if claimed[0] in HOST_DEVICES:
+        return Buffer(_host_array(obj, claimed, argument, copy))
+    backend = _backend_for(claimed, argument)
+    with _device_calls("DLPack import"):
+        stream = backend.dlpack_stream()
+    buf = _Imported(obj, stream, claimed, argument).wrap(backend)
+    return _device_copy(buf, backend) if copy else buf
+
+
+def host_array(obj, argument: str, copy=None) -> np.ndarray:
+    """A numpy array over the host memory an object with ``__dlpack__`` exports (zero-copy
+    unless ``copy``), for the argument named ``argument``."""
+    claimed = claimed_device(obj, argument)
+    if claimed[0] not in HOST_DEVICES:
+        raise ArgumentError(argument, f"its data is on {_device_name(claimed)}, not in host memory "
+                                      "(shim.from_dlpack imports device memory)")
+    return _host_array(obj, claimed, argument, copy)
+
+
+def claimed_device(obj, argument: str = "obj") -> tuple[DLDeviceType, int]:
+    """Where ``obj.__dlpack_device__()`` says its data is, checked."""
     if not hasattr(obj, "__dlpack__") or not hasattr(obj, "__dlpack_device__"):
-        raise ArgumentError("obj", f"expected an object with __dlpack__ and __dlpack_device__, "
-                                   f"got {type(obj).__name__}")
-    kind, index = obj.__dlpack_device__()
-    if int(kind) in HOST_DEVICES:
-        return Buffer(np.from_dlpack(obj, copy=copy))
-    if int(kind) not in _DEVICE_KINDS:
-        raise BufferError(f"cannot import DLPack data from device type {kind}")
-    backend = get_device(_DEVICE_KINDS[int(kind)])
-    if index != backend.dlpack_device_id():
-        raise BufferError(f"the data is on {DLDeviceType(int(kind)).name}:{index}, the shim's "
-                          f"{backend.kind} backend uses device {backend.dlpack_device_id()}")
-    imported = _Imported(obj, backend.dlpack_stream())
-    buf = imported.wrap(backend)
-    if copy:
-        return _device_copy(buf, backend)
-    return buf
+        raise ArgumentError(argument, f"expected an object with __dlpack__ and __dlpack_device__, "
+                                      f"got {type(obj).__name__}")
+    device = _producer_call(obj, "__dlpack_device__", argument, obj.__dlpack_device__)
+    try:
+        kind, index = device
+        kind, index = DLDeviceType(operator.index(kind)), operator.index(index)
+    except Exception:  # noqa: BLE001 - whatever the producer returned, it is not a device
+        index = -1
+    if index < 0:
+        raise ArgumentError(argument, f"{type(obj).__name__}.__dlpack_device__() returned "
+                                      f"{reprlib.repr(device)}; expected a (device type, device "
+                                      "id) pair of ints, with a device type DLPack defines")
+    return kind, index
+
+
+def _host_array(obj, claimed, argument: str, copy) -> np.ndarray:
+    array = _Imported(obj, None, claimed, argument).host_view()
+    return array.copy() if copy else array
+
+
+def _backend_for(device, argument: str):
+    kind = kind_for_dlpack(device[0])
+    if kind is None:
+        raise ArgumentError(argument, f"its data is on {_device_name(device)}, which no backend "
+                                      "of the shim holds")
+    backend = get_device(kind)
+    if device[1] != backend.dlpack_device_id():
+        raise ArgumentError(argument, f"its data is on {_device_name(device)}; the shim's {kind} "
+                                      f"backend uses device {backend.dlpack_device_id()}")
+    return backend
+
+
+def _producer_call(obj, method: str, argument: str, call):
+    """``call()``, a call into the producer: what it raises is bad input (but a shim error,
+    from a shim Buffer as producer, stays what it is)."""
+    try:
+        return call()
+    except ShimError:
+        raise
+    except Exception as e:  # noqa: BLE001 - any failure of foreign code
+        raise ArgumentError(argument, f"{type(obj).__name__}.{method}() raised "
+                                      f"{type(e).__name__}: {e}") from e
+
+
+def _capsule_of(obj, stream, argument: str):
+    def export():
+        try:
+            return obj.__dlpack__(stream=stream, max_version=VERSION)
+        except TypeError:  # a producer from before DLPack 1.0 and the max_version argument
+            return obj.__dlpack__(stream=stream)
+
+    return _producer_call(obj, "__dlpack__", argument, export)
+
+
+@dataclass(frozen=True)
+class _Tensor:
+    """A DLTensor's fields, checked, as Python values."""
+
+    device: tuple[int, int]
+    data: int
+    byte_offset: int
+    shape: tuple[int, ...]
+    strides: tuple[int, ...]  # in elements
+    htype: HalideType
+    read_only: bool
+
+    @property
+    def nbytes(self) -> int:
+        """The bytes from the first element to the end of the last (0 for no elements);
+        strides must be non-negative."""
+        if 0 in self.shape:
+            return 0
+        return (sum((e - 1) * s for e, s in zip(self.shape, self.strides)) + 1) * self.htype.bytes
+
+
+def _read_tensor(managed, versioned: bool, refuse) -> _Tensor:
+    if versioned and managed.version.major != VERSION[0]:
+        refuse(f"DLPack {managed.version.major}.{managed.version.minor}, whose layout the shim "
+               f"does not know (it reads {VERSION[0]}.x)")
+    tensor = managed.dl_tensor
+    n = tensor.ndim
+    if not 0 <= n <= _MAX_DIMENSIONS:
+        refuse(f"ndim {n}; expected 0 to {_MAX_DIMENSIONS}")
+    if n and tensor.shape == ffi.NULL:
+        refuse(f"a NULL shape for {n} dimensions")
+    shape = tuple(tensor.shape[i] for i in range(n))
+    if tensor.strides == ffi.NULL:  # compact and row-major, as DLPack 1.0 allows
+        strides = tuple(math.prod(shape[i + 1:]) for i in range(n))
+    else:
+        strides = tuple(tensor.strides[i] for i in range(n))
+    if not all(0 <= e <= _INT32_MAX for e in shape) or not all(abs(s) <= _INT32_MAX for s in strides):
+        refuse(f"shape {shape} with strides {strides}; extents must be >= 0 and both must fit "
+               "Halide's 32 bits")
+    htype = _from_dl_type(tensor.dtype, refuse)
+    data = int(ffi.cast("uintptr_t", tensor.data))
+    if data == 0 and 0 not in shape:
+        refuse(f"NULL data for {math.prod(shape)} elements")
+    return _Tensor((tensor.device.device_type, tensor.device.device_id), data,
+                   int(tensor.byte_offset), shape, strides, htype,
+                   versioned and bool(managed.flags & READ_ONLY))
 
 
 class _Imported:
-    """A consumed capsule: the managed tensor, whose deleter runs when this is dropped (with
-    the Buffer that holds it)."""
+    """A consumed capsule, checked: the managed tensor, whose deleter runs when this is dropped
+    (with the Buffer or the array over its memory). ``device``: where the producer said the
+    data is, which the tensor must agree with."""
 
-    def __init__(self, obj, stream):
-        try:
-            capsule = obj.__dlpack__(stream=stream, max_version=VERSION)
-        except TypeError:  # a producer from before DLPack 1.0 and the max_version argument
-            capsule = obj.__dlpack__(stream=stream)
+    def __init__(self, obj, stream, device=None, argument: str = "obj"):
+        self.producer = obj  # kept alive too, as the standard asks of consumers
+        self.argument = argument
+        capsule = _capsule_of(obj, stream, argument)
         self.versioned = bool(_capsule_valid(capsule, _name(True)))
         if not self.versioned and not _capsule_valid(capsule, _name(False)):
-            raise BufferError("__dlpack__ returned something that is not an unused DLPack capsule")
-        pointer = _capsule_pointer(capsule, _name(self.versioned))
+            self.refuse(f"{reprlib.repr(capsule)}, not an unused DLPack capsule")
         kind = "DLManagedTensorVersioned *" if self.versioned else "DLManagedTensor *"
-        self.managed = ffi.cast(kind, pointer)
+        managed = ffi.cast(kind, _capsule_pointer(capsule, _name(self.versioned)))
+        # Refusals up to here leave the capsule unconsumed: its own destructor frees it.
+        self.tensor = _read_tensor(managed, self.versioned, self.refuse)
+        if device is not None and self.tensor.device != tuple(device):
+            self.refuse(f"a tensor on {_device_name(self.tensor.device)}, while its "
+                        f"__dlpack_device__() says {_device_name(device)}")
         _capsule_rename(capsule, _name(self.versioned, used=True))
-        self.producer = obj  # kept alive too, as the standard asks of consumers
+        self.managed = managed
+
+    def refuse(self, what: str):
+        raise ArgumentError(self.argument, f"{type(self.producer).__name__}.__dlpack__() gave {what}")
+
+    def host_view(self) -> np.ndarray:
+        """A numpy array over the tensor's host memory; it keeps this alive."""
+        t = self.tensor
+        if 0 in t.shape:
+            return np.empty(t.shape, t.htype.dtype)  # no memory to share (data may be NULL)
+        return np.asarray(self)
+
+    @property
+    def __array_interface__(self) -> dict:
+        t = self.tensor
+        return {"version": 3, "shape": t.shape, "typestr": t.htype.dtype.str,
+                "data": (t.data + t.byte_offset, t.read_only),
+                "strides": tuple(s * t.htype.bytes for s in t.strides)}
 
     def wrap(self, backend) -> Buffer:
-        tensor = self.managed.dl_tensor
-        htype = _from_dl_type(tensor.dtype)
-        n = tensor.ndim
-        shape = tuple(tensor.shape[i] for i in range(n))
-        if tensor.strides == ffi.NULL:
-            strides = tuple(int(np.prod(shape[i + 1:], dtype=np.int64)) for i in range(n))
-        else:
-            strides = tuple(tensor.strides[i] for i in range(n))
-        if any(s < 0 for s in strides):
-            raise BufferError("negative strides cannot be a device allocation")
-        itemsize = htype.bytes
-        span = (sum((e - 1) * s for e, s in zip(shape, strides)) + 1) * itemsize if all(shape) else itemsize
-        host = np.lib.stride_tricks.as_strided(np.empty(span, np.uint8).view(htype.dtype), shape,
-                                               tuple(s * itemsize for s in strides))
-        buf = Buffer._wrap(host, "obj", exposed=False)
+        """A Buffer whose device allocation on ``backend`` is the tensor's memory."""
+        t = self.tensor
+        if t.data == 0:
+            self.refuse("NULL device memory, which cannot be wrapped")
+        if any(s < 0 for s in t.strides):
+            self.refuse("negative strides, which a device allocation cannot have")
+        try:
+            with _device_calls("DLPack import"):
+                backend.check_dlpack_memory(t.data, t.byte_offset, t.nbytes)
+        except BufferError as e:
+            self.refuse(f"memory the shim cannot use: {e}")
+        itemsize = t.htype.bytes
+        host = np.lib.stride_tricks.as_strided(
+            np.empty(max(t.nbytes, itemsize), np.uint8).view(t.htype.dtype), t.shape,
+            tuple(s * itemsize for s in t.strides))
+        buf = Buffer._wrap(host, self.argument, exposed=False)
         buf._keepalive = self
-        runtime.wrap_device(buf._raw, backend, int(ffi.cast("uintptr_t", tensor.data)),
-                            int(tensor.byte_offset))
+        runtime.wrap_device(buf._raw, backend, t.data, t.byte_offset)
         lib.shim_flags_assign(buf._raw, lib.halide_buffer_flag_device_dirty, True)  # it lives there
         return buf
 

@@ -12,22 +12,39 @@ SHT_DYNSYM = 11
 STB_GLOBAL, STB_WEAK = 1, 2
 STT_FUNC = 2
 SHN_UNDEF = 0
+# e_machine values of the architectures Halide compiles for, to name them in messages.
+MACHINES = {3: "x86", 8: "MIPS", 20: "PowerPC", 21: "PowerPC64", 40: "ARM", 62: "x86-64",
+            164: "Hexagon", 183: "AArch64", 243: "RISC-V", 258: "LoongArch"}
 
 
 class NotELF(ValueError):
     """The file is not an ELF shared object this reader understands."""
 
 
+def _identity(data: bytes) -> tuple[bool, str]:
+    """(64-bit, struct byte order) from the start of an ELF file."""
+    if data[:4] != b"\x7fELF":
+        raise NotELF("not an ELF file")
+    if len(data) < 20 or data[4] not in (1, 2) or data[5] not in (1, 2):
+        raise NotELF("unsupported ELF class or byte order")
+    return data[4] == 2, "<" if data[5] == 1 else ">"
+
+
+def architecture(path) -> str:
+    """What machine code the ELF file holds, as "64-bit little-endian x86-64": a process loads
+    only libraries whose architecture is its own."""
+    with open(path, "rb") as f:
+        header = f.read(20)
+    is64, order = _identity(header)
+    machine, = struct.unpack_from(order + "H", header, 18)
+    return (f"{64 if is64 else 32}-bit {'little' if order == '<' else 'big'}-endian "
+            f"{MACHINES.get(machine, f'machine {machine}')}")
+
+
 def exported_functions(path) -> set[str]:
     with open(path, "rb") as f:
         data = f.read()
-    if data[:4] != b"\x7fELF":
-        raise NotELF("not an ELF file")
-    elf_class, endian = data[4], data[5]
-    if elf_class not in (1, 2) or endian not in (1, 2):
-        raise NotELF("unsupported ELF class or byte order")
-    is64 = elf_class == 2
-    order = "<" if endian == 1 else ">"
+    is64, order = _identity(data)
 
     def unpack(fmt, offset):
         return struct.unpack_from(order + fmt, data, offset)
@@ -67,7 +84,8 @@ def exported_functions(path) -> set[str]:
                 end = data.index(b"\0", strtab_offset + st_name)
                 names.add(data[strtab_offset + st_name:end].decode("utf-8", "replace"))
         return names
-    except (struct.error, IndexError, ValueError) as e:
+    except (struct.error, IndexError, ValueError, OverflowError) as e:
+        # (OverflowError: an offset beyond any file, read from a header of random bytes.)
         raise NotELF(f"malformed ELF file ({e})") from None
 
 

@@ -174,6 +174,7 @@ class Pipeline:
             value = _estimated_shape(arg)
         if isinstance(value, Buffer):
             _check_buffer_type(arg, value._type, len(value._box), value.shape)
+            check_extents(arg, value.shape, self.target)
             if arg.is_output:
                 _check_writable(arg, value._array)
                 call.results.append(value)
@@ -185,7 +186,7 @@ class Pipeline:
             buf = Buffer._wrap(_zeros(shape, _dtype_of(arg), arg.name), arg.name, exposed=False)
             call.results.append(buf)
             return buf
-        if _dlpack_device_type(value) not in dlpack.HOST_DEVICES:
+        if _dlpack_device_type(value, arg.name) not in dlpack.HOST_DEVICES:
             return self._device_argument(arg, value, call)
         array = as_host_array(value, arg.name)
         _check_buffer_type(arg, _array_type(array, arg), array.ndim, array.shape)
@@ -217,7 +218,7 @@ class Pipeline:
         """A Buffer over another library's device memory (a CUDA tensor, an OpenCL buffer),
         through DLPack and without copying: outputs are written where the caller's tensor is."""
         try:
-            buf = dlpack.from_dlpack(value)
+            buf = dlpack.to_buffer(value, arg.name)
         except (BufferError, DeviceUnavailable) as e:
             raise ArgumentError(arg.name, f"cannot use {type(value).__name__}'s device memory: "
                                           f"{e}") from None
@@ -358,11 +359,11 @@ def _symbol_address(library, symbol: str) -> int:
     return ctypes.cast(getattr(library, symbol), ctypes.c_void_p).value
 
 
-def _dlpack_device_type(value) -> int:
+def _dlpack_device_type(value, argument: str) -> int:
     """The DLPack device type of an object that has one, else kDLCPU (host memory)."""
     if isinstance(value, (Buffer, np.ndarray)) or not hasattr(value, "__dlpack_device__"):
         return dlpack.DLDeviceType.CPU
-    return int(value.__dlpack_device__()[0])
+    return dlpack.claimed_device(value, argument)[0]
 
 
 def _dtype_of(arg: Argument) -> np.dtype:

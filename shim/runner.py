@@ -22,8 +22,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from shim.buffer import _check_memory
 from shim.errors import ArgumentError
-from shim.metadata import Argument
+from shim.metadata import Argument, check_extents
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff", ".pgm", ".ppm", ".webp")
 
@@ -34,14 +35,17 @@ class OutputSpec:
     extents: tuple | None  # Halide order
 
 
-def input_value(arg: Argument, text: str) -> np.ndarray:
-    """The array an input buffer argument's text names."""
+def input_value(arg: Argument, text: str, target: str) -> np.ndarray:
+    """The array an input buffer argument's text names, for a pipeline built for ``target``."""
     dtype = arg.type.dtype
     if dtype is None:
         raise ArgumentError(arg.name, f"the command line cannot make {arg.type} buffers")
     kind, _, rest = text.partition(":")
     if kind in ("random", "zero") and rest:
         shape = _numpy_shape(arg, parse_extents(arg, rest))
+        # Refused before making it: the pipeline could not take it, or the machine hold it.
+        check_extents(arg, shape, target)
+        _check_memory(shape, dtype, arg.name)
         if kind == "zero":
             return np.zeros(shape, dtype)
         return _random(shape, dtype)
@@ -111,9 +115,11 @@ def _numpy_shape(arg: Argument, extents: tuple) -> tuple:
 def _random(shape: tuple, dtype: np.dtype) -> np.ndarray:
     rng = np.random.default_rng(0)  # the same inputs every run, for comparable timings
     if dtype.kind == "f":
-        return rng.random(shape, dtype=np.float64).astype(dtype)
+        # Made in the element type where numpy can, so that no larger array is needed on the way.
+        made = np.float64 if dtype.itemsize == 8 else np.float32
+        return rng.random(shape, dtype=made).astype(dtype, copy=False)
     if dtype.kind == "b":
-        return rng.integers(0, 2, shape).astype(dtype)
+        return rng.integers(0, 2, shape, dtype=np.uint8).astype(dtype)
     info = np.iinfo(dtype)
     return rng.integers(max(info.min, -(1 << 15)), min(info.max, 1 << 15), shape, dtype=dtype,
                         endpoint=True)

@@ -374,17 +374,23 @@ def copy_to_device(uc, raw, interface):
         if raw.device and raw.device_interface != interface:
             raise Failure(E.halide_error_code_incompatible_device_interface,
                           "the buffer lives on another device interface")
-        if not raw.device:
-            family = _allocate_behind_host(raw, interface, family)
-        flags = _flags(raw)
-        if not flags & HOST_DIRTY:
-            return
-        if flags & DEVICE_DIRTY:
-            raise Failure(E.halide_error_code_copy_to_device_failed,
-                          "the buffer is both host-dirty and device-dirty")
-        family, offset = _allocation(raw, family)
-        _write(family, _mirror(raw, offset, to_device=True), _host_address(raw))
-        lib.shim_flags_assign(raw, HOST_DIRTY, False)
+        _upload(raw, interface, family)
+
+
+def _upload(raw, interface, family: Family | None) -> None:
+    """copy_to_device of a buffer outside a shared family, allocating on ``interface`` if
+    it has no allocation yet."""
+    if not raw.device:
+        family = _allocate_behind_host(raw, interface, family)
+    flags = _flags(raw)
+    if not flags & HOST_DIRTY:
+        return
+    if flags & DEVICE_DIRTY:
+        raise Failure(E.halide_error_code_copy_to_device_failed,
+                      "the buffer is both host-dirty and device-dirty")
+    family, offset = _allocation(raw, family)
+    _write(family, _mirror(raw, offset, to_device=True), _host_address(raw))
+    lib.shim_flags_assign(raw, HOST_DIRTY, False)
 
 
 def device_and_host_malloc(uc, raw, interface):
@@ -607,6 +613,28 @@ def malloc_device(raw, interface) -> None:
 
     with runtime_call("device_malloc") as check:
         check(guarded(malloc_for_buffer, E.halide_error_code_device_malloc_failed, ffi.NULL))
+
+
+def move_device(raw, interface) -> None:
+    """Buffer.copy_to_device to another device than the one the buffer is on: once the calls
+    using it have finished, what only the device holds comes home, that allocation goes, and
+    a new one on ``interface`` gets the data. A crop or slice shares its family's allocation
+    and cannot move alone."""
+    def move(uc):
+        with locked(raw) as family:
+            _await_calls(family)
+            if family.shared:
+                raise Failure(E.halide_error_code_incompatible_device_interface,
+                              "a crop or slice shares its family's allocation and cannot move "
+                              "alone; free the family's device memory first")
+            if raw.device and raw.device_interface != interface:
+                if _flags(raw) & DEVICE_DIRTY:
+                    _download(raw, family)
+                _free(raw, family)
+            _upload(raw, interface, family)
+
+    with runtime_call("copy_to_device") as check:
+        check(guarded(move, E.halide_error_code_copy_to_device_failed, ffi.NULL))
 
 
 def free_device(raw) -> None:

@@ -3,6 +3,7 @@ argument's type and its declared range."""
 
 from __future__ import annotations
 
+import math
 import operator
 
 import numpy as np
@@ -70,9 +71,7 @@ def _checked_number(arg: Argument, value):
             raise ArgumentError(arg.name, f"expected a bool, got {value!r}")
         return bool(value)
     if htype.code in (FLOAT, BFLOAT):
-        if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.number)):
-            raise ArgumentError(arg.name, f"expected a number for {htype}, got {value!r}")
-        number = float(value)
+        number = _checked_float(arg, value)
     else:
         if isinstance(value, (bool, np.bool_)):
             raise ArgumentError(arg.name, f"expected an integer for {htype}, got {value!r}")
@@ -82,10 +81,38 @@ def _checked_number(arg: Argument, value):
             raise ArgumentError(arg.name, f"expected an integer for {htype}, got {value!r}") from None
         info = np.iinfo(dtype)
         if not info.min <= number <= info.max:
-            raise ArgumentError(arg.name, f"{number} does not fit in {htype} "
+            raise ArgumentError(arg.name, f"{_shown(number)} does not fit in {htype} "
                                           f"[{info.min}, {info.max}]")
     if arg.min is not None and number < arg.min:
         raise ArgumentError(arg.name, f"{number} is below the minimum {arg.min}")
     if arg.max is not None and number > arg.max:
         raise ArgumentError(arg.name, f"{number} is above the maximum {arg.max}")
     return number
+
+
+def _checked_float(arg: Argument, value) -> float:
+    """A real number (not complex, whose imaginary part would be dropped) within the finite
+    range of the float type: beyond it the conversion would silently give infinity."""
+    htype = arg.type
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer,
+                                                                     np.floating)):
+        raise ArgumentError(arg.name, f"expected a number for {htype} (an int or a float, not "
+                                      f"complex), got {value!r} ({type(value).__name__})")
+    # bfloat16 (no numpy dtype) has float32's exponent range, and is made from it by truncation.
+    largest = float(np.finfo(np.float32 if htype.dtype is None else htype.dtype).max)
+    try:
+        number = float(value)
+    except OverflowError:  # an int larger than any float
+        number = None
+    if number is None or math.isfinite(number) and abs(number) > largest:
+        raise ArgumentError(arg.name, f"{_shown(value)} does not fit in {htype} (finite values "
+                                      f"up to {largest:g} in magnitude; inf and nan are accepted)")
+    return number
+
+
+def _shown(number) -> str:
+    """``number`` for a message; an int too long for Python to print (over 4300 digits) or to
+    read comfortably by its order of magnitude."""
+    if isinstance(number, int) and abs(number) > 10**20:
+        return f"{'-' if number < 0 else ''}about 10**{math.log10(abs(number)):.0f}"
+    return repr(number)

@@ -1,0 +1,293 @@
+"""DLPack from producers that lie or hand over broken tensors, and consumers that pass streams
+that are not streams: every case is refused with a named shim error (BufferError for the
+export's stream, as the standard has it), never a crash, a hang or the wrong bytes.
+
+Capsules here are built with ctypes from dlpack.h's layout, independently of the code under
+test. Cases that crashed the interpreter before they were refused run in a subprocess."""
+
+import ctypes
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import shim
+from pipelines.build import Build, build
+
+KDL_CPU, KDL_OPENCL = 1, 4
+TIMEOUT = 120  # seconds for a subprocess; a few when nothing goes wrong
+
+
+# --- capsules built by hand ------------------------------------------------------------------
+
+class DLDevice(ctypes.Structure):
+    _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
+
+
+class DLDataType(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
+
+
+class DLTensor(ctypes.Structure):
+    _fields_ = [("data", ctypes.c_void_p), ("device", DLDevice), ("ndim", ctypes.c_int32),
+                ("dtype", DLDataType), ("shape", ctypes.POINTER(ctypes.c_int64)),
+                ("strides", ctypes.POINTER(ctypes.c_int64)), ("byte_offset", ctypes.c_uint64)]
+
+
+DELETER = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+
+
+class DLManagedTensor(ctypes.Structure):
+    _fields_ = [("dl_tensor", DLTensor), ("manager_ctx", ctypes.c_void_p), ("deleter", DELETER)]
+
+
+class DLPackVersion(ctypes.Structure):
+    _fields_ = [("major", ctypes.c_uint32), ("minor", ctypes.c_uint32)]
+
+
+class DLManagedTensorVersioned(ctypes.Structure):
+    _fields_ = [("version", DLPackVersion), ("manager_ctx", ctypes.c_void_p),
+                ("deleter", DELETER), ("flags", ctypes.c_uint64), ("dl_tensor", DLTensor)]
+
+
+_capsule_new = ctypes.PYFUNCTYPE(ctypes.py_object, ctypes.c_void_p, ctypes.c_char_p,
+                                 ctypes.c_void_p)(("PyCapsule_New", ctypes.pythonapi))
+_capsule_valid = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.py_object, ctypes.c_char_p)(
+    ("PyCapsule_IsValid", ctypes.pythonapi))
+
+
+class Hostile:
+    """A producer whose __dlpack_device__ says ``claim`` and whose __dlpack__ hands over a
+    capsule (without a destructor) for the tensor described by the keyword arguments: by
+    default a well-formed 2x3 float32 tensor over ``self.array`` on the CPU."""
+
+    def __init__(self, claim=(KDL_CPU, 0), *, versioned=True, name=None, major=1, data=None,
+                 device=None, ndim=None, shape=(2, 3), strides=(3, 1), code=2, bits=32, lanes=1,
+                 byte_offset=0, null_shape=False):
+        self.claim = claim
+        self.array = np.arange(6, dtype=np.float32).reshape(2, 3)
+        self.deleted = 0
+        self.deleter = DELETER(self._delete)  # kept alive with the producer
+        managed = DLManagedTensorVersioned() if versioned else DLManagedTensor()
+        if versioned:
+            managed.version.major, managed.version.minor = major, 1
+        managed.deleter = self.deleter
+        tensor = managed.dl_tensor
+        tensor.data = self.array.ctypes.data if data is None else data
+        tensor.device.device_type, tensor.device.device_id = claim if device is None else device
+        tensor.ndim = len(shape) if ndim is None else ndim
+        tensor.dtype.code, tensor.dtype.bits, tensor.dtype.lanes = code, bits, lanes
+        self.shape = (ctypes.c_int64 * max(len(shape), 1))(*shape)
+        self.strides = None if strides is None else (ctypes.c_int64 * max(len(strides), 1))(*strides)
+        tensor.shape = None if null_shape else self.shape
+        tensor.strides = self.strides
+        tensor.byte_offset = byte_offset
+        self.managed = managed
+        self.name = name or (b"dltensor_versioned" if versioned else b"dltensor")
+        self.capsule = _capsule_new(ctypes.addressof(managed), self.name, None)
+
+    def _delete(self, _):
+        self.deleted += 1
+
+    def __dlpack_device__(self):
+        return self.claim
+
+    def __dlpack__(self, **kwargs):
+        return self.capsule
+
+    @property
+    def consumed(self) -> bool:
+        return not _capsule_valid(self.capsule, self.name)
+
+
+class Raising:
+    """A producer whose protocol methods raise, or return ``device``."""
+
+    def __init__(self, device=(KDL_CPU, 0), error=None):
+        self.device, self.error = device, error
+
+    def __dlpack_device__(self):
+        return self.device
+
+    def __dlpack__(self, **kwargs):
+        raise self.error
+
+
+def run_isolated(code: str) -> str:
+    """Run ``code`` (after this module's imports and ``opencl = shim.device("opencl")``) in a
+    subprocess, where a crash or hang cannot take the test session along; its stdout."""
+    tests = Path(__file__).parent
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        filter(None, [str(tests), str(tests.parent), os.environ.get("PYTHONPATH")])))
+    preamble = ("import numpy as np, pyopencl as cl, shim\n"
+                "from test_dlpack_hostile import *\n"
+                "opencl = shim.device('opencl')\n")
+    done = subprocess.run([sys.executable, "-c", preamble + code], capture_output=True,
+                          text=True, env=env, timeout=TIMEOUT)
+    assert done.returncode == 0, f"exit status {done.returncode}\n{done.stdout}\n{done.stderr}"
+    return done.stdout
+
+
+def on_opencl(opencl, data):
+    buf = shim.Buffer(data)
+    buf.copy_to_device(opencl)
+    return buf
+
+
+@pytest.fixture(scope="module")
+def brighten(host_pipelines):
+    return shim.load(host_pipelines["brighten", "no_runtime"])
+
+
+# --- 1. streams a consumer passes to an OpenCL export ----------------------------------------
+
+def test_opencl_export_refuses_streams_that_are_not_queues_it_holds(opencl):
+    out = run_isolated("""
+buf = shim.Buffer(np.zeros(4, np.float32)); buf.copy_to_device(opencl)
+other = cl.Context([opencl.queue.device])
+for stream in (0, 1, 2, 12345, -2, 2**64 + 1, opencl.context.int_ptr, other.int_ptr,
+               cl.CommandQueue(other).int_ptr):
+    try:
+        buf.__dlpack__(stream=stream)
+    except BufferError as e:
+        assert "stream" in str(e) and ("pyopencl.CommandQueue" in str(e) or "context" in str(e)), e
+        print("refused")
+    else:
+        print(f"accepted {stream}")
+""")
+    assert out.split() == ["refused"] * 9
+
+
+def test_opencl_export_accepts_none_minus_one_its_queue_and_live_pyopencl_queues(opencl):
+    import pyopencl as cl
+
+    data = np.arange(4, dtype=np.float32)
+    buf = on_opencl(opencl, data)
+    consumer = cl.CommandQueue(opencl.context)
+    for stream in (None, -1, opencl.queue.int_ptr, consumer.int_ptr, consumer.int_ptr):
+        buf.__dlpack__(stream=stream)  # dropped unconsumed: the capsule's destructor frees it
+    handle = consumer.int_ptr
+    del consumer  # the shim holds the queues it synchronized with: the handle stays valid
+    buf.__dlpack__(stream=handle)
+    np.testing.assert_array_equal(buf.numpy(), data)
+
+
+# --- 2. what a producer says and hands over --------------------------------------------------
+
+def test_the_capsules_device_is_checked_against_what_the_producer_says(opencl):
+    # Said OpenCL, handed over a CPU tensor: its data was taken for a cl_mem (a segfault).
+    out = run_isolated("""
+for producer in (Hostile(claim=(4, 0), device=(1, 0)), Hostile(claim=(1, 0), device=(4, 0))):
+    try:
+        shim.from_dlpack(producer)
+    except shim.ArgumentError as e:
+        assert "__dlpack_device__() says" in str(e) and not producer.consumed, e
+        print("refused")
+""")
+    assert out.split() == ["refused"] * 2
+
+
+def test_device_tensors_must_be_memory_the_process_holds(opencl):
+    import pyopencl as cl
+
+    buf = on_opencl(opencl, np.zeros(6, np.float32))
+    mem = opencl.native(buf._family.memory)
+    too_far = Hostile(claim=(KDL_OPENCL, 0), data=mem, byte_offset=8)  # 24 bytes from 8 of 24
+    with pytest.raises(shim.ArgumentError, match=r"spans bytes \[8, 32\) of an OpenCL buffer of 24"):
+        shim.from_dlpack(too_far)
+    elsewhere = cl.Buffer(cl.Context([opencl.queue.device]), cl.mem_flags.READ_WRITE, 64)
+    with pytest.raises(shim.ArgumentError, match="another context"):
+        shim.from_dlpack(Hostile(claim=(KDL_OPENCL, 0), data=elsewhere.int_ptr))
+    with pytest.raises(shim.ArgumentError, match="NULL device memory"):
+        shim.from_dlpack(Hostile(claim=(KDL_OPENCL, 0), data=0, shape=(0,), strides=(1,)))
+    fits = Hostile(claim=(KDL_OPENCL, 0), data=mem, byte_offset=4, shape=(5,), strides=(1,))
+    assert shim.from_dlpack(fits).shape == (5,)
+    # A handle nothing in the process owns: OpenCL would have dereferenced it.
+    out = run_isolated("""
+for data in (0x1234, 0x7fff00000000, opencl.context.int_ptr):
+    try:
+        shim.from_dlpack(Hostile(claim=(4, 0), data=data))
+    except shim.ArgumentError as e:
+        assert "not an OpenCL buffer this process holds" in str(e), e
+        print("refused")
+""")
+    assert out.split() == ["refused"] * 3
+
+
+BROKEN = {
+    "wrong capsule name": dict(name=b"not_a_tensor"),
+    "legacy name on a versioned tensor": dict(name=b"dltensor"),
+    "DLPack 2": dict(major=2),
+    "NULL data": dict(data=0),
+    "negative ndim": dict(ndim=-1),
+    "huge ndim": dict(ndim=100000),
+    "NULL shape": dict(null_shape=True),
+    "negative extent": dict(shape=(-2, 3)),
+    "extent beyond 32 bits": dict(shape=(2**40, 3)),
+    "stride beyond 32 bits": dict(strides=(2**40, 1)),
+    "vector lanes": dict(lanes=4),
+    "unknown type code": dict(code=9),
+    "bfloat16": dict(code=4, bits=16),
+    "float8": dict(code=2, bits=8),
+    "odd bits": dict(code=0, bits=12),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BROKEN))
+def test_broken_tensors_are_refused_unconsumed(case, brighten):
+    producer = Hostile(**BROKEN[case])
+    with pytest.raises(shim.ArgumentError, match=r"^obj: Hostile.__dlpack__\(\) gave") as e:
+        shim.from_dlpack(producer)
+    assert not producer.consumed and producer.deleted == 0  # the producer's to free
+    with pytest.raises(shim.ArgumentError, match=r"^input: Hostile.__dlpack__\(\) gave") as e:
+        brighten(Hostile(**BROKEN[case]), scale=1.0, offset=0.0, output=(2, 3))
+    assert e.value.argument == "input"
+    with pytest.raises(shim.ArgumentError, match=r"^data: Hostile"):
+        shim.Buffer(Hostile(**BROKEN[case]))
+
+
+@pytest.mark.parametrize("versioned", [True, False])
+def test_null_strides_mean_compact_row_major(versioned):
+    producer = Hostile(strides=None, versioned=versioned, byte_offset=4, shape=(1, 5))
+    buf = shim.from_dlpack(producer)
+    assert producer.consumed
+    np.testing.assert_array_equal(buf.numpy(), producer.array.reshape(-1)[1:].reshape(1, 5))
+    del buf
+    assert producer.deleted == 1
+
+
+def test_read_only_tensors_import_read_only():
+    producer = Hostile()
+    producer.managed.flags = 1  # READ_ONLY
+    assert not shim.from_dlpack(producer).numpy().flags.writeable
+
+
+GARBAGE_DEVICES = ["cpu", None, (1,), (1, 0, 0), (99, 0), ("1", 0), (1.0, 0), (1, -1),
+                   ((1, 0), 0)]
+
+
+@pytest.mark.parametrize("device", GARBAGE_DEVICES, ids=repr)
+def test_garbage_from_dlpack_device_is_an_argument_error(device, brighten):
+    with pytest.raises(shim.ArgumentError, match=r"^obj: Raising.__dlpack_device__\(\) returned"):
+        shim.from_dlpack(Raising(device))
+    with pytest.raises(shim.ArgumentError, match=r"^input: Raising.__dlpack_device__") as e:
+        brighten(Raising(device), scale=1.0, offset=0.0, output=(2, 3))
+    assert e.value.argument == "input"
+
+
+@pytest.mark.parametrize("claim", [(KDL_CPU, 0), (KDL_OPENCL, 0)])
+@pytest.mark.parametrize("error", [KeyError("boom"), ValueError("boom"), BufferError("boom")])
+def test_a_raising_dlpack_is_an_argument_error(claim, error, brighten, request):
+    if claim[0] == KDL_OPENCL:
+        request.getfixturevalue("opencl")
+    producer = Raising(claim, error)
+    with pytest.raises(shim.ArgumentError, match=f"^obj: Raising.__dlpack__\\(\\) raised "
+                                                 f"{type(error).__name__}") as e:
+        shim.from_dlpack(producer)
+    assert e.value.__cause__ is error
+    with pytest.raises(shim.ArgumentError, match="^output: Raising.__dlpack__") as e:
+        brighten(np.zeros((2, 3), np.float32), scale=1.0, offset=0.0, output=producer)
+    assert e.value.argument == "output"

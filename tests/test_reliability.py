@@ -1,0 +1,415 @@
+"""Regression tests for the holes an adversarial pass found in the device layer (issue 11):
+frees racing kernels, results lost between threads, spurious conflicts, Buffers moved between
+devices, Ctrl-C inside the layer, leaks when Buffers are dropped. Each test reproduces the
+situation as it was reported; what would have killed the interpreter runs in a subprocess.
+Expected values come from numpy or from the pipeline's definition, never from the shim."""
+
+import gc
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+import warnings
+
+import numpy as np
+import pytest
+
+import shim
+from pipelines.build import Build, build_all
+from shim import regions
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SUBPROCESS_SECONDS = 120  # a hang fails the test instead of the suite
+
+
+@pytest.fixture(scope="module")
+def gpu_paths(opencl):
+    """{name: path} of the OpenCL builds the tests use."""
+    paths = build_all([Build(name, "opencl", "bundled") for name in ("brighten", "crop_fill")],
+                      progress=None)
+    return {spec.name: str(path) for spec, path in paths.items()}
+
+
+@pytest.fixture(scope="module")
+def gpu(gpu_paths):
+    return {name: shim.load(path) for name, path in gpu_paths.items()}
+
+
+@pytest.fixture
+def host_device():
+    device = shim.device("host")
+    device.clear_faults()
+    yield device
+    device.clear_faults()
+
+
+def crop_fill_values(box, param):
+    """crop_fill's definition, f(x, y) = x * 100 + y + param * 10000, over ``box`` (x first),
+    in numpy order."""
+    (x0, w), (y0, h) = box
+    y, x = np.mgrid[y0:y0 + h, x0:x0 + w]
+    return (x * 100 + y + param * 10000).astype(np.int32)
+
+
+def run_script(source: str, *args) -> subprocess.CompletedProcess:
+    """Run ``source`` in a fresh interpreter (crashes and hangs stay there)."""
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(source), *map(str, args)],
+                          capture_output=True, text=True, timeout=SUBPROCESS_SECONDS, cwd=ROOT)
+
+
+def run_threads(count, body):
+    errors = []
+
+    def guarded(index):
+        try:
+            body(index)
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=guarded, args=(i,), daemon=True) for i in range(count)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(SUBPROCESS_SECONDS)
+    assert not any(t.is_alive() for t in threads), "threads still running: a hang"
+    if errors:
+        raise errors[0]
+
+
+# --- 1. device_free while another thread's OpenCL pipeline uses the buffer ----------------------
+
+def test_device_free_waits_for_pipeline_calls_using_the_buffer(gpu_paths):
+    done = run_script("""
+        import sys, threading, time
+        import numpy as np
+        import shim
+        brighten = shim.load(sys.argv[1])
+        image = np.random.default_rng(0).random((256, 256), dtype=np.float32)
+        x = shim.Buffer(image.copy())
+        y = shim.Buffer(shape=image.shape, dtype=np.float32)
+        stop = time.monotonic() + 2.0
+        wrong = []
+
+        def caller():
+            while time.monotonic() < stop:
+                brighten(x, scale=2.0, offset=1.0, output=y)
+                if not np.array_equal(y.numpy(), image * 2 + 1):
+                    wrong.append(1)
+
+        def freer():
+            while time.monotonic() < stop:
+                x.device_free()
+                y.device_free()
+
+        threads = [threading.Thread(target=caller), threading.Thread(target=freer)]
+        [t.start() for t in threads]
+        [t.join() for t in threads]
+        print("wrong", len(wrong))
+        """, gpu_paths["brighten"])
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "wrong 0" in done.stdout
+
+
+# --- 5. copy_to_host of crops while other threads realize into their own crops -----------------
+
+def test_no_results_lost_while_other_threads_copy_crops_home(gpu):
+    fill = gpu["crop_fill"]
+    parent = shim.Buffer(np.zeros((8 * 8, 16), np.int32))
+    crops = [parent.cropped([(0, 16), (8 * i, 8)]) for i in range(8)]
+    lost = []
+    stop = threading.Event()
+
+    def writer(i):
+        box = ((0, 16), (8 * i, 8))
+        for n in range(60):
+            param = i * 1000 + n
+            fill(param=param, f=crops[i])
+            if not np.array_equal(crops[i].numpy(), crop_fill_values(box, param)):
+                lost.append((i, n))
+        stop.set()
+
+    def copier(i):
+        rng = np.random.default_rng(i)
+        while not stop.is_set():
+            crops[rng.integers(len(crops))].copy_to_host()
+
+    run_threads(10, lambda i: writer(i) if i < 8 else copier(i))
+    assert lost == []
+
+
+# --- 6. device_free keeps device-only results; a freed input is uploaded again ------------------
+
+def test_device_free_of_an_output_given_as_a_shape_keeps_its_results(gpu):
+    out = gpu["crop_fill"](param=3, f=(8, 16))
+    out.device_free()
+    assert not out.has_device_allocation
+    np.testing.assert_array_equal(out.numpy(), crop_fill_values(((0, 16), (0, 8)), 3))
+
+
+def test_a_freed_input_is_uploaded_again(gpu):
+    image = np.arange(32 * 32, dtype=np.float32).reshape(32, 32)
+    x = shim.Buffer(image.copy())
+    first = gpu["brighten"](x, scale=2.0, offset=0.0, output=image.shape)
+    np.testing.assert_array_equal(first.numpy(), image * 2)
+    x.copy_to_host()  # current on both sides: neither bit set
+    x.device_free()
+    second = gpu["brighten"](x, scale=2.0, offset=0.0, output=image.shape)
+    np.testing.assert_array_equal(second.numpy(), image * 2)
+
+
+# --- 8. set_host_dirty + copy_to_device of a parent while a crop is realized -------------------
+
+def test_parent_uploads_never_overwrite_a_crops_results_silently(gpu):
+    fill = gpu["crop_fill"]
+    parent = shim.Buffer(np.zeros((16, 32), np.int32))
+    crop = parent.cropped([(8, 8), (4, 8)])
+    stale, refused = [], []
+    stop = threading.Event()
+
+    def realizer():
+        for n in range(150):
+            fill(param=n, f=crop)
+            if not np.array_equal(crop.numpy(), crop_fill_values(((8, 8), (4, 8)), n)):
+                stale.append(n)
+        stop.set()
+
+    def uploader():
+        while not stop.is_set():
+            try:
+                parent.set_host_dirty()
+                parent.copy_to_device()
+            except shim.DeviceError as e:  # the documented refusal: device changes not copied
+                assert e.code == -37, e
+                refused.append(e)
+
+    run_threads(2, lambda i: realizer() if i == 0 else uploader())
+    assert stale == []
+
+
+# --- 9. disjoint crops dirty on different sides are no conflict ---------------------------------
+
+def test_parent_reads_a_device_dirty_crop_beside_a_host_dirty_one(gpu):
+    parent = shim.Buffer(np.full((8, 16), -1, np.int32))
+    on_device, on_host = parent.cropped([(0, 8), (0, 8)]), parent.cropped([(8, 8), (0, 8)])
+    gpu["crop_fill"](param=2, f=on_device)
+    on_host.numpy()[...] = 7
+    on_host.set_host_dirty()
+    parent.copy_to_host()
+    expected = np.full((8, 16), 7, np.int32)
+    expected[:, :8] = crop_fill_values(((0, 8), (0, 8)), 2)
+    np.testing.assert_array_equal(parent.numpy(), expected)
+    parent.copy_to_device()  # the host-dirty crop goes up: the device is current everywhere
+    parent.set_device_dirty()  # so reading downloads: the device copy is what we compare
+    np.testing.assert_array_equal(parent.numpy(), expected)
+
+
+def test_threads_marking_their_own_crops_host_dirty_cause_no_conflict(gpu):
+    fill = gpu["crop_fill"]
+    parent = shim.Buffer(np.zeros((4 * 8, 16), np.int32))
+    crops = [parent.cropped([(0, 16), (8 * i, 8)]) for i in range(4)]
+
+    def worker(i):
+        box = ((0, 16), (8 * i, 8))
+        for n in range(30):
+            crops[i].numpy()[...] = -n
+            crops[i].set_host_dirty()
+            fill(param=n, f=crops[i])
+            np.testing.assert_array_equal(crops[i].numpy(), crop_fill_values(box, n))
+            parent.copy_to_host()  # never -37: every crop's changes are on one side only
+
+    run_threads(4, worker)
+
+
+# --- 10. Buffers moved between devices; proxy crops copied to the default device ---------------
+
+def test_a_buffer_moved_to_the_host_device_and_back_computes_right(gpu, host_device):
+    image = np.arange(16 * 16, dtype=np.float32).reshape(16, 16)
+    x = shim.Buffer(image.copy())
+    x.copy_to_device(host_device)
+    out = gpu["brighten"](x, scale=2.0, offset=0.0, output=image.shape)
+    np.testing.assert_array_equal(out.numpy(), image * 2)
+    x.copy_to_device(shim.device("opencl"))
+    x.copy_to_device(host_device)  # moves: the data comes along
+    assert x.device is host_device
+    out = gpu["brighten"](x, scale=2.0, offset=0.0, output=image.shape)
+    np.testing.assert_array_equal(out.numpy(), image * 2)
+
+
+def test_device_results_move_with_the_buffer(gpu, host_device):
+    out = gpu["crop_fill"](param=5, f=(8, 8))  # results on OpenCL only
+    out.copy_to_device(host_device)
+    assert out.device is host_device
+    np.testing.assert_array_equal(out.numpy(), crop_fill_values(((0, 8), (0, 8)), 5))
+
+
+def test_copy_to_device_of_a_proxy_crop_allocates_the_family(host_device):
+    parent = shim.Buffer(np.arange(64, dtype=np.int32).reshape(8, 8))
+    parent.copy_to_host()
+    crop = parent.cropped([(2, 4), (2, 4)])
+    crop.copy_to_device()  # no device named: the parent's default one
+    assert crop.has_device_allocation and parent.has_device_allocation
+    crop.set_device_dirty()
+    np.testing.assert_array_equal(crop.numpy(), np.arange(64).reshape(8, 8)[2:6, 2:6])
+
+
+# --- 11. Ctrl-C inside the device layer ---------------------------------------------------------
+
+def test_ctrl_c_surfaces_as_keyboard_interrupt_with_nothing_left_locked():
+    done = run_script("""
+        import signal, threading, time
+        import numpy as np
+        import shim
+        from shim.native import close_calls
+
+        device = shim.device("host")
+        device.set_faults(delay=0.0002)  # every copy takes a while: signals land inside
+        parent = shim.Buffer(np.zeros((64, 64), np.int32))
+        crops = [parent.cropped([(0, 64), (16 * i, 16)]) for i in range(4)]
+        main = threading.main_thread().ident
+        stop = threading.Event()
+        counts = {"interrupts": 0, "swallowed": 0, "steps": 0}
+
+        def interrupter():
+            rng = np.random.default_rng(0)
+            while not stop.is_set():
+                time.sleep(rng.uniform(0, 0.003))
+                signal.pthread_kill(main, signal.SIGINT)
+
+        def step(n):
+            crop = crops[n % 4]
+            try:
+                crop.numpy()[...] = n
+                crop.set_host_dirty()
+                crop.copy_to_device(device)
+                crop.set_device_dirty()
+                parent.copy_to_host()
+                if n % 7 == 0:
+                    parent.device_free()
+            except shim.ShimError as e:
+                if isinstance(e.__cause__, KeyboardInterrupt):
+                    counts["swallowed"] += 1
+                else:
+                    raise
+
+        def steps(deadline):
+            while time.monotonic() < deadline:
+                try:
+                    counts["steps"] += 1
+                    step(counts["steps"])
+                except KeyboardInterrupt:
+                    counts["interrupts"] += 1
+
+        sender = threading.Thread(target=interrupter, daemon=True)
+        sender.start()
+        deadline = time.monotonic() + 3
+        while not stop.is_set():
+            try:  # (an interrupt may also land in the test's own handler)
+                steps(deadline)
+                stop.set()
+                sender.join()
+                time.sleep(0.05)  # the last signal sent
+            except KeyboardInterrupt:
+                counts["interrupts"] += 1
+        result = []
+
+        def other_thread():  # every family lock is free, every Buffer consistent
+            for i, crop in enumerate(crops):
+                crop.numpy()[...] = -i
+                crop.set_host_dirty()
+                crop.copy_to_device(device)
+                crop.set_device_dirty()
+            expected = np.repeat(-np.arange(4), 16)[:, None] * np.ones((1, 64), np.int32)
+            result.append(bool((parent.numpy() == expected).all()))
+            for buf in crops + [parent]:
+                buf.device_free()
+            result.append(device.live_allocations)
+
+        t = threading.Thread(target=other_thread)
+        t.start()
+        t.join(30)
+        print(counts["interrupts"], counts["swallowed"], result, close_calls(1.0))
+        """)
+    assert done.returncode == 0, done.stderr[-3000:]
+    interrupts, swallowed, rest = done.stdout.split(maxsplit=2)
+    assert int(interrupts) > 0, "no interrupt ever landed"
+    assert swallowed == "0", "Ctrl-C came back as a ShimError"
+    assert rest.split() == ["[True,", "0]", "True"], \
+        f"after the interrupts: [consistent, live allocations], no call left open: {rest}"
+
+
+# --- 13, 14. dropped Buffers never leak device memory ------------------------------------------
+
+def test_crops_dropped_while_the_family_allocates_leak_nothing(host_device):
+    host_device.set_faults(delay=0.001)
+    gc.collect()
+    before = host_device.live_allocations
+    for _ in range(20):
+        parent = shim.Buffer(np.zeros((32, 32), np.int32))
+        crops = [parent.cropped([(0, 32), (i, 1)]) for i in range(32)]
+        start = threading.Barrier(2)
+
+        def allocate():
+            start.wait()
+            parent.copy_to_device(host_device)
+
+        def drop():
+            start.wait()
+            while crops:
+                crops.pop()
+
+        run_threads(2, lambda i: allocate() if i == 0 else drop())
+        del parent
+        gc.collect()
+        assert host_device.live_allocations == before
+
+
+def test_a_dropped_buffer_whose_copy_back_fails_still_frees_its_memory(host_device):
+    gc.collect()
+    before = host_device.live_allocations
+    buf = shim.Buffer(np.zeros((8, 8), np.int32))
+    buf.copy_to_device(host_device)
+    buf.set_device_dirty()
+    host_device.set_faults(fail_copy=1)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        del buf
+        gc.collect()
+    assert any("failed" in str(w.message) for w in caught)
+    assert host_device.live_allocations == before
+
+
+def test_an_explicit_free_whose_copy_back_fails_keeps_the_data(host_device):
+    buf = shim.Buffer(np.zeros((8, 8), np.int32))
+    buf.copy_to_device(host_device)
+    host_device.set_faults(fail_copy=1)
+    buf.set_device_dirty()
+    with pytest.raises(shim.DeviceError):
+        buf.device_free()
+    assert buf.has_device_allocation  # the only copy of the results is still there
+    host_device.clear_faults()
+    buf.device_free()
+    assert not buf.has_device_allocation
+
+
+# --- 16. making crops is linear in the number of crops ------------------------------------------
+
+def test_creating_crops_costs_the_same_per_crop_however_many_exist(monkeypatch):
+    calls = [0]
+    original = regions.intersect
+
+    def counting(a, b):
+        calls[0] += 1
+        return original(a, b)
+
+    monkeypatch.setattr(regions, "intersect", counting)
+
+    def cost(n):
+        parent = shim.Buffer(np.zeros((n, 4), np.int32))
+        calls[0] = 0
+        crops = [parent.cropped([(0, 4), (i, 1)]) for i in range(n)]
+        assert len(crops) == n
+        return calls[0]
+
+    small, large = cost(250), cost(1000)
+    assert large <= 4 * small + 100  # linear (quadratic would be 16x)
