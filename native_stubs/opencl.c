@@ -173,11 +173,11 @@ const struct halide_device_interface_t *halide_opencl_device_interface(void) {
 
 int halide_opencl_initialize_kernels(void *user_context, void **state_ptr, const char *src,
                                      int size) {
-    /* Every pipeline call starts here; after the first, the module is already compiled. */
     int refused = refuse_in_forked_child(user_context);
     if (refused) {
         return refused;
     }
+    /* Every pipeline call starts here; after the first, the module is already compiled. */
     if (__atomic_load_n(state_ptr, __ATOMIC_ACQUIRE) != NULL) {
         return halide_error_code_success;
     }

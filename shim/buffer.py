@@ -184,10 +184,13 @@ class Buffer:
             ranges[d] = (_integer(min, "min"), _integer(extent, "extent"))
         for d, ((lo, n), (have_lo, have_n)) in enumerate(zip(ranges, self._box)):
             if n < 0 or lo < have_lo or lo + n > have_lo + have_n:
-                raise ArgumentError("ranges", f"{dimension_label(d, self.dimensions)}: [{lo}, "
-                                              f"{lo + n}) is not inside [{have_lo}, {have_lo + have_n})")
+                raise ArgumentError("ranges", f"{dimension_label(d, self.dimensions)}: "
+                                              f"[{lo}, {lo + n}) is not inside "
+                                              f"[{have_lo}, {have_lo + have_n})")
+        # The Ellipsis keeps a 0-D result an array (a view), where numpy would give a scalar.
         index = tuple(slice(lo - have_lo, lo - have_lo + n)
                       for (lo, n), (have_lo, _) in zip(reversed(ranges), reversed(self._box)))
+        index += (Ellipsis,)
         root_box = list(self._root_box)
         for d, box in zip(self._root_dims, ranges):
             root_box[d] = box
@@ -203,8 +206,7 @@ class Buffer:
         if not lo <= pos < lo + n:
             raise ArgumentError("pos", f"{pos} is outside {dimension_label(d, self.dimensions)}: "
                                        f"[{lo}, {lo + n})")
-        # The Ellipsis keeps a 0-D result an array (a view), where numpy would give a scalar.
-        index = [slice(None)] * self.dimensions + [Ellipsis]
+        index = [slice(None)] * self.dimensions + [Ellipsis]  # (Ellipsis: see cropped)
         index[self.dimensions - 1 - d] = pos - lo
         mins = [m for i, (m, _) in enumerate(self._box) if i != d]
         root_box = list(self._root_box)
@@ -215,8 +217,9 @@ class Buffer:
     def _dimension_index(self, dim) -> int:
         d = _integer(dim, "dim")
         if not 0 <= d < self.dimensions:
-            raise ArgumentError("dim", f"expected a Halide dimension index in [0, {self.dimensions}) "
-                                       f"(0 is x, numpy's last axis), got {dim!r}")
+            raise ArgumentError("dim", f"expected a Halide dimension index in "
+                                       f"[0, {self.dimensions}) (0 is x, numpy's last axis), "
+                                       f"got {dim!r}")
         return d
 
     def _view(self, array: np.ndarray, mins, root_box, root_dims) -> Buffer:

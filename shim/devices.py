@@ -81,7 +81,7 @@ def created() -> list[Backend]:
 def kind_for_dlpack(device_type: int) -> str | None:
     """The backend kind whose memory has DLPack device type ``device_type``, if any."""
     for kind, factory in _factories().items():
-        if factory.dlpack_device_type is not None and factory.dlpack_device_type == device_type:
+        if factory.dlpack_device_type == device_type:
             return kind
     return None
 

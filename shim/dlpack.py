@@ -233,13 +233,22 @@ def _device_name(device) -> str:
     return f"{name}:{index}"
 
 
-def _device_tuple(dl_device) -> tuple[int, int]:
-    try:
-        kind, index = dl_device
-        return DLDeviceType(int(kind)), int(index)
-    except (TypeError, ValueError):
+def _device_tuple(dl_device) -> tuple[DLDeviceType, int]:
+    device = _device_pair(dl_device)
+    if device is None:
         raise BufferError(f"dl_device must be a (device type, device id) pair DLPack knows, "
-                          f"got {dl_device!r}") from None
+                          f"got {dl_device!r}")
+    return device
+
+
+def _device_pair(value) -> tuple[DLDeviceType, int] | None:
+    """``value`` as a DLPack device: a (device type DLPack defines, id >= 0) pair of ints."""
+    try:
+        kind, index = value
+        kind, index = DLDeviceType(operator.index(kind)), operator.index(index)
+    except Exception:  # noqa: BLE001 - whatever it is (a producer's, maybe), it is no device
+        return None
+    return (kind, index) if index >= 0 else None
 
 
 def _version_tuple(version) -> tuple[int, int]:
@@ -268,7 +277,8 @@ def _from_dl_type(dl, refuse) -> HalideType:
     if dl.code == _DL_BOOL and dl.bits == 8:
         return HalideType(UINT, 1)
     htype = HalideType(dl.code, dl.bits) if dl.code in (INT, UINT, FLOAT) else None
-    if htype is None or htype.dtype is None:
+    dtype = None if htype is None else htype.dtype
+    if dtype is None or dtype.itemsize * 8 != dl.bits:  # (uint1 is packed bits, not numpy's bool)
         refuse(f"elements of DLPack type code {dl.code} with {dl.bits} bits, which have no numpy "
                "equivalent (a shim.Buffer needs one)")
     return htype
@@ -289,7 +299,8 @@ _INT32_MAX = 2**31 - 1  # Halide's extents and strides are 32-bit
 def from_dlpack(obj, *, copy=None) -> Buffer:
     """A Buffer over the data of any object with ``__dlpack__``: CPU memory zero-copy, CUDA
     and OpenCL memory wrapped as the Buffer's device allocation (zero-copy, the producer kept
-    alive). ``copy=True`` copies, ``copy=False`` refuses to."""
+    alive). ``copy=True`` copies, ``copy=False`` refuses to. Anything wrong with what the
+    producer says or hands over raises ArgumentError."""
     return to_buffer(obj, "obj", copy)
 
 
@@ -297,7 +308,8 @@ def to_buffer(obj, argument: str, copy=None) -> Buffer:
     """``from_dlpack`` for the argument named ``argument``, which its errors name."""
     claimed = claimed_device(obj, argument)
     if claimed[0] in HOST_DEVICES:
-        return Buffer(_host_array(obj, claimed, argument, copy))
+        array = _host_array(obj, claimed, argument)
+        return Buffer(array.copy() if copy else array)
     backend = _backend_for(claimed, argument)
     with _device_calls("DLPack import"):
         stream = backend.dlpack_stream()
@@ -305,14 +317,14 @@ def to_buffer(obj, argument: str, copy=None) -> Buffer:
     return _device_copy(buf, backend) if copy else buf
 
 
-def host_array(obj, argument: str, copy=None) -> np.ndarray:
-    """A numpy array over the host memory an object with ``__dlpack__`` exports (zero-copy
-    unless ``copy``), for the argument named ``argument``."""
+def host_array(obj, argument: str) -> np.ndarray:
+    """A numpy array over the host memory an object with ``__dlpack__`` exports, without a
+    copy, for the argument named ``argument``."""
     claimed = claimed_device(obj, argument)
     if claimed[0] not in HOST_DEVICES:
         raise ArgumentError(argument, f"its data is on {_device_name(claimed)}, not in host memory "
                                       "(shim.from_dlpack imports device memory)")
-    return _host_array(obj, claimed, argument, copy)
+    return _host_array(obj, claimed, argument)
 
 
 def claimed_device(obj, argument: str = "obj") -> tuple[DLDeviceType, int]:
@@ -320,22 +332,17 @@ def claimed_device(obj, argument: str = "obj") -> tuple[DLDeviceType, int]:
     if not hasattr(obj, "__dlpack__") or not hasattr(obj, "__dlpack_device__"):
         raise ArgumentError(argument, f"expected an object with __dlpack__ and __dlpack_device__, "
                                       f"got {type(obj).__name__}")
-    device = _producer_call(obj, "__dlpack_device__", argument, obj.__dlpack_device__)
-    try:
-        kind, index = device
-        kind, index = DLDeviceType(operator.index(kind)), operator.index(index)
-    except Exception:  # noqa: BLE001 - whatever the producer returned, it is not a device
-        index = -1
-    if index < 0:
+    returned = _producer_call(obj, "__dlpack_device__", argument, obj.__dlpack_device__)
+    device = _device_pair(returned)
+    if device is None:
         raise ArgumentError(argument, f"{type(obj).__name__}.__dlpack_device__() returned "
-                                      f"{reprlib.repr(device)}; expected a (device type, device "
+                                      f"{reprlib.repr(returned)}; expected a (device type, device "
                                       "id) pair of ints, with a device type DLPack defines")
-    return kind, index
+    return device
 
 
-def _host_array(obj, claimed, argument: str, copy) -> np.ndarray:
-    array = _Imported(obj, None, claimed, argument).host_view()
-    return array.copy() if copy else array
+def _host_array(obj, claimed, argument: str) -> np.ndarray:
+    return _Imported(obj, None, claimed, argument).host_view()
 
 
 def _backend_for(device, argument: str):
@@ -403,12 +410,12 @@ def _read_tensor(managed, versioned: bool, refuse) -> _Tensor:
         refuse(f"ndim {n}; expected 0 to {_MAX_DIMENSIONS}")
     if n and tensor.shape == ffi.NULL:
         refuse(f"a NULL shape for {n} dimensions")
-    shape = tuple(tensor.shape[i] for i in range(n))
+    shape = tuple(ffi.unpack(tensor.shape, n)) if n else ()
     if tensor.strides == ffi.NULL:  # compact and row-major, as DLPack 1.0 allows
         strides = tuple(math.prod(shape[i + 1:]) for i in range(n))
     else:
-        strides = tuple(tensor.strides[i] for i in range(n))
-    if not all(0 <= e <= _INT32_MAX for e in shape) or not all(abs(s) <= _INT32_MAX for s in strides):
+        strides = tuple(ffi.unpack(tensor.strides, n)) if n else ()
+    if not all(0 <= e <= _INT32_MAX for e in shape) or any(abs(s) > _INT32_MAX for s in strides):
         refuse(f"shape {shape} with strides {strides}; extents must be >= 0 and both must fit "
                "Halide's 32 bits")
     htype = _from_dl_type(tensor.dtype, refuse)
@@ -443,7 +450,8 @@ class _Imported:
         self.managed = managed
 
     def refuse(self, what: str):
-        raise ArgumentError(self.argument, f"{type(self.producer).__name__}.__dlpack__() gave {what}")
+        raise ArgumentError(self.argument,
+                            f"{type(self.producer).__name__}.__dlpack__() gave {what}")
 
     def host_view(self) -> np.ndarray:
         """A numpy array over the tensor's host memory; it keeps this alive."""

@@ -25,7 +25,7 @@ from shim.metadata import USER_CONTEXT, Argument, check_extents, dimension_label
 from shim.native import CallContext, _native, ffi, lib
 from shim.runtime import take_exception
 from shim.scalars import MISSING, ScalarArgument
-from shim.types import INT32_MAX
+from shim.types import INT32_MAX, HalideType
 
 _BOUNDS_CACHE_SIZE = 64
 # Target features that make a pipeline run code on a device.
@@ -374,8 +374,6 @@ def _dtype_of(arg: Argument) -> np.dtype:
 
 
 def _array_type(array: np.ndarray, arg: Argument):
-    from shim.types import HalideType
-
     try:
         # In native byte order: arrays in the other are converted (see _halide_can_address).
         return HalideType.from_dtype(array.dtype.newbyteorder("="))
@@ -462,8 +460,8 @@ def _check_region(arg: Argument, d: int, want: tuple, have: tuple) -> None:
                               f"{wanted} but the output covers {covered}")
     elif want_extent > 0 and (want_min < have_min or want_min + want_extent > have_min + have_extent):
         raise BoundsError(arg.name, lib.halide_error_code_access_out_of_bounds,
-                          f"too small: the pipeline reads {dimension_label(d, arg.dimensions)} over "
-                          f"{wanted} but the input covers {covered}")
+                          f"too small: the pipeline reads {dimension_label(d, arg.dimensions)} "
+                          f"over {wanted} but the input covers {covered}")
 
 
 class PreparedCall:

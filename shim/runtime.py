@@ -227,9 +227,16 @@ def _allocate_behind_host(raw, interface, family: Family | None) -> Family:
     published, or a lock-free copy_to_device on another thread could find the buffer
     allocated and clean and use the garbage. (Halide leaves the flags alone: a clean buffer
     copied to a new allocation stays garbage there.)"""
-    if raw.host != ffi.NULL and (family is None or not family.shared):
+    if raw.host != ffi.NULL and (family is None or not family.shared) \
+            and not _output_of_a_running_call(family, raw):
         lib.shim_flags_assign(raw, HOST_DIRTY, True)
     return _allocate(raw, interface, family)
+
+
+def _output_of_a_running_call(family: Family | None, raw) -> bool:
+    """Whether a pipeline call running now writes ``raw`` (so uploading it would be wasted)."""
+    address = families.address_of(raw)
+    return family is not None and any(use.output and use.address == address for use in family.uses)
 
 
 def _download(raw, family: Family | None) -> None:
@@ -242,6 +249,19 @@ def _download(raw, family: Family | None) -> None:
     family, offset = _allocation(raw, family)
     _read(family, _mirror(raw, offset, to_device=False), _host_address(raw))
     lib.shim_flags_assign(raw, DEVICE_DIRTY, False)
+
+
+def _bring_home(raw, family: Family | None) -> None:
+    """Before an allocation goes: what only the device holds goes to host memory (if the
+    buffer has any); a failure is copy_to_host's."""
+    if family is None or family.shared or not raw.device or raw.host == ffi.NULL \
+            or not _flags(raw) & DEVICE_DIRTY:
+        return
+    try:
+        _download(raw, family)
+    except BackendError as e:
+        raise Failure(E.halide_error_code_copy_to_host_failed,
+                      f"copying the device's results home first failed: {e}") from e
 
 
 def _write(family: Family, copy, host_address: int) -> None:
@@ -605,14 +625,14 @@ def malloc_device(raw, interface) -> None:
     nothing, the host has the data: the next copy_to_device uploads it. (Halide leaves the
     flags alone, and a later copy_to_device of a clean buffer leaves garbage on the device.
     A shared family's regions say so already.)"""
-    def malloc_for_buffer(uc):
+    def device_malloc(uc, raw):  # (named for profiles)
         with locked(raw) as family:
             if raw.device and not aliasing.is_proxy(raw.device_interface):
                 return
             _allocate_behind_host(raw, interface, family)
 
     with runtime_call("device_malloc") as check:
-        check(guarded(malloc_for_buffer, E.halide_error_code_device_malloc_failed, ffi.NULL))
+        check(guarded(device_malloc, E.halide_error_code_device_malloc_failed, ffi.NULL, raw))
 
 
 def move_device(raw, interface) -> None:
@@ -620,7 +640,7 @@ def move_device(raw, interface) -> None:
     using it have finished, what only the device holds comes home, that allocation goes, and
     a new one on ``interface`` gets the data. A crop or slice shares its family's allocation
     and cannot move alone."""
-    def move(uc):
+    def copy_to_device(uc, raw):  # (named for profiles)
         with locked(raw) as family:
             _await_calls(family)
             if family.shared:
@@ -628,29 +648,26 @@ def move_device(raw, interface) -> None:
                               "a crop or slice shares its family's allocation and cannot move "
                               "alone; free the family's device memory first")
             if raw.device and raw.device_interface != interface:
-                if _flags(raw) & DEVICE_DIRTY:
-                    _download(raw, family)
+                _bring_home(raw, family)
                 _free(raw, family)
             _upload(raw, interface, family)
 
     with runtime_call("copy_to_device") as check:
-        check(guarded(move, E.halide_error_code_copy_to_device_failed, ffi.NULL))
+        check(guarded(copy_to_device, E.halide_error_code_copy_to_device_failed, ffi.NULL, raw))
 
 
 def free_device(raw) -> None:
     """Buffer.device_free: wait for pipeline calls using the allocation, bring what only the
     device holds home (to host memory, if the buffer has any), then free; if the download
     fails, the allocation stays and DeviceError says why. A later device use uploads again."""
-    def free_keeping_data(uc):
+    def device_free(uc, raw):  # (named for profiles)
         with locked(raw) as family:
             _await_calls(family)
-            if family is not None and not family.shared and raw.device \
-                    and _flags(raw) & DEVICE_DIRTY and raw.host != ffi.NULL:
-                _download(raw, family)
+            _bring_home(raw, family)
             _free(raw, family)
 
     with runtime_call("device_free") as check:
-        check(guarded(free_keeping_data, E.halide_error_code_device_free_failed, ffi.NULL))
+        check(guarded(device_free, E.halide_error_code_device_free_failed, ffi.NULL, raw))
 
 
 def release(raw, *, copy_back: bool) -> None:
@@ -658,12 +675,11 @@ def release(raw, *, copy_back: bool) -> None:
     under the family's lock (so that a concurrent allocation cannot attach it meanwhile).
     ``copy_back``: its device results go to host memory first. The memory goes even if that
     download fails; the DeviceError then says what was lost."""
-    def release_buffer(uc):
+    def device_free(uc, raw):  # (named for profiles)
         with locked(raw) as family:
             try:
-                if copy_back and family is not None and not family.shared and raw.device \
-                        and _flags(raw) & DEVICE_DIRTY and raw.host != ffi.NULL:
-                    _download(raw, family)
+                if copy_back:
+                    _bring_home(raw, family)
             finally:
                 families.unregister_owned(raw)
                 if raw.device and not aliasing.is_proxy(raw.device_interface):
@@ -673,7 +689,7 @@ def release(raw, *, copy_back: bool) -> None:
                         _drop_handle(family, handle, force=True)
 
     with runtime_call("release a dropped Buffer") as check:
-        check(guarded(release_buffer, E.halide_error_code_device_free_failed, ffi.NULL))
+        check(guarded(device_free, E.halide_error_code_device_free_failed, ffi.NULL, raw))
 
 
 def begin_call(call_id: int, arguments, host_write: bool) -> list:

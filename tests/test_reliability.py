@@ -10,6 +10,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 import warnings
 
 import numpy as np
@@ -79,7 +80,41 @@ def run_threads(count, body):
 
 # --- 1. device_free while another thread's OpenCL pipeline uses the buffer ----------------------
 
-def test_device_free_waits_for_pipeline_calls_using_the_buffer(gpu_paths):
+def test_device_free_waits_for_the_pipeline_call_using_the_buffer(gpu_paths, opencl, monkeypatch):
+    """The call uploads its first input, then (slowly) its second; meanwhile another thread
+    frees the first. The free must wait for the call to end: its kernel uses that memory."""
+    mix = shim.load(build_all([Build("mix", "opencl", "bundled")], progress=None).popitem()[1])
+    a = shim.Buffer(np.arange(64 * 64, dtype=np.uint8).reshape(64, 64))
+    b = shim.Buffer(np.full((64, 64), 3, np.float32))
+    uploads, second_upload = [], threading.Event()
+    original = opencl.write
+
+    def slow_second_upload(memory, plan, host_address):
+        original(memory, plan, host_address)
+        uploads.append(plan.nbytes)
+        if len(uploads) == 2:
+            second_upload.set()
+            threading.Event().wait(0.3)  # the call is in flight, its first input uploaded
+
+    monkeypatch.setattr(opencl, "write", slow_second_upload)
+    order = []
+
+    def call():
+        out = mix(a, b, alpha=0.5, offset=0, output=(64, 64))
+        order.append("call returned")
+        np.testing.assert_array_equal(out.numpy(), a.numpy() * 0.5 + 3 * 0.5)
+
+    def free():
+        second_upload.wait()
+        first = a if uploads[0] == a.numpy().nbytes else b
+        first.device_free()
+        order.append("freed")
+
+    run_threads(2, lambda i: call() if i == 0 else free())
+    assert order == ["call returned", "freed"]
+
+
+def test_device_free_racing_pipeline_calls_never_crashes(gpu_paths):
     done = run_script("""
         import sys, threading, time
         import numpy as np
@@ -192,10 +227,10 @@ def test_parent_uploads_never_overwrite_a_crops_results_silently(gpu):
 def test_parent_reads_a_device_dirty_crop_beside_a_host_dirty_one(gpu):
     parent = shim.Buffer(np.full((8, 16), -1, np.int32))
     on_device, on_host = parent.cropped([(0, 8), (0, 8)]), parent.cropped([(8, 8), (0, 8)])
-    gpu["crop_fill"](param=2, f=on_device)
     on_host.numpy()[...] = 7
     on_host.set_host_dirty()
-    parent.copy_to_host()
+    gpu["crop_fill"](param=2, f=on_device)
+    parent.copy_to_host()  # downloads the one, keeps the other
     expected = np.full((8, 16), 7, np.int32)
     expected[:, :8] = crop_fill_values(((0, 8), (0, 8)), 2)
     np.testing.assert_array_equal(parent.numpy(), expected)
@@ -245,7 +280,7 @@ def test_device_results_move_with_the_buffer(gpu, host_device):
 
 def test_copy_to_device_of_a_proxy_crop_allocates_the_family(host_device):
     parent = shim.Buffer(np.arange(64, dtype=np.int32).reshape(8, 8))
-    parent.copy_to_host()
+    parent.set_host_dirty(False)  # clean, and so is the crop
     crop = parent.cropped([(2, 4), (2, 4)])
     crop.copy_to_device()  # no device named: the parent's default one
     assert crop.has_device_allocation and parent.has_device_allocation
@@ -340,8 +375,14 @@ def test_ctrl_c_surfaces_as_keyboard_interrupt_with_nothing_left_locked():
 
 # --- 13, 14. dropped Buffers never leak device memory ------------------------------------------
 
-def test_crops_dropped_while_the_family_allocates_leak_nothing(host_device):
-    host_device.set_faults(delay=0.001)
+def test_crops_dropped_while_the_family_allocates_leak_nothing(host_device, monkeypatch):
+    original = host_device.handle
+
+    def slow_handle(memory, offset, nbytes):  # the allocation gives each crop a handle slowly
+        time.sleep(0.0002)
+        return original(memory, offset, nbytes)
+
+    monkeypatch.setattr(host_device, "handle", slow_handle)
     gc.collect()
     before = host_device.live_allocations
     for _ in range(20):
@@ -357,6 +398,7 @@ def test_crops_dropped_while_the_family_allocates_leak_nothing(host_device):
             start.wait()
             while crops:
                 crops.pop()
+                time.sleep(0.0002)  # interleaved with the allocation's handles
 
         run_threads(2, lambda i: allocate() if i == 0 else drop())
         del parent

@@ -227,18 +227,22 @@ class BufferMachine(RuleBasedStateMachine):
 
     # --- setup -----------------------------------------------------------------------------
 
-    @initialize(eager=st.booleans())
-    def choose_reading(self, eager):
+    @initialize(eager=st.booleans(), shape=st.sampled_from(SHAPES), dtype=st.sampled_from(DTYPES))
+    def start(self, eager, shape, dtype):
         # Reading every Buffer after each step (eager) brings every family home, so device-side
         # changes never outlive a step; lazy runs keep them for later steps, and read only in
         # the read rules and at the end.
         self.eager = eager
+        self.new_buffer(shape, dtype, "array")  # most rules need a Buffer
 
     # --- Buffers, crops, slices ------------------------------------------------------------
 
     @precondition(lambda self: len(self.roots) < 4)
     @rule(shape=st.sampled_from(SHAPES), dtype=st.sampled_from(DTYPES),
           how=st.sampled_from(["array", "shape", "dlpack"]))
+    def add_buffer(self, shape, dtype, how):
+        self.new_buffer(shape, dtype, how)
+
     def new_buffer(self, shape, dtype, how):
         if how == "shape":
             user, buf = None, shim.Buffer(shape=shape, dtype=dtype)

@@ -197,8 +197,9 @@ class OpenCLBackend(Backend):
         self._usable()
         return self._queue
 
-    # DLPack defines no stream value for OpenCL; the shim's is a cl_command_queue handle (an
-    # int). None asks for everything queued so far to have finished; -1 for no synchronization.
+    # DLPack defines no stream value for OpenCL; the shim's is the cl_command_queue handle (an
+    # int) of a queue the process holds. None asks for everything queued so far to have
+    # finished; -1 for no synchronization.
     dlpack_device_type = 4  # kDLOpenCL
 
     def dlpack_stream(self):
@@ -251,7 +252,8 @@ class OpenCLBackend(Backend):
                 cl.enqueue_barrier(consumer, wait_for=[done])
                 self.queue.flush()
             except cl.Error as e:
-                raise BackendError(f"ordering the consumer's queue after the shim's failed: {e}") from None
+                raise BackendError(f"ordering the consumer's queue after the shim's failed: "
+                                   f"{e}") from None
 
     def check_dlpack_memory(self, data: int, byte_offset: int, nbytes: int) -> None:
         """Refuse (BufferError) a DLPack tensor's ``data`` unless it is a cl_mem in the shim's
