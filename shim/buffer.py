@@ -156,7 +156,8 @@ class Buffer:
         return self._array.shape
 
     def dim(self, i: int) -> Dimension:
-        """Halide's dimension ``i`` (0 is x, the innermost)."""
+        """Halide's dimension ``i`` (0 is x, the innermost; numpy's last axis)."""
+        i = _integer(i, "i")
         if not 0 <= i < self.dimensions:
             raise ArgumentError("i", f"dimension {i} out of range for a {self.dimensions}-D buffer")
         d = self._dims[i]

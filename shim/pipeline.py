@@ -38,11 +38,6 @@ def load(path, name: str | None = None) -> Pipeline:
     Works for any Halide 21 AOT pipeline, built with its runtime bundled or with the
     ``no_runtime`` feature. ``name`` picks one pipeline when the library holds several.
     """
-    try:
-        path = os.fsdecode(path)
-    except TypeError:
-        raise ArgumentError("path", "expected the path of a pipeline's shared library (str, bytes "
-                                    f"or os.PathLike), got {type(path).__name__}") from None
     return Pipeline(path, name)
 
 
@@ -79,7 +74,11 @@ class Pipeline:
     """
 
     def __init__(self, path, name: str | None = None):
-        self.path = os.fspath(path)
+        try:
+            self.path = os.fsdecode(path)
+        except TypeError:
+            raise ArgumentError("path", "expected the path of a pipeline's shared library (str, "
+                                        f"bytes or os.PathLike), got {type(path).__name__}") from None
         self.name = _choose_name(self.path, name)
         self._library = _open_library(self.path)
         argv_address = _symbol_address(self._library, self.name + "_argv")

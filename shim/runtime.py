@@ -699,22 +699,21 @@ def begin_call(call_id: int, arguments, host_write: bool) -> list:
     writes an output on the host (a CPU pipeline) first brings the family's device-side
     changes home."""
     _running.add(call_id)
+    thread = threading.get_ident()
     uses = []
     try:
         for raw, output in arguments:
-            with runtime_call("before the pipeline") as check, locked(raw) as family:
+            with locked(raw) as family:
+                address = families.address_of(raw)
                 if family.shared:
                     if output and host_write and family.device_regions:
-                        def download_device_changes(uc):
-                            aliasing.download_all(family, _transfer, raw)
-
-                        check(guarded(download_device_changes,
-                                      E.halide_error_code_copy_to_host_failed, ffi.NULL))
-                    use = Use(call_id, threading.get_ident(), families.address_of(raw),
-                              family.box_of(raw), output)
+                        _in_runtime_call("before the pipeline", aliasing.download_all,
+                                         E.halide_error_code_copy_to_host_failed,
+                                         family, _transfer, raw)
+                    use = Use(call_id, thread, address, family.box_of(raw), output)
                     aliasing.begin_call(family, use, raw)
                 else:
-                    use = Use(call_id, threading.get_ident(), families.address_of(raw), None, output)
+                    use = Use(call_id, thread, address, None, output)
                     family.uses.append(use)
                 uses.append((raw, family, use))
     except BaseException:
@@ -729,13 +728,11 @@ def end_call(call_id: int, uses: list) -> None:
     _running.discard(call_id)
     failure = None
     for raw, family, use in uses:
-        with runtime_call("after the pipeline") as check, locked(raw):
+        with locked(raw):
             try:
                 if family.shared:
-                    def take_in_changes(uc):
-                        _shared(aliasing.end_call, family, use, raw)
-
-                    check(guarded(take_in_changes, E.halide_error_code_host_and_device_dirty, ffi.NULL))
+                    _in_runtime_call("after the pipeline", aliasing.end_call,
+                                     E.halide_error_code_host_and_device_dirty, family, use, raw)
                 else:
                     family.uses.remove(use)
             except DeviceError as e:
@@ -744,6 +741,17 @@ def end_call(call_id: int, uses: list) -> None:
                 family.lock.notify_all()
     if failure is not None:
         raise failure
+
+
+def _in_runtime_call(what: str, operation, failure_code: int, family: Family, *args) -> None:
+    """Run one of shim/aliasing.py's operations on a shared family for a Python caller:
+    DeviceError if it fails (a conflict: host_and_device_dirty)."""
+    def shared_operation(uc):
+        _shared(operation, family, *args)
+
+    shared_operation.__name__ = operation.__name__  # (for profiles)
+    with runtime_call(what) as check:
+        check(guarded(shared_operation, failure_code, ffi.NULL))
 
 
 # --- the callbacks the native library calls ------------------------------------------------
