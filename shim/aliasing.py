@@ -61,10 +61,11 @@ def adopt(family: Family, parent_raw, parent_box, view_raw, view_box) -> None:
 def allocate(family: Family, backend) -> None:
     """Allocate the root's whole extent on ``backend``; every member aliases it. New device
     memory holds nothing yet: the host is newer everywhere, so the first device use of any
-    member uploads it (unless a pipeline writes it first)."""
+    member uploads it (except where a running pipeline call writes it)."""
     family.backend, family.memory = backend, backend.allocate(family.root_layout.nbytes_span)
     family.device_regions = []
-    family.host_regions = [family.root_box()]
+    family.host_regions = subtract_all([family.root_box()],
+                                       [use.box for use in family.uses if use.output])
     family.refresh_bits()  # before any member's handle is published (see runtime._allocate_behind_host)
     for member in list(family.members.values()):
         attach(family, member.raw)
@@ -178,6 +179,11 @@ def begin_call(family: Family, use: Use, raw) -> None:
     results (it writes the whole box)."""
     family.uses.append(use)
     if use.output:
+        # The call's results replace what either side held there: nothing there is to be
+        # uploaded or downloaded any more (an upload queued after its kernels would even
+        # overwrite their results).
+        family.host_regions = subtract_all(family.host_regions, [use.box])
+        family.device_regions = subtract_all(family.device_regions, [use.box])
         lib.shim_flags_assign(raw, HOST_DIRTY | DEVICE_DIRTY, False)
 
 

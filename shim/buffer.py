@@ -155,6 +155,12 @@ class Buffer:
         """Extents in numpy order (outermost first)."""
         return self._array.shape
 
+    @property
+    def writeable(self) -> bool:
+        """Whether the host memory may be written (False over a read-only array, ``bytes`` or
+        a read-only mmap): such a Buffer is no pipeline output and never device-dirty."""
+        return bool(self._array.flags.writeable)
+
     def dim(self, i: int) -> Dimension:
         """Halide's dimension ``i`` (0 is x, the innermost; numpy's last axis)."""
         i = _integer(i, "i")
@@ -288,26 +294,16 @@ class Buffer:
 
     def set_host_dirty(self, value: bool = True) -> None:
         """Say that the host memory holds changes the device copy lacks (or, False, not)."""
-        if self._family.shared:
-            runtime.mark_dirty(self._raw, HOST_DIRTY, value)
-        else:
-            lib.shim_flags_assign(self._raw, HOST_DIRTY, value)
+        runtime.mark_dirty(self._raw, HOST_DIRTY, value)
 
     def set_device_dirty(self, value: bool = True) -> None:
         """Say that the device copy holds changes the host memory lacks (or, False, not).
         Only a Buffer with a device allocation and writable host memory can be device-dirty:
         otherwise every later read would fail, or write into memory that must not change."""
-        if value and not self.has_device_allocation:
-            raise ArgumentError("value", "this Buffer has no device allocation (nor, for a crop, "
-                                         "does its parent), so no device copy can hold changes; "
-                                         "copy_to_device() or device_malloc() first")
-        if value and not self._array.flags.writeable:
+        if value and not self.writeable:
             raise ArgumentError("value", "this Buffer's host memory is read-only: changes on the "
                                          "device could never be copied back to it")
-        if self._family.shared:
-            runtime.mark_dirty(self._raw, DEVICE_DIRTY, value)
-        else:
-            lib.shim_flags_assign(self._raw, DEVICE_DIRTY, value)
+        runtime.mark_dirty(self._raw, DEVICE_DIRTY, value)
         self._unread = value
 
     # --- device --------------------------------------------------------------------------

@@ -128,6 +128,13 @@ def _export_device(buf: Buffer, target, stream, copy, versioned, max_version):
     source, flags = buf, 0
     if copy is True:
         source, flags = _device_copy(buf, backend), IS_COPIED
+    elif not buf.writeable:
+        # Memory the program cannot write (a read-only array's Buffer) is exported read-only:
+        # no consumer's writes would ever reach it.
+        if not versioned:
+            raise BufferError("this buffer's memory is read-only, which only a versioned "
+                              "capsule (max_version >= (1, 0)) can say")
+        flags = READ_ONLY
     else:
         # The consumer may write through the tensor: from now on the device copy is the truth.
         source.set_device_dirty(True)

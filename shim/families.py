@@ -94,8 +94,8 @@ class Family:
                  "root_layout", "host_regions", "device_regions", "uses", "stream",
                  "__weakref__")
 
-    def __init__(self, backend=None):
-        self.lock = FamilyLock()
+    def __init__(self, backend=None, lock: FamilyLock | None = None):
+        self.lock = lock or FamilyLock()
         self.backend = backend
         self.memory = None
         # handle -> [byte offset into memory, number of halide_buffer_t carrying it]
@@ -206,6 +206,13 @@ _owned: dict[int, Family] = {}
 _unallocated: dict[int, FamilyLock] = {}
 
 
+def live_counts() -> dict[str, int]:
+    """How many entries each registry holds: structs of live shim.Buffers ("owned"), device
+    handles given out ("handles"), structs waiting for their first allocation
+    ("unallocated"). Leak checks compare them before and after a piece of work."""
+    return {"owned": len(_owned), "handles": len(_by_handle), "unallocated": len(_unallocated)}
+
+
 def address_of(raw) -> int:
     return int(ffi.cast("uintptr_t", raw))
 
@@ -244,10 +251,20 @@ def _target(raw, address: int):
     return lock, None
 
 
-def allocated(raw) -> None:
-    """``raw``, which had no family, now carries a registered handle: its own lock retires.
-    Threads already waiting for it find, once they get it, that it no longer guards ``raw``."""
-    _unallocated.pop(address_of(raw), None)
+def family_for(raw, backend) -> Family:
+    """A family for ``raw``, a struct that had none and is getting an allocation. It keeps the
+    struct's own lock, which the caller holds: a thread that finds the family through the new
+    handle meanwhile waits for the same lock."""
+    return Family(backend, lock=_unallocated.get(address_of(raw)))
+
+
+def _retire(address: int, lock: FamilyLock) -> None:
+    """A struct's own lock, still held, is no longer needed (it got a family, or was done
+    with without one: a pipeline's buffer freed, copied, never allocated). Forgotten before
+    it is released, so a thread that was waiting for it finds, once it has it, that it no
+    longer guards the struct and retries with the current one (see ``locked``)."""
+    if _unallocated.get(address) is lock:
+        del _unallocated[address]
 
 
 @contextmanager
@@ -270,6 +287,9 @@ def locked(*raws):
         try:
             yield [family for _, family in targets] if len(raws) > 1 else targets[0][1]
         finally:
+            for address, (lock, family) in zip(addresses, targets):
+                if family is None:
+                    _retire(address, lock)
             for lock in reversed(locks):
                 lock.release()
             for _, family in targets:

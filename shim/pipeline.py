@@ -175,7 +175,7 @@ class Pipeline:
             _check_buffer_type(arg, value._type, len(value._box), value.shape)
             check_extents(arg, value.shape, self.target)
             if arg.is_output:
-                _check_writable(arg, value._array)
+                _check_writable(arg, value.writeable)
                 call.results.append(value)
             return value
         if arg.is_output and isinstance(value, (tuple, list)):
@@ -191,7 +191,7 @@ class Pipeline:
         _check_buffer_type(arg, _array_type(array, arg), array.ndim, array.shape)
         check_extents(arg, array.shape, self.target)  # before any copy of it is made
         if arg.is_output:
-            _check_writable(arg, array)
+            _check_writable(arg, array.flags.writeable)
         if _halide_can_address(array):
             buf = Buffer._wrap(array, arg.name)
             if arg.is_output:
@@ -392,8 +392,8 @@ def _check_dimensions(arg: Argument, dimensions: int, shape) -> None:
                                       "buffers with at least one element along every axis")
 
 
-def _check_writable(arg: Argument, array: np.ndarray) -> None:
-    if not array.flags.writeable:
+def _check_writable(arg: Argument, writeable: bool) -> None:
+    if not writeable:
         raise ArgumentError(arg.name, "the output's memory is read-only (a numpy array with "
                                       "writeable=False, bytes, a read-only mmap, ...): pass "
                                       "writable memory, or a shape to have the output allocated")

@@ -21,7 +21,7 @@ import numpy as np
 from shim import aliasing, families, interrupts, profiler, streams
 from shim.backends.base import BackendError, interface_of
 from shim.devices import backend_for_interface, default_device
-from shim.errors import DeviceError
+from shim.errors import ArgumentError, DeviceError
 from shim.families import Family, Use, locked
 from shim.native import CallContext, ffi, lib
 from shim.regions import Layout, NegativeStrides, host_memory, intersect, plan
@@ -212,12 +212,11 @@ def _allocate(raw, interface, family: Family | None) -> Family:
     except BackendError as e:
         raise Failure(E.halide_error_code_device_malloc_failed, str(e)) from e
     if family is None:
-        family = Family(backend)
+        family = families.family_for(raw, backend)
     family.backend, family.memory = backend, memory
     handle = backend.handle(memory, 0, nbytes)
     family.add_handle(handle, 0)
     _set_device(raw, handle, interface)
-    families.allocated(raw)
     return family
 
 
@@ -466,12 +465,11 @@ def _wrap(raw, backend, interface, native: int, offset: int) -> None:
             memory = backend.wrap(native)
         except BackendError as e:
             raise Failure(E.halide_error_code_device_malloc_failed, str(e)) from e
-        family = family or Family(backend)
+        family = family or families.family_for(raw, backend)
         family.backend, family.memory = backend, memory
         handle = backend.handle(memory, offset, max(memory.nbytes - offset, 0))
         family.add_handle(handle, offset)
         _set_device(raw, handle, interface)
-        families.allocated(raw)
 
 
 def detach_native(uc, raw, interface):
@@ -602,22 +600,24 @@ def adopt(parent_raw, parent_box, view_raw, view_box) -> None:
 
 
 def mark_dirty(raw, bit: int, value: bool) -> None:
-    """Buffer.set_host_dirty / set_device_dirty: for a member of a shared family, through the
-    family's regions; raises DeviceError when the other side holds overlapping changes."""
-    with runtime_call("set dirty") as check, locked(raw) as family:
+    """Buffer.set_host_dirty / set_device_dirty. Under the family's lock, so that a copy in
+    progress on another thread, which clears the bit once it is done, cannot swallow a mark
+    made meanwhile (the program wrote the memory after the copy read it). For a member of a
+    shared family, through the family's regions; raises DeviceError when the other side
+    holds overlapping changes."""
+    with locked(raw) as family:
         _await_calls(family, raw, writers_only=True)
-        if family is None or not family.shared:
+        if bit == DEVICE_DIRTY and value and (not raw.device or aliasing.is_proxy(raw.device_interface)):
+            raise ArgumentError("value", "this Buffer has no device allocation (nor, for a crop, "
+                                         "does its parent), so no device copy can hold changes; "
+                                         "copy_to_device() or device_malloc() first")
+        if not family.shared:
             lib.shim_flags_assign(raw, bit, value)
             return
-        try:
-            aliasing.mark(family, raw, bit, value, _transfer)
-        except aliasing.Conflict as e:
-            lib.halide_error(ffi.NULL, (str(e) + "\n").encode())
-            check(E.halide_error_code_host_and_device_dirty)
-        except BackendError as e:
-            lib.halide_error(ffi.NULL, (str(e) + "\n").encode())
-            check(E.halide_error_code_copy_to_host_failed if bit == HOST_DIRTY
-                  else E.halide_error_code_copy_to_device_failed)
+        _in_runtime_call("set dirty", aliasing.mark,
+                         E.halide_error_code_copy_to_host_failed if bit == HOST_DIRTY
+                         else E.halide_error_code_copy_to_device_failed,
+                         family, raw, bit, value, _transfer)
 
 
 def malloc_device(raw, interface) -> None:

@@ -1,9 +1,14 @@
-"""Shared fixtures: the sample pipelines, built once per session into the build cache."""
+"""Shared fixtures: the sample pipelines, built once per session into the build cache, and
+a leak check after every test."""
+
+import gc
 
 import pytest
 
 import shim
 from pipelines.build import RUNTIMES, Build, build_all, generator_names
+from shim import families
+from shim.devices import created
 
 
 @pytest.fixture(scope="session")
@@ -33,3 +38,41 @@ def opencl():
         return shim.device("opencl")
     except shim.DeviceUnavailable as e:
         pytest.skip(f"no OpenCL device on this machine: {e}")
+
+
+# --- leaks -------------------------------------------------------------------------------------
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_makereport(item, call):
+    """Keep each phase's report on the test item, for fixtures that need to know whether the
+    test itself failed (``item.report_call``)."""
+    report = yield
+    setattr(item, f"report_{report.when}", report)
+    return report
+
+
+def live_device_state() -> dict[str, int]:
+    """What device memory and the allocation families hold right now, after a full collection:
+    live allocations of every backend made so far (none is created for this) and the entries
+    of the family registries."""
+    gc.collect()
+    state = {f"{backend.kind} live allocations": backend.live_allocations for backend in created()}
+    state.update({f"families: {name}": count for name, count in families.live_counts().items()})
+    return state
+
+
+@pytest.fixture(autouse=True)
+def no_device_leaks(request):
+    """Fail the test that leaves more device allocations or family entries alive than there
+    were before it. Counts are compared per test, so that session and module fixtures may
+    keep their Buffers. Only growth fails: a count may also drop when something an earlier
+    test kept alive (say, through a failure's traceback) goes."""
+    before = live_device_state()
+    yield
+    report = getattr(request.node, "report_call", None)
+    if report is not None and report.failed:
+        return  # its traceback keeps its Buffers alive; the failure itself is what to fix
+    after = live_device_state()
+    grown = {key: f"{before.get(key, 0)} -> {count}" for key, count in after.items()
+             if count > before.get(key, 0)}
+    assert not grown, f"this test leaked device state: {grown}"
