@@ -26,30 +26,10 @@ static struct {
     CUresult (*ctx_set_current)(CUcontext);
     CUcontext context;
     CUstream stream;
+    pid_t process; /* where it was bound (fork.c) */
 } cu;
 
 static __thread CUcontext thread_context;
-
-/* A child forked after binding has a copy of the parent's CUDA state, which the driver does
- * not support: every entry point that would use the device refuses instead (as opencl.c). */
-static bool forked;
-
-static void after_fork_in_child(void) {
-    __atomic_store_n(&forked, true, __ATOMIC_RELAXED);
-}
-
-static void watch_forks(void) {
-    pthread_atfork(NULL, NULL, after_fork_in_child);
-}
-
-static int refuse_in_forked_child(void *user_context) {
-    if (!__atomic_load_n(&forked, __ATOMIC_RELAXED)) {
-        return halide_error_code_success;
-    }
-    halide_error(user_context, "CUDA: the device was initialized in the parent process; a "
-                               "forked child cannot use it\n");
-    return halide_error_code_gpu_device_error;
-}
 
 int shim_cuda_bind(const char *driver, void *context, void *stream) {
     void *library = dlopen(driver, RTLD_NOW | RTLD_NOLOAD);
@@ -65,8 +45,7 @@ int shim_cuda_bind(const char *driver, void *context, void *stream) {
     if (!cu.launch_kernel || !cu.module_get_function || !cu.ctx_set_current) {
         return -2;
     }
-    static pthread_once_t once = PTHREAD_ONCE_INIT;
-    pthread_once(&once, watch_forks);
+    cu.process = shim_bound_process();
     cu.stream = stream;
     __atomic_store_n(&cu.context, context, __ATOMIC_RELEASE);
     return 0;
@@ -120,7 +99,7 @@ const struct halide_device_interface_t *halide_cuda_device_interface(void) {
 
 int halide_cuda_initialize_kernels(void *user_context, void **state_ptr, const char *ptx,
                                    int size) {
-    int refused = refuse_in_forked_child(user_context);
+    int refused = shim_refuse_after_fork(user_context, cu.process, "CUDA");
     if (refused) {
         return refused;
     }
@@ -191,7 +170,7 @@ static int launch(SHIM_RUN_PARAMS) {
 }
 
 int halide_cuda_run(SHIM_RUN_PARAMS) {
-    int refused = refuse_in_forked_child(user_context);
+    int refused = shim_refuse_after_fork(user_context, cu.process, "CUDA");
     if (refused) {
         return refused;
     }
@@ -230,7 +209,7 @@ int halide_cuda_release_unused_device_allocations(void *user_context) {
 }
 
 int halide_cuda_acquire_context(void *user_context, void **ctx, bool create) {
-    int refused = refuse_in_forked_child(user_context);
+    int refused = shim_refuse_after_fork(user_context, cu.process, "CUDA");
     if (refused) {
         return refused;
     }

@@ -40,31 +40,10 @@ static struct {
     cl_int (*release_kernel)(cl_kernel);
     cl_context context;
     cl_command_queue queue;
+    pid_t process; /* where it was bound (fork.c) */
 } cl;
 
 /* --- binding to the backend ------------------------------------------------------------- */
-
-/* A child forked after binding has a copy of the parent's OpenCL objects but none of the
- * driver's threads: a launch there would wait forever. Every entry point that would use the
- * device refuses instead (the Python backend refuses its own operations the same way). */
-static bool forked;
-
-static void after_fork_in_child(void) {
-    __atomic_store_n(&forked, true, __ATOMIC_RELAXED);
-}
-
-static void watch_forks(void) {
-    pthread_atfork(NULL, NULL, after_fork_in_child);
-}
-
-static int refuse_in_forked_child(void *user_context) {
-    if (!__atomic_load_n(&forked, __ATOMIC_RELAXED)) {
-        return halide_error_code_success;
-    }
-    halide_error(user_context, "OpenCL: the device was initialized in the parent process; a "
-                               "forked child cannot use it\n");
-    return halide_error_code_gpu_device_error;
-}
 
 int shim_opencl_bind(const char *loader, void *context, void *queue) {
     void *library = dlopen(loader, RTLD_NOW | RTLD_NOLOAD);
@@ -82,8 +61,7 @@ int shim_opencl_bind(const char *loader, void *context, void *queue) {
         !cl.release_kernel) {
         return -2;
     }
-    static pthread_once_t once = PTHREAD_ONCE_INIT;
-    pthread_once(&once, watch_forks);
+    cl.process = shim_bound_process();
     cl.context = context;
     __atomic_store_n(&cl.queue, queue, __ATOMIC_RELEASE);
     return 0;
@@ -173,7 +151,7 @@ const struct halide_device_interface_t *halide_opencl_device_interface(void) {
 
 int halide_opencl_initialize_kernels(void *user_context, void **state_ptr, const char *src,
                                      int size) {
-    int refused = refuse_in_forked_child(user_context);
+    int refused = shim_refuse_after_fork(user_context, cl.process, "OpenCL");
     if (refused) {
         return refused;
     }
@@ -262,7 +240,7 @@ static int launch(SHIM_RUN_PARAMS) {
 }
 
 int halide_opencl_run(SHIM_RUN_PARAMS) {
-    int refused = refuse_in_forked_child(user_context);
+    int refused = shim_refuse_after_fork(user_context, cl.process, "OpenCL");
     if (refused) {
         return refused;
     }
@@ -349,7 +327,7 @@ const char *halide_opencl_get_build_options(void *user_context) {
 /* --- the context hooks Halide's headers name ----------------------------------------------- */
 
 int halide_acquire_cl_context(void *user_context, void **ctx, void **queue, bool create) {
-    int refused = refuse_in_forked_child(user_context);
+    int refused = shim_refuse_after_fork(user_context, cl.process, "OpenCL");
     if (refused) {
         return refused;
     }

@@ -9,6 +9,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 #include <HalideRuntime.h>
 #include <HalideRuntimeCuda.h>
@@ -17,6 +18,12 @@
 #include "dlpack.h"
 #include "halide_device_impl.h"
 #include "shim_api.h"
+
+/* Forks (fork.c): the process a backend binds in, which it passes to shim_refuse_after_fork
+ * on every entry point that uses the device; that returns gpu_device_error (reported through
+ * halide_error, naming `api`) in a forked child. */
+pid_t shim_bound_process(void);
+int shim_refuse_after_fork(void *user_context, pid_t bound, const char *api);
 
 /* One of the call's thread-pool tasks returned an error (see call_context.c). */
 void shim_call_task_failed(shim_call *call);

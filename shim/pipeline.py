@@ -19,8 +19,8 @@ import numpy as np
 from shim import dlpack, interrupts, profiler, runtime, streams
 from shim.buffer import Buffer, _check_memory, _shape_tuple, _zeros, as_host_array
 from shim.elf import NotELF, architecture, pipeline_names
-from shim.errors import (DEVICE_ERROR_CODES, ArgumentError, BoundsError, DeviceError,
-                         DeviceUnavailable, PipelineError)
+from shim.errors import (DEVICE_ERROR_CODES, ArgumentError, BoundsError, DeviceUnavailable,
+                         PipelineError)
 from shim.metadata import USER_CONTEXT, Argument, check_extents, dimension_label, read_metadata
 from shim.native import CallContext, _native, ffi, lib
 from shim.runtime import take_exception

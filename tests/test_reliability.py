@@ -19,6 +19,7 @@ import pytest
 import shim
 from pipelines.build import Build, build_all
 from shim import regions
+from support.threads import run_threads
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SUBPROCESS_SECONDS = 120  # a hang fails the test instead of the suite
@@ -57,25 +58,6 @@ def run_script(source: str, *args) -> subprocess.CompletedProcess:
     """Run ``source`` in a fresh interpreter (crashes and hangs stay there)."""
     return subprocess.run([sys.executable, "-c", textwrap.dedent(source), *map(str, args)],
                           capture_output=True, text=True, timeout=SUBPROCESS_SECONDS, cwd=ROOT)
-
-
-def run_threads(count, body):
-    errors = []
-
-    def guarded(index):
-        try:
-            body(index)
-        except BaseException as e:  # noqa: BLE001 - reported below
-            errors.append(e)
-
-    threads = [threading.Thread(target=guarded, args=(i,), daemon=True) for i in range(count)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(SUBPROCESS_SECONDS)
-    assert not any(t.is_alive() for t in threads), "threads still running: a hang"
-    if errors:
-        raise errors[0]
 
 
 # --- 1. device_free while another thread's OpenCL pipeline uses the buffer ----------------------
@@ -390,9 +372,9 @@ def test_crops_dropped_while_the_family_allocates_leak_nothing(host_device, monk
         crops = [parent.cropped([(0, 32), (i, 1)]) for i in range(32)]
         start = threading.Barrier(2)
 
-        def allocate():
+        def allocate(buf):
             start.wait()
-            parent.copy_to_device(host_device)
+            buf.copy_to_device(host_device)
 
         def drop():
             start.wait()
@@ -400,7 +382,7 @@ def test_crops_dropped_while_the_family_allocates_leak_nothing(host_device, monk
                 crops.pop()
                 time.sleep(0.0002)  # interleaved with the allocation's handles
 
-        run_threads(2, lambda i: allocate() if i == 0 else drop())
+        run_threads(2, lambda i, buf=parent: allocate(buf) if i == 0 else drop())
         del parent
         gc.collect()
         assert host_device.live_allocations == before

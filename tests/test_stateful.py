@@ -435,8 +435,13 @@ class BufferMachine(RuleBasedStateMachine):
     @rule(i=PICK)
     def device_free(self, i):
         view = self.pick(i)
+        held = view.holds
         if self.device_op(view.buf.device_free, view.root) is None:
             self.released(view)
+        elif held:
+            # README: if copying the results home fails, device_free "raises DeviceError and
+            # keeps the allocation: the results are still there".
+            assert view.buf.has_device_allocation, "a failed device_free lost the allocation"
 
     @precondition(lambda self: self.other_kind and not self.armed
                   and any(r.device and all(not v.dropped for v in r.views) for r in self.roots))
