@@ -612,6 +612,13 @@ def mark_dirty(raw, bit: int, value: bool) -> None:
                                          "does its parent), so no device copy can hold changes; "
                                          "copy_to_device() or device_malloc() first")
         if not family.shared:
+            other = DEVICE_DIRTY if bit == HOST_DIRTY else HOST_DIRTY
+            if value and _flags(raw) & other:
+                side, copy = (("device", "copy_to_host") if bit == HOST_DIRTY
+                              else ("host", "copy_to_device"))
+                raise DeviceError(E.halide_error_code_host_and_device_dirty,
+                                  f"the {side} holds changes to this buffer that were never "
+                                  f"copied; copy them first ({copy})", context="set dirty")
             lib.shim_flags_assign(raw, bit, value)
             return
         _in_runtime_call("set dirty", aliasing.mark,
@@ -715,6 +722,8 @@ def begin_call(call_id: int, arguments, host_write: bool) -> list:
                 else:
                     use = Use(call_id, thread, address, None, output)
                     family.uses.append(use)
+                    if output:  # its results replace what either side held (as aliasing's)
+                        lib.shim_flags_assign(raw, HOST_DIRTY | DEVICE_DIRTY, False)
                 uses.append((raw, family, use))
     except BaseException:
         end_call(call_id, uses)

@@ -175,6 +175,19 @@ def test_a_freed_input_is_uploaded_again(gpu):
     np.testing.assert_array_equal(second.numpy(), image * 2)
 
 
+def test_marking_the_host_newer_over_device_results_is_refused(gpu):
+    buf = shim.Buffer(np.zeros((8, 8), np.int32))
+    gpu["crop_fill"](param=1, f=buf)  # results on the device only
+    with pytest.raises(shim.DeviceError) as e:
+        buf.set_host_dirty()
+    assert e.value.code == -37 and "copy_to_host" in str(e.value)
+    np.testing.assert_array_equal(buf.numpy(), crop_fill_values(((0, 8), (0, 8)), 1))
+    buf.numpy()[...] = 5
+    buf.set_host_dirty()  # fine once they are home; and a pipeline's output replaces both
+    gpu["crop_fill"](param=2, f=buf)
+    np.testing.assert_array_equal(buf.numpy(), crop_fill_values(((0, 8), (0, 8)), 2))
+
+
 # --- 8. set_host_dirty + copy_to_device of a parent while a crop is realized -------------------
 
 def test_parent_uploads_never_overwrite_a_crops_results_silently(gpu):

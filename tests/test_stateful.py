@@ -570,8 +570,13 @@ class BufferMachine(RuleBasedStateMachine):
             self.disarm()
         views, self.views = self.views, []
         if sys.exc_info()[0] is not None:
-            # A step failed (teardown runs in Hypothesis's ``finally``): its traceback keeps
-            # Buffers alive, so leaks cannot be judged; the failure is what to report.
+            # A step failed or was abandoned (teardown runs in Hypothesis's ``finally``): its
+            # traceback may keep Buffers alive, so leaks cannot be judged; let go of the rest.
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", shim.DirtyBufferWarning)
+                self.exports.clear()
+                self.roots.clear()
+                del views
             return
         for view in views:
             self.check_read(view, np.asarray(view.buf), "final np.asarray")
