@@ -16,7 +16,7 @@ import numpy as np
 
 from shim import aliasing, devices, families, runtime, shutdown
 from shim.backends.base import Backend, interface_of
-from shim.errors import ArgumentError, DeviceError, DirtyBufferWarning
+from shim.errors import ArgumentError, DirtyBufferWarning
 from shim.families import Family
 from shim.metadata import dimension_label
 from shim.native import ffi, lib
@@ -322,14 +322,7 @@ class Buffer:
     def device_malloc(self, device=None) -> None:
         """Allocate device memory (on ``device``: a name such as "opencl", or a device from
         shim.device(); default: shim's default device). Does nothing if already allocated."""
-        interface = interface_of(_device(device))
-        current = self._raw.device_interface
-        if self.has_device_allocation and current != interface:
-            # The same refusal as halide_device_malloc's, which this does not go through.
-            raise DeviceError(lib.halide_error_code_incompatible_device_interface,
-                              "device_malloc does not move a buffer to another device; "
-                              "copy_to_device does", context="device_malloc")
-        runtime.malloc_device(self._raw, interface)
+        runtime.malloc_device(self._raw, interface_of(_device(device)))
 
     def copy_to_device(self, device=None) -> None:
         """Make the device allocation current: allocate it if needed, upload if host-dirty.

@@ -381,19 +381,27 @@ def copy_to_host(uc, raw, interface):
 def copy_to_device(uc, raw, interface):
     with locked(raw) as family:
         _await_calls(family, raw)
-        if family is not None and family.shared:
-            current = raw.device_interface
-            if raw.device and not aliasing.is_proxy(current) and current != interface \
-                    and not aliasing.is_proxy(interface):
-                raise Failure(E.halide_error_code_incompatible_device_interface,
-                              "the buffer lives on another device interface")
-            family = _allocate(raw, interface, family)
-            _shared(aliasing.upload_all, family, _transfer, raw)
-            return
-        if raw.device and raw.device_interface != interface:
+        _copy_to_device(raw, interface, family)
+
+
+def _copy_to_device(raw, interface, family: Family | None) -> None:
+    if family is not None and family.shared:
+        if _lives_elsewhere(raw, interface) and not aliasing.is_proxy(interface):
             raise Failure(E.halide_error_code_incompatible_device_interface,
                           "the buffer lives on another device interface")
-        _upload(raw, interface, family)
+        family = _allocate(raw, interface, family)
+        _shared(aliasing.upload_all, family, _transfer, raw)
+        return
+    if raw.device and raw.device_interface != interface:
+        raise Failure(E.halide_error_code_incompatible_device_interface,
+                      "the buffer lives on another device interface")
+    _upload(raw, interface, family)
+
+
+def _lives_elsewhere(raw, interface) -> bool:
+    """Whether ``raw`` has an allocation on another interface than ``interface``."""
+    current = raw.device_interface
+    return bool(raw.device) and not aliasing.is_proxy(current) and current != interface
 
 
 def _upload(raw, interface, family: Family | None) -> None:
@@ -634,6 +642,10 @@ def malloc_device(raw, interface) -> None:
     A shared family's regions say so already.)"""
     def device_malloc(uc, raw):  # (named for profiles)
         with locked(raw) as family:
+            if _lives_elsewhere(raw, interface):  # (halide_device_malloc's refusal)
+                raise Failure(E.halide_error_code_incompatible_device_interface,
+                              "device_malloc does not move a buffer to another device; "
+                              "copy_to_device does")
             if raw.device and not aliasing.is_proxy(raw.device_interface):
                 return
             _allocate_behind_host(raw, interface, family)
@@ -646,18 +658,19 @@ def move_device(raw, interface) -> None:
     """Buffer.copy_to_device to another device than the one the buffer is on: once the calls
     using it have finished, what only the device holds comes home, that allocation goes, and
     a new one on ``interface`` gets the data. A crop or slice shares its family's allocation
-    and cannot move alone."""
+    and cannot move alone. (Decided under the lock: a buffer that is no longer elsewhere by
+    then is simply copied to the device.)"""
     def copy_to_device(uc, raw):  # (named for profiles)
         with locked(raw) as family:
             _await_calls(family)
-            if family.shared:
-                raise Failure(E.halide_error_code_incompatible_device_interface,
-                              "a crop or slice shares its family's allocation and cannot move "
-                              "alone; free the family's device memory first")
-            if raw.device and raw.device_interface != interface:
+            if _lives_elsewhere(raw, interface):
+                if family.shared:
+                    raise Failure(E.halide_error_code_incompatible_device_interface,
+                                  "a crop or slice shares its family's allocation and cannot "
+                                  "move alone; free the family's device memory first")
                 _bring_home(raw, family)
                 _free(raw, family)
-            _upload(raw, interface, family)
+            _copy_to_device(raw, interface, family)
 
     with runtime_call("copy_to_device") as check:
         check(guarded(copy_to_device, E.halide_error_code_copy_to_device_failed, ffi.NULL, raw))
