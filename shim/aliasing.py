@@ -65,7 +65,7 @@ def allocate(family: Family, backend) -> None:
     family.backend, family.memory = backend, backend.allocate(family.root_layout.nbytes_span)
     family.device_regions = []
     family.host_regions = subtract_all([family.root_box()],
-                                       [use.box for use in family.uses if use.output])
+                                       [use.box for use in family.uses if use.replaces])
     family.refresh_bits()  # before any member's handle is published (see runtime._allocate_behind_host)
     for member in list(family.members.values()):
         attach(family, member.raw)
@@ -178,7 +178,7 @@ def begin_call(family: Family, use: Use, raw) -> None:
     output's bits start clear, so that afterwards they say on which side the call left its
     results (it writes the whole box)."""
     family.uses.append(use)
-    if use.output:
+    if use.replaces:
         # The call's results replace what either side held there: nothing there is to be
         # uploaded or downloaded any more (an upload queued after its kernels would even
         # overwrite their results).
@@ -189,11 +189,11 @@ def begin_call(family: Family, use: Use, raw) -> None:
 
 def end_call(family: Family, use: Use, raw) -> None:
     """The call has returned: take in what it wrote and give the member's flags back to the
-    family."""
+    family (once the call has no other use of it: it may be its input and its output)."""
     family.uses.remove(use)
     if use.output:
         absorb(family, raw, True)
-    else:
+    elif not family.in_use(address_of(raw)):
         family.refresh_bits(raw)
 
 

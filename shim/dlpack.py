@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from shim import runtime, shutdown
+from shim import interrupts, runtime, shutdown
 from shim.backends.base import BackendError
 from shim.buffer import Buffer
 from shim.devices import device as get_device, kind_for_dlpack
@@ -91,7 +91,13 @@ def device_of(buf: Buffer) -> tuple[DLDeviceType, int]:
 
 
 def export(buf: Buffer, *, stream=None, max_version=None, dl_device=None, copy=None):
-    """``__dlpack__``: a capsule for ``buf``'s data."""
+    """``__dlpack__``: a capsule for ``buf``'s data. (Ctrl-C waits until the capsule and the
+    pin on the device memory that it owns exist together: see shim/interrupts.py.)"""
+    with interrupts.deferred():
+        return _export(buf, stream, max_version, dl_device, copy)
+
+
+def _export(buf: Buffer, stream, max_version, dl_device, copy):
     here = device_of(buf)
     target = here if dl_device is None else _device_tuple(dl_device)
     versioned = max_version is not None and _version_tuple(max_version)[0] >= 1
@@ -124,6 +130,9 @@ def _export_host(buf: Buffer, here, stream, copy, versioned, max_version):
 
 def _export_device(buf: Buffer, target, stream, copy, versioned, max_version):
     backend = buf.device
+    if backend is None:
+        raise BufferError("the buffer's device memory was freed by another thread during the "
+                          "export")
     consumer = _consumer_stream(backend, stream)
     source, flags = buf, 0
     if copy is True:
@@ -137,13 +146,17 @@ def _export_device(buf: Buffer, target, stream, copy, versioned, max_version):
         flags = READ_ONLY
     else:
         # The consumer may write through the tensor: from now on the device copy is the truth.
-        source.set_device_dirty(True)
+        try:
+            source.set_device_dirty(True)
+        except ArgumentError:
+            raise BufferError("the buffer's device memory was freed by another thread during "
+                              "the export") from None
         source._unread = False
-    unpin = runtime.pin_device(source._raw)
+    unpin, handle = runtime.pin_device(source._raw, backend)
     try:
         with _device_calls("DLPack export"):
             backend.make_visible(consumer, source._family.stream)
-        data, offset = backend.dlpack_data(source._raw.device)
+        data, offset = backend.dlpack_data(handle)
     except BaseException:
         unpin()
         raise
@@ -182,6 +195,11 @@ def _capsule(owners, data, byte_offset, device, strides, shape, htype: HalideTyp
 
 
 def _release(managed) -> None:
+    with interrupts.deferred():  # (a deleter interrupted halfway would leak its pins)
+        _release_owners(managed)
+
+
+def _release_owners(managed) -> None:
     entry = _exports.pop(int(ffi.cast("uintptr_t", managed.manager_ctx)), None)
     if entry is None or shutdown.shut_down():
         return  # (at exit, device memory goes with the process: see shim/shutdown.py)

@@ -73,10 +73,12 @@ class Use(NamedTuple):
     """A pipeline call running on a member of a family right now."""
 
     call: int  # the call context's id
-    thread: int  # the thread that made the call
     address: int  # the member's halide_buffer_t
     box: tuple | None  # its box in the root's coordinates (None: not a shared family)
     output: bool  # whether the call writes it
+    # Whether the call writes it without reading it first (no input of the call overlaps
+    # it): then what either side held there before no longer matters.
+    replaces: bool
 
 
 class Family:
@@ -98,8 +100,9 @@ class Family:
         self.lock = lock or FamilyLock()
         self.backend = backend
         self.memory = None
-        # handle -> [byte offset into memory, number of halide_buffer_t carrying it]
-        self.handles: dict[int, list[int]] = {}
+        # handle -> [byte offset into its memory, number of halide_buffer_t (and DLPack
+        # exports) carrying it, that memory, its backend]
+        self.handles: dict[int, list] = {}
         # Work that had to wait for the lock to be free (see run_deferred).
         self.deferred: list = []
         # Shared families only (see share()).
@@ -162,21 +165,29 @@ class Family:
                 lib.shim_flags_assign(member.raw, bit, dirty)
 
     def add_handle(self, handle: int, offset: int) -> None:
-        entry = self.handles.setdefault(handle, [offset, 0])
+        """One more halide_buffer_t (or DLPack export) carries ``handle``, ``offset`` bytes
+        into the current memory. Each handle remembers its memory and backend: a pinned one
+        may outlive the family's move to new memory, or to another device."""
+        entry = self.handles.setdefault(handle, [offset, 0, self.memory, self.backend])
         entry[1] += 1
         _by_handle[self.backend.index, handle] = self
 
     def offset_of(self, handle: int) -> int:
         return self.handles[handle][0]
 
+    def _handles_into(self, memory) -> int:
+        return sum(1 for entry in self.handles.values() if entry[2] is memory)
+
     def last_handle(self, handle: int) -> bool:
-        """Whether dropping ``handle`` would leave no handle into the memory."""
-        return len(self.handles) == 1 and self.handles.get(handle, [0, 0])[1] == 1
+        """Whether dropping ``handle`` would leave no handle into the current memory."""
+        entry = self.handles.get(handle)
+        return (entry is not None and entry[1] == 1 and entry[2] is self.memory
+                and self._handles_into(self.memory) == 1)
 
     def drop_handle(self, handle: int, *, free: bool = True) -> None:
-        """One halide_buffer_t no longer carries ``handle``. The memory goes when the last
-        handle does (a crop keeps its parent's allocation alive), unless ``free`` is False:
-        detach_native hands the memory to the caller instead."""
+        """One halide_buffer_t no longer carries ``handle``. Its memory goes when the last
+        handle into it does (a crop keeps its parent's allocation alive), unless ``free`` is
+        False: detach_native hands the memory to the caller instead."""
         entry = self.handles.get(handle)
         if entry is None:
             return
@@ -184,14 +195,17 @@ class Family:
         if entry[1] > 0:
             return
         del self.handles[handle]
-        _by_handle.pop((self.backend.index, handle), None)
-        self.backend.release_handle(self.memory, handle)
-        if not self.handles:
-            memory, self.memory = self.memory, None
-            if free and memory.owned:
-                self.backend.free(memory)
-            elif not free:
-                self.backend.detached(memory)
+        memory, backend = entry[2], entry[3]
+        _by_handle.pop((backend.index, handle), None)
+        backend.release_handle(memory, handle)
+        if self._handles_into(memory):
+            return
+        if memory is self.memory:
+            self.memory = None
+        if free and memory.owned:
+            backend.free(memory)
+        elif not free:
+            backend.detached(memory)
 
     def run_deferred(self) -> None:
         while self.deferred:

@@ -19,8 +19,8 @@ import numpy as np
 from shim import dlpack, interrupts, profiler, runtime, streams
 from shim.buffer import Buffer, _check_memory, _shape_tuple, _zeros, as_host_array
 from shim.elf import NotELF, architecture, pipeline_names
-from shim.errors import (DEVICE_ERROR_CODES, ArgumentError, BoundsError, DeviceUnavailable,
-                         PipelineError)
+from shim.errors import (DEVICE_ERROR_CODES, ArgumentError, BoundsError, DeviceError,
+                         DeviceUnavailable, PipelineError)
 from shim.metadata import USER_CONTEXT, Argument, check_extents, dimension_label, read_metadata
 from shim.native import CallContext, _native, ffi, lib
 from shim.runtime import take_exception
@@ -28,6 +28,8 @@ from shim.scalars import MISSING, ScalarArgument
 from shim.types import INT32_MAX, HalideType
 
 _BOUNDS_CACHE_SIZE = 64
+# How often a call prepares buffers another thread keeps moving to a device it does not use.
+_PREPARATION_ATTEMPTS = 100
 # Target features that make a pipeline run code on a device.
 DEVICE_FEATURES = {"opencl", "cuda", "metal", "vulkan", "d3d12compute", "webgpu"}
 
@@ -491,22 +493,38 @@ class PreparedCall:
             buf.set_host_dirty(True)  # the caller may have written to the array since
         context = CallContext.begin(reset=False)
         try:
-            uses = runtime.begin_call(context.id, self._arguments,
-                                      host_write=not pipeline.device_kinds)
             profiled = profiler.begin_pipeline(pipeline.name, context.id)
             result = -1
             try:
-                result = self._run(context)
-                if result == lib.SHIM_CALL_NEEDS_PREPARATION:
+                for _ in range(_PREPARATION_ATTEMPTS):
+                    result = self._run_with_uses(context)
+                    if result != lib.SHIM_CALL_NEEDS_PREPARATION:
+                        break
+                    # Outside the call's uses: preparing waits for other threads' calls on
+                    # those buffers like any operation, and they never wait for this one.
                     for _, _, buf in call.buffers:
                         pipeline._prepare_device_state(buf)
-                    result = self._run(context)
-                    if result == lib.SHIM_CALL_NEEDS_PREPARATION:
-                        raise RuntimeError("internal error: a buffer's device state could not "
-                                           "be prepared for this pipeline")
+                else:
+                    raise DeviceError(lib.halide_error_code_incompatible_device_interface,
+                                      "other threads kept moving this call's buffers to a "
+                                      "device the pipeline does not use", context=pipeline.name)
                 pipeline._finish(context, result)
             finally:
                 profiler.end(profiled, result)
+        finally:
+            context.end()
+
+    def _run_with_uses(self, context: CallContext) -> int:
+        """One run, with the call's uses recorded in its buffers' families (shim/runtime.py)
+        from before it starts until its results are taken in. NEEDS_PREPARATION: it did not
+        run."""
+        pipeline, call = self._pipeline, self._call
+        uses = runtime.begin_call(context.id, self._arguments, host_write=not pipeline.device_kinds)
+        result = lib.SHIM_CALL_NEEDS_PREPARATION
+        try:
+            result = self._run(context)
+        finally:
+            if result != lib.SHIM_CALL_NEEDS_PREPARATION:
                 if pipeline.device_kinds:
                     for _, _, buf in call.buffers:
                         buf._family.stream = streams.current()
@@ -515,9 +533,8 @@ class PreparedCall:
                         # Code compiled for the CPU only writes outputs without marking them
                         # host-dirty; a device copy they may have would silently go stale.
                         lib.shim_flags_assign(buf._raw, lib.halide_buffer_flag_host_dirty, True)
-                runtime.end_call(context.id, uses)  # a crop's results reach its parent
-        finally:
-            context.end()
+            runtime.end_call(context.id, uses)  # a crop's results reach its parent
+        return result
 
     def _results(self):
         call = self._call

@@ -132,20 +132,19 @@ def _await_calls(family: Family | None, raw=None, *, writers_only: bool = False)
     the lock released, until no pipeline call running on another thread uses the elements
     ``raw`` covers (all the family's, for None): neither its kernels nor its flags may change
     under it. A pipeline's own device calls never wait (they are its generated code, ordered
-    as Halide orders them), nor does a thread for the call it is itself making."""
+    as Halide orders them)."""
     if family is None or not family.uses or _inside_pipeline_call():
         return
     member = family.members.get(families.address_of(raw)) if family.shared and raw is not None else None
     box = member.box if member is not None else None
-    me = threading.get_ident()
-    while any(_conflicts(use, box, writers_only, me) for use in family.uses):
+    while any(_conflicts(use, box, writers_only) for use in family.uses):
         if interrupts.take_pending():
             raise KeyboardInterrupt
         family.lock.wait(0.05)
 
 
-def _conflicts(use: Use, box, writers_only: bool, thread: int) -> bool:
-    if use.thread == thread or (writers_only and not use.output):
+def _conflicts(use: Use, box, writers_only: bool) -> bool:
+    if writers_only and not use.output:
         return False
     return box is None or use.box is None or intersect(box, use.box) is not None
 
@@ -235,7 +234,7 @@ def _allocate_behind_host(raw, interface, family: Family | None) -> Family:
 def _output_of_a_running_call(family: Family | None, raw) -> bool:
     """Whether a pipeline call running now writes ``raw`` (so uploading it would be wasted)."""
     address = families.address_of(raw)
-    return family is not None and any(use.output and use.address == address for use in family.uses)
+    return family is not None and any(use.replaces and use.address == address for use in family.uses)
 
 
 def _download(raw, family: Family | None) -> None:
@@ -315,25 +314,32 @@ def _drop_handle(family: Family, handle: int, *, free: bool = True, active=None,
     family.drop_handle(handle, free=free)
 
 
-def pin_device(raw):
-    """Keep ``raw``'s device allocation alive, whatever happens to ``raw``, until the returned
-    function is called (a DLPack export: the consumer may outlive the Buffer)."""
+def pin_device(raw, backend):
+    """Keep ``raw``'s allocation on ``backend`` alive, whatever happens to ``raw``, until the
+    returned function is called (a DLPack export: the consumer may outlive the Buffer).
+    Returns (unpin, the pinned handle); BufferError if ``raw`` is no longer on ``backend``
+    (another thread freed or moved it)."""
     with locked(raw) as family:
         handle = raw.device
+        if not handle or aliasing.is_proxy(raw.device_interface) \
+                or raw.device_interface != interface_of(backend):
+            raise BufferError(f"the buffer is no longer on {backend.kind}: another thread freed "
+                              "or moved its device memory during the export")
         family.add_handle(handle, family.offset_of(handle))
 
     def unpin() -> None:
         if family.lock.held_by_current_thread():  # a finalizer inside the family's own work
             family.deferred.append(unpin)
             return
-        family.lock.acquire()
-        try:
-            _drop_handle(family, handle)
-        finally:
-            family.lock.release()
+        with interrupts.deferred():
+            family.lock.acquire()
+            try:
+                _drop_handle(family, handle)
+            finally:
+                family.lock.release()
         family.run_deferred()
 
-    return unpin
+    return unpin, handle
 
 
 # --- the operations ------------------------------------------------------------------------
@@ -719,29 +725,41 @@ def begin_call(call_id: int, arguments, host_write: bool) -> list:
     writes an output on the host (a CPU pipeline) first brings the family's device-side
     changes home."""
     _running.add(call_id)
-    thread = threading.get_ident()
+    inputs = [families.address_of(raw) for raw, output in arguments if not output]
     uses = []
     try:
         for raw, output in arguments:
             with locked(raw) as family:
                 address = families.address_of(raw)
+                box = family.box_of(raw) if family.shared else None
+                replaces = output and not _reads(family, address, box, inputs)
+                use = Use(call_id, address, box, output, replaces)
                 if family.shared:
                     if output and host_write and family.device_regions:
                         _in_runtime_call("before the pipeline", aliasing.download_all,
                                          E.halide_error_code_copy_to_host_failed,
                                          family, _transfer, raw)
-                    use = Use(call_id, thread, address, family.box_of(raw), output)
                     aliasing.begin_call(family, use, raw)
                 else:
-                    use = Use(call_id, thread, address, None, output)
                     family.uses.append(use)
-                    if output:  # its results replace what either side held (as aliasing's)
+                    if replaces:  # its results replace what either side held (as aliasing's)
                         lib.shim_flags_assign(raw, HOST_DIRTY | DEVICE_DIRTY, False)
                 uses.append((raw, family, use))
     except BaseException:
         end_call(call_id, uses)
         raise
     return uses
+
+
+def _reads(family: Family, address: int, box, inputs: list) -> bool:
+    """Whether one of a call's inputs (their structs' addresses) is the member at ``address``
+    or, in a shared family, overlaps its ``box``: then the call reads what it writes there."""
+    if address in inputs:
+        return True
+    if not family.shared:
+        return False
+    members = [family.members.get(input_address) for input_address in inputs]
+    return any(member is not None and intersect(member.box, box) for member in members)
 
 
 def end_call(call_id: int, uses: list) -> None:

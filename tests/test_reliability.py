@@ -450,3 +450,144 @@ def test_creating_crops_costs_the_same_per_crop_however_many_exist(monkeypatch):
 
     small, large = cost(250), cost(1000)
     assert large <= 4 * small + 100  # linear (quadratic would be 16x)
+
+
+# --- found by an adversarial pass over the fixes ------------------------------------------------
+
+def test_two_calls_preparing_one_buffer_never_wait_for_each_other(gpu_paths):
+    """Both calls find their input on the `host` device, which an OpenCL pipeline cannot use:
+    each prepares it (brings it home, frees it) while the other's call holds it too."""
+    done = run_script("""
+        import sys, threading
+        import numpy as np
+        import shim
+        brighten = shim.load(sys.argv[1])
+        host = shim.device("host")
+        host.set_faults(delay=0.01)
+        image = np.ones((64, 64), np.float32)
+        wrong = 0
+        for _ in range(30):
+            x = shim.Buffer(image.copy())
+            x.copy_to_device(host)
+            x.set_device_dirty()
+            start = threading.Barrier(2)
+            outs = []
+
+            def call():
+                start.wait()
+                outs.append(brighten(x, scale=2.0, offset=1.0, output=(64, 64)).numpy())
+
+            threads = [threading.Thread(target=call) for _ in range(2)]
+            [t.start() for t in threads]
+            [t.join() for t in threads]
+            wrong += sum(not np.array_equal(out, image * 2 + 1) for out in outs) + 2 - len(outs)
+        print("wrong", wrong)
+        """, gpu_paths["brighten"])
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "wrong 0" in done.stdout
+
+
+def test_a_buffer_that_is_input_and_output_of_one_call(gpu, opencl):
+    five = np.full((8, 8), 5.0, np.float32)
+    x = shim.Buffer(np.ones((8, 8), np.float32))
+    x.copy_to_device(opencl)
+    x.numpy()[...] = five
+    x.set_host_dirty()
+    gpu["brighten"](x, scale=2.0, offset=0.0, output=x)  # in place: reads the new host data
+    np.testing.assert_array_equal(np.asarray(x), five * 2)
+
+    parent = shim.Buffer(np.zeros((8, 16), np.float32))
+    crop = parent.cropped([(0, 8), (0, 8)])
+    twin = parent.cropped([(0, 8), (0, 8)])  # another Buffer over the same elements
+    parent.copy_to_device(opencl)
+    crop.numpy()[...] = five
+    crop.set_host_dirty()
+    gpu["brighten"](crop, scale=2.0, offset=0.0, output=crop)
+    np.testing.assert_array_equal(np.asarray(parent)[:, :8], five * 2)
+    twin.numpy()[...] = five
+    twin.set_host_dirty()
+    gpu["brighten"](twin, scale=2.0, offset=0.0, output=crop)
+    np.testing.assert_array_equal(np.asarray(parent)[:, :8], five * 2)
+    np.testing.assert_array_equal(np.asarray(parent)[:, 8:], 0)
+
+
+def test_exported_memory_outlives_a_free_and_a_move(opencl, host_device):
+    gc.collect()
+    before = opencl.live_allocations
+    x = shim.Buffer(np.arange(64, dtype=np.float32).reshape(8, 8))
+    x.copy_to_device(opencl)
+    capsule = x.__dlpack__(max_version=(1, 0))
+    x.device_free()  # the capsule keeps the old memory
+    x.copy_to_device(opencl)  # new memory for the Buffer
+    x.copy_to_device(host_device)  # and a move, with the export still alive
+    del capsule
+    gc.collect()
+    assert opencl.live_allocations == before
+    np.testing.assert_array_equal(x.numpy(), np.arange(64).reshape(8, 8))
+
+
+def test_exports_racing_device_free_raise_only_buffer_errors(opencl):
+    x = shim.Buffer(np.zeros((16, 16), np.float32))
+    x.copy_to_device(opencl)
+    stop = threading.Event()
+    exports = []
+
+    def freer():
+        while not stop.is_set():
+            x.device_free()
+            x.copy_to_device(opencl)
+
+    def exporter():
+        try:
+            for _ in range(2000):
+                try:
+                    exports.append(x.__dlpack__(max_version=(1, 0)))
+                except BufferError:
+                    pass  # freed meanwhile: the standard's error, naming the rule
+                exports.clear()
+        finally:
+            stop.set()
+
+    run_threads(2, lambda i: exporter() if i == 0 else freer())
+
+
+def test_ctrl_c_during_dlpack_exports_leaks_no_pins():
+    done = run_script("""
+        import gc, random, signal, threading, time
+        import numpy as np
+        import shim
+        device = shim.device("opencl")
+        before = device.live_allocations
+        x = shim.Buffer(np.zeros((8, 8), np.float32))
+        x.copy_to_device(device)
+        main, stop = threading.main_thread().ident, threading.Event()
+
+        def interrupter():
+            while not stop.is_set():
+                time.sleep(random.uniform(0, 0.0005))
+                signal.pthread_kill(main, signal.SIGINT)
+
+        sender = threading.Thread(target=interrupter, daemon=True)
+        sender.start()
+        deadline = time.monotonic() + 3
+        while not stop.is_set():
+            try:
+                while time.monotonic() < deadline:
+                    try:
+                        capsule = x.__dlpack__(max_version=(1, 0))
+                        del capsule
+                    except KeyboardInterrupt:
+                        pass
+                stop.set()
+                sender.join()
+                time.sleep(0.05)
+            except KeyboardInterrupt:
+                pass
+        gc.collect()
+        x.device_free()
+        del x
+        gc.collect()
+        print("leaked", device.live_allocations - before)
+        """)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "leaked 0" in done.stdout
