@@ -129,10 +129,11 @@ def _inside_pipeline_call() -> bool:
 
 def _await_calls(family: Family | None, raw=None, *, writers_only: bool = False) -> None:
     """Called with the family's lock held, by an operation a program asked for: wait, with
-    the lock released, until no pipeline call running on another thread uses the elements
-    ``raw`` covers (all the family's, for None): neither its kernels nor its flags may change
-    under it. A pipeline's own device calls never wait (they are its generated code, ordered
-    as Halide orders them)."""
+    the lock released, until no running pipeline call uses the elements ``raw`` covers (all
+    the family's, for None): neither its kernels nor its flags may change under it. A
+    pipeline's own device calls never wait (they are its generated code, ordered as Halide
+    orders them), and a call holds no uses while it prepares its buffers (PreparedCall), so
+    no two calls ever wait for each other."""
     if family is None or not family.uses or _inside_pipeline_call():
         return
     member = family.members.get(families.address_of(raw)) if family.shared and raw is not None else None
