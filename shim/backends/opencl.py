@@ -46,8 +46,13 @@ def _platforms():
 
 
 def available() -> list[tuple[str, str]]:
-    """(platform name, device name) for every OpenCL device on this machine."""
-    return [(p.name, d.name) for p in _platforms() for d in p.get_devices()]
+    """(platform name, device name) for every OpenCL device on this machine (none without
+    pyopencl, which people who only run CPU or CUDA pipelines need not install)."""
+    try:
+        platforms = _platforms()
+    except DeviceUnavailable:
+        return []
+    return [(p.name, d.name) for p in platforms for d in p.get_devices()]
 
 
 def _select(platform, device):
