@@ -47,19 +47,29 @@ def device(kind: str = "host", **options) -> Backend:
     return backend
 
 
+# The order in which default_device() tries the GPU backends: CUDA before OpenCL, since an
+# OpenCL device may be a CPU (PoCL, which the test extra installs), while a CUDA device is
+# always a GPU. (OpenCL itself prefers a GPU platform: see shim/backends/opencl.py.)
+_DEFAULT_ORDER = ("cuda", "opencl")
+# The kinds default_device() found unavailable: machines do not grow devices, and trying a
+# driver that is not there costs far more than a call.
+_unavailable: set[str] = set()
+
+
 def default_device() -> Backend:
     """The device used when none is named: $HALIDE_SHIM_DEVICE if set, else the first of the
-    GPU backends that works on this machine, else the simulated host device."""
+    GPU backends that works on this machine (CUDA, then OpenCL), else the simulated host
+    device."""
     configured = os.environ.get("HALIDE_SHIM_DEVICE")
     if configured:
         return device(configured)
-    for kind in _factories():
-        if kind == "host":
+    for kind in _DEFAULT_ORDER:
+        if kind in _unavailable:
             continue
         try:
             return device(kind)
         except DeviceUnavailable:
-            continue
+            _unavailable.add(kind)
     return device("host")
 
 
