@@ -126,6 +126,15 @@ def add_region(regions: list, box) -> None:
         regions.append(box)
 
 
+def uncopied_changes(bit: int) -> Conflict:
+    """The refusal to mark a buffer newer on one side (``bit``) while the other side holds
+    changes to it: for members here, and for plain Buffers in shim/runtime.py."""
+    side, copy = (("device", "copy_to_host") if bit == HOST_DIRTY
+                  else ("host", "copy_to_device"))
+    return Conflict(f"the {side} holds changes to this buffer that were never copied; copy "
+                    f"them first ({copy})")
+
+
 def mark(family: Family, raw, bit: int, value: bool, transfer) -> None:
     """``Buffer.set_host_dirty`` / ``set_device_dirty`` on a member. Setting a side dirty
     first brings the other side's changes over (they cannot overlap this member: that is a
@@ -135,9 +144,7 @@ def mark(family: Family, raw, bit: int, value: bool, transfer) -> None:
                    else (family.device_regions, family.host_regions))
     if value:
         if any(intersect(region, box) for region in other):
-            side = "device" if bit == HOST_DIRTY else "host"
-            raise Conflict(f"the {side} holds changes to this buffer that were never copied; "
-                           f"copy them first ({'copy_to_host' if side == 'device' else 'copy_to_device'})")
+            raise uncopied_changes(bit)
         if other:
             if bit == HOST_DIRTY:
                 download_all(family, transfer, raw)

@@ -114,6 +114,14 @@ def runtime_call(what: str):
             context.end()
 
 
+def run_for_python(what: str, operation, failure_code: int, *args) -> None:
+    """Run a device-layer operation for a Python caller (a Buffer method) as the C callbacks
+    run them for Halide: reported into a fresh call context, profiled, and raised as
+    DeviceError (or KeyboardInterrupt) if it fails."""
+    with runtime_call(what) as check:
+        check(guarded(operation, failure_code, ffi.NULL, *args))
+
+
 # --- pipeline calls in flight --------------------------------------------------------------
 
 # Call context ids of the pipeline calls running now (their Uses are in their families).
@@ -464,8 +472,8 @@ def wrap_device(raw, backend, native: int, offset: int) -> None:
     def wrap_device_memory(uc):
         _wrap(raw, backend, interface_of(backend), native, offset)
 
-    with runtime_call("wrap device memory") as check:
-        check(guarded(wrap_device_memory, E.halide_error_code_device_malloc_failed, ffi.NULL))
+    run_for_python("wrap device memory", wrap_device_memory,
+                   E.halide_error_code_device_malloc_failed)
 
 
 def _wrap(raw, backend, interface, native: int, offset: int) -> None:
@@ -629,11 +637,8 @@ def mark_dirty(raw, bit: int, value: bool) -> None:
         if not family.shared:
             other = DEVICE_DIRTY if bit == HOST_DIRTY else HOST_DIRTY
             if value and _flags(raw) & other:
-                side, copy = (("device", "copy_to_host") if bit == HOST_DIRTY
-                              else ("host", "copy_to_device"))
                 raise DeviceError(E.halide_error_code_host_and_device_dirty,
-                                  f"the {side} holds changes to this buffer that were never "
-                                  f"copied; copy them first ({copy})", context="set dirty")
+                                  str(aliasing.uncopied_changes(bit)), context="set dirty")
             lib.shim_flags_assign(raw, bit, value)
             return
         _in_runtime_call("set dirty", aliasing.mark,
@@ -657,8 +662,7 @@ def malloc_device(raw, interface) -> None:
                 return
             _allocate_behind_host(raw, interface, family)
 
-    with runtime_call("device_malloc") as check:
-        check(guarded(device_malloc, E.halide_error_code_device_malloc_failed, ffi.NULL, raw))
+    run_for_python("device_malloc", device_malloc, E.halide_error_code_device_malloc_failed, raw)
 
 
 def move_device(raw, interface) -> None:
@@ -679,8 +683,8 @@ def move_device(raw, interface) -> None:
                 _free(raw, family)
             _copy_to_device(raw, interface, family)
 
-    with runtime_call("copy_to_device") as check:
-        check(guarded(copy_to_device, E.halide_error_code_copy_to_device_failed, ffi.NULL, raw))
+    run_for_python("copy_to_device", copy_to_device, E.halide_error_code_copy_to_device_failed,
+                   raw)
 
 
 def free_device(raw) -> None:
@@ -693,8 +697,7 @@ def free_device(raw) -> None:
             _bring_home(raw, family)
             _free(raw, family)
 
-    with runtime_call("device_free") as check:
-        check(guarded(device_free, E.halide_error_code_device_free_failed, ffi.NULL, raw))
+    run_for_python("device_free", device_free, E.halide_error_code_device_free_failed, raw)
 
 
 def release(raw, *, copy_back: bool) -> None:
@@ -715,8 +718,8 @@ def release(raw, *, copy_back: bool) -> None:
                     if family is not None and handle in family.handles:
                         _drop_handle(family, handle, force=True)
 
-    with runtime_call("release a dropped Buffer") as check:
-        check(guarded(device_free, E.halide_error_code_device_free_failed, ffi.NULL, raw))
+    run_for_python("release a dropped Buffer", device_free,
+                   E.halide_error_code_device_free_failed, raw)
 
 
 def begin_call(call_id: int, arguments, host_write: bool) -> list:
@@ -791,8 +794,7 @@ def _in_runtime_call(what: str, operation, failure_code: int, family: Family, *a
         _shared(operation, family, *args)
 
     shared_operation.__name__ = operation.__name__  # (for profiles)
-    with runtime_call(what) as check:
-        check(guarded(shared_operation, failure_code, ffi.NULL))
+    run_for_python(what, shared_operation, failure_code)
 
 
 # --- the callbacks the native library calls ------------------------------------------------
