@@ -29,12 +29,13 @@ class FamilyLock:
     finalizer, from the garbage collector) must not wait for a lock its own thread holds. Its
     condition wakes threads waiting for pipeline calls on the family to end (``Family.uses``)."""
 
-    __slots__ = ("_lock", "_changed", "owner")
+    __slots__ = ("_lock", "_changed", "owner", "_waiting")
 
     def __init__(self):
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
         self.owner = None
+        self._waiting = 0  # threads in wait(): notify_all costs nothing without them
 
     def acquire(self) -> None:
         # Blocking here releases the GIL, so a thread waiting for a family never stops the
@@ -46,6 +47,15 @@ class FamilyLock:
         self.owner = None
         self._lock.release()
 
+    # ``with family.lock:`` for a family known not to change (a shim.Buffer's): cheaper than
+    # ``locked``, which finds a struct's family first and checks it once it has the lock.
+    def __enter__(self) -> FamilyLock:
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
     def held_by_current_thread(self) -> bool:
         return self.owner == threading.get_ident()
 
@@ -53,13 +63,17 @@ class FamilyLock:
         """With the lock held: release it until ``notify_all`` (or ``timeout``), then hold it
         again."""
         self.owner = None
+        self._waiting += 1
         try:
             self._changed.wait(timeout)
         finally:
+            self._waiting -= 1
             self.owner = threading.get_ident()
 
     def notify_all(self) -> None:
-        self._changed.notify_all()
+        """With the lock held: wake the threads in ``wait``."""
+        if self._waiting:
+            self._changed.notify_all()
 
 
 class Member(NamedTuple):

@@ -478,8 +478,9 @@ class PreparedCall:
         self._raw_buffers = ffi.new("halide_buffer_t *[]", [buf._raw for buf in buffers] or 1)
         self._outputs = [buf for _, arg, buf in call.buffers if arg.is_output]
         self._inputs = [buf for _, arg, buf in call.buffers if not arg.is_output]
-        # (struct, is_output) of every buffer argument, for the families' records of the call.
-        self._arguments = [(buf._raw, arg.is_output) for _, arg, buf in call.buffers]
+        # (struct, family, is_output) of every buffer argument, for the families' records of
+        # the call.
+        self._arguments = [(buf._raw, buf._family, arg.is_output) for _, arg, buf in call.buffers]
 
     def __call__(self):
         # Ctrl-C lands once the call is over and its bookkeeping done (shim/interrupts.py).

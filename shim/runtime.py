@@ -723,36 +723,44 @@ def release(raw, *, copy_back: bool) -> None:
 
 
 def begin_call(call_id: int, arguments, host_write: bool) -> list:
-    """A pipeline call is about to run with ``arguments``, (raw, is_output) pairs of
+    """A pipeline call is about to run with ``arguments``, (struct, family, is_output) of
     shim.Buffers: each family records the use, so that other threads' operations on those
     elements wait for the call to end (``end_call``, with what this returns). A call that
     writes an output on the host (a CPU pipeline) first brings the family's device-side
-    changes home."""
+    changes home. (A Buffer's family never changes: its lock is taken directly.)"""
     _running.add(call_id)
-    inputs = [families.address_of(raw) for raw, output in arguments if not output]
+    inputs = [families.address_of(raw) for raw, _, output in arguments if not output]
     uses = []
     try:
-        for raw, output in arguments:
-            with locked(raw) as family:
-                address = families.address_of(raw)
-                box = family.box_of(raw) if family.shared else None
-                replaces = output and not _reads(family, address, box, inputs)
-                use = Use(call_id, address, box, output, replaces)
-                if family.shared:
-                    if output and host_write and family.device_regions:
-                        _in_runtime_call("before the pipeline", aliasing.download_all,
-                                         E.halide_error_code_copy_to_host_failed,
-                                         family, _transfer, raw)
-                    aliasing.begin_call(family, use, raw)
-                else:
-                    family.uses.append(use)
-                    if replaces:  # its results replace what either side held (as aliasing's)
-                        lib.shim_flags_assign(raw, HOST_DIRTY | DEVICE_DIRTY, False)
-                uses.append((raw, family, use))
+        with interrupts.deferred():
+            for raw, family, output in arguments:
+                with family.lock:
+                    uses.append((raw, family, _begin_use(call_id, raw, family, output, inputs,
+                                                         host_write)))
+                if family.deferred:
+                    family.run_deferred()
     except BaseException:
         end_call(call_id, uses)
         raise
     return uses
+
+
+def _begin_use(call_id: int, raw, family: Family, output: bool, inputs: list,
+               host_write: bool) -> Use:
+    address = families.address_of(raw)
+    box = family.box_of(raw) if family.shared else None
+    replaces = output and not _reads(family, address, box, inputs)
+    use = Use(call_id, address, box, output, replaces)
+    if family.shared:
+        if output and host_write and family.device_regions:
+            _in_runtime_call("before the pipeline", aliasing.download_all,
+                             E.halide_error_code_copy_to_host_failed, family, _transfer, raw)
+        aliasing.begin_call(family, use, raw)
+    else:
+        family.uses.append(use)
+        if replaces:  # its results replace what either side held (as aliasing's)
+            lib.shim_flags_assign(raw, HOST_DIRTY | DEVICE_DIRTY, False)
+    return use
 
 
 def _reads(family: Family, address: int, box, inputs: list) -> bool:
@@ -771,18 +779,22 @@ def end_call(call_id: int, uses: list) -> None:
     its parent), and operations waiting for it go ahead."""
     _running.discard(call_id)
     failure = None
-    for raw, family, use in uses:
-        with locked(raw):
-            try:
-                if family.shared:
-                    _in_runtime_call("after the pipeline", aliasing.end_call,
-                                     E.halide_error_code_host_and_device_dirty, family, use, raw)
-                else:
-                    family.uses.remove(use)
-            except DeviceError as e:
-                failure = failure or e
-            finally:
-                family.lock.notify_all()
+    with interrupts.deferred():
+        for raw, family, use in uses:
+            with family.lock:
+                try:
+                    if family.shared:
+                        _in_runtime_call("after the pipeline", aliasing.end_call,
+                                         E.halide_error_code_host_and_device_dirty, family, use,
+                                         raw)
+                    else:
+                        family.uses.remove(use)
+                except DeviceError as e:
+                    failure = failure or e
+                finally:
+                    family.lock.notify_all()
+            if family.deferred:
+                family.run_deferred()
     if failure is not None:
         raise failure
 
