@@ -16,3 +16,14 @@ const struct halide_device_interface_t *halide_cuda_device_interface(void);
 int halide_cuda_wrap_device_ptr(void *user_context, struct halide_buffer_t *buf, uint64_t device_ptr);
 int halide_cuda_detach_device_ptr(void *user_context, struct halide_buffer_t *buf);
 uintptr_t halide_cuda_get_device_ptr(void *user_context, struct halide_buffer_t *buf);
+int halide_cuda_release_unused_device_allocations(void *user_context);
+typedef int (*halide_cuda_acquire_context_t)(void *, void **, bool);
+typedef int (*halide_cuda_release_context_t)(void *);
+typedef int (*halide_cuda_get_stream_t)(void *, void *, void **);
+halide_cuda_acquire_context_t halide_set_cuda_acquire_context(halide_cuda_acquire_context_t handler);
+halide_cuda_release_context_t halide_set_cuda_release_context(halide_cuda_release_context_t handler);
+halide_cuda_get_stream_t halide_set_cuda_get_stream(halide_cuda_get_stream_t handler);
+/* Defined by cuda.cpp, not declared by its header; the hooks above replace them. */
+int halide_cuda_acquire_context(void *user_context, void **ctx, bool create);
+int halide_cuda_release_context(void *user_context);
+int halide_cuda_get_stream(void *user_context, void *ctx, void **stream);

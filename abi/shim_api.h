@@ -104,8 +104,12 @@ const char *halide_opencl_get_build_options(void *user_context);
 
 /* CUDA (native_stubs/cuda.c). */
 typedef struct shim_cuda_module shim_cuda_module;
-int shim_cuda_bind(const char *driver, void *context, void *stream);
+int shim_cuda_bind(const char *driver, void *context);
 shim_cuda_module *shim_cuda_module_new(void *module);
+/* Acquire the CUDA context (halide_cuda_acquire_context) and push it; leave pops and releases
+ * it. Every driver call the Python backend makes is between the two. */
+int shim_cuda_enter(void *user_context, void **ctx);
+void shim_cuda_leave(void *user_context);
 
 /* DLPack capsules (native_stubs/dlpack.c): the destructor a capsule gets, which calls the
  * managed tensor's deleter if no consumer took the capsule, and the capsule names, which must

@@ -122,6 +122,25 @@ static int check_same_interface(void *user_context, const halide_buffer_t *buf,
     return halide_error_code_success;
 }
 
+int shim_check_native_handle(void *user_context, const halide_buffer_t *buf, int backend,
+                             const char *routine) {
+    if (buf == NULL) {
+        return halide_error_buffer_is_null(user_context, routine);
+    }
+    const struct halide_device_interface_t *current = interface_of(buf);
+    if (shim_device_load(buf) == 0 || current == NULL || shim_is_proxy(current)) {
+        return SHIM_NO_NATIVE_HANDLE;
+    }
+    if (current != shim_backend_interface(backend)) {
+        char msg[160];
+        snprintf(msg, sizeof msg, "%s: the buffer's device memory belongs to another device "
+                 "interface\n", routine);
+        halide_error(user_context, msg);
+        return halide_error_code_incompatible_device_interface;
+    }
+    return halide_error_code_success;
+}
+
 /* The outcomes decided here, counted while profiling (profile.c). */
 #define NOOP(function)                                                                     \
     shim_decided(SHIM_FN_##function, SHIM_OUTCOME_NOOP, halide_error_code_success)

@@ -258,23 +258,29 @@ int halide_opencl_wrap_cl_mem(void *user_context, struct halide_buffer_t *buf, u
 }
 
 int halide_opencl_detach_cl_mem(void *user_context, struct halide_buffer_t *buf) {
-    return halide_device_detach_native(user_context, buf);
+    int result = shim_check_native_handle(user_context, buf, SHIM_BACKEND_OPENCL,
+                                          "halide_opencl_detach_cl_mem");
+    if (result == SHIM_NO_NATIVE_HANDLE) {
+        return halide_error_code_success; /* nothing attached: nothing to detach */
+    }
+    return result ? result : halide_device_detach_native(user_context, buf);
+}
+
+/* A shim OpenCL handle, or NULL (after halide_error where the buffer is another interface's). */
+static const shim_cl_handle *handle_of(void *user_context, struct halide_buffer_t *buf,
+                                       const char *routine) {
+    int result = shim_check_native_handle(user_context, buf, SHIM_BACKEND_OPENCL, routine);
+    return result ? NULL : (const shim_cl_handle *)shim_device_load(buf);
 }
 
 uintptr_t halide_opencl_get_cl_mem(void *user_context, struct halide_buffer_t *buf) {
-    (void)user_context;
-    if (buf == NULL || buf->device == 0) {
-        return 0;
-    }
-    return (uintptr_t)((const shim_cl_handle *)buf->device)->mem;
+    const shim_cl_handle *handle = handle_of(user_context, buf, "halide_opencl_get_cl_mem");
+    return handle ? (uintptr_t)handle->mem : 0;
 }
 
 uint64_t halide_opencl_get_crop_offset(void *user_context, struct halide_buffer_t *buf) {
-    (void)user_context;
-    if (buf == NULL || buf->device == 0) {
-        return 0;
-    }
-    return ((const shim_cl_handle *)buf->device)->offset;
+    const shim_cl_handle *handle = handle_of(user_context, buf, "halide_opencl_get_crop_offset");
+    return handle ? handle->offset : 0;
 }
 
 /* --- what a pipeline's bundled runtime would otherwise run ----------------------------------

@@ -28,10 +28,22 @@ int shim_refuse_after_fork(void *user_context, pid_t bound, const char *api);
 /* One of the call's thread-pool tasks returned an error (see call_context.c). */
 void shim_call_task_failed(shim_call *call);
 
+/* Whether `buf` holds memory of `backend` whose native handle a caller may take or detach
+ * (device_generic.c): success; SHIM_NO_NATIVE_HANDLE when it has none (no device memory, or
+ * a crop's proxy placeholder, which is a host address); an error code, reported through
+ * halide_error, for a NULL buffer or one on another device interface (where Halide aborts). */
+enum { SHIM_NO_NATIVE_HANDLE = 1 };
+int shim_check_native_handle(void *user_context, const halide_buffer_t *buf, int backend,
+                             const char *routine);
+
 /* Generic entry points Halide defines but its public header does not declare. */
 int halide_device_and_host_malloc(void *user_context, struct halide_buffer_t *buf,
                                   const struct halide_device_interface_t *device_interface);
 int halide_device_and_host_free(void *user_context, struct halide_buffer_t *buf);
+int halide_acquire_cl_context(void *user_context, void **ctx, void **queue, bool create);
+int halide_cuda_acquire_context(void *user_context, void **ctx, bool create);
+int halide_cuda_release_context(void *user_context);
+int halide_cuda_get_stream(void *user_context, void *ctx, void **stream);
 
 /* The Python runtime core's callbacks (abi/shim_callbacks.h), as plain C prototypes. */
 int shim_py_device_malloc(void *, struct halide_buffer_t *, const struct halide_device_interface_t *);

@@ -152,10 +152,10 @@ def _export_device(buf: Buffer, target, stream, copy, versioned, max_version):
             raise BufferError("the buffer's device memory was freed by another thread during "
                               "the export") from None
         source._unread = False
-    unpin, handle = runtime.pin_device(source._raw, backend)
+    unpin, handle, memory = runtime.pin_device(source._raw, backend)
     try:
         with _device_calls("DLPack export"):
-            backend.make_visible(consumer, source._family.stream)
+            backend.make_visible(consumer, memory)
         data, offset = backend.dlpack_data(handle)
     except BaseException:
         unpin()

@@ -107,7 +107,7 @@ class Family:
     """
 
     __slots__ = ("lock", "backend", "memory", "handles", "deferred", "members", "root_host",
-                 "root_layout", "host_regions", "device_regions", "uses", "stream",
+                 "root_layout", "host_regions", "device_regions", "uses",
                  "__weakref__")
 
     def __init__(self, backend=None, lock: FamilyLock | None = None):
@@ -130,9 +130,6 @@ class Family:
         # wait for the calls that touch the same elements (shim/runtime.py), and derived dirty
         # bits leave their members alone.
         self.uses: list[Use] = []
-        # The device stream (shim.stream) of the last pipeline call that used the allocation:
-        # where work on it may still be pending, for DLPack consumers to wait on.
-        self.stream = 0
 
     @property
     def shared(self) -> bool:
@@ -188,6 +185,9 @@ class Family:
 
     def offset_of(self, handle: int) -> int:
         return self.handles[handle][0]
+
+    def memory_of(self, handle: int):
+        return self.handles[handle][2]
 
     def _handles_into(self, memory) -> int:
         return sum(1 for entry in self.handles.values() if entry[2] is memory)

@@ -519,16 +519,20 @@ class PreparedCall:
         """One run, with the call's uses recorded in its buffers' families (shim/runtime.py)
         from before it starts until its results are taken in. NEEDS_PREPARATION: it did not
         run."""
-        pipeline, call = self._pipeline, self._call
+        pipeline = self._pipeline
         uses = runtime.begin_call(context.id, self._arguments, host_write=not pipeline.device_kinds)
         result = lib.SHIM_CALL_NEEDS_PREPARATION
+        stream = streams.current()
         try:
+            if pipeline.device_kinds:
+                for backend, memory in self._device_memories():
+                    backend.order_before(memory, stream)
             result = self._run(context)
         finally:
             if result != lib.SHIM_CALL_NEEDS_PREPARATION:
                 if pipeline.device_kinds:
-                    for _, _, buf in call.buffers:
-                        buf._family.stream = streams.current()
+                    for backend, memory in self._device_memories():
+                        backend.ran_on(memory, stream)
                 else:
                     for buf in self._outputs:
                         # Code compiled for the CPU only writes outputs without marking them
@@ -536,6 +540,14 @@ class PreparedCall:
                         lib.shim_flags_assign(buf._raw, lib.halide_buffer_flag_host_dirty, True)
             runtime.end_call(context.id, uses)  # a crop's results reach its parent
         return result
+
+    def _device_memories(self):
+        """(backend, allocation) of each of the call's Buffers that has one, for the backends'
+        ordering of work across streams."""
+        for _, family, _ in self._arguments:
+            backend, memory = family.backend, family.memory
+            if backend is not None and memory is not None:
+                yield backend, memory
 
     def _results(self):
         call = self._call

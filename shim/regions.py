@@ -11,6 +11,7 @@ outer loop extents and strides on each side, and the contiguous chunk copied at 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -135,6 +136,57 @@ def plan(elem_size, extents, src_strides, dst_strides, src_offset=0, dst_offset=
 def mirror_plan(layout: Layout) -> CopyPlan:
     """The copy of a whole buffer between its host memory and its device allocation."""
     return plan(layout.elem_size, layout.extents, layout.strides, layout.strides)
+
+
+class Rectangle(NamedTuple):
+    """One strided block of a CopyPlan, as the drivers' rectangle copies take it
+    (clEnqueueCopyBufferRect, cuMemcpy3D): ``region`` is (bytes per row, rows, slices);
+    ``*_pitches`` are (bytes from row to row, bytes from slice to slice) on each side."""
+
+    src_offset: int
+    dst_offset: int
+    region: tuple[int, int, int]
+    src_pitches: tuple[int, int]
+    dst_pitches: tuple[int, int]
+
+
+def rectangles(copy: CopyPlan, *, whole_rows: bool = False, max_pitch: int | None = None):
+    """A CopyPlan as few rectangle copies as it can be. A rectangle takes up to the two
+    innermost outer dimensions, as long as each pitch covers the rows below it (as both
+    drivers require); a loop runs over the rest. ``whole_rows``: a slice pitch must also be
+    a whole number of rows (CUDA gives it as a row count); ``max_pitch``: the largest pitch
+    the driver takes."""
+    if copy.nbytes == 0:
+        return
+    outer = list(zip(copy.shape[:-1], copy.src_strides, copy.dst_strides))  # outermost first
+    rect = []
+    covered_src = covered_dst = copy.chunk
+    for extent, src, dst in reversed(outer):
+        fits = (len(rect) < 2 and src >= covered_src and dst >= covered_dst
+                and (max_pitch is None or max(src, dst) <= max_pitch)
+                and not (whole_rows and rect and (src % rect[0][1] or dst % rect[0][2])))
+        if not fits:
+            break
+        rect.append((extent, src, dst))
+        covered_src, covered_dst = src * extent, dst * extent
+    loop = outer[:len(outer) - len(rect)]
+    region = (copy.chunk, *(e for e, _, _ in rect), *(1,) * (2 - len(rect)))
+    src_pitches = _pitches(copy.chunk, [(e, s) for e, s, _ in rect])
+    dst_pitches = _pitches(copy.chunk, [(e, d) for e, _, d in rect])
+    for index in np.ndindex(*(e for e, _, _ in loop)):
+        src = copy.src_offset + sum(i * s for i, (_, s, _) in zip(index, loop))
+        dst = copy.dst_offset + sum(i * d for i, (_, _, d) in zip(index, loop))
+        yield Rectangle(src, dst, region, src_pitches, dst_pitches)
+
+
+def _pitches(chunk, dims):
+    """(row pitch, slice pitch) for a rectangle of ``dims`` = [(extent, stride), ...]."""
+    if not dims:
+        return (chunk, chunk)
+    if len(dims) == 1:
+        extent, stride = dims[0]
+        return (stride, stride * extent)
+    return (dims[0][1], dims[1][1])
 
 
 def host_memory(address: int, nbytes: int) -> np.ndarray:

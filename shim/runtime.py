@@ -326,8 +326,8 @@ def _drop_handle(family: Family, handle: int, *, free: bool = True, active=None,
 def pin_device(raw, backend):
     """Keep ``raw``'s allocation on ``backend`` alive, whatever happens to ``raw``, until the
     returned function is called (a DLPack export: the consumer may outlive the Buffer).
-    Returns (unpin, the pinned handle); BufferError if ``raw`` is no longer on ``backend``
-    (another thread freed or moved it)."""
+    Returns (unpin, the pinned handle, the allocation it points into); BufferError if ``raw``
+    is no longer on ``backend`` (another thread freed or moved it)."""
     with locked(raw) as family:
         handle = raw.device
         if not handle or aliasing.is_proxy(raw.device_interface) \
@@ -335,6 +335,7 @@ def pin_device(raw, backend):
             raise BufferError(f"the buffer is no longer on {backend.kind}: another thread freed "
                               "or moved its device memory during the export")
         family.add_handle(handle, family.offset_of(handle))
+        memory = family.memory_of(handle)
 
     def unpin() -> None:
         if family.lock.held_by_current_thread():  # a finalizer inside the family's own work
@@ -348,7 +349,7 @@ def pin_device(raw, backend):
                 family.lock.release()
         family.run_deferred()
 
-    return unpin, handle
+    return unpin, handle, memory
 
 
 # --- the operations ------------------------------------------------------------------------

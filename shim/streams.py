@@ -5,8 +5,9 @@
 
 A stream is a CUDA CUstream: an int, a cuda-python CUstream, or any object that exposes its
 handle as ``cuda_stream`` (PyTorch, CuPy), ``handle`` (cuda.core) or ``ptr``. The choice is
-per thread and nests; outside any block, pipelines use the backend's default stream. Halide's
-worker threads inherit the stream of the call they work for.
+per thread and nests; outside any block, pipelines use the legacy default stream (0; 1 names
+it too). Halide's worker threads inherit the stream of the call they work for, which is why
+the per-thread default stream (2), a different stream on every thread, is refused.
 """
 
 from __future__ import annotations
@@ -17,6 +18,11 @@ from contextlib import contextmanager
 from shim.errors import ArgumentError
 
 _local = threading.local()
+
+# CUDA's names for its default streams: CU_STREAM_LEGACY is 0x1, but 0 means the same stream
+# to every driver call, and is what the shim keeps; CU_STREAM_PER_THREAD is 0x2.
+LEGACY_DEFAULT = 0
+PER_THREAD = 2
 
 
 def as_handle(stream) -> int:
@@ -29,10 +35,18 @@ def as_handle(stream) -> int:
             stream = value
             break
     try:
-        return int(stream)
+        handle = int(stream)
     except (TypeError, ValueError):
         raise ArgumentError("stream", f"expected a CUDA stream handle or an object exposing one, "
                                       f"got {type(stream).__name__}") from None
+    if handle == PER_THREAD:
+        raise ArgumentError("stream", "2 is CUDA's per-thread default stream, which is a "
+                                      "different stream on each of Halide's worker threads: "
+                                      "create a stream (cuStreamCreate, torch.cuda.Stream()) "
+                                      "and pass that")
+    if handle < 0:
+        raise ArgumentError("stream", f"expected a CUDA stream handle, got {handle}")
+    return LEGACY_DEFAULT if handle == 1 else handle
 
 
 @contextmanager

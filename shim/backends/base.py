@@ -158,10 +158,20 @@ class Backend(ABC):
         ``handle``."""
         raise BufferError(f"{self.kind} memory has no DLPack representation")
 
-    def make_visible(self, stream, producer: int) -> None:
-        """Order the work queued on this device so far, on the shim's stream ``producer``,
-        before work a DLPack consumer submits on ``stream`` (what the consumer passed to
-        __dlpack__, already checked)."""
+    def make_visible(self, stream, memory: Memory) -> None:
+        """Order the work still pending on ``memory`` before work a DLPack consumer submits on
+        ``stream`` (what the consumer passed to __dlpack__, already checked)."""
+
+    # --- ordering across streams, for backends with more than one queue -------------------
+
+    def order_before(self, memory: Memory, stream: int) -> None:
+        """Work about to be enqueued on ``stream`` (shim.stream; 0 the default) uses
+        ``memory``: make it follow the work still pending on it from other streams."""
+
+    def ran_on(self, memory: Memory, stream: int) -> None:
+        """A pipeline call enqueued work that uses ``memory`` on ``stream``: later copies,
+        frees and DLPack consumers of ``memory`` must follow it, whatever stream they use
+        and even once ``stream`` is gone."""
 
     # --- device timing, for profiles (shim/profiler.py) -----------------------------------
 

@@ -20,13 +20,11 @@ import threading
 import time
 from collections import OrderedDict
 
-import numpy as np
-
 from shim.backends.base import Backend, BackendError, Memory
 from shim.devices import fork_guard
 from shim.errors import DeviceUnavailable
 from shim.native import ffi, lib
-from shim.regions import CopyPlan, host_memory, plan
+from shim.regions import CopyPlan, host_memory, plan, rectangles
 
 
 def _cl():
@@ -246,8 +244,9 @@ class OpenCLBackend(Backend):
                     self._consumer_queues.popitem(last=False)
         return queue
 
-    def make_visible(self, consumer, producer: int) -> None:
-        # (The shim runs all its OpenCL work on one queue: ``producer`` is always that.)
+    def make_visible(self, consumer, memory: OpenCLMemory) -> None:
+        # The shim runs all its OpenCL work on one in-order queue: ordering after everything
+        # queued so far covers ``memory``.
         if consumer is None:
             self.sync()
         elif consumer != -1 and consumer is not self.queue:  # (-1: no synchronization)
@@ -357,12 +356,12 @@ class OpenCLBackend(Backend):
 
     def write(self, memory: OpenCLMemory, plan: CopyPlan, host_address: int) -> None:
         host = host_memory(host_address, plan.src_span)
-        for rect in _rects(plan):
+        for rect in rectangles(plan):
             self._copy(memory.buffer, host, rect, buffer_is_dst=True)
 
     def read(self, memory: OpenCLMemory, plan: CopyPlan, host_address: int) -> None:
         host = host_memory(host_address, plan.dst_span)
-        for rect in _rects(plan):
+        for rect in rectangles(plan):
             self._copy(memory.buffer, host, rect, buffer_is_dst=False)
 
     def _copy(self, buffer, host, rect, buffer_is_dst):
@@ -386,7 +385,7 @@ class OpenCLBackend(Backend):
     def _copy_device(self, src, dst, plan: CopyPlan) -> None:
         cl = _cl()
         try:
-            for src_offset, dst_offset, region, src_pitches, dst_pitches in _rects(plan):
+            for src_offset, dst_offset, region, src_pitches, dst_pitches in rectangles(plan):
                 cl.enqueue_copy(self.queue, dst, src, src_origin=(src_offset, 0, 0),
                                 dst_origin=(dst_offset, 0, 0), region=region,
                                 src_pitches=src_pitches, dst_pitches=dst_pitches)
@@ -474,40 +473,6 @@ def _mirror_plan(raw, device_offset: int) -> CopyPlan:
 
     layout = Layout.of(raw)
     return plan(layout.elem_size, layout.extents, layout.strides, layout.strides, device_offset, 0)
-
-
-def _rects(copy: CopyPlan):
-    """A CopyPlan as OpenCL rectangle copies: (src offset, dst offset, region, src pitches,
-    dst pitches). A rectangle takes up to the two innermost outer dimensions, as long as each
-    pitch covers the rows below it (as OpenCL requires); a loop runs over the rest."""
-    if copy.nbytes == 0:
-        return
-    outer = list(zip(copy.shape[:-1], copy.src_strides, copy.dst_strides))  # outermost first
-    rect = []
-    covered_src = covered_dst = copy.chunk
-    for extent, src, dst in reversed(outer):
-        if len(rect) == 2 or src < covered_src or dst < covered_dst:
-            break
-        rect.append((extent, src, dst))
-        covered_src, covered_dst = src * extent, dst * extent
-    loop = outer[:len(outer) - len(rect)]
-    region = (copy.chunk, *(e for e, _, _ in rect), *(1,) * (2 - len(rect)))
-    src_pitches = _pitches(copy.chunk, [(e, s) for e, s, _ in rect])
-    dst_pitches = _pitches(copy.chunk, [(e, d) for e, _, d in rect])
-    for index in np.ndindex(*(e for e, _, _ in loop)):
-        src = copy.src_offset + sum(i * s for i, (_, s, _) in zip(index, loop))
-        dst = copy.dst_offset + sum(i * d for i, (_, _, d) in zip(index, loop))
-        yield src, dst, region, src_pitches, dst_pitches
-
-
-def _pitches(chunk, dims):
-    """(row pitch, slice pitch) for a rectangle of ``dims`` = [(extent, stride), ...]."""
-    if not dims:
-        return (chunk, chunk)
-    if len(dims) == 1:
-        extent, stride = dims[0]
-        return (stride, stride * extent)
-    return (dims[0][1], dims[1][1])
 
 
 # --- the callbacks ------------------------------------------------------------------------
