@@ -89,14 +89,6 @@ class CopyPlan:
         """The bytes this plan writes, as a strided view of ``memory`` (a uint8 array)."""
         return _view(memory, self.dst_offset, self.shape, self.dst_strides)
 
-    def chunks(self):
-        """(src offset, dst offset) of every contiguous chunk, for backends that copy chunk by
-        chunk."""
-        outer = self.shape[:-1]
-        for index in np.ndindex(*outer):
-            yield (self.src_offset + sum(i * s for i, s in zip(index, self.src_strides)),
-                   self.dst_offset + sum(i * s for i, s in zip(index, self.dst_strides)))
-
 
 def _span(shape, strides, offset) -> int:
     if any(e == 0 for e in shape):

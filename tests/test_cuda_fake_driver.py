@@ -1,0 +1,222 @@
+"""The CUDA backend against a fake driver (tests/support/fake_cuda.py), on machines without a
+GPU: real CUDA pipelines (PTX that never runs) go through the shim's whole CUDA path, and the
+log of driver calls is checked for what the driver would guarantee: the order of kernels,
+copies and frees across streams, the caller's context left current, Halide's hooks obeyed,
+copies as few 2-D/3-D driver calls that move the right bytes. Each test runs in a child
+process, since the backend binds the driver once per process."""
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from pipelines.build import RUNTIMES, Build, build_all
+
+TESTS = Path(__file__).resolve().parent
+
+PRELUDE = """
+import json, os, sys
+sys.path.insert(0, {tests!r})
+from support import fake_cuda
+driver = fake_cuda.install(setattr, sms={sms!r})
+import numpy as np
+import shim
+from shim.native import ffi, lib
+libraries = json.loads({libraries!r})
+"""
+
+
+@pytest.fixture(scope="module")
+def libraries():
+    specs = [Build("brighten", "cuda", runtime) for runtime in RUNTIMES]
+    return {spec.runtime: str(path) for spec, path in build_all(specs, progress=None).items()}
+
+
+def run_child(libraries, body: str, sms=(132,), env=None) -> str:
+    import json
+    import os
+
+    script = PRELUDE.format(tests=str(TESTS), sms=tuple(sms), libraries=json.dumps(libraries))
+    script += textwrap.dedent(body) + "\nprint('ok')\n"
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=300, env={**os.environ, **(env or {})})
+    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), \
+        f"child failed:\n{done.stdout[-3000:]}\n{done.stderr[-5000:]}"
+    return done.stdout
+
+
+@pytest.mark.parametrize("runtime", RUNTIMES)
+def test_results_read_after_their_stream_is_gone_wait_for_its_kernels(libraries, runtime):
+    run_child(libraries, f"""
+        brighten = shim.load(libraries[{runtime!r}])
+        image = np.arange(64 * 48, dtype=np.float32).reshape(48, 64)
+        stream = driver.cuStreamCreate(1)[1]
+        with shim.stream(stream):
+            out = brighten(image, scale=2.0, offset=1.0, output=image.shape)
+        driver.cuStreamDestroy(stream)       # the application is done with its stream
+        start = driver.log()[-1].seq
+        out.copy_to_host()                   # on the default stream
+        launches = [op for op in driver.log() if op.kind == "launch"]
+        copies = [op for op in driver.log() if op.kind == "copy" and op.seq > start]
+        assert launches and all(op.stream == stream for op in launches), launches
+        assert copies and all(op.stream == 0 for op in copies), copies
+        assert all(driver.ordered(k, c) for k in launches for c in copies), driver.log()
+        assert not driver.calls_without_context, driver.calls_without_context
+    """)
+
+
+def test_a_call_on_another_stream_waits_for_the_call_that_wrote_its_input(libraries):
+    run_child(libraries, """
+        brighten = shim.load(libraries["no_runtime"])
+        image = np.ones((48, 64), np.float32)
+        first, second = driver.cuStreamCreate(1)[1], driver.cuStreamCreate(1)[1]
+        with shim.stream(first):
+            middle = brighten(image, scale=2.0, offset=0.0, output=image.shape)
+        before = driver.log()[-1].seq
+        with shim.stream(second):
+            brighten(middle, scale=2.0, offset=0.0, output=image.shape)
+        writers = [op for op in driver.log() if op.kind == "launch" and op.seq <= before]
+        readers = [op for op in driver.log() if op.kind == "launch" and op.seq > before]
+        assert readers and all(op.stream == second for op in readers)
+        assert all(driver.ordered(w, r) for w in writers for r in readers), driver.log()
+    """)
+
+
+def test_dlpack_consumers_and_frees_wait_for_a_destroyed_streams_kernels(libraries):
+    run_child(libraries, """
+        sys.path.insert(0, os.path.join(os.path.dirname(fake_cuda.__file__)))
+        from producers import Producer
+        from shim import dlpack
+        brighten = shim.load(libraries["no_runtime"])
+        image = np.ones((48, 64), np.float32)
+        stream, consumer = driver.cuStreamCreate(1)[1], driver.cuStreamCreate(1)[1]
+        with shim.stream(stream):
+            out = brighten(image, scale=2.0, offset=0.0, output=image.shape)
+        driver.cuStreamDestroy(stream)
+        launches = [op for op in driver.log() if op.kind == "launch"]
+        start = driver.log()[-1].seq
+        imported = dlpack._Imported(Producer(out), consumer)   # __dlpack__(stream=consumer)
+        waits = [op for op in driver.log() if op.kind == "wait" and op.seq > start]
+        assert waits and all(op.stream == consumer for op in waits), driver.log()
+        assert all(driver.ordered(k, w) for k in launches for w in waits)
+        del imported
+        out.device_free()
+        frees = [op for op in driver.log() if op.kind == "free"]
+        assert frees and all(driver.ordered(k, f) for k in launches for f in frees), driver.log()
+    """)
+
+
+def test_the_callers_current_context_is_left_as_it_was(libraries):
+    run_child(libraries, """
+        brighten = shim.load(libraries["bundled"])
+        mine = 0xBEEF
+        assert driver.c.cuCtxPushCurrent_v2(__import__("ctypes").c_void_p(mine)) == 0
+        out = brighten(np.ones((16, 16), np.float32), scale=1.0, offset=0.0, output=(16, 16))
+        out.copy_to_host()
+        out.device_free()
+        assert driver.c.fake_current_context() == mine and driver.c.fake_context_depth() == 1
+        launches = [op for op in driver.log() if op.kind == "launch"]
+        assert launches and {op.detail["context"] for op in launches} == {fake_cuda.PRIMARY_CONTEXT}
+        assert not driver.calls_without_context, driver.calls_without_context
+    """)
+
+
+@pytest.mark.parametrize("variable, registers", [(None, 64), ("32", 32)])
+def test_kernels_load_with_halides_register_cap(libraries, variable, registers):
+    env = {"HL_CUDA_JIT_MAX_REGISTERS": variable} if variable else {}
+    run_child(libraries, f"""
+        brighten = shim.load(libraries["no_runtime"])
+        brighten(np.ones((16, 16), np.float32), scale=1.0, offset=0.0, output=(16, 16))
+        (module,) = driver.modules
+        assert module["options"] == {{driver.CUjit_option.CU_JIT_MAX_REGISTERS: {registers}}}, module
+        assert module["context"] == fake_cuda.PRIMARY_CONTEXT
+    """, env=env)
+
+
+def test_the_applications_context_and_stream_hooks_are_obeyed(libraries):
+    run_child(libraries, """
+        brighten = shim.load(libraries["no_runtime"])
+        theirs_context, theirs_stream = 0xABC0, driver.cuStreamCreate(1)[1]
+        acquired = []
+
+        @ffi.callback("int(void *, void **, bool)")
+        def acquire(uc, ctx, create):
+            acquired.append(create)
+            ctx[0] = ffi.cast("void *", theirs_context)
+            return 0
+
+        @ffi.callback("int(void *, void *, void **)")
+        def get_stream(uc, ctx, stream):
+            assert int(ffi.cast("uintptr_t", ctx)) == theirs_context
+            stream[0] = ffi.cast("void *", theirs_stream)
+            return 0
+
+        lib.halide_set_cuda_acquire_context(acquire)
+        lib.halide_set_cuda_get_stream(get_stream)
+        out = brighten(np.ones((16, 16), np.float32), scale=1.0, offset=0.0, output=(16, 16))
+        out.copy_to_host()
+        ops = driver.log()
+        launches = [op for op in ops if op.kind == "launch"]
+        copies = [op for op in ops if op.kind == "copy"]
+        assert launches and {op.detail["context"] for op in launches} == {theirs_context}
+        assert {op.stream for op in launches + copies} == {theirs_stream}, ops
+        assert driver.modules[0]["context"] == theirs_context
+        assert acquired
+        lib.halide_set_cuda_acquire_context(ffi.NULL)   # back to the shim's own
+        lib.halide_set_cuda_get_stream(ffi.NULL)
+        assert driver.c.fake_context_depth() == 0
+    """)
+
+
+def test_strided_copies_are_one_driver_call_and_move_the_right_bytes(libraries):
+    run_child(libraries, """
+        rng = np.random.default_rng(1)
+        volume = rng.integers(0, 1 << 30, size=(6, 20, 34), dtype=np.int32)
+        view = volume[1:5, 2:18:2, 3:30]              # strided in every dimension
+        expected = view.copy()
+        buf = shim.Buffer(view)
+        start = driver.log()[-1].seq if driver.log() else 0
+        buf.copy_to_device(shim.device("cuda"))
+        uploads = [op for op in driver.log() if op.kind == "copy" and op.seq > start]
+        view[...] = -1                                # host changed behind the shim's back
+        buf.set_host_dirty(False)
+        buf.set_device_dirty()
+        start = driver.log()[-1].seq
+        buf.copy_to_host()
+        downloads = [op for op in driver.log() if op.kind == "copy" and op.seq > start]
+        np.testing.assert_array_equal(view, expected)
+        np.testing.assert_array_equal(volume[0], volume[0])
+        # 4 slices of 8 rows: one 3-D copy would need the slice pitch to be whole rows (it
+        # is: 2 rows of the array's own), so each way is one call.
+        assert [op.detail["call"] for op in uploads] == ["cuMemcpy3DAsync"], uploads
+        assert [op.detail["call"] for op in downloads] == ["cuMemcpy3DAsync"], downloads
+        assert downloads[0].detail["rows"] == 4 * 8
+    """)
+
+
+@pytest.mark.parametrize("sms, variable, chosen", [
+    ((80, 132, 132, 64), None, 2),     # -1 (unset): the most multiprocessors, last of equals
+    ((80, 132, 132, 64), "-1", 2),
+    ((80, 132, 132, 64), "1", 1),
+    ((80,), None, 0),
+])
+def test_the_device_halide_would_choose(libraries, sms, variable, chosen):
+    env = {"HL_GPU_DEVICE": variable} if variable is not None else {}
+    run_child(libraries, f"""
+        assert os.environ.get("HL_GPU_DEVICE") == {variable!r}
+        assert shim.device("cuda").ordinal == {chosen}
+    """, sms=sms, env={**env, "HALIDE_SHIM_CUDA_DEVICE": ""})
+
+
+def test_a_device_number_that_is_not_one_is_refused_by_name(libraries):
+    body = """
+        try:
+            shim.device("cuda")
+        except shim.DeviceUnavailable as e:
+            assert "HL_GPU_DEVICE" in str(e) and "'gpu0'" in str(e), e
+        else:
+            raise AssertionError("accepted HL_GPU_DEVICE=gpu0")
+    """
+    run_child(libraries, body, env={"HL_GPU_DEVICE": "gpu0", "HALIDE_SHIM_CUDA_DEVICE": ""})
