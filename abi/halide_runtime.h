@@ -194,3 +194,13 @@ int halide_device_slice(void *user_context, const struct halide_buffer_t *src,
 int halide_device_release_crop(void *user_context, struct halide_buffer_t *buf);
 int halide_set_num_threads(int n);
 int halide_get_num_threads(void);
+
+/* Reusing device allocations (Halide's allocation_cache.cpp; served by
+ * native_stubs/allocation_reuse.c and the pools of shim/backends/pool.py). */
+int halide_reuse_device_allocations(void *user_context, bool);
+bool halide_can_reuse_device_allocations(void *user_context);
+struct halide_device_allocation_pool {
+    int (*release_unused)(void *user_context);
+    struct halide_device_allocation_pool *next;
+};
+void halide_register_device_allocation_pool(struct halide_device_allocation_pool *);

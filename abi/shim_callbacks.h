@@ -38,6 +38,10 @@ extern "Python+C" {
                               const struct halide_device_interface_t *device_interface);
     int shim_py_compute_capability(void *user_context, int *major, int *minor,
                                    const struct halide_device_interface_t *device_interface);
+    /* Give the idle allocations the shim keeps for reuse back to the driver: those of
+     * `backend` (enum shim_backend), or of every backend made so far for SHIM_BACKEND_COUNT
+     * (shim/allocation_reuse.py). */
+    int shim_py_release_unused_allocations(void *user_context, int backend);
 
     /* GPU backends: compile a module's kernels (once per source), create the backend's
      * context on first use, and launch a kernel the C fast path cannot. */

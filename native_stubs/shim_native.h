@@ -68,6 +68,7 @@ int shim_py_wrap_native(void *, struct halide_buffer_t *, uint64_t,
                         const struct halide_device_interface_t *);
 int shim_py_detach_native(void *, struct halide_buffer_t *, const struct halide_device_interface_t *);
 int shim_py_compute_capability(void *, int *, int *, const struct halide_device_interface_t *);
+int shim_py_release_unused_allocations(void *, int);
 int shim_py_opencl_initialize(void *, void **, const char *, int);
 int shim_py_opencl_start(void *);
 int shim_py_opencl_run(void *, void *, const char *, int, int, int, int, int, int, int, size_t *,

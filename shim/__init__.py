@@ -8,6 +8,11 @@ from shim import native  # noqa: F401  (must come first: see shim/native.py)
 from shim import runtime  # noqa: F401  (registers the device-layer callbacks)
 from shim import shutdown  # noqa: F401  (an orderly exit)
 from shim import interrupts
+from shim.allocation_reuse import (
+    can_reuse_device_allocations,
+    release_unused_device_allocations,
+    reuse_device_allocations,
+)
 from shim.backends import cuda as _cuda, opencl as _opencl  # noqa: F401  (their callbacks too)
 from shim.buffer import Buffer, Dimension
 from shim.devices import default_device, device, devices
@@ -46,6 +51,7 @@ __all__ = [
     "Profile",
     "PipelineError",
     "ShimError",
+    "can_reuse_device_allocations",
     "default_device",
     "device",
     "devices",
@@ -53,6 +59,8 @@ __all__ = [
     "load",
     "num_threads",
     "profile",
+    "release_unused_device_allocations",
+    "reuse_device_allocations",
     "set_num_threads",
     "stream",
 ]

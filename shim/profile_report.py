@@ -4,7 +4,7 @@ The trace follows the Trace Event Format that Perfetto and chrome://tracing read
 ("X") slices, one track per host thread (the records of a thread nest, since they are made
 and finished in stack order) and one per device queue or stream (device slices laid end to
 end), flows from each launch and copy on the host to its execution on the device, and a
-counter of live device memory per backend.
+counter of device memory per backend (held by Buffers, and pooled for reuse).
 """
 
 from __future__ import annotations
@@ -169,9 +169,9 @@ def chrome_trace(profile) -> dict:
                        "pid": HOST_PID, "tid": record.thread, "ts": _us(record.start_ns)})
         events.append({"ph": "f", "bp": "e", "id": record.id, "name": "enqueue", "cat": "flow",
                        "pid": DEVICE_PID, "tid": track, "ts": _us(record.device_start_ns)})
-    for ns, backend, live in profile.memory:
+    for ns, backend, live, pooled in profile.memory:
         events.append({"ph": "C", "name": f"live device memory ({backend})", "pid": DEVICE_PID,
-                       "tid": 0, "ts": _us(ns), "args": {"bytes": live}})
+                       "tid": 0, "ts": _us(ns), "args": {"bytes": live, "pooled bytes": pooled}})
     return {"traceEvents": events, "displayTimeUnit": "ns",
             "otherData": {"producer": "halide-shim", "records": len(profile.records)}}
 

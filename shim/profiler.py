@@ -92,8 +92,9 @@ class Profile:
         self.records: list[Record] = []
         #: {function: {"noop": n, "foreign": n, "refused": n}}: calls decided in C.
         self.decided_in_c: dict[str, dict[str, int]] = {}
-        #: [(ns, backend kind, live bytes)]: the backends' device memory after each change.
-        self.memory: list[tuple[int, str, int]] = []
+        #: [(ns, backend kind, live bytes, pooled bytes)]: the backends' device memory after
+        #: each change: held by Buffers, and kept idle for reuse (shim/backends/pool.py).
+        self.memory: list[tuple[int, str, int, int]] = []
         self.thread_names: dict[int, str] = {}
         self.duration_ns = 0
         self._origin = 0
@@ -313,7 +314,7 @@ def memory_changed(backend) -> None:
     profile = _active
     if profile is not None:
         now = time.perf_counter_ns() - profile._origin
-        profile.memory.append((now, backend.kind, backend.live_bytes))
+        profile.memory.append((now, backend.kind, backend.live_bytes, backend.pooled_bytes))
 
 
 class _Markers:

@@ -335,6 +335,7 @@ def pin_device(raw, backend):
             raise BufferError(f"the buffer is no longer on {backend.kind}: another thread freed "
                               "or moved its device memory during the export")
         family.add_handle(handle, family.offset_of(handle))
+        family.handles[handle][2].exported = True  # never pooled for reuse (Memory.exported)
         memory = family.memory_of(handle)
 
     def unpin() -> None:
@@ -382,7 +383,9 @@ def device_sync(uc, raw, interface):
 
 def device_release(uc, interface):
     if not aliasing.is_proxy(interface):
-        backend_for_interface(interface).release()
+        backend = backend_for_interface(interface)
+        backend.release_unused()  # Halide's device_release empties its free list too
+        backend.release()
 
 
 def copy_to_host(uc, raw, interface):

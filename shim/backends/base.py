@@ -13,10 +13,14 @@ and one device per backend.
 
 from __future__ import annotations
 
+import os
 import threading
+import weakref
 from abc import ABC, abstractmethod
 
 from shim import profiler
+from shim.backends import pool as pools
+from shim.native import ffi, lib
 from shim.regions import CopyPlan
 
 
@@ -29,8 +33,12 @@ class Memory:
     """One device allocation (or wrapped native memory), as its backend represents it."""
 
     def __init__(self, nbytes: int, owned: bool = True):
-        self.nbytes = nbytes
+        self.nbytes = nbytes  # what the current holder asked for
+        self.capacity = nbytes  # what the driver allocated (sizes round up while reuse is on)
         self.owned = owned  # False for wrapped native memory: never freed by the shim
+        # Handed to a DLPack consumer, whose device work the shim cannot see: freed to the
+        # driver (which waits for that work), never pooled.
+        self.exported = False
 
 
 class Transfers:
@@ -66,13 +74,126 @@ class Backend(ABC):
     def name(self) -> str:
         """The device's name, for people."""
 
-    @abstractmethod
-    def allocate(self, nbytes: int) -> Memory:
-        """A new allocation of at least ``nbytes``."""
+    # --- memory: allocations, reused through the pool (shim/backends/pool.py) ---------------
+
+    #: Whether freed allocations are pooled for reuse (when Halide's switch,
+    #: halide_can_reuse_device_allocations, allows it).
+    reuses_allocations = True
+    #: Pool bounds: at most this many idle allocations (Halide's 32), and at most
+    #: pool_max_bytes of them: 1/8 of the device's memory (``memory_size``), or this many bytes
+    #: where the backend cannot tell.
+    pool_max_count = pools.MAX_COUNT
+    POOL_DEFAULT_BYTES = 256 << 20
 
     @abstractmethod
+    def _allocate_new(self, nbytes: int) -> Memory:
+        """A new allocation of ``nbytes`` from the driver (BackendError if it fails)."""
+
+    @abstractmethod
+    def _free_now(self, memory: Memory) -> None:
+        """Give an owned allocation back to the driver."""
+
+    def settle(self, memory: Memory) -> None:
+        """Wait until device work still using ``memory`` has finished (called before it is
+        pooled for reuse or freed)."""
+
+    def reusable(self, memory: Memory) -> bool:
+        """Whether nothing but the shim's own device work may still use ``memory``, so that it
+        may be pooled once settled."""
+        return True
+
+    def memory_size(self) -> int | None:
+        """The device's memory in bytes, if the backend can tell (bounds the pool)."""
+        return None
+
+    def allocate(self, nbytes: int) -> Memory:
+        """An allocation of at least ``nbytes``: a pooled one that fits, else a new one. A new
+        one that fails is tried again once the pool is emptied (as Halide does)."""
+        pool = self._pool
+        reuse = self._reusing()
+        size = pools.quantize(nbytes) if reuse else nbytes
+        memory = pool.take(size) if reuse else None
+        if memory is None:
+            try:
+                memory = self._allocate_new(size)
+            except BackendError:
+                if not self.release_unused():
+                    raise
+                memory = self._allocate_new(size)
+            memory.capacity = size
+            pool.count(fresh=1)
+        memory.nbytes = nbytes
+        return self._allocated(memory)
+
     def free(self, memory: Memory) -> None:
-        """Release an owned allocation (called once, when no handle into it remains)."""
+        """Release an owned allocation (called once, when no handle into it remains): pooled
+        for reuse once device work using it has finished, or given back to the driver."""
+        self._live.pop(id(memory), None)
+        try:
+            self.settle(memory)
+        except BaseException:
+            self._free_all([memory])  # not known to be idle: never reused
+            raise
+        if self._reusing() and memory.owned and not memory.exported and self.reusable(memory):
+            pool = self._pool
+            if pool.max_bytes is None:
+                size = self.memory_size()
+                pool.max_bytes = size // 8 if size else self.POOL_DEFAULT_BYTES
+            pool.max_count = self.pool_max_count
+            evicted = pool.put(memory)
+            if not self._reusing():  # switched off meanwhile: its drain may have missed it
+                evicted += pool.drain()
+        else:
+            evicted = [memory]
+        profiler.memory_changed(self)
+        self._free_all(evicted)
+
+    def release_unused(self) -> int:
+        """Give every pooled allocation back to the driver; returns how many there were."""
+        if self._forked:  # a forked child: nothing of the parent's is touched
+            return 0
+        entries = self._pool.drain()
+        if entries:
+            profiler.memory_changed(self)
+            self._free_all(entries)
+        return len(entries)
+
+    def _free_all(self, entries: list) -> None:
+        """_free_now each of ``entries``; the first failure is raised once all were tried."""
+        failure = None
+        for memory in entries:
+            try:
+                self._free_now(memory)
+            except BaseException as e:  # noqa: BLE001 - raised below
+                failure = failure or e
+        if entries:
+            self._pool.count(freed=len(entries))
+        if failure is not None:
+            raise failure
+
+    def _reusing(self) -> bool:
+        return (self.reuses_allocations and not self._forked
+                and bool(lib.halide_can_reuse_device_allocations(ffi.NULL)))
+
+    @property
+    def pooled_allocations(self) -> int:
+        """Idle allocations kept for reuse (not counted in live_allocations)."""
+        return len(self._pool)
+
+    @property
+    def pooled_bytes(self) -> int:
+        return self._pool.bytes
+
+    @property
+    def pool_max_bytes(self) -> int | None:
+        """The pool's byte bound (None until the first allocation is pooled)."""
+        return self._pool.max_bytes
+
+    def allocation_counts(self) -> dict[str, int]:
+        """How allocations were served so far: "new" (from the driver), "reused" (from the
+        pool), "freed" (given back to the driver)."""
+        pool = self._pool
+        return {"new": pool.fresh, "reused": pool.reused, "freed": pool.freed}
 
     @abstractmethod
     def handle(self, memory: Memory, offset: int, nbytes: int) -> int:
@@ -112,7 +233,8 @@ class Backend(ABC):
         """The native handle of an allocation (what ``wrap`` takes)."""
 
     def release(self) -> None:
-        """halide_device_release: drop caches (compiled kernels); live allocations stay valid."""
+        """halide_device_release: drop caches (compiled kernels); live allocations stay valid.
+        (The generic layer empties the allocation pool first.)"""
 
     def compute_capability(self) -> tuple[int, int]:
         return (0, 0)
@@ -121,8 +243,11 @@ class Backend(ABC):
         self.transfers = Transfers()
         # What the backend itself allocated and has not freed, counted where the memory is made
         # and released (not by the generic layer), so that leak checks catch the generic
-        # layer's mistakes too.
+        # layer's mistakes too. Pooled memory is not live: it is counted by the pool.
         self._live: dict[int, Memory] = {}
+        self._pool = pools.AllocationPool(self.pool_max_count, None)
+        self._forked = False
+        _backends.add(self)
 
     def _allocated(self, memory: Memory) -> Memory:
         self._live[id(memory)] = memory
@@ -135,11 +260,13 @@ class Backend(ABC):
 
     @property
     def live_allocations(self) -> int:
+        """Allocations held by Buffers (or DLPack exports)."""
         return len(self._live)
 
     @property
     def live_bytes(self) -> int:
-        return sum(m.nbytes for m in list(self._live.values()))
+        """Device bytes those hold (each allocation's capacity)."""
+        return sum(m.capacity for m in list(self._live.values()))
 
     # --- DLPack (shim/dlpack.py) -----------------------------------------------------------
 
@@ -203,6 +330,20 @@ class Backend(ABC):
 
     def __repr__(self) -> str:
         return f"<shim device {self.kind}: {self.name}>"
+
+
+# Every backend made, for the fork handler below.
+_backends: weakref.WeakSet = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    """A forked child never touches the pools: their memory is the parent's driver state."""
+    for backend in list(_backends):
+        backend._forked = True
+        backend._pool.forget_after_fork()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def interface_of(backend: Backend):

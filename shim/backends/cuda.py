@@ -392,14 +392,15 @@ class CUDABackend(Backend):
 
     # --- memory --------------------------------------------------------------------------
 
-    def allocate(self, nbytes: int) -> CUDAMemory:
+    # Allocation and free; reuse (the pool) and settling before either are the generic
+    # layer's: Backend.allocate and Backend.free.
+
+    def _allocate_new(self, nbytes: int) -> CUDAMemory:
         with self._entered():
             pointer = _check(self._cu.cuMemAlloc(max(nbytes, 1)), f"cuMemAlloc({nbytes})")
-        return self._allocated(CUDAMemory(int(pointer), nbytes))
+        return CUDAMemory(int(pointer), nbytes)
 
-    def free(self, memory: CUDAMemory) -> None:
-        self.settle(memory)
-        self._released(memory)
+    def _free_now(self, memory: CUDAMemory) -> None:
         with self._entered():
             _check(self._cu.cuMemFree(memory.pointer), "cuMemFree")
 

@@ -297,18 +297,29 @@ class OpenCLBackend(Backend):
 
     # --- memory --------------------------------------------------------------------------
 
-    def allocate(self, nbytes: int) -> OpenCLMemory:
+    # Allocation and free (reuse is the generic layer's: Backend.allocate). The shim's OpenCL
+    # work all goes to one in-order queue, so memory needs no settling before reuse: whatever
+    # the next holder enqueues runs after what the last one did.
+
+    def _allocate_new(self, nbytes: int) -> OpenCLMemory:
         cl = _cl()
         try:
             buffer = cl.Buffer(self.context, cl.mem_flags.READ_WRITE, max(nbytes, 1))
         except cl.Error as e:
             raise BackendError(f"clCreateBuffer({nbytes}) failed: {e}") from None
-        return self._allocated(OpenCLMemory(buffer, nbytes))
+        return OpenCLMemory(buffer, nbytes)
 
-    def free(self, memory: OpenCLMemory) -> None:
-        self._released(memory)
+    def _free_now(self, memory: OpenCLMemory) -> None:
         memory.handles.clear()
         memory.buffer.release()
+
+    def reusable(self, memory: OpenCLMemory) -> bool:
+        # A handle still out may have a sub-buffer into the memory: OpenCL keeps released
+        # memory alive for it, a pool would hand it to someone else.
+        return not memory.handles
+
+    def memory_size(self) -> int:
+        return self._device.global_mem_size
 
     def handle(self, memory: OpenCLMemory, offset: int, nbytes: int) -> int:
         struct = ffi.new("shim_cl_handle *")
