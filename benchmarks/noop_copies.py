@@ -32,17 +32,33 @@ HARNESS_SOURCE = HERE / "noop_loop.c"
 OPERATIONS = ("copy_to_device", "copy_to_host")
 
 
+def harness_path(out_dir=None) -> Path:
+    """Where the compiled loop for the current source lives: ``out_dir``, else
+    $HALIDE_SHIM_BENCHMARK_BUILD (a GPU check kit brings it prebuilt there), else build/benchmarks."""
+    out_dir = Path(out_dir or os.environ.get("HALIDE_SHIM_BENCHMARK_BUILD") or ROOT / "build" / "benchmarks")
+    return out_dir / f"noop_loop-{hashlib.sha256(HARNESS_SOURCE.read_bytes()).hexdigest()[:12]}.so"
+
+
+def build_harness(out_dir=None) -> Path:
+    """Compile the C loop unless it is there for the current source."""
+    library = harness_path(out_dir)
+    if not library.exists():
+        library.parent.mkdir(parents=True, exist_ok=True)
+        staged = library.with_suffix(f".{os.getpid()}.so")
+        compiler = os.environ.get("CC", "cc")
+        try:
+            subprocess.run([compiler, "-O2", "-shared", "-fPIC", "-pthread",
+                            "-o", str(staged), str(HARNESS_SOURCE)], check=True)
+        except FileNotFoundError:
+            raise RuntimeError(f"{library} is not built and there is no C compiler ({compiler}) "
+                               "to build it") from None
+        os.replace(staged, library)
+    return library
+
+
 def harness():
     """The compiled C loop (ctypes), rebuilt when its source changes."""
-    source = HARNESS_SOURCE.read_bytes()
-    out_dir = ROOT / "build" / "benchmarks"
-    out_dir.mkdir(parents=True, exist_ok=True)
-    library = out_dir / f"noop_loop-{hashlib.sha256(source).hexdigest()[:12]}.so"
-    if not library.exists():
-        staged = library.with_suffix(f".{os.getpid()}.so")
-        subprocess.run([os.environ.get("CC", "cc"), "-O2", "-shared", "-fPIC", "-pthread",
-                        "-o", str(staged), str(HARNESS_SOURCE)], check=True)
-        os.replace(staged, library)
+    library = build_harness()
     lib = ctypes.CDLL(str(library))
     lib.noop_loop.restype = ctypes.c_double
     lib.noop_loop.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.POINTER(ctypes.c_void_p),

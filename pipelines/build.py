@@ -9,6 +9,12 @@ Each (pipeline, target, runtime) becomes one .so in the cache directory
 generator's source, the target, the runtime choice and the halide version, so a build is
 reused until one of them changes. ``runtime`` is "bundled" (Halide's default: the runtime
 is compiled into the .so) or "no_runtime" (the .so needs the shim's runtime to load).
+
+Prebuilt libraries are found without halide: each build records the halide version it used
+in the directory (a ``HALIDE_VERSION`` file), and where halide is not installed the cache
+keys take the version from there. The generator's source is still hashed, so a library built
+from other source is never used; one that is missing then raises MissingLibrary, which says
+that building it needs halide.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ from __future__ import annotations
 import argparse
 import ast
 import hashlib
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -41,6 +48,13 @@ RUNTIMES = ("bundled", "no_runtime")
 
 # Bump when the recipe below changes in a way that changes the output.
 RECIPE_VERSION = "1"
+
+# In a directory of built libraries: the halide version that built them.
+VERSION_STAMP = "HALIDE_VERSION"
+
+
+class MissingLibrary(RuntimeError):
+    """A library is not built, and it cannot be built here: halide is not installed."""
 
 
 def generator_modules() -> dict[str, str]:
@@ -71,6 +85,54 @@ def cache_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "halide-shim" / "pipelines"
 
 
+def installed_halide_version() -> str | None:
+    """The version of the halide package this interpreter can import, or None. (An import
+    that is blocked, ``sys.modules["halide"] = None``, counts as not installed.)"""
+    try:
+        if importlib.util.find_spec("halide") is None:
+            return None
+    except (ImportError, ValueError):
+        return None
+    try:
+        return metadata.version("halide")
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def stamped_halide_version(directory: Path | None = None) -> str | None:
+    """The halide version recorded in a directory of built libraries, or None."""
+    stamp = (cache_dir() if directory is None else Path(directory)) / VERSION_STAMP
+    try:
+        return stamp.read_text().strip() or None
+    except OSError:
+        return None
+
+
+def halide_version(directory: Path | None = None) -> str:
+    """The halide version in the cache keys: the installed halide's, else the one recorded in
+    ``directory`` (default: the cache directory) by the builds that made its libraries."""
+    version = installed_halide_version() or stamped_halide_version(directory)
+    if version is None:
+        where = cache_dir() if directory is None else Path(directory)
+        raise MissingLibrary(
+            f"halide is not installed and {where} has no {VERSION_STAMP} file: without halide only "
+            "prebuilt pipeline libraries can be used, from a directory a build wrote "
+            "(python -m pipelines.build --out DIR, or benchmarks/gpu_kit.py prepare); "
+            "to build them, pip install halide==21.0.0")
+    return version
+
+
+def record_halide_version(directory: Path, version: str) -> None:
+    """Write the version stamp into ``directory`` (atomically; unchanged if it says that)."""
+    directory = Path(directory)
+    if stamped_halide_version(directory) == version:
+        return
+    directory.mkdir(parents=True, exist_ok=True)
+    staged = directory / f".{VERSION_STAMP}.{os.getpid()}.{time.monotonic_ns()}"
+    staged.write_text(version + "\n")
+    os.replace(staged, directory / VERSION_STAMP)
+
+
 @dataclass(frozen=True)
 class Build:
     """One shared library to build: a generator for a target, with or without its runtime."""
@@ -96,24 +158,40 @@ class Build:
     def module(self) -> str:
         return generator_modules()[self.name]
 
-    def key(self) -> str:
+    def key(self, directory: Path | None = None, version: str | None = None) -> str:
+        """Hash of the generator's source, the target, the runtime choice, the halide version
+        (``version``, else halide_version(directory)) and the recipe."""
         digest = hashlib.sha256()
         for source in (GENERATORS_DIR / f"{self.module}.py", GENERATORS_DIR / "_schedule.py"):
             digest.update(source.read_bytes())
-        digest.update(
-            f"{self.halide_target}|{metadata.version('halide')}|{RECIPE_VERSION}".encode())
+        version = version or halide_version(directory)
+        digest.update(f"{self.halide_target}|{version}|{RECIPE_VERSION}".encode())
         return digest.hexdigest()[:12]
 
-    def path(self, directory: Path | None = None) -> Path:
+    def path(self, directory: Path | None = None, version: str | None = None) -> Path:
         directory = cache_dir() if directory is None else Path(directory)
-        return directory / f"{self.name}-{self.target}-{self.runtime}-{self.key()}.so"
+        return directory / f"{self.name}-{self.target}-{self.runtime}-{self.key(directory, version)}.so"
+
+
+def _missing(spec: Build, out: Path) -> MissingLibrary:
+    others = sorted(p.name for p in out.parent.glob(f"{spec.name}-{spec.target}-{spec.runtime}-*.so"))
+    hint = (f" ({', '.join(others)} there was built from other generator source or for another "
+            "halide version)" if others else "")
+    return MissingLibrary(
+        f"pipeline library {out.name} ({spec.name}, target {spec.target}, runtime {spec.runtime}) "
+        f"is not in {out.parent}{hint}, and halide is not installed: building it needs halide "
+        "(pip install halide==21.0.0), or bring it prebuilt (benchmarks/gpu_kit.py prepare)")
 
 
 def build(spec: Build, directory: Path | None = None) -> Path:
-    """The .so for ``spec``, compiling it unless an up-to-date one is cached."""
+    """The .so for ``spec``, compiling it unless an up-to-date one is cached. Without halide,
+    only a cached one can be returned: else MissingLibrary."""
     out = spec.path(directory)
     if out.exists():
         return out
+    installed = installed_halide_version()
+    if installed is None:
+        raise _missing(spec, out)
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="halide-shim-build-") as tmp:
         env = dict(os.environ)
@@ -128,6 +206,7 @@ def build(spec: Build, directory: Path | None = None) -> Path:
         staged = out.with_name(f".{out.name}.{os.getpid()}")
         shutil.copyfile(library, staged)
         os.replace(staged, out)
+    record_halide_version(out.parent, installed)
     return out
 
 
@@ -142,6 +221,16 @@ def build_all(specs, directory=None, jobs=None, progress=print) -> dict[Build, P
     specs = list(dict.fromkeys(specs))
     todo = [s for s in specs if not s.path(directory).exists()]
     results = {s: s.path(directory) for s in specs if s not in todo}
+    installed = installed_halide_version()
+    if installed is None and todo:
+        error = _missing(todo[0], todo[0].path(directory))
+        if len(todo) > 1:
+            error.args = (f"{error} (and {len(todo) - 1} more: "
+                          f"{', '.join(f'{s.name}/{s.target}/{s.runtime}' for s in todo[1:])})",)
+        raise error
+    if installed is not None and results:
+        # Directories filled before versions were recorded get their stamp here.
+        record_halide_version(next(iter(results.values())).parent, installed)
     if not todo:
         return results
     started = time.monotonic()

@@ -4,6 +4,10 @@ Its halide_* definitions must be first in the process's global symbol scope, so 
 pipeline .so loaded afterwards, with or without its own bundled runtime, binds to them. That
 takes RTLD_GLOBAL (visible to later libraries) and RTLD_NOW (bound before any pipeline runs).
 This module is imported by shim/__init__.py first thing.
+
+``$HALIDE_SHIM_NATIVE``, the path of a compiled ``_native`` module, is loaded instead of the
+one beside this file: how a GPU check kit brings a prebuilt library to a machine where the
+package is not built (benchmarks/gpu_kit.py).
 """
 
 from __future__ import annotations
@@ -15,10 +19,33 @@ import threading
 import time
 import weakref
 
+
+
+def _load_native_from(path: str):
+    """The extension module at ``path``, imported as shim._native."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("shim._native", path)
+    if spec is None or not os.path.isfile(path):
+        raise ImportError(f"$HALIDE_SHIM_NATIVE={path} is not a compiled module", path=path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["shim._native"] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules["shim._native"]
+        raise
+    sys.modules["shim"]._native = module  # as an import of the submodule would
+    return module
+
+
 _saved_flags = sys.getdlopenflags()
 sys.setdlopenflags(os.RTLD_GLOBAL | os.RTLD_NOW)
 try:
-    from shim import _native
+    if os.environ.get("HALIDE_SHIM_NATIVE"):
+        _native = _load_native_from(os.environ["HALIDE_SHIM_NATIVE"])
+    else:
+        from shim import _native
 finally:
     sys.setdlopenflags(_saved_flags)
 

@@ -1,10 +1,13 @@
 """pipelines/build.py: cache keys and the command line."""
 
+import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
+from pipelines import build as build_module
 from pipelines.build import Build, generator_names
 
 
@@ -38,3 +41,55 @@ def test_cached_builds_are_reused(host_pipelines):
 def test_command_line_errors_are_argparse_errors():
     done = subprocess.run([sys.executable, "-m", "pipelines.build", "nope"], capture_output=True, text=True)
     assert done.returncode == 2 and "unknown pipeline(s): nope" in done.stderr
+
+
+# --- prebuilt libraries without halide (the GPU check kit) ----------------------------------
+
+@pytest.fixture
+def prebuilt(tmp_path, host_pipelines):
+    """A directory holding brighten's bundled host build, as `pipelines.build --out` leaves it."""
+    done = subprocess.run([sys.executable, "-m", "pipelines.build", "brighten", "--runtime", "bundled",
+                           "--out", str(tmp_path)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    return tmp_path, Path(done.stdout.splitlines()[-1])
+
+
+def test_a_build_records_the_halide_version(prebuilt):
+    from importlib import metadata
+
+    directory, _ = prebuilt
+    assert (directory / "HALIDE_VERSION").read_text().strip() == metadata.version("halide")
+
+
+def test_prebuilt_libraries_are_found_without_halide(prebuilt):
+    directory, library = prebuilt
+    script = ("import sys; sys.modules['halide'] = None\n"
+              "from pipelines.build import Build, build\n"
+              "print(build(Build('brighten', 'host', 'bundled'), sys.argv[1]))")
+    done = subprocess.run([sys.executable, "-c", script, str(directory)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == str(library)
+
+
+def test_without_halide_a_library_of_changed_source_is_not_used(prebuilt, tmp_path, monkeypatch):
+    directory, library = prebuilt
+    generators = tmp_path / "generators"
+    shutil.copytree(build_module.GENERATORS_DIR, generators)
+    with open(generators / "brighten.py", "a") as f:
+        f.write("\n# changed\n")
+    monkeypatch.setattr(build_module, "GENERATORS_DIR", generators)
+    monkeypatch.setattr(build_module, "installed_halide_version", lambda: None)
+    with pytest.raises(build_module.MissingLibrary) as e:
+        build_module.build(Build("brighten", "host", "bundled"), directory)
+    message = str(e.value)
+    assert "brighten-host-bundled-" in message and "halide is not installed" in message
+    assert library.name in message  # the one there, built from other source
+    assert library.exists()
+
+
+def test_without_halide_or_a_version_stamp_the_error_says_so(tmp_path, monkeypatch):
+    monkeypatch.setattr(build_module, "installed_halide_version", lambda: None)
+    with pytest.raises(build_module.MissingLibrary, match="has no HALIDE_VERSION file"):
+        build_module.build(Build("brighten"), tmp_path)
+    with pytest.raises(build_module.MissingLibrary, match="halide is not installed"):
+        build_module.build_all([Build("brighten")], tmp_path / "elsewhere")

@@ -9,6 +9,7 @@ import pytest
 
 import shim
 from pipelines.build import RUNTIMES, Build, build_all
+from shim.backends import cuda as cuda_backend
 from shim.native import ffi, lib
 
 HOST_DIRTY = lib.halide_buffer_flag_host_dirty
@@ -101,6 +102,35 @@ def test_seed_repro_on_opencl(libraries, opencl, runtime):
     np.testing.assert_array_equal(data, seed_expected())
     # Only what the crops wrote came back: (8*4 + 1*8) int32 elements, not the 20*20.
     assert opencl.transfers.downloaded - downloaded == (8 * 4 + 1 * 8) * 4
+
+
+@pytest.fixture(scope="module")
+def cuda():
+    reason = cuda_backend.unavailable_reason()
+    if reason:
+        pytest.skip(f"no CUDA device on this machine: {reason}")
+    return shim.device("cuda")
+
+
+@pytest.fixture(scope="module")
+def cuda_libraries(cuda):
+    specs = [Build("crop_fill", "cuda", runtime) for runtime in RUNTIMES]
+    return {s.runtime: path for s, path in build_all(specs, progress=None).items()}
+
+
+@pytest.mark.parametrize("runtime", RUNTIMES)
+def test_seed_repro_on_cuda(cuda_libraries, cuda, runtime):
+    """The seed's program as it was reported: CUDA, no device_malloc, no set_device_dirty."""
+    crop_fill = shim.load(cuda_libraries[runtime])
+    data = np.full((20, 20), -1, np.int32)
+    buf = shim.Buffer(data)
+    crop_fill(param=1, f=buf.cropped([(2, 8), (4, 4)]))
+    crop_fill(param=2, f=buf.cropped([(0, 1), (2, 8)]))
+    assert buf.has_device_allocation  # one allocation for the parent, which both crops alias
+    downloaded = cuda.transfers.downloaded
+    buf.copy_to_host()
+    np.testing.assert_array_equal(data, seed_expected())
+    assert cuda.transfers.downloaded - downloaded == (8 * 4 + 1 * 8) * 4
 
 
 @pytest.mark.parametrize("runtime", RUNTIMES)

@@ -14,7 +14,8 @@ def test_prebuilt_pipelines_run_without_pyopencl_or_halide(host_pipelines):
         sys.modules["halide"] = None
         import numpy as np
         import shim
-        assert [kind for kind, _ in shim.devices()] == ["host"], shim.devices()
+        kinds = [kind for kind, _ in shim.devices()]
+        assert "host" in kinds and "opencl" not in kinds, kinds  # (CUDA, where there is a GPU)
         brighten = shim.load(sys.argv[1])
         out = brighten(np.ones((480, 640), np.float32), scale=2.0, offset=1.0)
         assert (out.numpy() == 3).all()
