@@ -3,9 +3,11 @@ network: prepare's output, wheel choice, an offline install into a fresh venv, a
 test files run from the kit with halide and pyopencl unimportable, skipping for the driver."""
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -151,3 +153,40 @@ def test_the_cuda_suite_runs_from_the_kit_without_halide_or_pyopencl(kit, tmp_pa
     assert steps["bench-gpu"]["status"] == "skipped"
     assert sorted(p.name for p in out.iterdir()) == ["benchmarks.log", "env.log", "manifest.json",
                                                      "summary.json", "summary.txt", "tests.log"]
+
+
+def test_a_step_that_hangs_is_killed_with_its_children_at_its_time_limit(tmp_path):
+    script = ("import subprocess, sys, time\n"
+              "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'])\n"
+              "print('child', child.pid, flush=True)\n"
+              "time.sleep(120)\n")
+    with open(tmp_path / "log", "w") as log_file:
+        code, output, seconds = gpu_kit.stream([sys.executable, "-c", script], dict(os.environ),
+                                               3, log_file)
+    assert code is None and seconds < 20 and "timed out after 3 s" in output
+    child = int(output.split("child ")[1].split()[0])
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and child_alive(child):
+        time.sleep(0.1)
+    assert not child_alive(child), "the step's own child outlived the time limit"
+
+
+def child_alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except OSError:
+        return False
+
+
+def test_a_failing_step_fails_the_run_after_every_step_ran(kit, tmp_path, monkeypatch):
+    fails = [sys.executable, "-c", "import sys; print('failing'); sys.exit(1)"]
+    passes = [sys.executable, "-c", "print('still ran')"]
+    monkeypatch.setattr(gpu_kit, "make_steps", lambda work: [
+        gpu_kit.Step("cuda-tests", "fails", [fails], 30, "tests.log"),
+        gpu_kit.Step("bench-noop", "runs anyway", [passes], 30, "benchmarks.log", kind="benchmark")])
+    assert gpu_kit.run(kit, tmp_path) == 1
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["failed_steps"] == ["cuda-tests"]
+    assert summary["steps"]["bench-noop"]["status"] == "passed"
+    assert "still ran" in (tmp_path / "benchmarks.log").read_text()
+    assert "FAILED: cuda-tests" in (tmp_path / "summary.txt").read_text()
