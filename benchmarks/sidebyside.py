@@ -18,9 +18,9 @@ class ChildProcess:
     """A child running ``command``, which prints "ready", then answers each JSON request line
     with one line: the seconds the request took."""
 
-    def __init__(self, command):
+    def __init__(self, command, env=None):
         self._child = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                       text=True)
+                                       text=True, env=env)
         line = self._child.stdout.readline().strip()
         if line != "ready":
             self._child.kill()

@@ -57,6 +57,7 @@ class StockRuntime:
                  "halide_error_handler_t halide_set_error_handler(halide_error_handler_t);"
                  "void *halide_malloc(void *, size_t);"
                  "const struct halide_device_interface_t *halide_opencl_device_interface(void);"
+                 "const struct halide_device_interface_t *halide_cuda_device_interface(void);"
                  + declarations)
         self.lib = ffi.dlopen(library, os.RTLD_NOW | os.RTLD_LOCAL)
         self.errors = []

@@ -76,3 +76,7 @@ def no_device_leaks(request):
     grown = {key: f"{before.get(key, 0)} -> {count}" for key, count in after.items()
              if count > before.get(key, 0)}
     assert not grown, f"this test leaked device state: {grown}"
+    # Freed memory kept for reuse is not live (it may grow), but only within the pool's bounds.
+    for backend in created():
+        assert backend.pooled_allocations <= backend.pool_max_count, backend
+        assert backend.pooled_bytes <= (backend.pool_max_bytes or 0), backend

@@ -186,8 +186,12 @@ class Backend(ABC):
 
     @property
     def pool_max_bytes(self) -> int | None:
-        """The pool's byte bound (None until the first allocation is pooled)."""
+        """The pool's byte bound (None until the first allocation is pooled); settable."""
         return self._pool.max_bytes
+
+    @pool_max_bytes.setter
+    def pool_max_bytes(self, value: int) -> None:
+        self._pool.max_bytes = value
 
     def allocation_counts(self) -> dict[str, int]:
         """How allocations were served so far: "new" (from the driver), "reused" (from the

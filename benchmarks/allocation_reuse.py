@@ -1,0 +1,250 @@
+"""Call patterns that allocate device memory, with allocation reuse on and off: the shim
+against Halide's stock runtime, side by side in one run.
+
+    python benchmarks/allocation_reuse.py [--device opencl|cuda] [--repeats R]
+
+Cases, each with Halide's switch (halide_reuse_device_allocations) on and off in both runtimes:
+
+- ``pipeline``: brighten (64x64 float32) called on fresh numpy arrays every time: each call
+  allocates device memory for its input and output, uploads, runs, downloads and frees both.
+  The shim: a plain pipeline call with the arrays (its argument handling included). The stock
+  runtime: the same buffers re-pointed at the fresh arrays, the pipeline run, the output
+  copied to the host and both buffers freed with halide_device_free, from Python.
+- ``malloc/free 16K`` and ``malloc/free 16M``: halide_device_malloc + halide_device_free of
+  one buffer (64x64 and 2048x2048 float32) in a loop, through the C entry points in both
+  runtimes (what a pipeline calls); the shim also through Buffer.device_malloc/device_free.
+
+Halide 21 reuses allocations in its CUDA runtime only (its OpenCL runtime ignores the switch),
+so on OpenCL the stock runtime's two settings time the same thing. The stock runtime runs the
+pipeline built with its runtime bundled, in a child process without the shim; both use the
+same device (the OpenCL platform and device the shim picks, passed to the child as Halide's
+HL_OCL_PLATFORM_NAME / HL_OCL_DEVICE_TYPE; CUDA device 0).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from sidebyside import ChildProcess, interleave, serve
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+
+from pipelines.build import Build, build  # noqa: E402
+
+SHAPE = (64, 64)
+MALLOC_SHAPES = {"malloc/free 16K": (64, 64), "malloc/free 16M": (2048, 2048)}
+ITERATIONS = {"pipeline": 100, "malloc/free 16K": 300, "malloc/free 16M": 100}
+
+
+def library(kind: str, runtime: str) -> Path:
+    return build(Build("brighten", kind, runtime))
+
+
+def fresh_arrays(count: int):
+    """(input, output) pairs of new host memory, one pair per call."""
+    rng = np.random.default_rng(5)
+    return [(rng.random(SHAPE, dtype=np.float32), np.empty(SHAPE, np.float32))
+            for _ in range(count)]
+
+
+def requests(cases=None) -> dict:
+    cases = cases or list(ITERATIONS)
+    return {(case, reuse): {"case": case, "iterations": ITERATIONS[case], "reuse": reuse}
+            for case in cases for reuse in (True, False)}
+
+
+def per_operation(request) -> int:
+    return request["iterations"]
+
+
+# --- the stock runtime (child process) ---------------------------------------------------------
+
+class StockRunner:
+    def __init__(self, kind: str):
+        from pipelines.stock import StockPipeline
+
+        self.pipeline = p = StockPipeline(str(library(kind, "bundled")), "brighten")
+        first_in, first_out = fresh_arrays(1)[0]
+        p.bind({"input": first_in, "scale": 2.0, "offset": 1.0, "output": first_out})
+        self.raws = {name: raw for name, raw in
+                     zip([a[0] for a in p.arguments], p.argv) if name in ("input", "output")}
+        self.raws = {name: p.ffi.cast("halide_buffer_t *", raw) for name, raw in self.raws.items()}
+        self.interface = getattr(p.lib, f"halide_{kind}_device_interface")()
+        self.buffers = {}
+        for case, shape in MALLOC_SHAPES.items():
+            array = np.zeros(shape, np.float32)
+            dim = p.ffi.new("halide_dimension_t[2]")
+            dim[0].extent, dim[0].stride = shape[1], 1
+            dim[1].extent, dim[1].stride = shape[0], shape[1]
+            raw = p.ffi.new("halide_buffer_t *")
+            raw.host = p.ffi.cast("uint8_t *", array.ctypes.data)
+            raw.type.code, raw.type.bits, raw.type.lanes = 2, 32, 1
+            raw.dimensions, raw.dim = 2, dim
+            self.buffers[case] = (raw, dim, array)
+
+    def _check(self, result, what):
+        if result != 0:
+            raise RuntimeError(f"stock {what} failed ({result}): {' '.join(self.pipeline.errors)}")
+
+    def seconds(self, case, iterations, reuse) -> float:
+        p, lib, ffi = self.pipeline, self.pipeline.lib, self.pipeline.ffi
+        self._check(lib.halide_reuse_device_allocations(ffi.NULL, reuse), "reuse switch")
+        if case == "pipeline":
+            arrays = fresh_arrays(iterations + 1)
+            source, target = self.raws["input"], self.raws["output"]
+
+            def call(pair):
+                source.host = ffi.cast("uint8_t *", pair[0].ctypes.data)
+                target.host = ffi.cast("uint8_t *", pair[1].ctypes.data)
+                source.flags, target.flags = 1, 0  # the input is new on the host
+                p.run()
+                self._check(lib.halide_copy_to_host(ffi.NULL, target), "copy_to_host")
+                self._check(lib.halide_device_free(ffi.NULL, source), "device_free")
+                self._check(lib.halide_device_free(ffi.NULL, target), "device_free")
+
+            call(arrays.pop())  # untimed: the switch just changed
+            start = time.perf_counter()
+            for pair in arrays:
+                call(pair)
+            return time.perf_counter() - start
+        raw = self.buffers[case][0]
+        malloc, free, interface = lib.halide_device_malloc, lib.halide_device_free, self.interface
+        self._check(malloc(ffi.NULL, raw, interface), "device_malloc")
+        self._check(free(ffi.NULL, raw), "device_free")
+        start = time.perf_counter()
+        for _ in range(iterations):
+            malloc(ffi.NULL, raw, interface)
+            free(ffi.NULL, raw)
+        elapsed = time.perf_counter() - start
+        self._check(malloc(ffi.NULL, raw, interface) or free(ffi.NULL, raw), "device_malloc/free")
+        return elapsed
+
+
+def stock_server(kind: str) -> None:
+    runner = StockRunner(kind)
+    serve(runner.seconds)
+
+
+# --- the shim --------------------------------------------------------------------------------
+
+class ShimRunner:
+    """The shim in this process. ``buffer_methods``: the malloc/free cases through
+    Buffer.device_malloc / device_free instead of the C entry points."""
+
+    def __init__(self, kind: str, buffer_methods: bool = False):
+        import shim
+        from shim.backends.base import interface_of
+        from shim.native import ffi, lib
+
+        self.shim, self.ffi, self.lib = shim, ffi, lib
+        self.device = shim.device(kind)
+        self.interface = interface_of(self.device)
+        self.pipeline = shim.load(library(kind, "no_runtime"))
+        self.buffer_methods = buffer_methods
+        self.buffers = {case: shim.Buffer(np.zeros(shape, np.float32))
+                        for case, shape in MALLOC_SHAPES.items()}
+
+    def seconds(self, case, iterations, reuse) -> float:
+        self.shim.reuse_device_allocations(reuse)
+        if case == "pipeline":
+            arrays = fresh_arrays(iterations + 1)
+            call = self.pipeline
+            source, target = arrays.pop()
+            call(source, scale=2.0, offset=1.0, output=target)  # untimed: the switch changed
+            start = time.perf_counter()
+            for source, target in arrays:
+                call(source, scale=2.0, offset=1.0, output=target)
+            return time.perf_counter() - start
+        buf = self.buffers[case]
+        if self.buffer_methods:
+            malloc, free = (lambda: buf.device_malloc(self.device)), buf.device_free
+        else:
+            ffi, lib, raw, interface = self.ffi, self.lib, buf._raw, self.interface
+            malloc = lambda: lib.halide_device_malloc(ffi.NULL, raw, interface)  # noqa: E731
+            free = lambda: lib.halide_device_free(ffi.NULL, raw)  # noqa: E731
+        malloc(), free()
+        start = time.perf_counter()
+        for _ in range(iterations):
+            malloc()
+            free()
+        elapsed = time.perf_counter() - start
+        if buf.has_device_allocation:
+            raise RuntimeError("device_malloc/free failed inside the timing loop")
+        return elapsed
+
+    def close(self) -> None:
+        self.shim.reuse_device_allocations(True)
+        self.shim.release_unused_device_allocations(self.device)
+
+
+def stock_environment(kind: str, device) -> dict:
+    """The child's environment: Halide's own device choice pointed at the shim's device."""
+    environment = dict(os.environ)
+    if kind == "opencl":
+        environment["HL_OCL_PLATFORM_NAME"] = device._platform.name.strip()
+        import pyopencl as cl
+
+        environment["HL_OCL_DEVICE_TYPE"] = "gpu" if device._device.type & cl.device_type.GPU else "cpu"
+    else:
+        environment["HL_GPU_DEVICE"] = str(device.ordinal)
+    return environment
+
+
+def report(results: dict, device_name: str) -> str:
+    names = [name for name in results if name != "stock"]
+    lines = [f"device: {device_name}",
+             f"{'case':<18}{'reuse':<7}{'stock us/op':>13}" + "".join(f"{n + ' us/op':>28}" for n in names)
+             + f"{'shim/stock':>12}{'shim on/off':>13}{'stock on/off':>14}",
+             "  (min over samples; op = one pipeline call, or one malloc + free; Halide 21 reuses "
+             "allocations on CUDA only, so on OpenCL its on and off time the same code)"]
+    for case in ITERATIONS:
+        for reuse in (True, False):
+            stock = 1e6 * results["stock"][case, reuse]["min"]
+            ours = {n: 1e6 * results[n][case, reuse]["min"] for n in names}
+            shim_on_off = results["shim"][case, True]["min"] / results["shim"][case, False]["min"]
+            stock_on_off = results["stock"][case, True]["min"] / results["stock"][case, False]["min"]
+            lines.append(f"{case:<18}{'on' if reuse else 'off':<7}{stock:>13.1f}"
+                         + "".join(f"{ours[n]:>28.1f}" for n in names)
+                         + f"{ours['shim'] / stock:>12.2f}"
+                         + (f"{shim_on_off:>13.2f}{stock_on_off:>14.2f}" if reuse else ""))
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", default="opencl", choices=["opencl", "cuda"])
+    parser.add_argument("--repeats", type=int, default=9, help="samples per runtime and case")
+    parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.serve:
+        stock_server(args.device)
+        return 0
+    runners = {"shim": ShimRunner(args.device),
+               "shim, Buffer methods": ShimRunner(args.device, buffer_methods=True)}
+    device = runners["shim"].device
+    child = ChildProcess([sys.executable, str(Path(__file__)), "--serve", "--device", args.device],
+                         env=stock_environment(args.device, device))
+    try:
+        runners["stock"] = child
+        results = interleave(runners, requests(), args.repeats, per_sample=per_operation)
+    finally:
+        child.close()
+        for name in ("shim", "shim, Buffer methods"):
+            runners[name].close()
+    print(report(results, device.name))
+    counts = device.allocation_counts()
+    print(f"shim allocations over the run: {counts['new']} new, {counts['reused']} reused, "
+          f"{counts['freed']} freed")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
