@@ -105,7 +105,7 @@ const char *halide_opencl_get_build_options(void *user_context);
 /* CUDA (native_stubs/cuda.c). */
 typedef struct shim_cuda_module shim_cuda_module;
 int shim_cuda_bind(const char *driver, void *context);
-shim_cuda_module *shim_cuda_module_new(void *module);
+shim_cuda_module *shim_cuda_module_new(void *module, void *context);
 /* Acquire the CUDA context (halide_cuda_acquire_context) and push it; leave pops and releases
  * it. Every driver call the Python backend makes is between the two. */
 int shim_cuda_enter(void *user_context, void **ctx);

@@ -152,14 +152,16 @@ typedef struct function_entry {
 
 struct shim_cuda_module {
     CUmodule module;
+    CUcontext context; /* the context it was loaded in, the only one it can launch in */
     function_entry *entries;
     pthread_mutex_t lock;
 };
 
-shim_cuda_module *shim_cuda_module_new(void *module) {
+shim_cuda_module *shim_cuda_module_new(void *module, void *context) {
     shim_cuda_module *m = calloc(1, sizeof *m);
     if (m != NULL) {
         m->module = module;
+        m->context = context;
         pthread_mutex_init(&m->lock, NULL);
     }
     return m;
@@ -253,7 +255,15 @@ static int launch(SHIM_RUN_PARAMS) {
         return result;
     }
     CUstream stream = NULL;
-    result = halide_cuda_get_stream(user_context, context, &stream);
+    if (context != ((shim_cuda_module *)state_ptr)->context) {
+        /* Halide keeps one module per pipeline and context; a pipeline's kernel state holds
+         * one, so its kernels run in the context that loaded them. */
+        halide_error(user_context, "CUDA: the pipeline's kernels were loaded in another CUDA "
+                                   "context than the one halide_cuda_acquire_context gave now\n");
+        result = halide_error_code_gpu_device_error;
+    } else {
+        result = halide_cuda_get_stream(user_context, context, &stream);
+    }
     if (result == 0) {
         result = launch_in_context(SHIM_RUN_ARGS, stream);
     }

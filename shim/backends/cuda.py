@@ -485,10 +485,10 @@ class CUDABackend(Backend):
                 with self._module_lock:
                     entry = self._modules.get(key)
                     if entry is None:
-                        entry = self._modules[key] = self._load(ptx)
+                        entry = self._modules[key] = self._load(ptx, context)
         return entry[1]
 
-    def _load(self, ptx: bytes):
+    def _load(self, ptx: bytes, context: int):
         cu = self._cu
         registers = os.environ.get(MAX_REGISTERS_VARIABLE)
         try:
@@ -497,7 +497,8 @@ class CUDABackend(Backend):
             raise BackendError(f"${MAX_REGISTERS_VARIABLE} must be a number, got {registers!r}") from None
         module = _check(cu.cuModuleLoadDataEx(ptx + b"\0", 1, [cu.CUjit_option.CU_JIT_MAX_REGISTERS],
                                               [registers]), "cuModuleLoadDataEx")
-        return module, lib.shim_cuda_module_new(ffi.cast("void *", int(module)))
+        return module, lib.shim_cuda_module_new(ffi.cast("void *", int(module)),
+                                                ffi.cast("void *", context))
 
 
 # --- the callbacks ------------------------------------------------------------------------
