@@ -1,5 +1,5 @@
 """The CUDA backend, on an NVIDIA GPU: the same checks as the OpenCL suite. Every test skips
-where this machine has no CUDA device (no driver, or no GPU); benchmarks/cuda_check.sh runs
+where this machine has no CUDA device (no driver, or no GPU); benchmarks/gpu_kit.py runs
 them on a GPU machine."""
 
 import numpy as np
