@@ -220,3 +220,22 @@ def test_a_device_number_that_is_not_one_is_refused_by_name(libraries):
             raise AssertionError("accepted HL_GPU_DEVICE=gpu0")
     """
     run_child(libraries, body, env={"HL_GPU_DEVICE": "gpu0", "HALIDE_SHIM_CUDA_DEVICE": ""})
+
+
+def test_a_reused_allocation_is_handed_out_only_after_its_last_users_kernels(libraries):
+    run_child(libraries, """
+        brighten = shim.load(libraries["no_runtime"])
+        image = np.ones((48, 64), np.float32)
+        stream, other = driver.cuStreamCreate(1)[1], driver.cuStreamCreate(1)[1]
+        with shim.stream(stream):
+            out = brighten(image, scale=2.0, offset=0.0, output=image.shape)
+        first = [op for op in driver.log() if op.kind == "launch"]
+        out.device_free()                   # pooled (Halide's reuse), not freed
+        allocs = len([op for op in driver.log() if op.kind == "alloc"])
+        before = driver.log()[-1].seq
+        with shim.stream(other):
+            brighten(image, scale=3.0, offset=0.0, output=image.shape)
+        assert len([op for op in driver.log() if op.kind == "alloc"]) == allocs  # reused
+        second = [op for op in driver.log() if op.kind == "launch" and op.seq > before]
+        assert all(driver.ordered(a, b) for a in first for b in second), driver.log()
+    """)

@@ -395,6 +395,9 @@ class CUDABackend(Backend):
     # Allocation and free; reuse (the pool) and settling before either are the generic
     # layer's: Backend.allocate and Backend.free.
 
+    def memory_size(self) -> int:
+        return int(_check(self._cu.cuDeviceTotalMem(self._device), "cuDeviceTotalMem"))
+
     def _allocate_new(self, nbytes: int) -> CUDAMemory:
         with self._entered():
             pointer = _check(self._cu.cuMemAlloc(max(nbytes, 1)), f"cuMemAlloc({nbytes})")

@@ -171,6 +171,9 @@ class FakeDriver:
         values = {"multiprocessors": self.sms[device], "max_pitch": MAX_PITCH, "major": 9, "minor": 0}
         return (SUCCESS, values[attribute])
 
+    def cuDeviceTotalMem(self, device):
+        return (SUCCESS, 1 << 30)
+
     def cuDevicePrimaryCtxRetain(self, device):
         return (SUCCESS, PRIMARY_CONTEXT + device)
 
