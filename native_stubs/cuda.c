@@ -316,6 +316,5 @@ void halide_cuda_cleanup(void) {
 }
 
 int halide_cuda_release_unused_device_allocations(void *user_context) {
-    (void)user_context;
-    return halide_error_code_success;
+    return shim_py_release_unused_allocations(user_context, SHIM_BACKEND_CUDA);
 }

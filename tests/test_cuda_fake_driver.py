@@ -230,6 +230,7 @@ def test_a_reused_allocation_is_handed_out_only_after_its_last_users_kernels(lib
         with shim.stream(stream):
             out = brighten(image, scale=2.0, offset=0.0, output=image.shape)
         first = [op for op in driver.log() if op.kind == "launch"]
+        cuda = shim.device("cuda")
         out.device_free()                   # pooled (Halide's reuse), not freed
         allocs = len([op for op in driver.log() if op.kind == "alloc"])
         before = driver.log()[-1].seq
@@ -238,4 +239,8 @@ def test_a_reused_allocation_is_handed_out_only_after_its_last_users_kernels(lib
         assert len([op for op in driver.log() if op.kind == "alloc"]) == allocs  # reused
         second = [op for op in driver.log() if op.kind == "launch" and op.seq > before]
         assert all(driver.ordered(a, b) for a in first for b in second), driver.log()
+        assert not [op for op in driver.log() if op.kind == "free"]
+        assert lib.halide_cuda_release_unused_device_allocations(ffi.NULL) == 0
+        assert [op for op in driver.log() if op.kind == "free"]   # Halide's call empties the pool
+        assert cuda.pooled_allocations == 0
     """)
