@@ -244,3 +244,36 @@ def test_a_reused_allocation_is_handed_out_only_after_its_last_users_kernels(lib
         assert [op for op in driver.log() if op.kind == "free"]   # Halide's call empties the pool
         assert cuda.pooled_allocations == 0
     """)
+
+
+def test_calls_on_many_streams_into_one_allocation_are_all_waited_for(libraries):
+    run_child(libraries, """
+        import threading
+        brighten = shim.load(libraries["no_runtime"])
+        parent = shim.Buffer(np.zeros((64, 64), np.float32))
+        parent.device_malloc(shim.device("cuda"))
+        rows = 16
+        barrier = threading.Barrier(4)
+
+        def work(i):
+            stream = driver.cuStreamCreate(1)[1]
+            crop = parent.cropped([(0, 64), (i * rows, rows)])
+            image = shim.Buffer(np.full((64, 64), i, np.float32)).cropped([(0, 64), (i * rows, rows)])
+            barrier.wait()
+            for _ in range(5):
+                with shim.stream(stream):
+                    brighten(image, scale=1.0, offset=0.0, output=crop)
+            driver.cuStreamDestroy(stream)
+
+        threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        launches = [op for op in driver.log() if op.kind == "launch"]
+        assert len({op.stream for op in launches}) == 4 and len(launches) >= 20
+        start = driver.log()[-1].seq
+        parent.copy_to_host()
+        copies = [op for op in driver.log() if op.kind == "copy" and op.seq > start]
+        assert copies and all(driver.ordered(k, c) for k in launches for c in copies), driver.log()
+    """)

@@ -146,12 +146,19 @@ def _driver_library_path() -> str:
 
 class _Fence:
     """Work enqueued on ``stream`` up to some point: ``event`` was recorded there, or, on the
-    legacy default stream (``event`` None), one is recorded when someone must wait."""
+    legacy default stream (``event`` None), one is recorded when someone must wait.
 
-    __slots__ = ("stream", "event")
+    The event goes back to ``spares`` for the next record only when no one holds the fence any
+    more: a thread about to wait on it never finds it recorded again for other work."""
 
-    def __init__(self, stream: int, event=None):
-        self.stream, self.event = stream, event
+    __slots__ = ("stream", "event", "spares")
+
+    def __init__(self, stream: int, event=None, spares: list | None = None):
+        self.stream, self.event, self.spares = stream, event, spares
+
+    def __del__(self):
+        if self.event is not None and self.spares is not None:
+            self.spares.append(self.event)  # (atomic: safe from any thread, at any time)
 
 
 class CUDAMemory(Memory):
@@ -167,9 +174,6 @@ class CUDABackend(Backend):
     index = lib.SHIM_BACKEND_CUDA
     dlpack_device_type = 2  # kDLCUDA
 
-    #: Idle events kept for fences, beyond which they are destroyed.
-    SPARE_EVENTS = 64
-
     def __init__(self, device=None):
         super().__init__()
         self._usable = fork_guard("CUDA")
@@ -179,7 +183,9 @@ class CUDABackend(Backend):
         self.context = _check(cu.cuDevicePrimaryCtxRetain(self._device), "cuDevicePrimaryCtxRetain")
         self._modules: dict[tuple, tuple] = {}
         self._module_lock = threading.Lock()
-        self._fence_lock = threading.Lock()  # memory.fences and the spare events
+        self._fence_lock = threading.Lock()  # every CUDAMemory.fences
+        # Events no fence holds: recorded again for new fences instead of created (as many as
+        # fences were ever alive at once).
         self._spare_events: list = []
         status = lib.shim_cuda_bind(_driver_library_path().encode(),
                                     ffi.cast("void *", int(self.context)))
@@ -243,11 +249,9 @@ class CUDABackend(Backend):
         fence = _Fence(stream)
         if stream != streams.LEGACY_DEFAULT:
             with self._entered():
-                fence.event = self._record(stream)
+                fence = _Fence(stream, self._record(stream), self._spare_events)
         with self._fence_lock:
-            old = memory.fences.pop(stream, None)
             memory.fences[stream] = fence  # a stream's newer fence covers its older one
-            self._spare(old)
 
     def order_before(self, memory: CUDAMemory, stream: int) -> None:
         if isinstance(memory, CUDAMemory) and memory.fences:
@@ -274,17 +278,13 @@ class CUDABackend(Backend):
         with self._fence_lock:
             fences = list(memory.fences.values())
         for fence in fences:
-            if fence.stream == stream and fence.event is None:
-                continue  # the legacy stream's own order
-            event = fence.event
-            if event is None:
-                event = self._record(streams.LEGACY_DEFAULT)  # covers all its work so far
-            try:
-                _check(self._cu.cuStreamWaitEvent(stream, event, 0), "cuStreamWaitEvent")
-            finally:
-                if fence.event is None:
-                    with self._fence_lock:
-                        self._spare(_Fence(streams.LEGACY_DEFAULT, event))
+            if fence.event is not None:
+                _check(self._cu.cuStreamWaitEvent(stream, fence.event, 0), "cuStreamWaitEvent")
+            elif fence.stream != stream:
+                # The legacy stream's work so far, recorded now (it never goes away).
+                now = _Fence(streams.LEGACY_DEFAULT, self._record(streams.LEGACY_DEFAULT),
+                             self._spare_events)
+                _check(self._cu.cuStreamWaitEvent(stream, now.event, 0), "cuStreamWaitEvent")
         return fences
 
     def _reached(self, memory: CUDAMemory, fences) -> None:
@@ -293,32 +293,23 @@ class CUDABackend(Backend):
             for fence in fences:
                 if memory.fences.get(fence.stream) is fence:
                     del memory.fences[fence.stream]
-                    self._spare(fence)
 
     def _record(self, stream: int):
-        """A (spare or new) event, recorded on ``stream`` now."""
-        with self._fence_lock:
-            event = self._spare_events.pop() if self._spare_events else None
-        if event is None:
+        """A spare (or new) event, recorded on ``stream`` now."""
+        try:
+            event = self._spare_events.pop()
+        except IndexError:
             flags = self._cu.CUevent_flags.CU_EVENT_DISABLE_TIMING
             event = _check(self._cu.cuEventCreate(flags), "cuEventCreate")
-        _check(self._cu.cuEventRecord(event, stream), "cuEventRecord")
+        try:
+            _check(self._cu.cuEventRecord(event, stream), "cuEventRecord")
+        except BaseException:
+            self._spare_events.append(event)
+            raise
         return event
-
-    def _spare(self, fence: _Fence | None) -> None:
-        """Keep a fence's event for reuse (under _fence_lock). Waits already enqueued on it are
-        unaffected by its next record, as the driver documents."""
-        if fence is None or fence.event is None:
-            return
-        if len(self._spare_events) < self.SPARE_EVENTS:
-            self._spare_events.append(fence.event)
-        else:
-            _check(self._cu.cuEventDestroy(fence.event), "cuEventDestroy")
 
     def _forget(self, memory: CUDAMemory) -> None:
         with self._fence_lock:
-            for fence in memory.fences.values():
-                self._spare(fence)
             memory.fences.clear()
 
     # --- DLPack ----------------------------------------------------------------------------
