@@ -514,6 +514,9 @@ def make_steps(work: Path) -> list[Step]:
         Step("bench-gpu", "launches on resident data, stock runtime vs shim, CUDA",
              [[py, str(HERE / "gpu_pipelines.py"), "--device", "cuda", "--repeats", "7"]], 180,
              "benchmarks.log", kind="benchmark", needs_cuda=True),
+        Step("bench-reuse", "allocating calls with allocation reuse on and off, stock vs shim, CUDA",
+             [[py, str(HERE / "allocation_reuse.py"), "--device", "cuda", "--repeats", "7"]], 150,
+             "benchmarks.log", kind="benchmark", needs_cuda=True),
         Step("bench-noop", "no-op copies, stock runtime vs shim",
              [[py, str(HERE / "noop_copies.py"), "--repeats", "15"]], 120, "benchmarks.log",
              kind="benchmark"),
@@ -595,7 +598,7 @@ def junit_counts(path: Path) -> dict:
 def figures(step: Step, output: str) -> list[str]:
     """The benchmark's report: its table, without the progress lines before it."""
     lines = output.splitlines()
-    marker = "device:" if step.name == "bench-gpu" else "operation"
+    marker = "device:" if step.name in ("bench-gpu", "bench-reuse") else "operation"
     for i, line in enumerate(lines):
         if line.startswith(marker):
             return [line for line in lines[i:] if line.strip()]
