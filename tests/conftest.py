@@ -40,6 +40,17 @@ def opencl():
         pytest.skip(f"no OpenCL device on this machine: {e}")
 
 
+@pytest.fixture(scope="session")
+def cuda():
+    """The CUDA device; the test skips where the driver reports none (and says why)."""
+    from shim.backends import cuda as cuda_backend
+
+    reason = cuda_backend.unavailable_reason()
+    if reason:
+        pytest.skip(f"no CUDA device on this machine: {reason}")
+    return shim.device("cuda")
+
+
 # --- leaks -------------------------------------------------------------------------------------
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)

@@ -9,7 +9,6 @@ import pytest
 
 import shim
 from pipelines.build import RUNTIMES, Build, build_all
-from shim.backends import cuda as cuda_backend
 from shim.native import ffi, lib
 
 HOST_DIRTY = lib.halide_buffer_flag_host_dirty
@@ -102,14 +101,6 @@ def test_seed_repro_on_opencl(libraries, opencl, runtime):
     np.testing.assert_array_equal(data, seed_expected())
     # Only what the crops wrote came back: (8*4 + 1*8) int32 elements, not the 20*20.
     assert opencl.transfers.downloaded - downloaded == (8 * 4 + 1 * 8) * 4
-
-
-@pytest.fixture(scope="module")
-def cuda():
-    reason = cuda_backend.unavailable_reason()
-    if reason:
-        pytest.skip(f"no CUDA device on this machine: {reason}")
-    return shim.device("cuda")
 
 
 @pytest.fixture(scope="module")

@@ -16,11 +16,8 @@ CASES = cases()
 
 
 @pytest.fixture(scope="module")
-def device():
-    reason = cuda_backend.unavailable_reason()
-    if reason:
-        pytest.skip(f"no CUDA device on this machine: {reason}")
-    return shim.device("cuda")
+def device(cuda):
+    return cuda
 
 
 @pytest.fixture(scope="module")

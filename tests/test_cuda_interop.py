@@ -10,18 +10,14 @@ import pytest
 
 import shim
 from pipelines.build import RUNTIMES, Build, build_all
-from shim.backends import cuda as cuda_backend
 
 SPIN_CYCLES = 100_000_000  # some 50 ms at the GPU's clock: the consumer must not read before
 SHAPE = (1024, 1536)
 
 
 @pytest.fixture(scope="module")
-def device():
-    reason = cuda_backend.unavailable_reason()
-    if reason:
-        pytest.skip(f"no CUDA device on this machine: {reason}")
-    return shim.device("cuda")
+def device(cuda):
+    return cuda
 
 
 @pytest.fixture(scope="module")
