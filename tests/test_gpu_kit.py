@@ -28,6 +28,10 @@ DECOYS = ["cffi-2.0.0-cp311-cp311-manylinux2014_x86_64.manylinux_2_17_x86_64.whl
           "cffi-2.0.0-cp312-cp312-macosx_11_0_arm64.whl",
           "cffi-2.0.0-cp312-cp312-musllinux_1_1_x86_64.whl"]
 PINS = {"cffi": "2.0.0", "pycparser": "3.0"}
+# What prepare looks for: wheels of the versions installed here (CI installs the newest).
+INSTALLED = gpu_kit.pinned_versions()
+KIT_WHEELS = [f"cffi-{INSTALLED['cffi']}-cp312-cp312-manylinux2014_x86_64.manylinux_2_17_x86_64.whl",
+              f"pycparser-{INSTALLED['pycparser']}-py3-none-any.whl"]
 
 
 def fake_wheels(directory: Path, names) -> Path:
@@ -57,7 +61,7 @@ def kit(tmp_path_factory):
     """A kit made by prepare as a user runs it: every pipeline, the native module copied from
     shim/, wheels from a local folder (no network), no check with another Python."""
     base = tmp_path_factory.mktemp("gpukit")
-    wheels = fake_wheels(base / "wheels", [CFFI, PYCPARSER])
+    wheels = fake_wheels(base / "wheels", KIT_WHEELS)
     out = base / "kit"
     done = subprocess.run([sys.executable, str(KIT_SCRIPT), "prepare", "--out", str(out), "--native", "copy",
                            "--wheels-from", str(wheels), "--verify", "no"],
@@ -75,7 +79,7 @@ def test_prepare_lays_out_what_run_needs_within_the_budget(kit):
     assert (kit / "pipelines" / "HALIDE_VERSION").read_text().strip() == manifest["halide_version"]
     assert (kit / manifest["native"]["file"]).name == "_native.abi3.so"
     assert (kit / manifest["harness"]["file"]).exists()
-    assert sorted(w["file"] for w in manifest["wheels"]) == sorted(f"wheels/{n}" for n in (CFFI, PYCPARSER))
+    assert sorted(w["file"] for w in manifest["wheels"]) == sorted(f"wheels/{n}" for n in KIT_WHEELS)
     size = sum(p.stat().st_size for p in kit.rglob("*") if p.is_file())
     assert size < gpu_kit.BUDGET_MIB * 2**20 and manifest["bytes"] == size
     assert manifest["travel_bytes"] < gpu_kit.TRAVEL_LIMIT_MIB * 2**20
@@ -83,7 +87,7 @@ def test_prepare_lays_out_what_run_needs_within_the_budget(kit):
 
 
 def test_prepare_fails_loudly_over_budget(tmp_path):
-    wheels = fake_wheels(tmp_path / "wheels", [CFFI, PYCPARSER])
+    wheels = fake_wheels(tmp_path / "wheels", KIT_WHEELS)
     done = subprocess.run([sys.executable, str(KIT_SCRIPT), "prepare", "--out", str(tmp_path / "kit"),
                            "--pipelines", "brighten", "--native", "copy", "--wheels-from", str(wheels),
                            "--verify", "no", "--budget-mib", "0.1"],
