@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from shim import dlpack, interrupts, profiler, runtime, streams
+from shim.backends.base import BackendError
 from shim.buffer import Buffer, _check_memory, _shape_tuple, _zeros, as_host_array
 from shim.elf import NotELF, architecture, pipeline_names
 from shim.errors import (DEVICE_ERROR_CODES, ArgumentError, BoundsError, DeviceError,
@@ -524,20 +525,28 @@ class PreparedCall:
         result = lib.SHIM_CALL_NEEDS_PREPARATION
         stream = streams.current()
         try:
-            if pipeline.device_kinds:
-                for backend, memory in self._device_memories():
-                    backend.order_before(memory, stream)
-            result = self._run(context)
-        finally:
-            if result != lib.SHIM_CALL_NEEDS_PREPARATION:
+            try:
                 if pipeline.device_kinds:
                     for backend, memory in self._device_memories():
-                        backend.ran_on(memory, stream)
-                else:
-                    for buf in self._outputs:
-                        # Code compiled for the CPU only writes outputs without marking them
-                        # host-dirty; a device copy they may have would silently go stale.
-                        lib.shim_flags_assign(buf._raw, lib.halide_buffer_flag_host_dirty, True)
+                        backend.order_before(memory, stream)
+                result = self._run(context)
+            finally:
+                if result != lib.SHIM_CALL_NEEDS_PREPARATION:
+                    if pipeline.device_kinds:
+                        for backend, memory in self._device_memories():
+                            backend.ran_on(memory, stream)
+                    else:
+                        for buf in self._outputs:
+                            # Code compiled for the CPU only writes outputs without marking
+                            # them host-dirty; a device copy they may have would go stale.
+                            lib.shim_flags_assign(buf._raw, lib.halide_buffer_flag_host_dirty,
+                                                  True)
+        except BackendError as e:  # ordering the call's work across streams: a driver call
+            raise DeviceError(lib.halide_error_code_gpu_device_error, str(e),
+                              context=pipeline.name) from e
+        finally:
+            # Even when ordering failed: uses left recorded would make every later operation
+            # on these buffers wait for this call forever.
             runtime.end_call(context.id, uses)  # a crop's results reach its parent
         return result
 

@@ -277,3 +277,72 @@ def test_calls_on_many_streams_into_one_allocation_are_all_waited_for(libraries)
         copies = [op for op in driver.log() if op.kind == "copy" and op.seq > start]
         assert copies and all(driver.ordered(k, c) for k in launches for c in copies), driver.log()
     """)
+
+
+@pytest.mark.parametrize("call", ["cuEventRecord", "cuStreamWaitEvent", "cuCtxPushCurrent_v2",
+                                  "cuMemcpy3DAsync"])
+def test_a_failing_driver_call_is_a_device_error_and_leaves_everything_ordered(libraries, call):
+    # Each step of a two-stream scenario in turn: the n-th call of `call` fails. Whatever
+    # failed, the error is a DeviceError, the context stack is balanced, nothing hangs, every
+    # later copy and free of the results still follows the kernels, and no event leaks.
+    run_child(libraries, f"""
+        import faulthandler, gc
+        faulthandler.dump_traceback_later(120, exit=True)
+        brighten = shim.load(libraries["no_runtime"])
+        cuda = shim.device("cuda")
+        image = np.ones((48, 128), np.float32)[::2, 1:]    # strided: cuMemcpy3DAsync
+        a, b = driver.cuStreamCreate(1)[1], driver.cuStreamCreate(1)[1]
+
+        def scenario():
+            with shim.stream(a):
+                middle = brighten(image, scale=2.0, offset=0.0, output=image.shape)
+            with shim.stream(b):
+                out = brighten(middle, scale=2.0, offset=0.0, output=image.shape)
+            middle.copy_to_host()
+            out.copy_to_host()
+            volume = shim.Buffer(np.ones((4, 9, 6, 7), np.float32)[:, ::2, :, 1:])
+            volume.copy_to_device(cuda)                     # 4-D: one 3-D copy per slab
+            volume.set_host_dirty(False)
+            volume.set_device_dirty()
+            volume.copy_to_host()
+            del middle, out, volume
+            gc.collect()
+            shim.release_unused_device_allocations()
+
+        def fail(after):
+            if {call!r} == "cuCtxPushCurrent_v2":
+                driver.c.fake_fail_pushes(after, 1)
+            else:
+                driver.fail_next({call!r}, after=after)
+
+        errors = 0
+        for after in range(12):
+            start = driver.log()[-1].seq if driver.log() else 0
+            fail(after)
+            try:
+                scenario()
+            except shim.DeviceError as e:
+                assert e.code < 0 and e.message, e
+                errors += 1
+                # The host waited for every copy it enqueued before reporting the failure:
+                # none of them still moves bytes in host memory the caller now reuses.
+                ops = [op for op in driver.log() if op.seq > start]
+                syncs = [op for op in ops if op.kind == "sync"]
+                for copy in (op for op in ops if op.kind == "copy"):
+                    assert any(driver.ordered(copy, s) for s in syncs), (after, ops)
+            gc.collect()
+            shim.release_unused_device_allocations()
+            fail(1 << 30)                                   # no more failures
+            assert driver.c.fake_context_depth() == 0
+            ops = [op for op in driver.log() if op.seq > start]
+            launches = [op for op in ops if op.kind == "launch"]
+            later = [op for op in ops if op.kind == "free" or
+                     (op.kind == "copy" and op.detail["dst"] is None)]   # downloads
+            for k in launches:
+                assert all(driver.ordered(k, op) for op in later if op.seq > k.seq), (after, ops)
+        assert errors, "no failure was reached"
+        assert cuda.live_allocations == 0 and not driver.allocations
+        assert len(set(cuda._spare_events)) == len(cuda._spare_events)
+        assert len(driver.events) <= 8, driver.events                  # events are reused
+        assert not driver.calls_without_context, driver.calls_without_context
+    """)

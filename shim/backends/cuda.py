@@ -248,8 +248,14 @@ class CUDABackend(Backend):
             return
         fence = _Fence(stream)
         if stream != streams.LEGACY_DEFAULT:
-            with self._entered():
-                fence = _Fence(stream, self._record(stream), self._spare_events)
+            try:
+                with self._entered():
+                    fence = _Fence(stream, self._record(stream), self._spare_events)
+            except BackendError:
+                # Without its fence, later users of ``memory`` (a free, a reuse from the pool)
+                # would not wait for the call's kernels: wait for them now, then report.
+                self.sync()
+                raise
         with self._fence_lock:
             memory.fences[stream] = fence  # a stream's newer fence covers its older one
 

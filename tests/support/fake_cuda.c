@@ -18,6 +18,9 @@ typedef struct {
     unsigned blocks[3], threads[3];
 } launch_record;
 
+/* Pushes to make fail (fake_fail_pushes): the calls numbered [fail_from, fail_to). */
+static long pushes, fail_from, fail_to;
+
 static launch_record launches[LOG];
 static int launch_count;
 static pthread_mutex_t log_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -42,8 +45,17 @@ const launch_record *fake_launch(int i) {
     return &launches[i];
 }
 
+void fake_fail_pushes(long after, long times) {
+    long next = __atomic_load_n(&pushes, __ATOMIC_SEQ_CST);
+    __atomic_store_n(&fail_from, next + after, __ATOMIC_SEQ_CST);
+    __atomic_store_n(&fail_to, next + after + times, __ATOMIC_SEQ_CST);
+}
+
 int cuCtxPushCurrent_v2(void *context) {
-    if (context == NULL || depth == STACK) {
+    long call = __atomic_fetch_add(&pushes, 1, __ATOMIC_SEQ_CST);
+    if (context == NULL || depth == STACK ||
+        (call >= __atomic_load_n(&fail_from, __ATOMIC_SEQ_CST) &&
+         call < __atomic_load_n(&fail_to, __ATOMIC_SEQ_CST))) {
         return 1; /* CUDA_ERROR_INVALID_VALUE */
     }
     stack[depth++] = context;

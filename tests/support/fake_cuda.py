@@ -99,6 +99,22 @@ class FakeDriver:
         self._ids = itertools.count(0x1000)
         self.calls_without_context: list[str] = []
 
+    # --- failures ------------------------------------------------------------------------------
+
+    def fail_next(self, name: str, times: int = 1, after: int = 0,
+                  status: int = INVALID_VALUE) -> None:
+        """Make ``times`` calls of the driver function ``name``, after the next ``after``
+        ones, fail with ``status``, doing nothing, as a failing driver call does."""
+        real = getattr(type(self), name).__get__(self)
+        calls = itertools.count()
+
+        def failing(*args):
+            with self.lock:
+                fails = after <= next(calls) < after + times
+            return (status,) if fails else real(*args)
+
+        setattr(self, name, failing)
+
     # --- the log -----------------------------------------------------------------------------
 
     def _log(self, kind, stream, **detail) -> Op:
