@@ -13,6 +13,7 @@ and one device per backend.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import weakref
@@ -132,7 +133,11 @@ class Backend(ABC):
         try:
             self.settle(memory)
         except BaseException:
-            self._free_all([memory])  # not known to be idle: never reused
+            # Not known to be idle: never reused, and freed once the whole device has finished
+            # (the driver need not wait for work still using it), unless even that fails.
+            with contextlib.suppress(BackendError):
+                self.sync()
+            self._free_all([memory])
             raise
         if self._reusing() and memory.owned and not memory.exported and self.reusable(memory):
             pool = self._pool
