@@ -437,9 +437,13 @@ class CUDABackend(Backend):
         with self._entered() as context:
             stream = self._stream(context)
             reached = [(m, self._wait_for(m, stream)) for m in memories if m.fences]
-            for rect in rectangles(plan, whole_rows=True, max_pitch=self._max_pitch):
-                self._enqueue(cu, rect, src, dst, stream)
-            _check(cu.cuStreamSynchronize(stream), "cuStreamSynchronize")
+            try:
+                for rect in rectangles(plan, whole_rows=True, max_pitch=self._max_pitch):
+                    self._enqueue(cu, rect, src, dst, stream)
+            finally:
+                # Even after a failed enqueue: the copies enqueued before it must not still
+                # be moving bytes in host memory once the caller has it back.
+                _check(cu.cuStreamSynchronize(stream), "cuStreamSynchronize")
         for memory, fences in reached:
             self._reached(memory, fences)
 
