@@ -22,6 +22,17 @@ void shim_call_leave(shim_call *previous);
 /* Runs a pipeline's NAME_argv entry point with `call` as the calling thread's context. */
 int shim_call_argv(shim_call *call, int (*argv_fn)(void **), void **argv);
 
+/* A new call id (unique in the process). */
+uint64_t shim_next_call_id(void);
+/* Refuse the fast path's new calls (the interpreter is exiting); how many are still running.
+ * shim_calls_running answers the same later. */
+int shim_calls_close(void);
+int shim_calls_running(void);
+
+/* The fast path's plan type (native_stubs/fastcall.c): a PyObject *, borrowed, to be called
+ * with the GIL held (it is not a cffi call: see shim/native.py). */
+void *shim_fastcall_plan_type(void);
+
 /* What shim_call_run returns instead of running the pipeline: one of `buffers` lives on a
  * device of the shim's that is not in `backends` (a bit mask of enum shim_backend), and the
  * pipeline cannot take it as it is (it runs on a GPU, or the data is only on the device). */

@@ -40,6 +40,45 @@ struct shim_call {
 
 static __thread shim_call *current_call;
 
+/* Call ids, for Python's call contexts and the fast path alike (an id names one call). */
+static uint64_t last_call_id;
+
+uint64_t shim_next_call_id(void) {
+    return __atomic_add_fetch(&last_call_id, 1, __ATOMIC_RELAXED);
+}
+
+/* Calls the fast path (fastcall.c) is running, and the refusal of new ones at exit (see
+ * shim/native.py, close_calls): a call either sees the refusal or is counted running, since
+ * it counts itself before it looks. */
+static int calls_running;
+static int calls_closed;
+
+bool shim_calls_begin(void) {
+    __atomic_add_fetch(&calls_running, 1, __ATOMIC_SEQ_CST);
+    if (__atomic_load_n(&calls_closed, __ATOMIC_SEQ_CST)) {
+        shim_calls_end();
+        return false;
+    }
+    return true;
+}
+
+void shim_calls_end(void) {
+    __atomic_sub_fetch(&calls_running, 1, __ATOMIC_SEQ_CST);
+}
+
+bool shim_calls_closed(void) {
+    return __atomic_load_n(&calls_closed, __ATOMIC_ACQUIRE);
+}
+
+int shim_calls_close(void) {
+    __atomic_store_n(&calls_closed, 1, __ATOMIC_SEQ_CST);
+    return shim_calls_running();
+}
+
+int shim_calls_running(void) {
+    return __atomic_load_n(&calls_running, __ATOMIC_SEQ_CST);
+}
+
 /* Room for n more bytes and the terminating NUL. */
 static bool text_reserve(text_buffer *t, size_t n) {
     if (t->len + n + 1 <= t->cap) {

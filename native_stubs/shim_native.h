@@ -25,6 +25,11 @@
 pid_t shim_bound_process(void);
 int shim_refuse_after_fork(void *user_context, pid_t bound, const char *api);
 
+/* The fast path's calls (fastcall.c): begin returns false once calls are closed at exit. */
+bool shim_calls_begin(void);
+void shim_calls_end(void);
+bool shim_calls_closed(void);
+
 /* One of the call's thread-pool tasks returned an error (see call_context.c). */
 void shim_call_task_failed(shim_call *call);
 

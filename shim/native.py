@@ -12,7 +12,6 @@ package is not built (benchmarks/gpu_kit.py).
 
 from __future__ import annotations
 
-import itertools
 import os
 import sys
 import threading
@@ -52,8 +51,23 @@ finally:
 ffi = _native.ffi
 lib = _native.lib
 
+
+def _plan_type():
+    """The fast path's call-plan type (native_stubs/fastcall.c). It is made with Python's C API,
+    which a cffi call cannot return (cffi releases the GIL and knows no PyObject), so it is
+    fetched through ctypes, which keeps the GIL and takes a reference to the object."""
+    import ctypes
+
+    address = int(ffi.cast("uintptr_t", ffi.addressof(lib, "shim_fastcall_plan_type")))
+    plan_type = ctypes.PYFUNCTYPE(ctypes.py_object)(address)()
+    if not isinstance(plan_type, type):
+        raise ImportError("shim._native: the fast path's plan type could not be made")
+    return plan_type
+
+
+CallPlan = _plan_type()
+
 _ERROR_NAMES = ffi.typeof("enum halide_error_code_t").elements
-_call_ids = itertools.count(1)
 _per_thread = threading.local()
 # Every context ever made (a few per thread), to see at exit which calls are still running.
 _contexts: weakref.WeakSet = weakref.WeakSet()
@@ -76,7 +90,7 @@ class CallContext:
     __slots__ = ("id", "pointer", "busy", "__weakref__")
 
     def __init__(self):
-        self.id = next(_call_ids)
+        self.id = lib.shim_next_call_id()
         pointer = lib.shim_call_new(self.id)
         if pointer == ffi.NULL:
             raise MemoryError("cannot allocate a call context")
@@ -95,7 +109,7 @@ class CallContext:
         elif context.busy:
             context = cls()
         else:
-            context.id = next(_call_ids)
+            context.id = lib.shim_next_call_id()
             if reset:
                 lib.shim_call_reset(context.pointer, context.id)
         context.busy = True  # before looking at _closing: see close_calls
@@ -134,8 +148,9 @@ def close_calls(timeout: float) -> bool:
     seen running: it marks itself busy before it checks."""
     global _closing
     _closing = True
+    lib.shim_calls_close()  # the fast path's calls (native_stubs/fastcall.c)
     deadline = time.monotonic() + timeout
-    while any(context.busy for context in list(_contexts)):
+    while lib.shim_calls_running() or any(context.busy for context in list(_contexts)):
         if time.monotonic() > deadline:
             return False
         time.sleep(0.005)  # lets the running calls, and the callbacks they make, take the GIL

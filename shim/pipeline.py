@@ -11,7 +11,6 @@ import ctypes
 import functools
 import os
 import sys
-from collections import OrderedDict
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -23,12 +22,11 @@ from shim.elf import NotELF, architecture, pipeline_names
 from shim.errors import (DEVICE_ERROR_CODES, ArgumentError, BoundsError, DeviceError,
                          DeviceUnavailable, PipelineError)
 from shim.metadata import USER_CONTEXT, Argument, check_extents, dimension_label, read_metadata
-from shim.native import CallContext, _native, ffi, lib
+from shim.native import CallContext, CallPlan, _native, ffi, lib
 from shim.runtime import take_exception
 from shim.scalars import MISSING, ScalarArgument
 from shim.types import INT32_MAX, HalideType
 
-_BOUNDS_CACHE_SIZE = 64
 # How often a call prepares buffers another thread keeps moving to a device it does not use.
 _PREPARATION_ATTEMPTS = 100
 # Target features that make a pipeline run code on a device.
@@ -105,7 +103,10 @@ class Pipeline:
         self._names = [a.name for a in self.arguments]
         self._scalars = {a.name: ScalarArgument(a) for a in self.arguments if not a.is_buffer}
         self._null_user_context = ffi.new("void **")  # what __user_context points to
-        self._bounds_ok = OrderedDict()
+        # The fast path (CPU pipelines called with numpy arrays and numbers) and the cache of
+        # argument shapes that passed the bounds query, in C (native_stubs/fastcall.c).
+        self._plan = CallPlan(argv_address, [self._plan_entry(a) for a in self._all_arguments],
+                              not self.device_kinds, np.ndarray, self._finish_fast)
 
     @property
     def inputs(self) -> list[Argument]:
@@ -121,8 +122,11 @@ class Pipeline:
     # --- calling ---------------------------------------------------------------------------
 
     def __call__(self, *args, **kwargs):
-        with self.prepare(*args, **kwargs) as call:
-            return call()
+        results = self._plan.call(args, kwargs)
+        if results is NotImplemented:  # (the fast path declined before running anything)
+            with self.prepare(*args, **kwargs) as call:
+                return call()
+        return results
 
     def prepare(self, *args, **kwargs) -> PreparedCall:
         """Marshal the arguments once and check them with the pipeline's bounds query; the
@@ -251,10 +255,11 @@ class Pipeline:
 
     def _check_bounds(self, call: _Call) -> None:
         """Run the pipeline's bounds query and refuse inputs that are too small and outputs
-        whose shape the pipeline constrains otherwise, before the real call can fail halfway."""
-        key = self._bounds_key(call)
-        if key in self._bounds_ok:
-            self._bounds_ok.move_to_end(key)
+        whose shape the pipeline constrains otherwise, before the real call can fail halfway.
+        Shapes and scalars that passed once are remembered (the plan's cache, which the fast
+        path reads too)."""
+        argv_address = int(ffi.cast("uintptr_t", call.argv))
+        if self._plan.known(argv_address):
             return
         query_argv = ffi.new("void *[]", list(call.argv))
         queries = []
@@ -266,13 +271,7 @@ class Pipeline:
         for arg, buf, raw, _dims in queries:
             for d in range(raw.dimensions):
                 _check_region(arg, d, (raw.dim[d].min, raw.dim[d].extent), buf._box[d])
-        self._bounds_ok[key] = True
-        if len(self._bounds_ok) > _BOUNDS_CACHE_SIZE:
-            self._bounds_ok.popitem(last=False)
-
-    @staticmethod
-    def _bounds_key(call: _Call) -> tuple:
-        return tuple(buf._box for _, _, buf in call.buffers), tuple(call.scalar_key)
+        self._plan.remember(argv_address)
 
     # --- running ---------------------------------------------------------------------------
 
@@ -294,14 +293,34 @@ class Pipeline:
 
     def _finish(self, context: CallContext, result: int) -> None:
         """Hand on what the call printed; raise for a failed call."""
-        if context.printed():
-            sys.stderr.write(context.prints())
+        self._report(result, context.errors(), context.prints() if context.printed() else "",
+                     context.id)
+
+    def _finish_fast(self, result: int, errors: bytes, prints: bytes, call_id: int) -> None:
+        """_finish for the fast path, which passes the context's text."""
+        self._report(result, errors.decode("utf-8", "replace"), prints.decode("utf-8", "replace"),
+                     call_id)
+
+    def _report(self, result: int, errors: str, prints: str, call_id: int) -> None:
+        if prints:
+            sys.stderr.write(prints)
         if result != 0:
-            message = context.errors().strip()
-            cause = take_exception(context.id)
+            message = errors.strip()
+            cause = take_exception(call_id)
             if cause is not None or result in DEVICE_ERROR_CODES:  # a device call failed
                 runtime.raise_failure(result, message, cause, self.name)
             raise PipelineError(result, message, context=self.name)
+
+    def _plan_entry(self, arg: Argument) -> tuple:
+        """What the call plan knows of an argument (see native_stubs/fastcall.c, plan_init)."""
+        if arg.name == USER_CONTEXT:
+            role, default = 3, None
+        elif arg.is_buffer:
+            role, default = (2 if arg.is_output else 1), None
+        else:
+            role, default = 0, self._scalars[arg.name].default_bytes()
+        bounds = [None, None] if arg.is_buffer else [arg.min, arg.max]
+        return (arg.name, role, arg.type.code, arg.type.bits, arg.dimensions, *bounds, default)
 
 
 def _open_library(path: str):

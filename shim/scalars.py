@@ -25,6 +25,13 @@ class ScalarArgument:
         self.arg = arg
         self._default = None if arg.default is None else self._new(arg.default)
 
+    def default_bytes(self) -> bytes | None:
+        """The default's C value (a halide_scalar_value_t), or None if there is none."""
+        if self._default is None:
+            return None
+        scalar, _ = self._default
+        return bytes(ffi.buffer(scalar))
+
     def convert(self, value):
         """(a halide_scalar_value_t * for the pipeline, a hashable form of the value)."""
         if value is MISSING:

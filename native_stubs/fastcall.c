@@ -1,0 +1,544 @@
+/* The fast path of a pipeline call (shim/pipeline.py): a CPU pipeline called with numpy
+ * arrays and Python numbers runs from here, with no per-argument Python work: the arrays'
+ * buffer views become halide_buffer_t structs on the stack, scalars are converted and
+ * range-checked, the bounds check is a lookup in the pipeline's cache of argument shapes that
+ * passed it, and the pipeline runs with the GIL released, in the calling thread's call context.
+ *
+ * Whatever it does not handle exactly as the general path would (another kind of argument, a
+ * value out of range, a shape not seen yet, profiling, a device pipeline) it declines before
+ * anything has run, returning NotImplemented: the general path then takes the call, with its
+ * messages for bad input. So the rules here are a subset of the general path's, never others.
+ *
+ * This translation unit uses Python's C API (the limited API of 3.11, which has the buffer
+ * protocol); the rest of the library is plain C behind cffi. Python reaches it through
+ * shim_fastcall_plan_type(), which shim/native.py calls with the GIL held (ctypes).
+ */
+#define Py_LIMITED_API 0x030B0000
+#include <Python.h>
+
+#include <float.h>
+#include <math.h>
+#include <string.h>
+
+#include "shim_native.h"
+
+enum role { ROLE_SCALAR, ROLE_INPUT, ROLE_OUTPUT, ROLE_USER_CONTEXT };
+enum { MAX_ARGUMENTS = 64, MAX_DIMENSIONS = 16, BOUNDS_CACHE = 64 };
+
+typedef struct {
+    PyObject *name; /* str */
+    int role, code, bits, dimensions;
+    /* scalars: the declared range, where the argument has one (as the type's C value) */
+    bool has_min, has_max, has_default;
+    struct halide_scalar_value_t min, max, value_default;
+} argument_spec;
+
+typedef struct {
+    size_t size;
+    unsigned char *bytes;
+} bounds_key;
+
+typedef struct {
+    PyObject_HEAD
+    int (*argv_fn)(void **);
+    int count;
+    argument_spec arguments[MAX_ARGUMENTS];
+    int outputs;
+    bool fast;             /* whether calls may take this path (CPU pipelines only) */
+    PyObject *array_type;  /* numpy.ndarray */
+    PyObject *finish;      /* finish(result, errors, prints, call id): raises or reports */
+    void *user_context;    /* what __user_context points to */
+    /* Argument shapes and scalar values the bounds query accepted, most recent first. */
+    bounds_key known[BOUNDS_CACHE];
+    int known_count;
+} plan_object;
+
+/* --- the bounds cache: keys from the argv a call passes ---------------------------------- */
+
+static size_t scalar_size(const argument_spec *a) {
+    return a->bits <= 8 ? 1 : (size_t)a->bits / 8;
+}
+
+/* The key of a call's argv: every buffer's dimensions (min and extent: what the bounds query
+ * looks at) and every scalar's bytes. NULL size 0 when it does not fit `room`. */
+static size_t key_of(const plan_object *plan, void **argv, unsigned char *out, size_t room) {
+    size_t n = 0;
+#define PUT(ptr, len)                       \
+    do {                                    \
+        if (n + (len) > room) {             \
+            return 0;                       \
+        }                                   \
+        memcpy(out + n, (ptr), (len));      \
+        n += (len);                         \
+    } while (0)
+    for (int i = 0; i < plan->count; i++) {
+        const argument_spec *a = &plan->arguments[i];
+        if (a->role == ROLE_INPUT || a->role == ROLE_OUTPUT) {
+            const halide_buffer_t *buf = argv[i];
+            PUT(&buf->dimensions, sizeof buf->dimensions);
+            for (int d = 0; d < buf->dimensions; d++) {
+                PUT(&buf->dim[d].min, sizeof buf->dim[d].min);
+                PUT(&buf->dim[d].extent, sizeof buf->dim[d].extent);
+            }
+        } else if (a->role == ROLE_SCALAR) {
+            PUT(argv[i], scalar_size(a));
+        }
+    }
+#undef PUT
+    return n;
+}
+
+enum { KEY_ROOM = MAX_ARGUMENTS * (4 + MAX_DIMENSIONS * 8) };
+
+static bool known(plan_object *plan, void **argv) {
+    unsigned char key[KEY_ROOM];
+    size_t size = key_of(plan, argv, key, sizeof key);
+    for (int i = 0; size && i < plan->known_count; i++) {
+        bounds_key *k = &plan->known[i];
+        if (k->size == size && memcmp(k->bytes, key, size) == 0) {
+            if (i > 0) { /* most recent first */
+                bounds_key hit = *k;
+                memmove(&plan->known[1], &plan->known[0], (size_t)i * sizeof hit);
+                plan->known[0] = hit;
+            }
+            return true;
+        }
+    }
+    return false;
+}
+
+static void remember(plan_object *plan, void **argv) {
+    unsigned char key[KEY_ROOM];
+    size_t size = key_of(plan, argv, key, sizeof key);
+    unsigned char *bytes = size ? PyMem_Malloc(size) : NULL;
+    if (bytes == NULL) {
+        return; /* unremembered: the next call runs the query again */
+    }
+    memcpy(bytes, key, size);
+    if (plan->known_count == BOUNDS_CACHE) {
+        PyMem_Free(plan->known[BOUNDS_CACHE - 1].bytes);
+        plan->known_count--;
+    }
+    memmove(&plan->known[1], &plan->known[0], (size_t)plan->known_count * sizeof plan->known[0]);
+    plan->known[0] = (bounds_key){size, bytes};
+    plan->known_count++;
+}
+
+static void **argv_at(PyObject *address) {
+    void *argv = PyLong_AsVoidPtr(address);
+    if (argv == NULL && !PyErr_Occurred()) {
+        PyErr_SetString(PyExc_ValueError, "argv is NULL");
+    }
+    return argv;
+}
+
+static PyObject *plan_known(plan_object *plan, PyObject *address) {
+    void **argv = argv_at(address);
+    return argv == NULL ? NULL : PyBool_FromLong(known(plan, argv));
+}
+
+static PyObject *plan_remember(plan_object *plan, PyObject *address) {
+    void **argv = argv_at(address);
+    if (argv == NULL) {
+        return NULL;
+    }
+    remember(plan, argv);
+    Py_RETURN_NONE;
+}
+
+/* --- scalars ---------------------------------------------------------------------------- */
+
+static bool is_integer_type(const argument_spec *a) {
+    return a->code == halide_type_int || a->code == halide_type_uint;
+}
+
+/* `value` as the argument's C value, within its type and declared range; false to decline. */
+static bool convert_scalar(const argument_spec *a, PyObject *value, struct halide_scalar_value_t *out) {
+    memset(out, 0, sizeof *out);
+    if (a->code == halide_type_uint && a->bits == 1) {
+        if (!PyBool_Check(value)) {
+            return false;
+        }
+        out->u.b = value == Py_True;
+        return true;
+    }
+    if (is_integer_type(a)) {
+        if (!PyLong_CheckExact(value)) {
+            return false; /* (bool is a subclass of int: refused by the general path) */
+        }
+        int overflow = 0;
+        long long v = PyLong_AsLongLongAndOverflow(value, &overflow);
+        if (overflow || (v == -1 && PyErr_Occurred())) {
+            PyErr_Clear();
+            return false;
+        }
+        long long lo, hi;
+        if (a->code == halide_type_int) {
+            lo = a->bits == 64 ? LLONG_MIN : -(1LL << (a->bits - 1));
+            hi = a->bits == 64 ? LLONG_MAX : (1LL << (a->bits - 1)) - 1;
+        } else {
+            lo = 0;
+            hi = a->bits == 64 ? LLONG_MAX : (long long)((1ULL << a->bits) - 1);
+        }
+        if (v < lo || v > hi || (a->has_min && v < a->min.u.i64) ||
+            (a->has_max && v > a->max.u.i64)) {
+            return false;
+        }
+        switch (a->bits) {
+        case 8: out->u.i8 = (int8_t)v; break;
+        case 16: out->u.i16 = (int16_t)v; break;
+        case 32: out->u.i32 = (int32_t)v; break;
+        default: out->u.i64 = v; break;
+        }
+        return true;
+    }
+    if (a->code == halide_type_float && (a->bits == 32 || a->bits == 64)) {
+        double v;
+        if (PyFloat_CheckExact(value)) {
+            v = PyFloat_AsDouble(value);
+        } else if (PyLong_CheckExact(value)) {
+            v = PyLong_AsDouble(value);
+            if (v == -1.0 && PyErr_Occurred()) {
+                PyErr_Clear();
+                return false;
+            }
+        } else {
+            return false;
+        }
+        double largest = a->bits == 32 ? FLT_MAX : DBL_MAX;
+        if ((isfinite(v) && fabs(v) > largest) || (a->has_min && v < a->min.u.f64) ||
+            (a->has_max && v > a->max.u.f64)) {
+            return false;
+        }
+        if (a->bits == 32) {
+            out->u.f32 = (float)v;
+        } else {
+            out->u.f64 = v;
+        }
+        return true;
+    }
+    return false; /* float16, bfloat16, handles: the general path */
+}
+
+/* --- buffers ---------------------------------------------------------------------------- */
+
+/* The buffer-protocol format of numpy's native arrays of the argument's element type. */
+static bool format_matches(const argument_spec *a, const char *format, Py_ssize_t itemsize) {
+    if (format == NULL) {
+        return false;
+    }
+    if (format[0] == '@') {
+        format++;
+    }
+    if (format[0] == '\0' || format[1] != '\0') {
+        return false;
+    }
+    char c = format[0];
+    if (itemsize * 8 != (a->bits == 1 ? 8 : a->bits)) {
+        return false;
+    }
+    switch (a->code) {
+    case halide_type_float:
+        return (a->bits == 32 && c == 'f') || (a->bits == 64 && c == 'd');
+    case halide_type_int:
+        return strchr("bhilq", c) != NULL;
+    case halide_type_uint:
+        return a->bits == 1 ? c == '?' : strchr("BHILQ", c) != NULL;
+    default:
+        return false;
+    }
+}
+
+/* A halide_buffer_t over `view`, as the general path would make it (Halide's x is the last
+ * numpy axis); false to decline: what Halide cannot address as it is, empty or huge arrays. */
+static bool describe(const argument_spec *a, const Py_buffer *view, halide_buffer_t *buf,
+                     halide_dimension_t *dims) {
+    if (view->ndim != a->dimensions || view->ndim > MAX_DIMENSIONS || view->suboffsets != NULL ||
+        !format_matches(a, view->format, view->itemsize)) {
+        return false;
+    }
+    long long elements = 1;
+    for (int d = 0; d < view->ndim; d++) {
+        int axis = view->ndim - 1 - d;
+        Py_ssize_t extent = view->shape[axis], stride = view->strides[axis];
+        if (extent <= 0 || extent > INT32_MAX || stride < 0 || stride % view->itemsize ||
+            stride / view->itemsize > INT32_MAX) {
+            return false;
+        }
+        if (d == 0 && extent != 1 && stride != view->itemsize) {
+            return false; /* Halide wants unit stride in x */
+        }
+        elements *= extent;
+        if (elements > INT32_MAX) {
+            return false;
+        }
+        dims[d] = (halide_dimension_t){0, (int32_t)extent, (int32_t)(stride / view->itemsize), 0};
+    }
+    memset(buf, 0, sizeof *buf);
+    buf->host = view->buf;
+    buf->type.code = (uint8_t)a->code;
+    buf->type.bits = (uint8_t)a->bits;
+    buf->type.lanes = 1;
+    buf->dimensions = view->ndim;
+    buf->dim = dims;
+    buf->flags = a->role == ROLE_INPUT ? halide_buffer_flag_host_dirty : 0;
+    return true;
+}
+
+/* --- the call --------------------------------------------------------------------------- */
+
+static __thread shim_call *thread_call;
+
+/* The call: NotImplemented when the general path must take it (nothing has run then). */
+static PyObject *plan_call(plan_object *plan, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2 || !PyTuple_Check(args[0]) || (args[1] != Py_None && !PyDict_Check(args[1]))) {
+        PyErr_SetString(PyExc_TypeError, "call(args, kwargs)");
+        return NULL;
+    }
+    PyObject *positional = args[0], *named = args[1] == Py_None ? NULL : args[1];
+    if (!plan->fast || shim_profile_on() || shim_calls_closed()) {
+        Py_RETURN_NOTIMPLEMENTED;
+    }
+    Py_ssize_t given = PyTuple_Size(positional), used_names = 0;
+    PyObject *values[MAX_ARGUMENTS];
+    int user_index = 0;
+    for (int i = 0; i < plan->count; i++) {
+        const argument_spec *a = &plan->arguments[i];
+        values[i] = NULL;
+        if (a->role == ROLE_USER_CONTEXT) {
+            continue;
+        }
+        PyObject *by_name = named ? PyDict_GetItem(named, a->name) : NULL; /* borrowed */
+        if (user_index < given) {
+            if (by_name != NULL) {
+                Py_RETURN_NOTIMPLEMENTED; /* given twice: the general path says so */
+            }
+            values[i] = PyTuple_GetItem(positional, user_index);
+        } else if (by_name != NULL) {
+            values[i] = by_name;
+            used_names++;
+        }
+        user_index++;
+        if (values[i] == NULL && !(a->role == ROLE_SCALAR && a->has_default)) {
+            Py_RETURN_NOTIMPLEMENTED; /* missing: estimates or an error, the general path's */
+        }
+    }
+    if (given > user_index || (named && PyDict_Size(named) != used_names)) {
+        Py_RETURN_NOTIMPLEMENTED; /* too many, or unknown names */
+    }
+
+    void *argv[MAX_ARGUMENTS];
+    struct halide_scalar_value_t scalars[MAX_ARGUMENTS];
+    halide_buffer_t buffers[MAX_ARGUMENTS];
+    halide_dimension_t dims[MAX_ARGUMENTS][MAX_DIMENSIONS];
+    Py_buffer views[MAX_ARGUMENTS];
+    int viewed[MAX_ARGUMENTS], nviews = 0;
+    PyObject *result = Py_NotImplemented;
+    for (int i = 0; i < plan->count; i++) {
+        const argument_spec *a = &plan->arguments[i];
+        PyObject *value = values[i];
+        if (a->role == ROLE_USER_CONTEXT) {
+            argv[i] = &plan->user_context;
+        } else if (a->role == ROLE_SCALAR) {
+            if (value == NULL) {
+                scalars[i] = a->value_default;
+            } else if (!convert_scalar(a, value, &scalars[i])) {
+                goto done;
+            }
+            argv[i] = &scalars[i];
+        } else {
+            if ((PyObject *)Py_TYPE(value) != plan->array_type) {
+                goto done; /* Buffers, other array-likes, shapes: the general path */
+            }
+            int flags = PyBUF_RECORDS_RO | (a->role == ROLE_OUTPUT ? PyBUF_WRITABLE : 0);
+            if (PyObject_GetBuffer(value, &views[i], flags) != 0) {
+                PyErr_Clear(); /* read-only output: refused, with its name, by the general path */
+                goto done;
+            }
+            viewed[nviews++] = i;
+            if (!describe(a, &views[i], &buffers[i], dims[i])) {
+                goto done;
+            }
+            argv[i] = &buffers[i];
+        }
+    }
+    if (!known(plan, argv)) {
+        goto done; /* the general path runs the bounds query, and remembers what passed */
+    }
+    if (thread_call == NULL && (thread_call = shim_call_new(0)) == NULL) {
+        goto done;
+    }
+    if (!shim_calls_begin()) {
+        goto done; /* the interpreter is exiting */
+    }
+    uint64_t id = shim_next_call_id();
+    shim_call_reset(thread_call, id);
+    int status;
+    Py_BEGIN_ALLOW_THREADS
+    status = shim_call_argv(thread_call, plan->argv_fn, argv);
+    Py_END_ALLOW_THREADS
+    shim_calls_end();
+    const char *printed = shim_call_prints(thread_call);
+    if (status != 0 || printed[0] != '\0') {
+        PyObject *done_ = PyObject_CallFunction(plan->finish, "iyyK", status,
+                                                shim_call_errors(thread_call), printed,
+                                                (unsigned long long)id);
+        if (done_ == NULL) {
+            result = NULL;
+            goto done;
+        }
+        Py_DECREF(done_);
+    }
+    if (plan->outputs == 1) {
+        for (int i = 0; i < plan->count; i++) {
+            if (plan->arguments[i].role == ROLE_OUTPUT) {
+                result = values[i];
+            }
+        }
+        Py_INCREF(result);
+    } else {
+        result = PyTuple_New(plan->outputs);
+        for (int i = 0, k = 0; result && i < plan->count; i++) {
+            if (plan->arguments[i].role == ROLE_OUTPUT) {
+                Py_INCREF(values[i]);
+                PyTuple_SetItem(result, k++, values[i]);
+            }
+        }
+    }
+done:
+    for (int k = 0; k < nviews; k++) {
+        PyBuffer_Release(&views[viewed[k]]);
+    }
+    if (result == Py_NotImplemented) {
+        Py_INCREF(result);
+    }
+    return result;
+}
+
+/* --- the plan object ------------------------------------------------------------------------ */
+
+static int read_bound(PyObject *value, const argument_spec *a, struct halide_scalar_value_t *out) {
+    if (value == Py_None) {
+        return 0;
+    }
+    memset(out, 0, sizeof *out);
+    if (is_integer_type(a) && !(a->bits == 1)) {
+        int overflow = 0;
+        out->u.i64 = PyLong_AsLongLongAndOverflow(value, &overflow);
+        if (PyErr_Occurred()) {
+            return -1;
+        }
+        return overflow ? 0 : 1; /* a bound beyond int64 bounds nothing an int64 can hold */
+    }
+    out->u.f64 = PyFloat_AsDouble(value);
+    return PyErr_Occurred() ? -1 : 1;
+}
+
+/* Plan(argv_fn address, arguments, fast, numpy.ndarray, finish): ``arguments`` is a sequence of
+ * (name, role, type code, bits, dimensions, min, max, default C value as bytes or None). */
+static int plan_init(plan_object *plan, PyObject *args, PyObject *kwargs) {
+    PyObject *address, *specs, *array_type, *finish;
+    int fast;
+    if (!PyArg_ParseTuple(args, "OOpOO", &address, &specs, &fast, &array_type, &finish)) {
+        return -1;
+    }
+    plan->argv_fn = (int (*)(void **))PyLong_AsVoidPtr(address);
+    if (PyErr_Occurred()) {
+        return -1;
+    }
+    Py_ssize_t count = PySequence_Size(specs);
+    if (count < 0 || count > MAX_ARGUMENTS) {
+        if (count > MAX_ARGUMENTS) {
+            fast = 0; /* more arguments than the stack arrays hold: the general path always */
+            count = 0;
+        } else {
+            return -1;
+        }
+    }
+    plan->count = (int)count;
+    plan->fast = fast;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *spec = PySequence_GetItem(specs, i);
+        argument_spec *a = &plan->arguments[i];
+        PyObject *name, *lo, *hi, *value_default;
+        if (spec == NULL || !PyArg_ParseTuple(spec, "UiiiiOOO", &name, &a->role, &a->code,
+                                              &a->bits, &a->dimensions, &lo, &hi, &value_default)) {
+            Py_XDECREF(spec);
+            return -1;
+        }
+        Py_INCREF(name);
+        a->name = name;
+        int has_min = read_bound(lo, a, &a->min), has_max = read_bound(hi, a, &a->max);
+        Py_DECREF(spec);
+        if (has_min < 0 || has_max < 0) {
+            return -1;
+        }
+        a->has_min = has_min, a->has_max = has_max;
+        if (value_default != Py_None) {
+            char *bytes;
+            Py_ssize_t size;
+            if (PyBytes_AsStringAndSize(value_default, &bytes, &size) < 0) {
+                return -1;
+            }
+            memset(&a->value_default, 0, sizeof a->value_default);
+            memcpy(&a->value_default, bytes, (size_t)size < sizeof a->value_default
+                                                 ? (size_t)size : sizeof a->value_default);
+            a->has_default = true;
+        }
+        plan->outputs += a->role == ROLE_OUTPUT;
+    }
+    if (plan->outputs == 0) {
+        plan->fast = false;
+    }
+    Py_INCREF(array_type);
+    Py_INCREF(finish);
+    plan->array_type = array_type;
+    plan->finish = finish;
+    return 0;
+}
+
+static void plan_dealloc(plan_object *plan) {
+    for (int i = 0; i < plan->count; i++) {
+        Py_XDECREF(plan->arguments[i].name);
+    }
+    for (int i = 0; i < plan->known_count; i++) {
+        PyMem_Free(plan->known[i].bytes);
+    }
+    Py_XDECREF(plan->array_type);
+    Py_XDECREF(plan->finish);
+    PyTypeObject *type = Py_TYPE((PyObject *)plan);
+    freefunc free_slot = (freefunc)PyType_GetSlot(type, Py_tp_free);
+    free_slot(plan);
+    Py_DECREF(type);
+}
+
+static PyMethodDef plan_methods[] = {
+    {"call", (PyCFunction)(void (*)(void))plan_call, METH_FASTCALL,
+     "call(args, kwargs): the outputs, or NotImplemented for the general path"},
+    {"known", (PyCFunction)plan_known, METH_O,
+     "known(argv address): whether these shapes and scalars passed the bounds query"},
+    {"remember", (PyCFunction)plan_remember, METH_O,
+     "remember(argv address): these shapes and scalars passed the bounds query"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyType_Slot plan_slots[] = {
+    {Py_tp_init, plan_init},
+    {Py_tp_dealloc, plan_dealloc},
+    {Py_tp_methods, plan_methods},
+    {Py_tp_new, PyType_GenericNew},
+    {Py_tp_doc, "A pipeline's call plan: its fast path and its bounds cache."},
+    {0, NULL},
+};
+
+static PyType_Spec plan_spec = {
+    "shim._native.CallPlan", sizeof(plan_object), 0, Py_TPFLAGS_DEFAULT, plan_slots,
+};
+
+void *shim_fastcall_plan_type(void) {
+    static PyObject *type;
+    if (type == NULL) {
+        type = PyType_FromSpec(&plan_spec);
+    }
+    return type; /* borrowed: the caller (ctypes, GIL held) takes its own reference */
+}

@@ -1,0 +1,221 @@
+"""The fast path of a plain call (native_stubs/fastcall.c): a CPU pipeline called with numpy
+arrays and numbers runs from C. It must be indistinguishable from the general path (the one a
+prepared call takes) in everything but speed: the same outputs, bit for bit, and for anything
+it declines, the general path's own result or exception. Checked against the general path on
+generated calls, good and bad, and for the calls it must take, that it takes them."""
+
+import subprocess
+import sys
+import textwrap
+import threading
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import shim
+from shim.pipeline import Pipeline
+
+SETTINGS = settings(max_examples=150, deadline=None,
+                    suppress_health_check=[HealthCheck.function_scoped_fixture])
+
+
+def outcome(function):
+    """("ok", outputs as (dtype, shape, bytes)) or ("error", exception type, message)."""
+    try:
+        results = function()
+    except Exception as e:  # noqa: BLE001 - the exception is the outcome being compared
+        return ("error", type(e).__name__, str(e))
+    results = results if isinstance(results, tuple) else (results,)
+    arrays = [r.numpy() if isinstance(r, shim.Buffer) else np.asarray(r) for r in results]
+    return ("ok", [(a.dtype.str, a.shape, a.tobytes()) for a in arrays])
+
+
+def general(pipeline, args, kwargs):
+    with pipeline.prepare(*args, **kwargs) as call:
+        return call()
+
+
+def mostly(draw, good, bad):
+    """``good`` nine times in ten, else one of ``bad``: most generated calls must be valid
+    for the fast path to run at all."""
+    return good if draw(st.integers(0, 9)) else draw(st.sampled_from(bad))
+
+
+@st.composite
+def arrays(draw, dtype, bad_dtypes, dims=2):
+    """Arrays of the right kind mostly, in every layout Halide takes or a copy must make."""
+    dtype = mostly(draw, dtype, bad_dtypes)
+    ndim = mostly(draw, dims, [dims - 1, dims + 1])
+    shape = tuple(mostly(draw, draw(st.integers(1, 7)), [0]) for _ in range(ndim))
+    size = int(np.prod(shape, dtype=np.int64))
+    base = (np.arange(2 * size) % 251).astype(dtype)
+    array = base[:size].reshape(shape)
+    layout = mostly(draw, "c", ["fortran", "strided", "reversed", "readonly", "swapped"])
+    if layout == "fortran":
+        array = np.asfortranarray(array)
+    elif layout == "strided" and ndim:
+        array = base[:2 * size].reshape(shape[:-1] + (shape[-1] * 2,))[..., ::2]
+    elif layout == "reversed" and ndim:
+        array = array[::-1]
+    elif layout == "readonly":
+        array = array.copy()
+        array.flags.writeable = False
+    elif layout == "swapped":
+        array = array.astype(array.dtype.newbyteorder())
+    return array
+
+
+@st.composite
+def scalars(draw, good):
+    return mostly(draw, draw(good), [draw(st.floats(allow_nan=True, allow_infinity=True)),
+                                     draw(st.integers(-2**70, 2**70)), True, 1e39, 40000,
+                                     -40000, "x", 1j, None])
+
+
+class CountingPlan:
+    """A call plan that counts the calls its fast path took and declined."""
+
+    def __init__(self, plan):
+        self.plan, self.taken, self.declined = plan, 0, 0
+
+    def call(self, args, kwargs):
+        result = self.plan.call(args, kwargs)
+        if result is NotImplemented:
+            self.declined += 1
+        else:
+            self.taken += 1
+        return result
+
+    def __getattr__(self, name):
+        return getattr(self.plan, name)
+
+
+@pytest.fixture(scope="module")
+def mix(host_pipelines):
+    pipeline = shim.load(host_pipelines["mix", "no_runtime"])
+    pipeline._plan = counting = CountingPlan(pipeline._plan)
+    yield pipeline
+    # The generated calls exercised both: the fast path's work and its refusals.
+    assert counting.taken > 10 and counting.declined > 10, vars(counting)
+
+
+@SETTINGS
+@given(data=st.data())
+def test_mix_calls_have_the_general_paths_outcome(mix, data):
+    a = data.draw(arrays(np.uint8, [np.int8, np.float32]))
+    b = data.draw(arrays(np.float32, [np.float64, np.int32]))
+    shape = mostly(data.draw, a.shape, [b.shape, (3, 4), (9, 9)])
+    out_dtype = mostly(data.draw, np.float32, [np.float64])
+    alpha = data.draw(scalars(st.floats(-100, 100, width=32)))
+    offset = data.draw(scalars(st.integers(-2**15, 2**15 - 1)))
+    positional = data.draw(st.integers(0, 5))
+    extra = mostly(data.draw, {}, [{"bogus": 1}])
+    read_only = mostly(data.draw, False, [True])
+
+    def call(path):
+        out = np.full(shape, -1, out_dtype)
+        out.flags.writeable = not read_only
+        values = [a, b, alpha, offset, out]
+        names = ["a", "b", "alpha", "offset", "output"]
+        args = tuple(values[:positional])
+        kwargs = dict(zip(names[positional:], values[positional:]), **extra)
+        return outcome(lambda: path(args, kwargs)), out
+
+    # The general path first: a call it accepts leaves its shapes known, so that the fast
+    # path does not decline this one for want of a bounds check.
+    slow, slow_out = call(lambda a_, k: general(mix, a_, k))
+    fast, fast_out = call(lambda a_, k: mix(*a_, **k))
+    assert fast == slow
+    np.testing.assert_array_equal(fast_out, slow_out)
+
+
+def test_a_good_call_takes_the_fast_path(mix, host_pipelines, monkeypatch):
+    sum_diff = shim.load(host_pipelines["sum_diff", "bundled"])
+    a = np.arange(12, dtype=np.int32).reshape(3, 4)
+    b = np.ones((3, 4), np.int32)
+    calls = [(mix, (np.zeros((3, 4), np.uint8), np.ones((3, 4), np.float32)),
+              {"alpha": 0.25, "offset": 2, "output": np.empty((3, 4), np.float32)}),
+             (sum_diff, (a, b), {"sum": np.empty((3, 4), np.int32), "diff": np.empty((3, 4), np.int32)})]
+    for pipeline, args, kwargs in calls:
+        pipeline(*args, **kwargs)  # the first call of a shape runs the bounds query
+    general_calls = []
+    original = Pipeline.prepare
+    monkeypatch.setattr(Pipeline, "prepare", lambda self, *a, **k: general_calls.append(self)
+                        or original(self, *a, **k))
+    out = mix(*calls[0][1], **calls[0][2])
+    np.testing.assert_array_equal(out, np.float32(0.75) + np.float32(2))
+    assert out is calls[0][2]["output"]  # the caller's array, written in place
+    total, difference = sum_diff(a, b, **calls[1][2])
+    np.testing.assert_array_equal(total, a + b)
+    np.testing.assert_array_equal(difference, a - b)
+    assert general_calls == []
+
+
+def test_pipeline_errors_and_prints_come_through(host_pipelines, capfd):
+    checked_sqrt = shim.load(host_pipelines["checked_sqrt", "no_runtime"])
+    good = np.full((4, 8), 4.0, np.float32)
+    out = np.empty_like(good)
+    checked_sqrt(good, False, out)  # remembered shapes: the calls below take the fast path
+    checked_sqrt(good, True, out)
+    np.testing.assert_array_equal(out, 2.0)
+    assert "row" in capfd.readouterr().err  # halide_print from the worker threads
+    bad = good.copy()
+    bad[2, 3] = -1.0
+    with pytest.raises(shim.PipelineError) as fast:
+        checked_sqrt(bad, False, out)
+    with pytest.raises(shim.PipelineError) as slow:
+        general(checked_sqrt, (bad, False, out), {})
+    assert (fast.value.code, str(fast.value)) == (slow.value.code, str(slow.value))
+
+
+def test_many_threads_many_shapes(host_pipelines):
+    brighten = shim.load(host_pipelines["brighten", "bundled"])
+    errors = []
+
+    def work(seed):
+        rng = np.random.default_rng(seed)
+        try:
+            for _ in range(200):
+                shape = tuple(rng.integers(1, 9, 2))
+                image = rng.integers(0, 1000, shape).astype(np.float32)  # exact, fused or not
+                scale = float(rng.integers(0, 10))
+                out = brighten(image, scale=scale, offset=0.5, output=np.empty(shape, np.float32))
+                np.testing.assert_array_equal(out, image * np.float32(scale) + np.float32(0.5))
+        except BaseException as e:  # noqa: BLE001 - reported by the main thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(seed,)) for seed in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors[0]
+
+
+def test_exit_waits_for_fast_calls_in_flight(host_pipelines):
+    script = textwrap.dedent("""
+        import sys, threading
+        import numpy as np
+        import shim
+        p = shim.load(sys.argv[1])
+        image = np.ones((2048, 2048), np.float32)
+        out = np.empty_like(image)
+        p(image, scale=2.0, offset=1.0, output=out)   # known shape: the calls below are fast
+        started = threading.Event()
+        def loop():
+            started.set()
+            try:
+                while True:
+                    p(image, scale=2.0, offset=1.0, output=out)
+            except shim.ShimError as e:   # refused once the interpreter exits
+                assert "exiting" in str(e), e
+        threading.Thread(target=loop, daemon=True).start()
+        started.wait()
+        print("exiting", flush=True)
+        """)
+    done = subprocess.run([sys.executable, "-c", script, str(host_pipelines["brighten", "bundled"])],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "exiting" in done.stdout and "Traceback" not in done.stderr
