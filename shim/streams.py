@@ -44,7 +44,7 @@ def as_handle(stream) -> int:
                                       "different stream on each of Halide's worker threads: "
                                       "create a stream (cuStreamCreate, torch.cuda.Stream()) "
                                       "and pass that")
-    if handle < 0:
+    if not 0 <= handle < 1 << 64:  # a pointer: more bits would be cut off to another stream
         raise ArgumentError("stream", f"expected a CUDA stream handle, got {handle}")
     return LEGACY_DEFAULT if handle == 1 else handle
 

@@ -346,3 +346,22 @@ def test_a_failing_driver_call_is_a_device_error_and_leaves_everything_ordered(l
         assert len(driver.events) <= 8, driver.events                  # events are reused
         assert not driver.calls_without_context, driver.calls_without_context
     """)
+
+
+@pytest.mark.parametrize("handle", [-3, 2, 1 << 64, (1 << 64) + 5, 1 << 70])
+def test_a_stream_value_that_is_no_stream_handle_is_refused(handle):
+    # A handle is a pointer: one past 64 bits would be cut to another stream (or to 0, the
+    # legacy default) on its way to the driver.
+    import shim
+    from shim import streams
+
+    with pytest.raises(shim.ArgumentError):
+        streams.as_handle(handle)
+
+
+@pytest.mark.parametrize("handle, expected", [(None, 0), (0, 0), (1, 0), (3, 3),
+                                              ((1 << 64) - 1, (1 << 64) - 1)])
+def test_stream_handles_as_the_driver_takes_them(handle, expected):
+    from shim import streams
+
+    assert streams.as_handle(handle) == expected
