@@ -82,7 +82,21 @@ def cache_dir() -> Path:
     configured = os.environ.get("HALIDE_SHIM_PIPELINES")
     if configured:
         return Path(configured)
-    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "halide-shim" / "pipelines"
+    return _shim_cache_root() / "pipelines"
+
+
+def _shim_cache_root() -> Path:
+    """shim.binary_cache.cache_root(), the one definition of the caches' root, loaded from its
+    file: importing the shim package would load the shim's runtime into this process, which
+    must stay free of it where it runs Halide's stock runtime (pipelines/stock.py)."""
+    module = sys.modules.get("shim.binary_cache") or sys.modules.get("_halide_shim_binary_cache")
+    if module is None:
+        spec = importlib.util.spec_from_file_location(
+            "_halide_shim_binary_cache", PACKAGE_ROOT / "shim" / "binary_cache.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        sys.modules[spec.name] = module
+    return module.cache_root()
 
 
 def installed_halide_version() -> str | None:

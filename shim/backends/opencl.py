@@ -6,7 +6,8 @@ $HALIDE_SHIM_OPENCL_DEVICE, by Halide's own HL_OCL_PLATFORM_NAME / HL_OCL_DEVICE
 else: the first platform with a GPU, else the first platform with any device.
 
 Kernel launches are in C (native_stubs/opencl.c); this module compiles programs (once per
-device and source, shared by every pipeline), allocates memory, copies, and launches the rare
+device and source, shared by every pipeline, their binaries kept in an on-disk cache across
+processes), allocates memory, copies, and launches the rare
 kernels whose buffers are crops at offsets OpenCL cannot make sub-buffers at.
 """
 
@@ -14,12 +15,14 @@ from __future__ import annotations
 
 import gc
 import hashlib
+import json
 import os
 import re
 import threading
 import time
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 
+from shim import binary_cache
 from shim.backends.base import Backend, BackendError, Memory
 from shim.devices import fork_guard
 from shim.errors import DeviceUnavailable
@@ -420,20 +423,77 @@ class OpenCLBackend(Backend):
         return entry[1]
 
     def _compile(self, source: bytes):
+        program = self._build_program(source)
+        module = lib.shim_opencl_module_new(ffi.cast("void *", program.int_ptr))
+        if module == ffi.NULL:
+            raise MemoryError("cannot allocate a kernel module")
+        return program, module
+
+    def _build_program(self, source: bytes):
+        """Build ``source``: from the binary the on-disk program cache holds for it (see
+        _program_cache), else from source, then storing the program's binary there."""
+        cache = _program_cache()
+        key = self._program_cache_key(source) if cache is not None and not _INCLUDE.search(source) else None
+        program = None
+        if key is not None:
+            binary = cache.load(key)  # None if missing or damaged (checked before the driver sees it)
+            if binary is not None:
+                program = self._build_from_binary(binary)
+        if program is None:
+            program = self._build_from_source(source, pyopencl_cache=key is None)
+            if key is not None:
+                self._store_binary(cache, key, program)
+        return program
+
+    def _build_from_source(self, source: bytes, pyopencl_cache: bool = True):
         cl = _cl()
         program = cl.Program(self.context, source.decode("utf-8", "replace"))
         try:
-            program.build(options=self._build_options)
+            # pyopencl keeps binaries of its own on drivers it thinks cache nothing: not while
+            # ours does (its cache_dir=False builds plainly).
+            program.build(options=self._build_options, cache_dir=None if pyopencl_cache else False)
         except cl.Error as e:
             try:
                 log = program.get_build_info(self._device, cl.program_build_info.LOG)
             except cl.Error:
                 log = "(no build log)"
             raise BackendError(f"clBuildProgram failed ({e.code}), build log:\n{log.strip()}") from None
-        module = lib.shim_opencl_module_new(ffi.cast("void *", program.int_ptr))
-        if module == ffi.NULL:
-            raise MemoryError("cannot allocate a kernel module")
-        return program, module
+        program_builds["source"] += 1
+        return program
+
+    def _build_from_binary(self, binary: bytes):
+        """The program built from a cached binary, or None where the driver refuses it (the
+        caller then builds from source and replaces the entry)."""
+        cl = _cl()
+        try:
+            program = cl.Program(self.context, [self._device], [binary])
+            program.build(options=self._build_options)
+        except cl.Error:
+            program_builds["refused binary"] += 1
+            return None
+        program_builds["binary"] += 1
+        return program
+
+    def _store_binary(self, cache, key: str, program) -> None:
+        cl = _cl()
+        try:
+            binaries = program.get_info(cl.program_info.BINARIES)  # PoCL compiles its kernels here
+        except cl.Error:
+            return
+        if len(binaries) == 1 and binaries[0] and cache.store(key, bytes(binaries[0])):
+            program_builds["stored"] += 1
+
+    def _program_cache_key(self, source: bytes) -> str:
+        """Everything the binary of ``source`` depends on (pyopencl adds only its include
+        directory to the options: sources with #include are not cached)."""
+        p, d = self._platform, self._device
+        return json.dumps({
+            "format": PROGRAM_CACHE_FORMAT,
+            "platform": [p.name, p.vendor, p.version],
+            "device": [d.name, d.vendor, d.version, d.driver_version],
+            "options": self._build_options,
+            "source sha256": hashlib.sha256(source).hexdigest(),
+        }, sort_keys=True)
 
     def _program_of(self, module):
         for program, candidate in self._programs.values():
@@ -484,6 +544,27 @@ def _mirror_plan(raw, device_offset: int) -> CopyPlan:
 
     layout = Layout.of(raw)
     return plan(layout.elem_size, layout.extents, layout.strides, layout.strides, device_offset, 0)
+
+
+# --- the on-disk program cache ----------------------------------------------------------
+
+# Bump when the key or what is stored changes meaning: older entries then miss and age out.
+PROGRAM_CACHE_FORMAT = 1
+_INCLUDE = re.compile(rb"^[ \t]*#[ \t]*include\b", re.MULTILINE)  # the key cannot see included files
+
+# Programs this process built, by how: "source", "binary" (from the cache), "refused binary"
+# (a cached binary the driver would not build: rebuilt from source), "stored" (binaries written).
+program_builds: Counter = Counter()
+
+
+def _program_cache():
+    """The on-disk cache of built program binaries: $HALIDE_SHIM_CACHE, else
+    $XDG_CACHE_HOME/halide-shim/opencl (see shim/binary_cache.py); None where
+    $HALIDE_SHIM_NO_PROGRAM_CACHE is set (to anything but 0). Read at every build."""
+    if os.environ.get("HALIDE_SHIM_NO_PROGRAM_CACHE", "").strip() not in ("", "0"):
+        return None
+    directory = os.environ.get("HALIDE_SHIM_CACHE") or binary_cache.cache_root() / "opencl"
+    return binary_cache.BinaryCache(directory, "opencl")
 
 
 # --- the callbacks ------------------------------------------------------------------------
