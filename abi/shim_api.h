@@ -22,6 +22,11 @@ void shim_call_leave(shim_call *previous);
 /* Runs a pipeline's NAME_argv entry point with `call` as the calling thread's context. */
 int shim_call_argv(shim_call *call, int (*argv_fn)(void **), void **argv);
 
+/* The calling thread's device stream (shim.stream; NULL: the default), which pipeline calls
+ * started from Python run on. */
+void shim_thread_stream_set(void *stream);
+void *shim_thread_stream(void);
+
 /* A new call id (unique in the process). */
 uint64_t shim_next_call_id(void);
 /* Refuse the fast path's new calls (the interpreter is exiting); how many are still running.
@@ -29,9 +34,11 @@ uint64_t shim_next_call_id(void);
 int shim_calls_close(void);
 int shim_calls_running(void);
 
-/* The fast path's plan type (native_stubs/fastcall.c): a PyObject *, borrowed, to be called
- * with the GIL held (it is not a cffi call: see shim/native.py). */
+/* The fast paths' types, PyObject *s, borrowed, to be called with the GIL held (not cffi calls:
+ * see shim/native.py): a pipeline's call plan (native_stubs/fastcall.c) and a prepared call's
+ * run (native_stubs/prepared_call.c). */
 void *shim_fastcall_plan_type(void);
+void *shim_prepared_run_type(void);
 
 /* What shim_call_run returns instead of running the pipeline: one of `buffers` lives on a
  * device of the shim's that is not in `backends` (a bit mask of enum shim_backend), and the
@@ -82,6 +89,8 @@ int shim_backend_of(const struct halide_device_interface_t *device_interface);
 
 /* The calling thread's context (NULL outside any shim call). */
 shim_call *shim_current_call(void);
+/* Whether a pipeline's code is running in `call` now (shim_call_argv, on any of its threads). */
+bool shim_call_in_pipeline(const shim_call *call);
 
 /* Atomic stores Python uses for the device fields; release order, so that a fast path that
  * sees a device handle also sees the interface stored before it. */

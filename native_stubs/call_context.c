@@ -36,9 +36,23 @@ struct shim_call {
     bool waker_started;
     pthread_t waker;
     int finished;
+    /* Set while a pipeline's code runs in this context (on the caller's thread and Halide's
+     * workers): what the Python runtime asks to know whether to wait for the call. */
+    int in_pipeline;
 };
 
 static __thread shim_call *current_call;
+
+/* The thread's stream (shim.stream), kept here so that the fast paths read it without Python. */
+static __thread void *thread_stream;
+
+void shim_thread_stream_set(void *stream) {
+    thread_stream = stream;
+}
+
+void *shim_thread_stream(void) {
+    return thread_stream;
+}
 
 /* Call ids, for Python's call contexts and the fast path alike (an id names one call). */
 static uint64_t last_call_id;
@@ -191,9 +205,15 @@ shim_call *shim_current_call(void) {
     return current_call;
 }
 
+bool shim_call_in_pipeline(const shim_call *call) {
+    return __atomic_load_n(&call->in_pipeline, __ATOMIC_ACQUIRE);
+}
+
 int shim_call_argv(shim_call *call, int (*argv_fn)(void **), void **argv) {
     shim_call *previous = shim_call_enter(call);
+    __atomic_store_n(&call->in_pipeline, 1, __ATOMIC_RELEASE);
     int result = argv_fn(argv);
+    __atomic_store_n(&call->in_pipeline, 0, __ATOMIC_RELEASE);
     shim_call_leave(previous);
     if (call->waker_started) {
         __atomic_store_n(&call->finished, 1, __ATOMIC_RELEASE);

@@ -1,8 +1,10 @@
-/* The fast path of a pipeline call (shim/pipeline.py): a CPU pipeline called with numpy
- * arrays and Python numbers runs from here, with no per-argument Python work: the arrays'
- * buffer views become halide_buffer_t structs on the stack, scalars are converted and
- * range-checked, the bounds check is a lookup in the pipeline's cache of argument shapes that
- * passed it, and the pipeline runs with the GIL released, in the calling thread's call context.
+/* The fast path of a pipeline call (shim/pipeline.py): a pipeline called with shim.Buffers,
+ * numpy arrays (CPU pipelines) and Python numbers runs from here, with no per-argument Python
+ * work: the arrays' buffer views become halide_buffer_t structs on the stack, Buffers give
+ * their own struct and have the call recorded in their families (call_records.c), scalars
+ * are converted and range-checked, the bounds check is a lookup in the pipeline's cache of
+ * argument shapes that passed it, and the pipeline runs with the GIL released, in the calling
+ * thread's call context.
  *
  * Whatever it does not handle exactly as the general path would (another kind of argument, a
  * value out of range, a shape not seen yet, profiling, a device pipeline) it declines before
@@ -21,6 +23,7 @@
 #include <string.h>
 
 #include "shim_native.h"
+#include "fastcall.h"
 
 enum role { ROLE_SCALAR, ROLE_INPUT, ROLE_OUTPUT, ROLE_USER_CONTEXT };
 enum { MAX_ARGUMENTS = 64, MAX_DIMENSIONS = 16, BOUNDS_CACHE = 64 };
@@ -44,9 +47,14 @@ typedef struct {
     int count;
     argument_spec arguments[MAX_ARGUMENTS];
     int outputs;
-    bool fast;             /* whether calls may take this path (CPU pipelines only) */
+    bool fast;             /* whether calls may take this path at all */
+    bool host_write;       /* a CPU pipeline: numpy arrays welcome, outputs written on the host */
+    unsigned backends;     /* the device backends the pipeline runs on (enum shim_backend bits) */
     PyObject *array_type;  /* numpy.ndarray */
+    PyObject *buffer_type; /* shim.Buffer */
     PyObject *finish;      /* finish(result, errors, prints, call id): raises or reports */
+    PyObject *end_call;    /* runtime.end_call, for uses the fast path cannot end itself */
+    PyObject *record_name; /* "_record" */
     void *user_context;    /* what __user_context points to */
     /* Argument shapes and scalar values the bounds query accepted, most recent first. */
     bounds_key known[BOUNDS_CACHE];
@@ -285,9 +293,91 @@ static bool describe(const argument_spec *a, const Py_buffer *view, halide_buffe
     return true;
 }
 
-/* --- the call --------------------------------------------------------------------------- */
+/* A shim.Buffer argument: its own struct, if it is what the argument takes (as the general
+ * path checks it) and, for an output, over writable memory; false to decline. `m` holds the
+ * Buffer and its record when this returns true. */
+static bool buffer_argument(plan_object *plan, const argument_spec *a, PyObject *value,
+                            shim_member *m) {
+    PyObject *record = PyObject_GetAttr(value, plan->record_name);
+    bool made = record != NULL &&
+                shim_member_init(m, value, record, a->role == ROLE_OUTPUT, false, false, false);
+    Py_XDECREF(record);
+    if (!made) {
+        PyErr_Clear();
+        return false;
+    }
+    const halide_buffer_t *buf = m->raw;
+    bool fits = buf->type.code == a->code && buf->type.bits == a->bits && buf->type.lanes == 1 &&
+                buf->dimensions == a->dimensions;
+    long long elements = 1;
+    for (int d = 0; fits && d < buf->dimensions; d++) {
+        elements *= buf->dim[d].extent;
+        fits = buf->dim[d].extent > 0 && elements <= INT32_MAX;
+    }
+    if (fits && a->role == ROLE_OUTPUT) {
+        Py_buffer view; /* Halide writes there: the memory must be writable now */
+        fits = PyObject_GetBuffer(PyTuple_GetItem(m->record, RECORD_ARRAY), &view,
+                                  PyBUF_STRIDES | PyBUF_WRITABLE) == 0;
+        if (fits) {
+            PyBuffer_Release(&view);
+        }
+        PyErr_Clear();
+    }
+    if (!fits) {
+        shim_member_clear(m);
+    }
+    return fits;
+}
+
+/* An output no input of the call is: its results replace what either side held. */
+static void mark_replacing(shim_member *members, int count) {
+    for (int i = 0; i < count; i++) {
+        members[i].replaces = members[i].output;
+        for (int k = 0; members[i].output && k < count; k++) {
+            if (!members[k].output && members[k].raw == members[i].raw) {
+                members[i].replaces = false;
+            }
+        }
+        members[i].use = PyTuple_GetItem(members[i].record, !members[i].output ? RECORD_USE_INPUT
+                                         : members[i].replaces ? RECORD_USE_REPLACING
+                                                               : RECORD_USE_UPDATING);
+    }
+}
+
+/* --- running, shared with the prepared calls (prepared_call.c) ----------------------------- */
 
 static __thread shim_call *thread_call;
+
+int shim_fast_run(int (*argv_fn)(void **), void **argv, halide_buffer_t **buffers, int count,
+                  unsigned backends, uint64_t *id, int *status) {
+    if (thread_call == NULL && (thread_call = shim_call_new(0)) == NULL) {
+        return SHIM_FAST_DECLINED;
+    }
+    if (!shim_calls_begin()) {
+        return SHIM_FAST_DECLINED; /* the interpreter is exiting */
+    }
+    *id = shim_next_call_id();
+    void *stream = shim_thread_stream();
+    Py_BEGIN_ALLOW_THREADS
+    *status = shim_call_run(thread_call, *id, stream, argv_fn, argv, buffers, count, backends);
+    Py_END_ALLOW_THREADS
+    shim_calls_end();
+    return SHIM_FAST_RAN;
+}
+
+int shim_fast_report(PyObject *finish, int status, uint64_t id) {
+    const char *printed = shim_call_prints(thread_call);
+    if (status == 0 && printed[0] == '\0') {
+        return 0;
+    }
+    PyObject *done = PyObject_CallFunction(finish, "iyyK", status, shim_call_errors(thread_call),
+                                           printed, (unsigned long long)id);
+    Py_XDECREF(done);
+    return done == NULL ? -1 : 0;
+}
+
+/* --- the call --------------------------------------------------------------------------- */
+
 
 /* The call: NotImplemented when the general path must take it (nothing has run then). */
 static PyObject *plan_call(plan_object *plan, PyObject *const *args, Py_ssize_t nargs) {
@@ -333,6 +423,9 @@ static PyObject *plan_call(plan_object *plan, PyObject *const *args, Py_ssize_t 
     halide_dimension_t dims[MAX_ARGUMENTS][MAX_DIMENSIONS];
     Py_buffer views[MAX_ARGUMENTS];
     int viewed[MAX_ARGUMENTS], nviews = 0;
+    shim_member members[MAX_ARGUMENTS];
+    halide_buffer_t *member_buffers[MAX_ARGUMENTS];
+    int nmembers = 0;
     PyObject *result = Py_NotImplemented;
     for (int i = 0; i < plan->count; i++) {
         const argument_spec *a = &plan->arguments[i];
@@ -346,9 +439,15 @@ static PyObject *plan_call(plan_object *plan, PyObject *const *args, Py_ssize_t 
                 goto done;
             }
             argv[i] = &scalars[i];
+        } else if ((PyObject *)Py_TYPE(value) == plan->buffer_type) {
+            if (!buffer_argument(plan, a, value, &members[nmembers])) {
+                goto done;
+            }
+            argv[i] = member_buffers[nmembers] = members[nmembers].raw;
+            nmembers++;
         } else {
-            if ((PyObject *)Py_TYPE(value) != plan->array_type) {
-                goto done; /* Buffers, other array-likes, shapes: the general path */
+            if ((PyObject *)Py_TYPE(value) != plan->array_type || !plan->host_write) {
+                goto done; /* other array-likes, shapes, arrays a device pipeline takes */
             }
             int flags = PyBUF_RECORDS_RO | (a->role == ROLE_OUTPUT ? PyBUF_WRITABLE : 0);
             if (PyObject_GetBuffer(value, &views[i], flags) != 0) {
@@ -365,29 +464,29 @@ static PyObject *plan_call(plan_object *plan, PyObject *const *args, Py_ssize_t 
     if (!known(plan, argv)) {
         goto done; /* the general path runs the bounds query, and remembers what passed */
     }
-    if (thread_call == NULL && (thread_call = shim_call_new(0)) == NULL) {
+    mark_replacing(members, nmembers);
+    if (!shim_members_begin(members, nmembers, plan->end_call)) {
         goto done;
     }
-    if (!shim_calls_begin()) {
-        goto done; /* the interpreter is exiting */
+    int status = 0;
+    uint64_t id;
+    int outcome = shim_fast_run(plan->argv_fn, argv, member_buffers, nmembers, plan->backends,
+                                &id, &status);
+    bool ran = outcome == SHIM_FAST_RAN && status != SHIM_CALL_NEEDS_PREPARATION;
+    if (ran) {
+        shim_members_ran(members, nmembers, plan->host_write);
     }
-    uint64_t id = shim_next_call_id();
-    shim_call_reset(thread_call, id);
-    int status;
-    Py_BEGIN_ALLOW_THREADS
-    status = shim_call_argv(thread_call, plan->argv_fn, argv);
-    Py_END_ALLOW_THREADS
-    shim_calls_end();
-    const char *printed = shim_call_prints(thread_call);
-    if (status != 0 || printed[0] != '\0') {
-        PyObject *done_ = PyObject_CallFunction(plan->finish, "iyyK", status,
-                                                shim_call_errors(thread_call), printed,
-                                                (unsigned long long)id);
-        if (done_ == NULL) {
-            result = NULL;
-            goto done;
-        }
-        Py_DECREF(done_);
+    if (shim_members_end(members, nmembers, plan->end_call) < 0) {
+        result = NULL;
+        goto done;
+    }
+    if (!ran) {
+        goto done; /* nothing ran: the general path prepares the buffers, then runs */
+    }
+    if (shim_fast_report(plan->finish, status, id) < 0 ||
+        shim_members_results(members, nmembers) < 0) {
+        result = NULL;
+        goto done;
     }
     if (plan->outputs == 1) {
         for (int i = 0; i < plan->count; i++) {
@@ -408,6 +507,9 @@ static PyObject *plan_call(plan_object *plan, PyObject *const *args, Py_ssize_t 
 done:
     for (int k = 0; k < nviews; k++) {
         PyBuffer_Release(&views[viewed[k]]);
+    }
+    for (int k = 0; k < nmembers; k++) {
+        shim_member_clear(&members[k]);
     }
     if (result == Py_NotImplemented) {
         Py_INCREF(result);
@@ -434,14 +536,24 @@ static int read_bound(PyObject *value, const argument_spec *a, struct halide_sca
     return PyErr_Occurred() ? -1 : 1;
 }
 
-/* Plan(argv_fn address, arguments, fast, numpy.ndarray, finish): ``arguments`` is a sequence of
- * (name, role, type code, bits, dimensions, min, max, default C value as bytes or None). */
+/* Plan(argv_fn address, arguments, fast, host_write, backends, numpy.ndarray, shim.Buffer,
+ * finish, end_call): ``arguments`` is a sequence of (name, role, type code, bits, dimensions,
+ * min, max, default C value as bytes or None). */
 static int plan_init(plan_object *plan, PyObject *args, PyObject *kwargs) {
-    PyObject *address, *specs, *array_type, *finish;
-    int fast;
-    if (!PyArg_ParseTuple(args, "OOpOO", &address, &specs, &fast, &array_type, &finish)) {
+    PyObject *address, *specs, *array_type, *buffer_type, *finish, *end_call;
+    int fast, host_write, backends;
+    if (!PyArg_ParseTuple(args, "OOppiOOOO", &address, &specs, &fast, &host_write, &backends,
+                          &array_type, &buffer_type, &finish, &end_call)) {
         return -1;
     }
+    if (!shim_call_records_ready() ||
+        (plan->record_name = PyUnicode_InternFromString("_record")) == NULL) {
+        return -1;
+    }
+    plan->host_write = host_write;
+    plan->backends = (unsigned)backends;
+    plan->buffer_type = Py_NewRef(buffer_type);
+    plan->end_call = Py_NewRef(end_call);
     plan->argv_fn = (int (*)(void **))PyLong_AsVoidPtr(address);
     if (PyErr_Occurred()) {
         return -1;
@@ -505,7 +617,10 @@ static void plan_dealloc(plan_object *plan) {
         PyMem_Free(plan->known[i].bytes);
     }
     Py_XDECREF(plan->array_type);
+    Py_XDECREF(plan->buffer_type);
     Py_XDECREF(plan->finish);
+    Py_XDECREF(plan->end_call);
+    Py_XDECREF(plan->record_name);
     PyTypeObject *type = Py_TYPE((PyObject *)plan);
     freefunc free_slot = (freefunc)PyType_GetSlot(type, Py_tp_free);
     free_slot(plan);

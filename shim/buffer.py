@@ -70,7 +70,7 @@ class Buffer:
     """
 
     __slots__ = ("_raw", "_dims", "_array", "_type", "_family", "_box", "_exposed", "_unread",
-                 "_root_box", "_root_dims", "_keepalive", "__weakref__")
+                 "_root_box", "_root_dims", "_keepalive", "_record", "__weakref__")
 
     def __init__(self, data=None, *, shape=None, dtype=None):
         if data is None:
@@ -125,6 +125,8 @@ class Buffer:
         self._type = htype
         self._family = Family() if family is None else family
         families.register_owned(raw, self._family)
+        # What the C fast paths need to record calls on this Buffer (never changes either).
+        self._record = families.call_record(raw, self._family, array)
         # Where this Buffer lies in its family's root (itself, unless it is a crop or slice):
         # its box in the root's coordinates, and which root dimension each of its is.
         self._root_box, self._root_dims = self._box, tuple(range(n))

@@ -23,6 +23,11 @@ def _factories():
     return {"host": HostBackend, "opencl": OpenCLBackend, "cuda": CUDABackend}
 
 
+def backend_class(kind: str) -> type[Backend] | None:
+    """The class of the backends of a device kind, None for a kind the shim has none of."""
+    return _factories().get(kind)
+
+
 def device(kind: str = "host", **options) -> Backend:
     """The device of a backend kind: "opencl", "cuda" or "host" (the simulated device),
     created on first use with ``options`` (see each backend). A backend keeps its device for

@@ -56,6 +56,11 @@ class FamilyLock:
     def __exit__(self, *exc) -> None:
         self.release()
 
+    @property
+    def waiting(self) -> int:
+        """How many threads are in ``wait``."""
+        return self._waiting
+
     def held_by_current_thread(self) -> bool:
         return self.owner == threading.get_ident()
 
@@ -323,3 +328,14 @@ def locked(*raws):
             for _, family in targets:
                 if family is not None and family.deferred:
                     family.run_deferred()
+
+
+def call_record(raw, family: Family, array) -> tuple:
+    """What the C fast paths need to record pipeline calls on the struct ``raw`` of a
+    shim.Buffer over ``array`` in its ``family`` (native_stubs/fastcall.h, RECORD_*): made once
+    per Buffer, since none of them ever changes. The Uses are the ones a call on a plain family
+    records; their ``call`` is 0, as nothing reads it back."""
+    address = address_of(raw)
+    return (address, raw, family, family.lock, family.uses, family.deferred,
+            Use(0, address, None, False, False), Use(0, address, None, True, True),
+            Use(0, address, None, True, False), array)

@@ -52,20 +52,21 @@ ffi = _native.ffi
 lib = _native.lib
 
 
-def _plan_type():
-    """The fast path's call-plan type (native_stubs/fastcall.c). It is made with Python's C API,
-    which a cffi call cannot return (cffi releases the GIL and knows no PyObject), so it is
-    fetched through ctypes, which keeps the GIL and takes a reference to the object."""
+def _native_type(function: str):
+    """A type the native library makes with Python's C API (the fast paths: fastcall.c,
+    prepared_call.c). A cffi call cannot return it (cffi releases the GIL and knows no
+    PyObject), so it is fetched through ctypes, which keeps the GIL and takes a reference."""
     import ctypes
 
-    address = int(ffi.cast("uintptr_t", ffi.addressof(lib, "shim_fastcall_plan_type")))
-    plan_type = ctypes.PYFUNCTYPE(ctypes.py_object)(address)()
-    if not isinstance(plan_type, type):
-        raise ImportError("shim._native: the fast path's plan type could not be made")
-    return plan_type
+    address = int(ffi.cast("uintptr_t", ffi.addressof(lib, function)))
+    made = ctypes.PYFUNCTYPE(ctypes.py_object)(address)()
+    if not isinstance(made, type):
+        raise ImportError(f"shim._native: {function}() could not make its type")
+    return made
 
 
-CallPlan = _plan_type()
+CallPlan = _native_type("shim_fastcall_plan_type")
+PreparedRun = _native_type("shim_prepared_run_type")
 
 _ERROR_NAMES = ffi.typeof("enum halide_error_code_t").elements
 _per_thread = threading.local()

@@ -15,20 +15,23 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from shim import dlpack, interrupts, profiler, runtime, streams
+from shim import dlpack, families, interrupts, profiler, runtime, streams
 from shim.backends.base import BackendError
 from shim.buffer import Buffer, _check_memory, _shape_tuple, _zeros, as_host_array
+from shim.devices import backend_class
 from shim.elf import NotELF, architecture, pipeline_names
 from shim.errors import (DEVICE_ERROR_CODES, ArgumentError, BoundsError, DeviceError,
                          DeviceUnavailable, PipelineError)
 from shim.metadata import USER_CONTEXT, Argument, check_extents, dimension_label, read_metadata
-from shim.native import CallContext, CallPlan, _native, ffi, lib
+from shim.native import CallContext, CallPlan, PreparedRun, _native, ffi, lib
 from shim.runtime import take_exception
 from shim.scalars import MISSING, ScalarArgument
 from shim.types import INT32_MAX, HalideType
 
 # How often a call prepares buffers another thread keeps moving to a device it does not use.
 _PREPARATION_ATTEMPTS = 100
+# The most buffers a prepared call's C run takes (native_stubs/prepared_call.c, MAX_MEMBERS).
+_NATIVE_RUN_BUFFERS = 64
 # Target features that make a pipeline run code on a device.
 DEVICE_FEATURES = {"opencl", "cuda", "metal", "vulkan", "d3d12compute", "webgpu"}
 
@@ -96,17 +99,21 @@ class Pipeline:
         self.arguments = [a for a in self._all_arguments if a.name != USER_CONTEXT]
         # The device APIs the pipeline's code uses (none: it computes on the CPU only).
         self.device_kinds = frozenset(f for f in self.target.split("-") if f in DEVICE_FEATURES)
-        self._backend_mask = sum(
-            1 << {"opencl": lib.SHIM_BACKEND_OPENCL, "cuda": lib.SHIM_BACKEND_CUDA}[kind]
-            for kind in self.device_kinds if kind in ("opencl", "cuda"))
+        backends = [backend_class(kind) for kind in self.device_kinds]
+        self._backend_mask = sum(1 << backend.index for backend in backends if backend is not None)
+        # Whether its calls may run from C (the fast paths): not on a device the shim has no
+        # backend for, nor on one that orders work across streams (CUDA's fences are Python's).
+        self._native_calls = all(backend is not None and not backend.orders_streams
+                                 for backend in backends)
         self._by_name = {a.name: a for a in self.arguments}
         self._names = [a.name for a in self.arguments]
         self._scalars = {a.name: ScalarArgument(a) for a in self.arguments if not a.is_buffer}
         self._null_user_context = ffi.new("void **")  # what __user_context points to
-        # The fast path (CPU pipelines called with numpy arrays and numbers) and the cache of
-        # argument shapes that passed the bounds query, in C (native_stubs/fastcall.c).
+        # The fast path (calls with Buffers, numbers and, on the CPU, numpy arrays) and the
+        # cache of argument shapes that passed the bounds query, in C (native_stubs/fastcall.c).
         self._plan = CallPlan(argv_address, [self._plan_entry(a) for a in self._all_arguments],
-                              not self.device_kinds, np.ndarray, self._finish_fast)
+                              self._native_calls, not self.device_kinds, self._backend_mask,
+                              np.ndarray, Buffer, self._finish_fast, runtime.end_call)
 
     @property
     def inputs(self) -> list[Argument]:
@@ -376,6 +383,10 @@ def _host_architecture() -> str:
     return architecture(_native.__file__)
 
 
+def _address(pointer) -> int:
+    return int(ffi.cast("uintptr_t", pointer))
+
+
 def _symbol_address(library, symbol: str) -> int:
     return ctypes.cast(getattr(library, symbol), ctypes.c_void_p).value
 
@@ -485,7 +496,7 @@ def _check_region(arg: Argument, d: int, want: tuple, have: tuple) -> None:
                           f"over {wanted} but the input covers {covered}")
 
 
-class PreparedCall:
+class PreparedCall(PreparedRun):
     """A pipeline call whose arguments are marshalled and bounds-checked once (see
     Pipeline.prepare). Calling it runs the pipeline and returns the outputs, as calling the
     Pipeline would; ``close()`` (or leaving its ``with`` block) frees the device memory of the
@@ -501,12 +512,37 @@ class PreparedCall:
         # (struct, family, is_output) of every buffer argument, for the families' records of
         # the call.
         self._arguments = [(buf._raw, buf._family, arg.is_output) for _, arg, buf in call.buffers]
+        native = self._native_run()
+        if native is not None:
+            super().__init__(*native)
 
-    def __call__(self):
+    # Calling a PreparedCall (PreparedRun's __call__) runs it in C where it can, else here.
+    def _run_in_python(self):
         # Ctrl-C lands once the call is over and its bookkeeping done (shim/interrupts.py).
         with interrupts.deferred():
             self._run_once()
         return self._results()
+
+    def _native_run(self) -> tuple | None:
+        """PreparedRun's arguments, where this call can run in C (native_stubs/prepared_call.c):
+        its pipeline's calls may, and its results need no copying into the caller's arrays or
+        tensors."""
+        pipeline, call = self._pipeline, self._call
+        if (not pipeline._native_calls or call.device_outputs
+                or any(target is not None for _, target in call.copy_back)
+                or len(call.buffers) > _NATIVE_RUN_BUFFERS):
+            return None
+        inputs = [families.address_of(buf._raw) for _, arg, buf in call.buffers if not arg.is_output]
+        array_inputs = {id(buf) for buf in call.array_inputs}
+        to_host = {id(buf) for buf, _ in call.copy_back}
+        members = [(buf, buf._record, arg.is_output,
+                    arg.is_output and families.address_of(buf._raw) not in inputs,
+                    id(buf) in array_inputs, id(buf) in to_host)
+                   for _, arg, buf in call.buffers]
+        results = call.results[0] if len(call.results) == 1 else tuple(call.results)
+        return (_address(pipeline._argv_fn), _address(call.argv), _address(self._raw_buffers),
+                pipeline._backend_mask, not pipeline.device_kinds, members, results,
+                pipeline._finish_fast, runtime.end_call)
 
     def _run_once(self) -> None:
         pipeline, call = self._pipeline, self._call

@@ -124,15 +124,11 @@ def run_for_python(what: str, operation, failure_code: int, *args) -> None:
 
 # --- pipeline calls in flight --------------------------------------------------------------
 
-# Call context ids of the pipeline calls running now (their Uses are in their families).
-_running: set[int] = set()
-
-
 def _inside_pipeline_call() -> bool:
     """Whether the calling thread works for a running pipeline call (its generated code, on
     the caller's thread or one of Halide's workers)."""
     call = lib.shim_current_call()
-    return call != ffi.NULL and lib.shim_call_id(call) in _running
+    return call != ffi.NULL and lib.shim_call_in_pipeline(call)
 
 
 def _await_calls(family: Family | None, raw=None, *, writers_only: bool = False) -> None:
@@ -732,7 +728,6 @@ def begin_call(call_id: int, arguments, host_write: bool) -> list:
     elements wait for the call to end (``end_call``, with what this returns). A call that
     writes an output on the host (a CPU pipeline) first brings the family's device-side
     changes home. (A Buffer's family never changes: its lock is taken directly.)"""
-    _running.add(call_id)
     inputs = [families.address_of(raw) for raw, _, output in arguments if not output]
     uses = []
     try:
@@ -781,7 +776,6 @@ def _reads(family: Family, address: int, box, inputs: list) -> bool:
 def end_call(call_id: int, uses: list) -> None:
     """The pipeline call has returned: what it wrote joins each family (a crop's results reach
     its parent), and operations waiting for it go ahead."""
-    _running.discard(call_id)
     failure = None
     with interrupts.deferred():
         for raw, family, use in uses:

@@ -12,12 +12,10 @@ the per-thread default stream (2), a different stream on every thread, is refuse
 
 from __future__ import annotations
 
-import threading
 from contextlib import contextmanager
 
 from shim.errors import ArgumentError
-
-_local = threading.local()
+from shim.native import ffi, lib
 
 # CUDA's names for its default streams: CU_STREAM_LEGACY is 0x1, but 0 means the same stream
 # to every driver call, and is what the shim keeps; CU_STREAM_PER_THREAD is 0x2.
@@ -52,14 +50,14 @@ def as_handle(stream) -> int:
 @contextmanager
 def stream(handle):
     """Run the pipelines this thread calls inside the block on ``handle``."""
-    previous = current()
-    _local.stream = as_handle(handle)
+    previous = lib.shim_thread_stream()  # (kept in C, where the fast paths read it)
+    lib.shim_thread_stream_set(ffi.cast("void *", as_handle(handle)))
     try:
         yield
     finally:
-        _local.stream = previous
+        lib.shim_thread_stream_set(previous)
 
 
 def current() -> int:
     """The calling thread's stream (0: the backend's default)."""
-    return getattr(_local, "stream", 0)
+    return int(ffi.cast("uintptr_t", lib.shim_thread_stream()))

@@ -300,6 +300,10 @@ class Backend(ABC):
 
     # --- ordering across streams, for backends with more than one queue -------------------
 
+    # Whether order_before and ran_on do anything (a backend with several queues whose work
+    # must be ordered): the prepared calls' C run leaves such pipelines to the Python run.
+    orders_streams = False
+
     def order_before(self, memory: Memory, stream: int) -> None:
         """Work about to be enqueued on ``stream`` (shim.stream; 0 the default) uses
         ``memory``: make it follow the work still pending on it from other streams."""

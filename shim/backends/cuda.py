@@ -243,6 +243,8 @@ class CUDABackend(Backend):
 
     # --- fences: the order of work across streams ---------------------------------------
 
+    orders_streams = True
+
     def ran_on(self, memory: CUDAMemory, stream: int) -> None:
         if not isinstance(memory, CUDAMemory):
             return

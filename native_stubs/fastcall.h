@@ -1,0 +1,67 @@
+/* What the translation units that use Python's C API (fastcall.c, prepared_call.c) share.
+ * Include after Python.h and shim_native.h. */
+#ifndef SHIM_FASTCALL_H
+#define SHIM_FASTCALL_H
+
+enum { SHIM_FAST_RAN, SHIM_FAST_DECLINED };
+
+/* Run a pipeline in the calling thread's fast-path call context, on the thread's stream, with
+ * the GIL released: shim_call_run's checks of `buffers` against `backends`, then argv_fn.
+ * DECLINED (nothing ran) at exit or without memory; else RAN with the call's id and status
+ * (which may be SHIM_CALL_NEEDS_PREPARATION: then it did not run either). GIL held. */
+int shim_fast_run(int (*argv_fn)(void **), void **argv, halide_buffer_t **buffers, int count,
+                  unsigned backends, uint64_t *id, int *status);
+
+/* After shim_fast_run: hand what the call printed, and its failure, to `finish(status, errors,
+ * prints, call id)`, which raises for a failure. 0, or -1 with the exception set. */
+int shim_fast_report(PyObject *finish, int status, uint64_t id);
+
+/* A buffer argument of a call, for its records in its family (call_records.c). */
+typedef struct {
+    halide_buffer_t *raw;
+    PyObject *record; /* the shim.Buffer's call record (shim/families.py, call_record) */
+    PyObject *buffer; /* the shim.Buffer */
+    PyObject *use;    /* the Use the call records (borrowed from the record) */
+    bool output;      /* the call writes it */
+    bool replaces;    /* ... without reading it first (no input of the call is it) */
+    bool array_input; /* it wraps a caller's array: host-dirty before every run */
+    bool to_host;     /* an output given as an array: its results go to host memory */
+} shim_member;
+
+/* The fields of a call record (a tuple). */
+enum {
+    RECORD_ADDRESS,       /* the struct's address, an int */
+    RECORD_RAW,           /* the struct, a cffi pointer */
+    RECORD_FAMILY,        /* its Family */
+    RECORD_LOCK,          /* family.lock */
+    RECORD_USES,          /* family.uses, a list */
+    RECORD_DEFERRED,      /* family.deferred, a list */
+    RECORD_USE_INPUT,     /* the Use of a call reading it */
+    RECORD_USE_REPLACING, /* ... of a call writing it without reading it */
+    RECORD_USE_UPDATING,  /* ... of a call writing it and reading it */
+    RECORD_ARRAY,         /* the Buffer's host memory, a numpy array */
+    RECORD_FIELDS
+};
+
+/* Fill `m` (holding references to the buffer and its record); false with an exception set
+ * for a malformed record. shim_member_clear lets go of them. */
+bool shim_member_init(shim_member *m, PyObject *buffer, PyObject *record, bool output,
+                      bool replaces, bool array_input, bool to_host);
+void shim_member_clear(shim_member *m);
+
+/* Record the call's uses in the members' families; false (nothing recorded) where that
+ * cannot be done at once: the caller then leaves the call to Python. */
+bool shim_members_begin(const shim_member *members, int count, PyObject *end_call);
+/* The pipeline ran (`host_write`: on the CPU): outputs become host-dirty. */
+void shim_members_ran(const shim_member *members, int count, bool host_write);
+/* End every use (through `end_call`, runtime.end_call, where that cannot be done at once),
+ * then run work deferred to the families; -1 with the first exception set. */
+int shim_members_end(const shim_member *members, int count, PyObject *end_call);
+/* The Buffers' read state (inputs read, outputs unread) and outputs given as arrays brought
+ * to host memory; -1 with an exception set. */
+int shim_members_results(const shim_member *members, int count);
+
+/* Interns the names call_records.c looks up; false with an exception set. */
+bool shim_call_records_ready(void);
+
+#endif
