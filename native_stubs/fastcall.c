@@ -346,6 +346,13 @@ static void mark_replacing(shim_member *members, int count) {
 
 /* --- running, shared with the prepared calls (prepared_call.c) ----------------------------- */
 
+void shim_object_free(PyObject *self) {
+    PyTypeObject *type = Py_TYPE(self);
+    freefunc free_slot = (freefunc)PyType_GetSlot(type, Py_tp_free);
+    free_slot(self);
+    Py_DECREF(type); /* an instance of a heap type holds a reference to it */
+}
+
 static __thread shim_call *thread_call;
 
 int shim_fast_run(int (*argv_fn)(void **), void **argv, halide_buffer_t **buffers, int count,
@@ -621,10 +628,7 @@ static void plan_dealloc(plan_object *plan) {
     Py_XDECREF(plan->finish);
     Py_XDECREF(plan->end_call);
     Py_XDECREF(plan->record_name);
-    PyTypeObject *type = Py_TYPE((PyObject *)plan);
-    freefunc free_slot = (freefunc)PyType_GetSlot(type, Py_tp_free);
-    free_slot(plan);
-    Py_DECREF(type);
+    shim_object_free((PyObject *)plan);
 }
 
 static PyMethodDef plan_methods[] = {

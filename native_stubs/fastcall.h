@@ -16,6 +16,10 @@ int shim_fast_run(int (*argv_fn)(void **), void **argv, halide_buffer_t **buffer
  * prints, call id)`, which raises for a failure. 0, or -1 with the exception set. */
 int shim_fast_report(PyObject *finish, int status, uint64_t id);
 
+/* The end of a tp_dealloc of the fast paths' types (heap types): free the object, drop the
+ * type's reference. */
+void shim_object_free(PyObject *self);
+
 /* A buffer argument of a call, for its records in its family (call_records.c). */
 typedef struct {
     halide_buffer_t *raw;

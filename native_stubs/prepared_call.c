@@ -135,10 +135,7 @@ static void run_dealloc(run_object *run) {
     Py_XDECREF(run->results);
     Py_XDECREF(run->finish);
     Py_XDECREF(run->end_call);
-    PyTypeObject *type = Py_TYPE((PyObject *)run);
-    freefunc free_slot = (freefunc)PyType_GetSlot(type, Py_tp_free);
-    free_slot(run);
-    Py_DECREF(type);
+    shim_object_free((PyObject *)run);
 }
 
 static PyType_Slot run_slots[] = {

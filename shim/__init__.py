@@ -27,8 +27,9 @@ from shim.errors import (
     ShimError,
 )
 from shim.metadata import Argument, ArgumentKind
-from shim.pipeline import Pipeline, PreparedCall, load
+from shim.pipeline import Pipeline, load
 from shim.profiler import Profile, profile
+from shim.running import PreparedCall
 from shim.streams import stream
 from shim.threads import num_threads, set_num_threads
 from shim.types import HalideType

@@ -27,13 +27,10 @@ class ScalarArgument:
 
     def default_bytes(self) -> bytes | None:
         """The default's C value (a halide_scalar_value_t), or None if there is none."""
-        if self._default is None:
-            return None
-        scalar, _ = self._default
-        return bytes(ffi.buffer(scalar))
+        return None if self._default is None else bytes(ffi.buffer(self._default))
 
     def convert(self, value):
-        """(a halide_scalar_value_t * for the pipeline, a hashable form of the value)."""
+        """The value as a halide_scalar_value_t * for the pipeline."""
         if value is MISSING:
             if self._default is None:
                 raise ArgumentError(self.arg.name, f"missing {self.arg.type} scalar (it has no default)")
@@ -45,7 +42,7 @@ class ScalarArgument:
         scalar = ffi.new("struct halide_scalar_value_t *")
         if htype.is_handle:
             scalar.u.handle = _handle(self.arg, value)
-            return scalar, int(ffi.cast("uintptr_t", scalar.u.handle))
+            return scalar
         number = _checked_number(self.arg, value)
         if htype.code == FLOAT and htype.bits == 16:
             scalar.u.u16 = int(np.array(number, np.float16).view(np.uint16))
@@ -53,7 +50,7 @@ class ScalarArgument:
             scalar.u.u16 = int(np.array(number, np.float32).view(np.uint32)) >> 16
         else:
             setattr(scalar.u, htype.scalar_field, number)
-        return scalar, number
+        return scalar
 
 
 def _handle(arg: Argument, value):

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 import shim
 from pipelines.build import Build, build_all
-from shim.pipeline import PreparedCall
+from shim.running import PreparedCall
 
 
 @pytest.fixture
