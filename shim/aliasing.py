@@ -25,9 +25,10 @@ Every function here is called with the family's lock held (see shim/runtime.py).
 
 from __future__ import annotations
 
-from shim.families import Family, Member, Use, address_of
+from shim.families import Family, Member, Use
 from shim.native import ffi, lib
-from shim.regions import box_plan, contains, intersect, subtract_all
+from shim.regions import (box_plan, contains, intersect, overlaps, subtract_all, with_box,
+                          without_box)
 
 HOST_DIRTY = lib.halide_buffer_flag_host_dirty
 DEVICE_DIRTY = lib.halide_buffer_flag_device_dirty
@@ -47,12 +48,13 @@ def adopt(family: Family, parent_raw, parent_box, view_raw, view_box) -> None:
     """Make ``view_raw`` (a crop or slice of ``parent_raw``, spanning ``view_box`` in the
     root's coordinates) a member: aliasing the allocation if there is one, else the proxy."""
     family.share(parent_raw, parent_box)
-    family.members[address_of(view_raw)] = Member(view_raw, view_box)
+    member = Member(view_raw, view_box)
+    family.members[member.address] = member
     lib.shim_flags_assign(view_raw, REGIONS, True)
     if family.memory is not None:
         attach(family, view_raw)
     else:
-        lib.shim_buffer_set_device(view_raw, address_of(view_raw), PROXY)
+        lib.shim_buffer_set_device(view_raw, member.address, PROXY)
     # Only the new member's bits: refreshing every member would make creating n crops cost
     # n squared.
     family.refresh_bits(view_raw, only=view_raw)
@@ -63,9 +65,9 @@ def allocate(family: Family, backend) -> None:
     memory holds nothing yet: the host is newer everywhere, so the first device use of any
     member uploads it (except where a running pipeline call writes it)."""
     family.backend, family.memory = backend, backend.allocate(family.root_layout.nbytes_span)
-    family.device_regions = []
-    family.host_regions = subtract_all([family.root_box()],
-                                       [use.box for use in family.uses if use.replaces])
+    family.device_regions = frozenset()
+    family.host_regions = frozenset(subtract_all([family.root_box()],
+                                                 [use.box for use in family.uses if use.replaces]))
     family.refresh_bits()  # before any member's handle is published (see runtime._allocate_behind_host)
     for member in list(family.members.values()):
         attach(family, member.raw)
@@ -76,7 +78,7 @@ def attach(family: Family, raw) -> None:
     if raw.device and not is_proxy(raw.device_interface):
         return
     offset = int(ffi.cast("uintptr_t", raw.host)) - family.root_host
-    nbytes = _span(family, family.box_of(raw))
+    nbytes = _span(family, family.member_of(raw).box)
     handle = family.backend.handle(family.memory, offset, nbytes)
     family.add_handle(handle, offset)
     lib.shim_buffer_set_device(raw, handle, lib.shim_backend_interface(family.backend.index))
@@ -94,36 +96,61 @@ def absorb(family: Family, raw, written: bool) -> None:
     wrote the member's whole box, on the side its bits say; that write is the newest, so it
     replaces whatever either side held there. Otherwise only bits no region explains count
     (set by code the shim did not see), and they may not overlap the other side's changes."""
-    box = family.box_of(raw)
-    flags = lib.shim_flags_get(raw)
-    sides = ((DEVICE_DIRTY, family.device_regions, family.host_regions, "device"),
-             (HOST_DIRTY, family.host_regions, family.device_regions, "host"))
+    member = family.member_of(raw)
     if written:
-        if flags & HOST_DIRTY and flags & DEVICE_DIRTY:
-            raise Conflict("a pipeline left its output marked newer on both the host and the "
-                           "device")
-        for bit, mine, other, _ in sides:
-            if flags & bit:
-                other[:] = subtract_all(other, [box])
-                add_region(mine, box)
-        family.refresh_bits(raw)
+        _take_output(family, member)
         return
-    for bit, mine, other, side in sides:
-        if not flags & bit or any(intersect(region, box) for region in mine):
+    flags = lib.shim_flags_get(raw)
+    for bit, side in ((DEVICE_DIRTY, "device"), (HOST_DIRTY, "host")):
+        if not flags & bit or overlaps(_regions(family, bit), member.box):
             continue
-        if any(intersect(region, box) for region in other):
+        if overlaps(_regions(family, _other(bit)), member.box):
             raise Conflict(f"part of this buffer changed on the {side} while the other side "
                            "held changes not yet copied")
-        add_region(mine, box)
+        _newer_on(family, bit, member)
     family.refresh_bits(raw)
 
 
-def add_region(regions: list, box) -> None:
-    """Add ``box`` to a list of regions, dropping those it contains (so that a buffer written
-    over and over does not grow its list)."""
-    regions[:] = [region for region in regions if not contains(box, region)]
-    if not any(contains(region, box) for region in regions):
-        regions.append(box)
+def _take_output(family: Family, member: Member) -> None:
+    """absorb, for a member a pipeline just wrote."""
+    side = lib.shim_flags_get(member.raw) & (HOST_DIRTY | DEVICE_DIRTY)
+    if side == HOST_DIRTY | DEVICE_DIRTY:
+        raise Conflict("a pipeline left its output marked newer on both the host and the device")
+    if side:
+        _newer_on(family, side, member)
+    family.refresh_bits(member.raw)
+
+
+def _other(bit: int) -> int:
+    return DEVICE_DIRTY if bit == HOST_DIRTY else HOST_DIRTY
+
+
+def _regions(family: Family, bit: int) -> frozenset:
+    """The family's changes on the side ``bit`` stands for."""
+    return family.host_regions if bit == HOST_DIRTY else family.device_regions
+
+
+def _newer_on(family: Family, bit: int, member: Member) -> None:
+    """``member``'s box is now newer on the side ``bit`` stands for: it joins that side's
+    regions and leaves the other's."""
+    family.host_regions, family.device_regions = member.derived(
+        _newer_on_host if bit == HOST_DIRTY else _newer_on_device,
+        family.host_regions, family.device_regions)
+
+
+# What calls do to a family's regions (host, device), as pure functions of a member's box and
+# the regions, for Member.derived.
+
+def _newer_on_host(box, host: frozenset, device: frozenset) -> tuple[frozenset, frozenset]:
+    return with_box(host, box), without_box(device, box)
+
+
+def _newer_on_device(box, host: frozenset, device: frozenset) -> tuple[frozenset, frozenset]:
+    return without_box(host, box), with_box(device, box)
+
+
+def _replaced(box, host: frozenset, device: frozenset) -> tuple[frozenset, frozenset]:
+    return without_box(host, box), without_box(device, box)
 
 
 def uncopied_changes(bit: int) -> Conflict:
@@ -139,44 +166,47 @@ def mark(family: Family, raw, bit: int, value: bool, transfer) -> None:
     """``Buffer.set_host_dirty`` / ``set_device_dirty`` on a member. Setting a side dirty
     first brings the other side's changes over (they cannot overlap this member: that is a
     conflict), so that the family never holds changes on both sides."""
-    box = family.box_of(raw)
-    mine, other = ((family.host_regions, family.device_regions) if bit == HOST_DIRTY
-                   else (family.device_regions, family.host_regions))
+    member = family.member_of(raw)
+    other = _regions(family, _other(bit))
     if value:
-        if any(intersect(region, box) for region in other):
+        if overlaps(other, member.box):
             raise uncopied_changes(bit)
         if other:
             if bit == HOST_DIRTY:
                 download_all(family, transfer, raw)
             else:
                 upload_all(family, transfer, raw)
-        add_region(mine, box)
+        _newer_on(family, bit, member)  # (the other side holds no changes now)
+    elif bit == HOST_DIRTY:
+        family.host_regions = without_box(family.host_regions, member.box)
     else:
-        mine[:] = subtract_all(mine, [box])
+        family.device_regions = without_box(family.device_regions, member.box)
     family.refresh_bits(raw)
 
 
 def download(family: Family, raw, transfer) -> None:
     """copy_to_host of a member: download the changed boxes that overlap it."""
-    box = family.box_of(raw)
-    if lib.shim_flags_get(raw) & DEVICE_DIRTY and not any(intersect(r, box) for r in family.device_regions):
-        add_region(family.device_regions, box)  # dirty for a reason the shim did not see
+    member = family.member_of(raw)
+    box = member.box
+    if lib.shim_flags_get(raw) & DEVICE_DIRTY and not overlaps(family.device_regions, box):
+        # dirty for a reason the shim did not see
+        family.device_regions = with_box(family.device_regions, box)
     parts = [part for part in (intersect(region, box) for region in family.device_regions) if part]
     _move(family, parts, to_device=False, transfer=transfer)
-    family.device_regions = subtract_all(family.device_regions, parts)
+    family.device_regions = frozenset(subtract_all(family.device_regions, parts))
     family.refresh_bits(raw)
 
 
 def download_all(family: Family, transfer, active=None) -> None:
     _move(family, family.device_regions, to_device=False, transfer=transfer)
-    family.device_regions = []
+    family.device_regions = frozenset()
     family.refresh_bits(active)
 
 
 def upload_all(family: Family, transfer, active=None) -> None:
     """Before a member is used on the device: every host-side change goes up."""
     _move(family, family.host_regions, to_device=True, transfer=transfer)
-    family.host_regions = []
+    family.host_regions = frozenset()
     family.refresh_bits(active)
 
 
@@ -189,8 +219,8 @@ def begin_call(family: Family, use: Use, raw) -> None:
         # The call's results replace what either side held there: nothing there is to be
         # uploaded or downloaded any more (an upload queued after its kernels would even
         # overwrite their results).
-        family.host_regions = subtract_all(family.host_regions, [use.box])
-        family.device_regions = subtract_all(family.device_regions, [use.box])
+        family.host_regions, family.device_regions = family.members[use.address].derived(
+            _replaced, family.host_regions, family.device_regions)
         lib.shim_flags_assign(raw, HOST_DIRTY | DEVICE_DIRTY, False)
 
 
@@ -199,8 +229,8 @@ def end_call(family: Family, use: Use, raw) -> None:
     family (once the call has no other use of it: it may be its input and its output)."""
     family.uses.remove(use)
     if use.output:
-        absorb(family, raw, True)
-    elif not family.in_use(address_of(raw)):
+        _take_output(family, family.members[use.address])
+    elif not family.in_use(use.address):
         family.refresh_bits(raw)
 
 

@@ -22,6 +22,10 @@ from typing import NamedTuple
 
 from shim import interrupts
 from shim.native import ffi, lib
+from shim.regions import Layout, overlaps
+
+HOST_DIRTY = lib.halide_buffer_flag_host_dirty
+DEVICE_DIRTY = lib.halide_buffer_flag_device_dirty
 
 
 class FamilyLock:
@@ -81,11 +85,56 @@ class FamilyLock:
             self._changed.notify_all()
 
 
-class Member(NamedTuple):
-    """A shim.Buffer's struct in a shared family, and its box in the root's coordinates."""
+class Member:
+    """A shim.Buffer's struct in a shared family, and its box in the root's coordinates.
 
-    raw: object
-    box: tuple
+    The box is fixed for the struct's lifetime, and what the family's operations work out from
+    it depends only on the box and the family's regions (immutable sets). Calls on a member
+    take the regions back and forth between the same few states (an output's box leaves them
+    when a call starts and comes back when it ends), so the member remembers those results by
+    state (``derived``): working them out on every call made a call on a crop cost several
+    times the same call on a whole buffer."""
+
+    __slots__ = ("raw", "address", "box", "_known")
+
+    def __init__(self, raw, box):
+        self.raw, self.address, self.box = raw, address_of(raw), box
+        self._known: dict = {}
+
+    def derived(self, function, host: frozenset, device: frozenset):
+        """``function(box, host, device)``, a pure function, for this member's box and the
+        family's regions ``host`` and ``device``."""
+        key = (function, host, device)
+        known = self._known.get(key)
+        if known is None:
+            if len(self._known) >= _REMEMBERED_STATES:
+                self._known.clear()  # a family that keeps reaching new states: start over
+            known = self._known[key] = function(self.box, host, device)
+        return known
+
+
+# Results a member remembers (states times operations), so that a family that keeps reaching
+# new states does not grow without bound.
+_REMEMBERED_STATES = 64
+
+
+def _dirty_bits(box, host: frozenset, device: frozenset) -> int:
+    """The dirty bits of a member with ``box``: a side's bit where it overlaps one of that
+    side's regions."""
+    return ((HOST_DIRTY if overlaps(host, box) else 0)
+            | (DEVICE_DIRTY if overlaps(device, box) else 0))
+
+
+def _put_dirty(raw, bits: int) -> None:
+    """Give ``raw`` the dirty bits ``bits``, setting before clearing: a member never looks
+    clean, even for a moment, where it is not (the native layer's no-op checks read its flags
+    without the lock; with both bits set they leave the call to the Python core, which waits
+    for the lock)."""
+    now = lib.shim_flags_get(raw) & (HOST_DIRTY | DEVICE_DIRTY)
+    if bits & ~now:
+        lib.shim_flags_assign(raw, bits & ~now, True)
+    if now & ~bits:
+        lib.shim_flags_assign(raw, now & ~bits, False)
 
 
 class Use(NamedTuple):
@@ -106,9 +155,10 @@ class Family:
     A family whose root Buffer has crops or slices is *shared*: its members are windows on one
     host region (the root's) and one device allocation mirroring it. Which parts are newer on
     which side is kept as boxes in the root's coordinates (``host_regions``,
-    ``device_regions``), never both at once, and every member's dirty bits are derived from
+    ``device_regions``, frozensets: replaced, never changed in place, so that a state can be
+    recognized (see Member)), never both at once, and every member's dirty bits are derived from
     them, so that the C fast paths, which read only a struct's own flags, stay right for the
-    whole family. The operations on shared families live in shim/runtime.py.
+    whole family. The operations on shared families live in shim/aliasing.py.
     """
 
     __slots__ = ("lock", "backend", "memory", "handles", "deferred", "members", "root_host",
@@ -128,8 +178,8 @@ class Family:
         self.members: dict[int, Member] | None = None
         self.root_host = 0
         self.root_layout = None
-        self.host_regions: list = []
-        self.device_regions: list = []
+        self.host_regions: frozenset = frozenset()
+        self.device_regions: frozenset = frozenset()
         # The pipeline calls running on members right now. Generated code may be setting their
         # flags and its kernels reading or writing their memory: operations of other threads
         # wait for the calls that touch the same elements (shim/runtime.py), and derived dirty
@@ -144,18 +194,17 @@ class Family:
         """Become a shared family whose root is ``root_raw``; its dirty bits become regions."""
         if self.shared:
             return
-        from shim.regions import Layout
-
         self.root_host = int(ffi.cast("uintptr_t", root_raw.host))
         self.root_layout = Layout.of(root_raw)
-        self.members = {address_of(root_raw): Member(root_raw, root_box)}
+        root = Member(root_raw, root_box)
+        self.members = {root.address: root}
         lib.shim_flags_assign(root_raw, lib.SHIM_BUFFER_FLAG_REGIONS, True)
         flags = lib.shim_flags_get(root_raw)
-        self.host_regions = [root_box] if flags & lib.halide_buffer_flag_host_dirty else []
-        self.device_regions = [root_box] if flags & lib.halide_buffer_flag_device_dirty else []
+        self.host_regions = frozenset([root_box] if flags & HOST_DIRTY else [])
+        self.device_regions = frozenset([root_box] if flags & DEVICE_DIRTY else [])
 
-    def box_of(self, raw):
-        return self.members[address_of(raw)].box
+    def member_of(self, raw) -> Member:
+        return self.members[address_of(raw)]
 
     def root_box(self) -> tuple:
         layout = self.root_layout
@@ -168,17 +217,15 @@ class Family:
         """Set each member's dirty bits from the regions: dirty where it overlaps one. Members
         a pipeline is running on are left alone (their kernels set their bits, and the call's
         end takes them in), except ``active``, the member the current operation is for.
-        ``only``: refresh that member alone (nothing else changed)."""
-        from shim.regions import intersect
-
-        members = [self.members[address_of(only)]] if only is not None else list(self.members.values())
+        ``only``: refresh that member alone (nothing else changed). (Members cannot come or
+        go meanwhile: that takes the lock, which the caller holds.)"""
+        host, device = self.host_regions, self.device_regions
+        busy = self.uses and [use.address for use in self.uses]
+        members = (self.member_of(only),) if only is not None else self.members.values()
         for member in members:
-            if member.raw != active and self.in_use(address_of(member.raw)):
+            if member.address in busy and member.raw != active:
                 continue
-            for bit, regions in ((lib.halide_buffer_flag_host_dirty, self.host_regions),
-                                 (lib.halide_buffer_flag_device_dirty, self.device_regions)):
-                dirty = any(intersect(region, member.box) for region in regions)
-                lib.shim_flags_assign(member.raw, bit, dirty)
+            _put_dirty(member.raw, member.derived(_dirty_bits, host, device))
 
     def add_handle(self, handle: int, offset: int) -> None:
         """One more halide_buffer_t (or DLPack export) carries ``handle``, ``offset`` bytes

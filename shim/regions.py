@@ -228,6 +228,23 @@ def subtract_all(boxes, holes) -> list:
     return boxes
 
 
+def overlaps(regions, box) -> bool:
+    """Whether one of ``regions`` overlaps ``box``."""
+    return any(intersect(region, box) for region in regions)
+
+
+def without_box(regions: frozenset, box) -> frozenset:
+    """``regions`` less ``box`` (those it cuts, in pieces)."""
+    return frozenset(subtract_all(regions, [box]))
+
+
+def with_box(regions: frozenset, box) -> frozenset:
+    """``regions`` and ``box``: the regions ``box`` contains go (so that a buffer written over
+    and over does not grow its set), and ``box`` joins unless one of the others contains it."""
+    kept = frozenset(region for region in regions if not contains(box, region))
+    return kept if any(contains(region, box) for region in kept) else kept | {box}
+
+
 def box_plan(layout: Layout, box, device_offset: int, to_device: bool) -> CopyPlan:
     """The copy of the elements of ``box`` (in ``layout``'s coordinates) between host memory
     laid out as ``layout`` and a device allocation mirroring it from ``device_offset``."""

@@ -747,7 +747,7 @@ def begin_call(call_id: int, arguments, host_write: bool) -> list:
 def _begin_use(call_id: int, raw, family: Family, output: bool, inputs: list,
                host_write: bool) -> Use:
     address = families.address_of(raw)
-    box = family.box_of(raw) if family.shared else None
+    box = family.members[address].box if family.shared else None
     replaces = output and not _reads(family, address, box, inputs)
     use = Use(call_id, address, box, output, replaces)
     if family.shared:
@@ -769,8 +769,11 @@ def _reads(family: Family, address: int, box, inputs: list) -> bool:
         return True
     if not family.shared:
         return False
-    members = [family.members.get(input_address) for input_address in inputs]
-    return any(member is not None and intersect(member.box, box) for member in members)
+    for input_address in inputs:
+        member = family.members.get(input_address)
+        if member is not None and intersect(member.box, box):
+            return True
+    return False
 
 
 def end_call(call_id: int, uses: list) -> None:
@@ -782,9 +785,7 @@ def end_call(call_id: int, uses: list) -> None:
             with family.lock:
                 try:
                     if family.shared:
-                        _in_runtime_call("after the pipeline", aliasing.end_call,
-                                         E.halide_error_code_host_and_device_dirty, family, use,
-                                         raw)
+                        _take_results(family, use, raw)
                     else:
                         family.uses.remove(use)
                 except DeviceError as e:
@@ -795,6 +796,23 @@ def end_call(call_id: int, uses: list) -> None:
                 family.run_deferred()
     if failure is not None:
         raise failure
+
+
+def _take_results(family: Family, use: Use, raw) -> None:
+    """aliasing.end_call, for end_call. It copies nothing and waits for nothing, so it runs
+    as it is: as a runtime call it would cost more than the rest of a call on a crop. Only a
+    failure goes through one, to reach the caller as any other does (DeviceError, message)."""
+    try:
+        aliasing.end_call(family, use, raw)
+    except BaseException as e:
+        failure = e
+
+        def replay(family: Family) -> None:
+            raise failure
+
+        replay.__name__ = aliasing.end_call.__name__  # (the message names the operation)
+        _in_runtime_call("after the pipeline", replay, E.halide_error_code_host_and_device_dirty,
+                         family)
 
 
 def _in_runtime_call(what: str, operation, failure_code: int, family: Family, *args) -> None:

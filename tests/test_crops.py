@@ -175,6 +175,28 @@ def test_device_writes_through_crops_reach_the_parent(host_device):
     assert not (parent.device_dirty or left.device_dirty or right.device_dirty)
 
 
+def test_many_crops_written_in_turn(libraries, host_device):
+    """A member remembers what calls do to its family's regions, state by state (Member in
+    shim/families.py); writing 80 crops in turn takes the family through more states than a
+    member keeps, so it forgets them and works them out again, and the results stay right."""
+    crop_fill = shim.load(libraries["crop_fill", "host", "no_runtime"])
+    data = np.full((4, 80), -1, np.int32)
+    parent = shim.Buffer(data)
+    parent.copy_to_device(host_device)
+    columns = [parent.cropped(0, x, 1) for x in range(80)]
+    ys, xs = np.mgrid[0:4, 0:80]
+    for param in (1, 2):
+        for column in columns:
+            crop_fill(param=param, f=column)
+            assert column.host_dirty and parent.host_dirty and not parent.device_dirty
+        assert all(column.host_dirty for column in columns)
+        parent.copy_to_device()  # every column's results go up, and every bit clears
+        assert not parent.host_dirty and not any(column.host_dirty for column in columns)
+        np.testing.assert_array_equal(device_view(parent), fill(xs, ys, param))
+    members = parent._family.members.values()
+    assert max(len(member._known) for member in members) <= shim.families._REMEMBERED_STATES
+
+
 def test_a_host_dirty_parent_is_uploaded_before_a_crop_is_used(libraries, opencl):
     brighten = shim.load(libraries["brighten", "opencl", "no_runtime"])
     data = np.ones((8, 8), np.float32)
