@@ -26,7 +26,54 @@
 #include "shim_native.h"
 #include "fastcall.h"
 
-static PyObject *s_owner, *s_waiting, *s_run_deferred, *s_copy_to_host, *s_unread;
+static PyObject *s_run_deferred, *s_copy_to_host;
+
+/* --- slots read and written directly ------------------------------------------------------ */
+
+/* An attribute kept in a __slots__ slot of objects of one type, read and written through its
+ * member descriptor: getattr's type and dict lookups cost more than the rest of a call's
+ * bookkeeping. Objects of another type take the generic way. */
+typedef struct {
+    PyTypeObject *type;
+    PyObject *name, *descr;
+    descrgetfunc get;
+    descrsetfunc set;
+} slot;
+
+static slot buffer_record, buffer_unread, lock_owner, lock_waiting;
+
+static bool slot_init(slot *s, PyObject *type, const char *name) {
+    if (s->type != NULL) {
+        return (PyObject *)s->type == type;
+    }
+    s->name = PyUnicode_InternFromString(name);
+    s->descr = s->name ? PyObject_GetAttr(type, s->name) : NULL; /* the class's: the descriptor */
+    if (s->descr == NULL) {
+        return false;
+    }
+    s->get = (descrgetfunc)PyType_GetSlot(Py_TYPE(s->descr), Py_tp_descr_get);
+    s->set = (descrsetfunc)PyType_GetSlot(Py_TYPE(s->descr), Py_tp_descr_set);
+    if (s->get == NULL || s->set == NULL) {
+        PyErr_Format(PyExc_TypeError, "%s is not a slot", name);
+        return false;
+    }
+    s->type = (PyTypeObject *)Py_NewRef(type);
+    return true;
+}
+
+static PyObject *slot_get(const slot *s, PyObject *object) {
+    return Py_TYPE(object) == s->type ? s->get(s->descr, object, (PyObject *)s->type)
+                                      : PyObject_GetAttr(object, s->name);
+}
+
+static int slot_set(const slot *s, PyObject *object, PyObject *value) {
+    return Py_TYPE(object) == s->type ? s->set(s->descr, object, value)
+                                      : PyObject_SetAttr(object, s->name, value);
+}
+
+PyObject *shim_buffer_record(PyObject *buffer) {
+    return slot_get(&buffer_record, buffer);
+}
 
 /* A field of the member's Buffer's record (families.call_record), borrowed. */
 static PyObject *field(const shim_member *m, int index) {
@@ -65,15 +112,17 @@ void shim_member_clear(shim_member *m) {
 /* Whether no thread holds the family's lock (see above), and (`no_waiters`) none waits on it. */
 static bool lock_free(const shim_member *m, bool no_waiters) {
     PyObject *lock = field(m, RECORD_LOCK);
-    PyObject *owner = PyObject_GetAttr(lock, s_owner);
+    PyObject *owner = slot_get(&lock_owner, lock);
     bool free_ = owner == Py_None;
     Py_XDECREF(owner);
     if (free_ && no_waiters) {
-        PyObject *waiting = PyObject_GetAttr(lock, s_waiting);
+        PyObject *waiting = slot_get(&lock_waiting, lock);
         free_ = waiting != NULL && PyObject_IsTrue(waiting) == 0;
         Py_XDECREF(waiting);
     }
-    PyErr_Clear();
+    if (!free_ && PyErr_Occurred()) {
+        PyErr_Clear(); /* (a lock without the attributes: Python takes the call) */
+    }
     return free_;
 }
 
@@ -172,19 +221,26 @@ bool shim_members_begin(const shim_member *members, int count, PyObject *end_cal
     return true;
 }
 
+/* Keep the exception set now if none is kept yet, else drop it. */
+static void keep_first_error(PyObject **type, PyObject **value, PyObject **traceback) {
+    if (*type == NULL) {
+        PyErr_Fetch(type, value, traceback);
+    } else {
+        PyErr_Clear();
+    }
+}
+
 int shim_members_end(const shim_member *members, int count, PyObject *end_call) {
     PyObject *type = NULL, *value = NULL, *traceback = NULL;
     for (int i = 0; i < count; i++) {
-        if (end_use(&members[i], end_call) < 0 && type == NULL) {
-            PyErr_Fetch(&type, &value, &traceback);
+        if (end_use(&members[i], end_call) < 0) {
+            keep_first_error(&type, &value, &traceback);
         }
-        PyErr_Clear();
     }
     for (int i = 0; i < count; i++) {
-        if (run_deferred(&members[i]) < 0 && type == NULL) {
-            PyErr_Fetch(&type, &value, &traceback);
+        if (run_deferred(&members[i]) < 0) {
+            keep_first_error(&type, &value, &traceback);
         }
-        PyErr_Clear();
     }
     if (type != NULL) {
         PyErr_Restore(type, value, traceback);
@@ -206,7 +262,7 @@ void shim_members_ran(const shim_member *members, int count, bool host_write) {
 int shim_members_results(const shim_member *members, int count) {
     for (int i = 0; i < count; i++) {
         const shim_member *m = &members[i];
-        if (PyObject_SetAttr(m->buffer, s_unread, m->output ? Py_True : Py_False) < 0) {
+        if (slot_set(&buffer_unread, m->buffer, m->output ? Py_True : Py_False) < 0) {
             return -1;
         }
     }
@@ -223,16 +279,19 @@ int shim_members_results(const shim_member *members, int count) {
     return 0;
 }
 
-bool shim_call_records_ready(void) {
-    struct { PyObject **name; const char *text; } names[] = {
-        {&s_owner, "owner"}, {&s_waiting, "waiting"}, {&s_run_deferred, "run_deferred"},
-        {&s_copy_to_host, "copy_to_host"}, {&s_unread, "_unread"},
-    };
-    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
-        if (*names[i].name == NULL &&
-            (*names[i].name = PyUnicode_InternFromString(names[i].text)) == NULL) {
-            return false;
+bool shim_call_records_ready(PyObject *buffer_type, PyObject *lock_type) {
+    if ((s_run_deferred == NULL && (s_run_deferred = PyUnicode_InternFromString("run_deferred")) == NULL) ||
+        (s_copy_to_host == NULL && (s_copy_to_host = PyUnicode_InternFromString("copy_to_host")) == NULL)) {
+        return false;
+    }
+    if (!slot_init(&buffer_record, buffer_type, "_record") ||
+        !slot_init(&buffer_unread, buffer_type, "_unread") ||
+        !slot_init(&lock_owner, lock_type, "owner") ||
+        !slot_init(&lock_waiting, lock_type, "waiting")) {
+        if (!PyErr_Occurred()) {
+            PyErr_SetString(PyExc_TypeError, "the call records' types changed");
         }
+        return false;
     }
     return true;
 }

@@ -54,7 +54,7 @@ typedef struct {
     PyObject *buffer_type; /* shim.Buffer */
     PyObject *finish;      /* finish(result, errors, prints, call id): raises or reports */
     PyObject *end_call;    /* runtime.end_call, for uses the fast path cannot end itself */
-    PyObject *record_name; /* "_record" */
+    PyObject *general_name; /* "_call_in_python" */
     void *user_context;    /* what __user_context points to */
     /* Argument shapes and scalar values the bounds query accepted, most recent first. */
     bounds_key known[BOUNDS_CACHE];
@@ -298,7 +298,7 @@ static bool describe(const argument_spec *a, const Py_buffer *view, halide_buffe
  * Buffer and its record when this returns true. */
 static bool buffer_argument(plan_object *plan, const argument_spec *a, PyObject *value,
                             shim_member *m) {
-    PyObject *record = PyObject_GetAttr(value, plan->record_name);
+    PyObject *record = shim_buffer_record(value);
     bool made = record != NULL &&
                 shim_member_init(m, value, record, a->role == ROLE_OUTPUT, false, false, false);
     Py_XDECREF(record);
@@ -320,8 +320,9 @@ static bool buffer_argument(plan_object *plan, const argument_spec *a, PyObject 
                                   PyBUF_STRIDES | PyBUF_WRITABLE) == 0;
         if (fits) {
             PyBuffer_Release(&view);
+        } else {
+            PyErr_Clear(); /* read-only: refused, with its name, by the general path */
         }
-        PyErr_Clear();
     }
     if (!fits) {
         shim_member_clear(m);
@@ -387,12 +388,7 @@ int shim_fast_report(PyObject *finish, int status, uint64_t id) {
 
 
 /* The call: NotImplemented when the general path must take it (nothing has run then). */
-static PyObject *plan_call(plan_object *plan, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 2 || !PyTuple_Check(args[0]) || (args[1] != Py_None && !PyDict_Check(args[1]))) {
-        PyErr_SetString(PyExc_TypeError, "call(args, kwargs)");
-        return NULL;
-    }
-    PyObject *positional = args[0], *named = args[1] == Py_None ? NULL : args[1];
+static PyObject *fast_call(plan_object *plan, PyObject *positional, PyObject *named) {
     if (!plan->fast || shim_profile_on() || shim_calls_closed()) {
         Py_RETURN_NOTIMPLEMENTED;
     }
@@ -544,17 +540,21 @@ static int read_bound(PyObject *value, const argument_spec *a, struct halide_sca
 }
 
 /* Plan(argv_fn address, arguments, fast, host_write, backends, numpy.ndarray, shim.Buffer,
- * finish, end_call): ``arguments`` is a sequence of (name, role, type code, bits, dimensions,
- * min, max, default C value as bytes or None). */
+ * families.FamilyLock, finish, end_call): ``arguments`` is a sequence of (name, role, type
+ * code, bits, dimensions, min, max, default C value as bytes or None). */
 static int plan_init(plan_object *plan, PyObject *args, PyObject *kwargs) {
-    PyObject *address, *specs, *array_type, *buffer_type, *finish, *end_call;
+    PyObject *address, *specs, *array_type, *buffer_type, *lock_type, *finish, *end_call;
     int fast, host_write, backends;
-    if (!PyArg_ParseTuple(args, "OOppiOOOO", &address, &specs, &fast, &host_write, &backends,
-                          &array_type, &buffer_type, &finish, &end_call)) {
+    if (!PyArg_ParseTuple(args, "OOppiOOOOO", &address, &specs, &fast, &host_write, &backends,
+                          &array_type, &buffer_type, &lock_type, &finish, &end_call)) {
         return -1;
     }
-    if (!shim_call_records_ready() ||
-        (plan->record_name = PyUnicode_InternFromString("_record")) == NULL) {
+    if (plan->finish != NULL) {
+        PyErr_SetString(PyExc_TypeError, "a CallPlan is made once");
+        return -1;
+    }
+    if (!shim_call_records_ready(buffer_type, lock_type) ||
+        (plan->general_name = PyUnicode_InternFromString("_call_in_python")) == NULL) {
         return -1;
     }
     plan->host_write = host_write;
@@ -627,31 +627,49 @@ static void plan_dealloc(plan_object *plan) {
     Py_XDECREF(plan->buffer_type);
     Py_XDECREF(plan->finish);
     Py_XDECREF(plan->end_call);
-    Py_XDECREF(plan->record_name);
+    Py_XDECREF(plan->general_name);
     shim_object_free((PyObject *)plan);
 }
 
+/* Calling a Pipeline (CallPlan is its base class): the fast path, else the general path,
+ * the Pipeline's _call_in_python(*args, **kwargs), with no Python frame in between. */
+static PyObject *plan_tp_call(PyObject *self, PyObject *args, PyObject *kwargs) {
+    plan_object *plan = (plan_object *)self;
+    PyObject *result = plan->fast ? fast_call(plan, args, kwargs) : Py_NewRef(Py_NotImplemented);
+    if (result != Py_NotImplemented) {
+        return result;
+    }
+    Py_DECREF(result);
+    PyObject *general = PyObject_GetAttr(self, plan->general_name);
+    if (general == NULL) {
+        return NULL;
+    }
+    result = PyObject_Call(general, args, kwargs);
+    Py_DECREF(general);
+    return result;
+}
+
 static PyMethodDef plan_methods[] = {
-    {"call", (PyCFunction)(void (*)(void))plan_call, METH_FASTCALL,
-     "call(args, kwargs): the outputs, or NotImplemented for the general path"},
-    {"known", (PyCFunction)plan_known, METH_O,
-     "known(argv address): whether these shapes and scalars passed the bounds query"},
-    {"remember", (PyCFunction)plan_remember, METH_O,
-     "remember(argv address): these shapes and scalars passed the bounds query"},
+    {"_known", (PyCFunction)plan_known, METH_O,
+     "_known(argv address): whether these shapes and scalars passed the bounds query"},
+    {"_remember", (PyCFunction)plan_remember, METH_O,
+     "_remember(argv address): these shapes and scalars passed the bounds query"},
     {NULL, NULL, 0, NULL},
 };
 
 static PyType_Slot plan_slots[] = {
     {Py_tp_init, plan_init},
     {Py_tp_dealloc, plan_dealloc},
+    {Py_tp_call, plan_tp_call},
     {Py_tp_methods, plan_methods},
     {Py_tp_new, PyType_GenericNew},
-    {Py_tp_doc, "A pipeline's call plan: its fast path and its bounds cache."},
+    {Py_tp_doc, "The base of shim.Pipeline: its fast path and its bounds cache."},
     {0, NULL},
 };
 
 static PyType_Spec plan_spec = {
-    "shim._native.CallPlan", sizeof(plan_object), 0, Py_TPFLAGS_DEFAULT, plan_slots,
+    "shim._native.CallPlan", sizeof(plan_object), 0, Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
+    plan_slots,
 };
 
 void *shim_fastcall_plan_type(void) {

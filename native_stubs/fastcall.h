@@ -65,7 +65,10 @@ int shim_members_end(const shim_member *members, int count, PyObject *end_call);
  * to host memory; -1 with an exception set. */
 int shim_members_results(const shim_member *members, int count);
 
-/* Interns the names call_records.c looks up; false with an exception set. */
-bool shim_call_records_ready(void);
+/* Readies call_records.c for shim.Buffer and families.FamilyLock, whose slots it reads and
+ * writes; false with an exception set. Before any other call here. */
+bool shim_call_records_ready(PyObject *buffer_type, PyObject *lock_type);
+/* A shim.Buffer's call record (a new reference), NULL with an exception set. */
+PyObject *shim_buffer_record(PyObject *buffer);
 
 #endif

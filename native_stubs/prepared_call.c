@@ -154,7 +154,7 @@ static PyType_Spec run_spec = {
 
 void *shim_prepared_run_type(void) {
     static PyObject *type;
-    if (type == NULL && shim_call_records_ready() &&
+    if (type == NULL &&
         (s_run_in_python != NULL || (s_run_in_python = PyUnicode_InternFromString("_run_in_python")))) {
         type = PyType_FromSpec(&run_spec);
     }

@@ -33,13 +33,15 @@ class FamilyLock:
     finalizer, from the garbage collector) must not wait for a lock its own thread holds. Its
     condition wakes threads waiting for pipeline calls on the family to end (``Family.uses``)."""
 
-    __slots__ = ("_lock", "_changed", "owner", "_waiting")
+    __slots__ = ("_lock", "_changed", "owner", "waiting")
 
     def __init__(self):
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
         self.owner = None
-        self._waiting = 0  # threads in wait(): notify_all costs nothing without them
+        # Threads in wait(): notify_all costs nothing without them. (A plain attribute: the C
+        # fast paths read it, and owner, at every call.)
+        self.waiting = 0
 
     def acquire(self) -> None:
         # Blocking here releases the GIL, so a thread waiting for a family never stops the
@@ -60,11 +62,6 @@ class FamilyLock:
     def __exit__(self, *exc) -> None:
         self.release()
 
-    @property
-    def waiting(self) -> int:
-        """How many threads are in ``wait``."""
-        return self._waiting
-
     def held_by_current_thread(self) -> bool:
         return self.owner == threading.get_ident()
 
@@ -72,16 +69,16 @@ class FamilyLock:
         """With the lock held: release it until ``notify_all`` (or ``timeout``), then hold it
         again."""
         self.owner = None
-        self._waiting += 1
+        self.waiting += 1
         try:
             self._changed.wait(timeout)
         finally:
-            self._waiting -= 1
+            self.waiting -= 1
             self.owner = threading.get_ident()
 
     def notify_all(self) -> None:
         """With the lock held: wake the threads in ``wait``."""
-        if self._waiting:
+        if self.waiting:
             self._changed.notify_all()
 
 

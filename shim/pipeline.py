@@ -15,6 +15,7 @@ import numpy as np
 from shim import runtime
 from shim.binding import Signature, bounds_query, check_bounds, free_temporaries
 from shim.buffer import Buffer
+from shim.families import FamilyLock
 from shim.library import Library
 from shim.metadata import Argument
 from shim.native import CallPlan, ffi
@@ -33,7 +34,7 @@ def load(path, name: str | None = None) -> Pipeline:
     return Pipeline(path, name)
 
 
-class Pipeline:
+class Pipeline(CallPlan):
     """A loaded pipeline. Call it with arguments by position (metadata order) or by name.
 
     Inputs are numpy arrays, shim.Buffers or other CPU array-likes; scalars are Python numbers;
@@ -50,11 +51,12 @@ class Pipeline:
                                     self.device_kinds)
         self.arguments = self._signature.arguments
         self._runner = Runner(self.name, self._library.argv_fn, self.device_kinds)
-        # The fast path and the cache of argument shapes that passed the bounds query.
+        # The fast path and the cache of argument shapes that passed the bounds query: CallPlan,
+        # in C (native_stubs/fastcall.c), whose __call__ is the Pipeline's.
         runner = self._runner
-        self._plan = CallPlan(self._library.argv_address, self._signature.plan_entries(),
-                              runner.native_calls, runner.host_write, runner.backend_mask,
-                              np.ndarray, Buffer, runner.finish_fast, runtime.end_call)
+        super().__init__(self._library.argv_address, self._signature.plan_entries(),
+                         runner.native_calls, runner.host_write, runner.backend_mask, np.ndarray,
+                         Buffer, FamilyLock, runner.finish_fast, runtime.end_call)
 
     @property
     def inputs(self) -> list[Argument]:
@@ -67,12 +69,11 @@ class Pipeline:
     def __repr__(self) -> str:
         return f"<shim.Pipeline {self.name} target={self.target} from {self.path}>"
 
-    def __call__(self, *args, **kwargs):
-        results = self._plan.call(args, kwargs)
-        if results is NotImplemented:  # (the fast path declined before running anything)
-            with self.prepare(*args, **kwargs) as call:
-                return call()
-        return results
+    # Calling a Pipeline (CallPlan's __call__) takes the fast path, which declines before
+    # anything has run whatever it cannot take exactly as the general path would; then:
+    def _call_in_python(self, *args, **kwargs):
+        with self.prepare(*args, **kwargs) as call:
+            return call()
 
     def prepare(self, *args, **kwargs) -> PreparedCall:
         """Marshal the arguments once and check them with the pipeline's bounds query; the
@@ -92,9 +93,9 @@ class Pipeline:
         Shapes and scalars that passed once are remembered (the plan's cache, which the fast
         path reads too)."""
         argv_address = int(ffi.cast("uintptr_t", call.argv))
-        if self._plan.known(argv_address):
+        if self._known(argv_address):
             return
         query_argv, queries = bounds_query(call)
         self._runner.run_query(query_argv)
         check_bounds(queries)
-        self._plan.remember(argv_address)
+        self._remember(argv_address)
