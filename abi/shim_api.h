@@ -107,16 +107,21 @@ void *shim_call_stream(const shim_call *call);
 
 /* OpenCL (native_stubs/opencl.c). A device handle points to one of these; the first two
  * fields are Halide's own handle layout. */
+typedef struct shim_cl_staging shim_cl_staging;
 typedef struct shim_cl_handle {
     uint64_t offset;   /* bytes from the start of mem to the buffer's min element */
     void *mem;         /* cl_mem of the allocation */
     void *launch_mem;  /* what kernels get: mem or a sub-buffer; NULL if offset is misaligned */
+    shim_cl_staging *staging;  /* launches' copy of a misaligned crop, kept for the next one */
 } shim_cl_handle;
 
 typedef struct shim_cl_module shim_cl_module;
 /* Bind launches to the ICD loader pyopencl uses and to the backend's context and queue. */
 int shim_opencl_bind(const char *loader, void *context, void *queue);
-shim_cl_module *shim_opencl_module_new(void *program);
+/* `source`: the program's (size bytes), for what its kernels' prototypes say. */
+shim_cl_module *shim_opencl_module_new(void *program, const char *source, size_t size);
+/* Free what launches keep in a handle (its staging buffer), before the handle goes. */
+void shim_opencl_handle_release(shim_cl_handle *handle);
 /* Halide's OpenCL preferences (halide_opencl_set_*), NULL if unset. */
 const char *halide_opencl_get_platform_name(void *user_context);
 const char *halide_opencl_get_device_type(void *user_context);

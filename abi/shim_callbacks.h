@@ -43,14 +43,10 @@ extern "Python+C" {
      * (shim/allocation_reuse.py). */
     int shim_py_release_unused_allocations(void *user_context, int backend);
 
-    /* GPU backends: compile a module's kernels (once per source), create the backend's
-     * context on first use, and launch a kernel the C fast path cannot. */
+    /* GPU backends: compile a module's kernels (once per source) and create the backend's
+     * context on first use. */
     int shim_py_opencl_initialize(void *user_context, void **state_ptr, const char *src, int size);
     int shim_py_opencl_start(void *user_context);
-    int shim_py_opencl_run(void *user_context, void *state_ptr, const char *entry_name,
-                           int blocksX, int blocksY, int blocksZ,
-                           int threadsX, int threadsY, int threadsZ, int shared_mem_bytes,
-                           size_t *arg_sizes, void **args, int8_t *arg_is_buffer);
     int shim_py_cuda_initialize(void *user_context, void **state_ptr, const char *src, int size);
     int shim_py_cuda_start(void *user_context);
 

@@ -64,7 +64,7 @@ GPU_SHAPE = (64, 64)
 GPU_SCALARS = {"scale": 2.0, "offset": 1.0}
 
 # Calls per sample (one sample: a timed loop of that many calls).
-ITERATIONS = {"host": 1000, "opencl": 200, "opencl-staged": 50}
+ITERATIONS = {"host": 1000, "opencl": 200}
 
 
 @dataclass(frozen=True)
@@ -100,11 +100,7 @@ ROWS = [
 
 
 def iterations_of(key: str) -> int:
-    if key.startswith("host."):
-        return ITERATIONS["host"]
-    if key.startswith("opencl.misaligned."):
-        return ITERATIONS["opencl-staged"]
-    return ITERATIONS["opencl"]
+    return ITERATIONS["host" if key.startswith("host.") else "opencl"]
 
 
 def timed_loop(statement: str, after: str = "", **names):
@@ -561,7 +557,7 @@ def main(argv=None) -> int:
     finally:
         bench.close()
     print(f"{repeats} samples per measurement; calls per sample: host {ITERATIONS['host']}, "
-          f"opencl {ITERATIONS['opencl']}, misaligned crops {ITERATIONS['opencl-staged']}"
+          f"opencl {ITERATIONS['opencl']}"
           + (" (x0.2, --quick)" if args.quick else ""))
     if bench.opencl_skipped:
         print(f"OpenCL rows skipped: {bench.opencl_skipped}")

@@ -12,8 +12,9 @@
  * before. launch_mem is what a kernel receives for the buffer: the allocation itself, or a
  * sub-buffer at the crop's offset. Sub-buffers need offsets aligned to the device's base
  * address alignment (128 bytes on PoCL); a crop at any other offset has no launch_mem, and
- * launches that use it take the Python path, which stages the crop in an aligned buffer.
+ * launches that use it stage the crop (see "staging" below), here too.
  */
+#include <ctype.h>
 #include <dlfcn.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -30,6 +31,12 @@ typedef void *cl_program;
 typedef void *cl_command_queue;
 typedef void *cl_context;
 typedef void *cl_event;
+typedef uint64_t cl_mem_flags;
+
+#define CL_MEM_READ_WRITE ((cl_mem_flags)1)
+#define CL_OUT_OF_RESOURCES (-5)
+#define CL_OUT_OF_HOST_MEMORY (-6)
+#define CL_INVALID_VALUE (-30)
 
 static struct {
     cl_int (*set_kernel_arg)(cl_kernel, cl_uint, size_t, const void *);
@@ -38,6 +45,13 @@ static struct {
                                       cl_event *);
     cl_kernel (*create_kernel)(cl_program, const char *, cl_int *);
     cl_int (*release_kernel)(cl_kernel);
+    cl_mem (*create_buffer)(cl_context, cl_mem_flags, size_t, void *, cl_int *);
+    cl_int (*release_mem_object)(cl_mem);
+    cl_int (*enqueue_copy_buffer)(cl_command_queue, cl_mem, cl_mem, size_t, size_t, size_t, cl_uint,
+                                  const cl_event *, cl_event *);
+    cl_int (*enqueue_copy_buffer_rect)(cl_command_queue, cl_mem, cl_mem, const size_t *,
+                                       const size_t *, const size_t *, size_t, size_t, size_t,
+                                       size_t, cl_uint, const cl_event *, cl_event *);
     cl_context context;
     cl_command_queue queue;
     pid_t process; /* where it was bound (fork.c) */
@@ -57,8 +71,13 @@ int shim_opencl_bind(const char *loader, void *context, void *queue) {
     cl.enqueue_nd_range_kernel = dlsym(library, "clEnqueueNDRangeKernel");
     cl.create_kernel = dlsym(library, "clCreateKernel");
     cl.release_kernel = dlsym(library, "clReleaseKernel");
+    cl.create_buffer = dlsym(library, "clCreateBuffer");
+    cl.release_mem_object = dlsym(library, "clReleaseMemObject");
+    cl.enqueue_copy_buffer = dlsym(library, "clEnqueueCopyBuffer");
+    cl.enqueue_copy_buffer_rect = dlsym(library, "clEnqueueCopyBufferRect");
     if (!cl.set_kernel_arg || !cl.enqueue_nd_range_kernel || !cl.create_kernel ||
-        !cl.release_kernel) {
+        !cl.release_kernel || !cl.create_buffer || !cl.release_mem_object ||
+        !cl.enqueue_copy_buffer || !cl.enqueue_copy_buffer_rect) {
         return -2;
     }
     cl.process = shim_bound_process();
@@ -77,21 +96,121 @@ typedef struct kernel_entry {
     pthread_mutex_t lock; /* guards idle[]: held for a push or a pop, never across a call */
     cl_kernel idle[POOL_SIZE];
     int idle_count;
+    int params;         /* in its prototype; -1 if not found */
+    uint64_t read_only; /* those (of the first 64) it cannot write through */
 } kernel_entry;
 
 struct shim_cl_module {
     cl_program program;
+    char *source; /* for the kernels' prototypes */
     kernel_entry *entries; /* prepended under `lock`, read without it */
     pthread_mutex_t lock;
 };
 
-shim_cl_module *shim_opencl_module_new(void *program) {
+shim_cl_module *shim_opencl_module_new(void *program, const char *source, size_t size) {
     shim_cl_module *module = calloc(1, sizeof *module);
-    if (module != NULL) {
-        module->program = program;
-        pthread_mutex_init(&module->lock, NULL);
+    char *copy = malloc(size + 1);
+    if (module == NULL || copy == NULL) {
+        free(module);
+        free(copy);
+        return NULL;
     }
+    memcpy(copy, source, size);
+    copy[size] = 0;
+    module->program = program;
+    module->source = copy;
+    pthread_mutex_init(&module->lock, NULL);
     return module;
+}
+
+/* --- what a kernel's prototype says about its parameters ------------------------------------
+ *
+ * A staged crop (see below) is copied back after the kernel only if the kernel may write it:
+ * copying back a crop it only reads would put old values over what another call wrote there
+ * meanwhile. A kernel cannot write through a pointer to const, and Halide declares every
+ * buffer a kernel does not write so. */
+
+static bool identifier_char(char c) {
+    return c == '_' || isalnum((unsigned char)c);
+}
+
+static bool is_word(const char *p, size_t n, const char *word) {
+    return strlen(word) == n && strncmp(p, word, n) == 0;
+}
+
+/* Reads the parameter list that starts after `p`'s '(': the number of parameters (-1 if the
+ * list does not end) and which of them are pointers to const or __constant data. */
+static int read_params(const char *p, uint64_t *read_only) {
+    int index = 0, depth = 0;
+    bool pointer = false, constant = false;
+    *read_only = 0;
+    for (; *p; p++) {
+        if (identifier_char(*p)) {
+            size_t n = 1;
+            while (identifier_char(p[n])) {
+                n++;
+            }
+            constant |= !pointer && (is_word(p, n, "const") || is_word(p, n, "__constant") ||
+                                     is_word(p, n, "constant"));
+            p += n - 1;
+        } else if (*p == '*') {
+            pointer = true;
+        } else if (*p == '(') {
+            depth++;
+        } else if (*p == ')' && depth > 0) {
+            depth--;
+        } else if ((*p == ',' && depth == 0) || *p == ')') {
+            if (pointer && constant && index < 64) {
+                *read_only |= (uint64_t)1 << index;
+            }
+            index++;
+            if (*p == ')') {
+                return index;
+            }
+            pointer = constant = false;
+        }
+    }
+    return -1;
+}
+
+/* The word that ends before `end`, spaces between skipped: its start, and *n its length. */
+static const char *word_before(const char *source, const char *end, size_t *n) {
+    while (end > source && isspace((unsigned char)end[-1])) {
+        end--;
+    }
+    const char *start = end;
+    while (start > source && identifier_char(start[-1])) {
+        start--;
+    }
+    *n = (size_t)(end - start);
+    return start;
+}
+
+/* Whether the name at `p` is declared there as a kernel: "__kernel void NAME (". */
+static bool kernel_declared_at(const char *source, const char *p, size_t len) {
+    const char *after = p + len;
+    while (isspace((unsigned char)*after)) {
+        after++;
+    }
+    size_t n;
+    const char *word = word_before(source, p, &n);
+    if (*after != '(' || (p > source && identifier_char(p[-1])) || !is_word(word, n, "void")) {
+        return false;
+    }
+    word = word_before(source, word, &n);
+    return is_word(word, n, "__kernel") || is_word(word, n, "kernel");
+}
+
+/* Fill in what kernel `entry` may write, from its prototype in the source. */
+static void read_prototype(const char *source, kernel_entry *entry) {
+    size_t len = strlen(entry->name);
+    entry->params = -1;
+    for (const char *p = strstr(source, entry->name); p; p = strstr(p + 1, entry->name)) {
+        if (kernel_declared_at(source, p, len)) {
+            entry->params = read_params(strchr(p + len, '(') + 1, &entry->read_only);
+            return;
+        }
+    }
 }
 
 static kernel_entry *find_entry(shim_cl_module *module, const char *name) {
@@ -103,6 +222,20 @@ static kernel_entry *find_entry(shim_cl_module *module, const char *name) {
     return NULL;
 }
 
+/* Called with the module's lock held. */
+static kernel_entry *new_entry(shim_cl_module *module, const char *name) {
+    kernel_entry *entry = calloc(1, sizeof *entry);
+    if (entry == NULL || (entry->name = strdup(name)) == NULL) {
+        free(entry);
+        return NULL;
+    }
+    read_prototype(module->source, entry);
+    pthread_mutex_init(&entry->lock, NULL);
+    entry->next = module->entries;
+    __atomic_store_n(&module->entries, entry, __ATOMIC_RELEASE);
+    return entry;
+}
+
 static kernel_entry *entry_for(shim_cl_module *module, const char *name) {
     kernel_entry *entry = find_entry(module, name);
     if (entry != NULL) {
@@ -110,11 +243,8 @@ static kernel_entry *entry_for(shim_cl_module *module, const char *name) {
     }
     pthread_mutex_lock(&module->lock);
     entry = find_entry(module, name);
-    if (entry == NULL && (entry = calloc(1, sizeof *entry)) != NULL) {
-        entry->name = strdup(name);
-        pthread_mutex_init(&entry->lock, NULL);
-        entry->next = module->entries;
-        __atomic_store_n(&module->entries, entry, __ATOMIC_RELEASE);
+    if (entry == NULL) {
+        entry = new_entry(module, name);
     }
     pthread_mutex_unlock(&module->lock);
     return entry;
@@ -176,65 +306,345 @@ static int launch_failed(void *user_context, const char *what, const char *entry
     return halide_error_code_gpu_device_error;
 }
 
+/* --- staging: crops at offsets OpenCL cannot make a sub-buffer at ---------------------------
+ *
+ * A kernel gets each buffer as a bare pointer: Halide's OpenCL codegen passes no offset, and
+ * it indexes aligned vectors as arrays of vector types, so even a driver that allowed a
+ * misaligned sub-buffer would give such a kernel a pointer it cannot use. A crop at a
+ * misaligned offset is staged instead: its bytes are copied into a buffer with the same
+ * layout from offset 0, the kernel runs on that, and if the kernel may write the crop, the
+ * crop's elements, only those, are copied back, all on the one in-order queue, so data around
+ * the crop is never written.
+ * The staging buffer stays in the crop's handle for its next launch: a launch takes it out
+ * while it uses it (two threads launching with one crop at once get one each), and later
+ * launches may take it at once, since their copies queue after this one's. */
+
+struct shim_cl_staging {
+    cl_mem mem;
+    size_t size;
+};
+
+static void staging_free(shim_cl_staging *staging) {
+    if (staging != NULL) {
+        cl.release_mem_object(staging->mem); /* OpenCL keeps it until the queued copies ran */
+        free(staging);
+    }
+}
+
+/* The handle's staging buffer if it holds `size` bytes, else a new one (NULL: see *error). */
+static shim_cl_staging *staging_take(shim_cl_handle *handle, size_t size, cl_int *error) {
+    shim_cl_staging *staging = __atomic_exchange_n(&handle->staging, NULL, __ATOMIC_ACQ_REL);
+    if (staging != NULL && staging->size >= size) {
+        return staging;
+    }
+    staging_free(staging);
+    staging = malloc(sizeof *staging);
+    if (staging == NULL) {
+        *error = CL_OUT_OF_HOST_MEMORY;
+        return NULL;
+    }
+    staging->size = size;
+    staging->mem = cl.create_buffer(cl.context, CL_MEM_READ_WRITE, size, NULL, error);
+    if (staging->mem == NULL) {
+        *error = *error ? *error : CL_OUT_OF_RESOURCES;
+        free(staging);
+        return NULL;
+    }
+    return staging;
+}
+
+/* Back into the handle, unless another launch put one there meanwhile. */
+static void staging_give(shim_cl_handle *handle, shim_cl_staging *staging) {
+    shim_cl_staging *empty = NULL;
+    if (!__atomic_compare_exchange_n(&handle->staging, &empty, staging, false, __ATOMIC_ACQ_REL,
+                                     __ATOMIC_RELAXED)) {
+        staging_free(staging);
+    }
+}
+
+void shim_opencl_handle_release(shim_cl_handle *handle) {
+    shim_cl_staging *staging = __atomic_exchange_n(&handle->staging, NULL, __ATOMIC_ACQ_REL);
+    if (staging != NULL && cl.process != shim_bound_process()) {
+        free(staging); /* a forked child must not call the driver: the cl_mem is the parent's */
+    } else {
+        staging_free(staging);
+    }
+}
+
+typedef struct {
+    size_t extent, stride; /* stride in bytes */
+} layout_dim;
+
+/* A buffer's dimensions with more than one element, by increasing stride. */
+typedef struct {
+    layout_dim dims[16];
+    int count;
+    size_t elem_size;
+    size_t span; /* bytes from the min element to just past the last; 0 if it has none */
+} layout;
+
+/* false for what staging cannot mirror: a negative stride (the shim gives such buffers no
+ * device memory) or more dimensions than Halide's 16. */
+static bool layout_of(const halide_buffer_t *buf, layout *out) {
+    out->count = 0;
+    out->elem_size = (buf->type.bits + 7) / 8;
+    out->span = out->elem_size;
+    if (buf->dimensions > 16) {
+        return false;
+    }
+    for (int d = 0; d < buf->dimensions; d++) {
+        const halide_dimension_t *dim = &buf->dim[d];
+        if (dim->stride < 0) {
+            return false;
+        }
+        if (dim->extent <= 0) {
+            out->span = 0;
+        }
+        if (dim->extent > 1) {
+            layout_dim next = {(size_t)dim->extent, (size_t)dim->stride * out->elem_size};
+            int i = out->count++;
+            for (; i > 0 && out->dims[i - 1].stride > next.stride; i--) {
+                out->dims[i] = out->dims[i - 1];
+            }
+            out->dims[i] = next;
+        }
+    }
+    for (int d = 0; d < out->count && out->span; d++) {
+        out->span += (out->dims[d].extent - 1) * out->dims[d].stride;
+    }
+    return true;
+}
+
+/* Copy the elements of a buffer laid out as `l`, only those, from `src` at src_offset to `dst`
+ * at dst_offset: the contiguous inner dimensions as one row, the next two as a rectangle's
+ * rows and slices where OpenCL's pitch rules allow, a loop over the rest. */
+static cl_int copy_elements(cl_command_queue queue, const layout *l, cl_mem src,
+                            size_t src_offset, cl_mem dst, size_t dst_offset) {
+    const layout_dim *dims = l->dims;
+    int n = l->count, d = 0;
+    size_t region[3] = {l->elem_size, 1, 1}, pitch[2] = {0, 0};
+    for (; d < n && dims[d].stride == region[0]; d++) {
+        region[0] *= dims[d].extent;
+    }
+    if (d < n && dims[d].stride >= region[0]) {
+        region[1] = dims[d].extent;
+        pitch[0] = dims[d++].stride;
+        if (d < n && dims[d].stride >= region[1] * pitch[0] && dims[d].stride % pitch[0] == 0) {
+            region[2] = dims[d].extent;
+            pitch[1] = dims[d++].stride;
+        }
+    }
+    size_t index[16] = {0};
+    for (;;) {
+        size_t at = 0;
+        for (int k = d; k < n; k++) {
+            at += index[k] * dims[k].stride;
+        }
+        size_t src_origin[3] = {src_offset + at, 0, 0}, dst_origin[3] = {dst_offset + at, 0, 0};
+        cl_int error = cl.enqueue_copy_buffer_rect(queue, src, dst, src_origin, dst_origin, region,
+                                                   pitch[0], pitch[1], pitch[0], pitch[1], 0, NULL,
+                                                   NULL);
+        int k = d;
+        for (; k < n && ++index[k] == dims[k].extent; k++) {
+            index[k] = 0;
+        }
+        if (error != 0 || k == n) {
+            return error;
+        }
+    }
+}
+
+typedef struct {
+    shim_cl_handle *handle;
+    shim_cl_staging *staging;
+    layout layout;
+    bool written; /* given as a parameter the kernel may write through */
+} staged_buffer;
+
+static staged_buffer *staged_for(staged_buffer *staged, int staged_count,
+                                 const shim_cl_handle *handle) {
+    for (int s = 0; s < staged_count; s++) {
+        if (staged[s].handle == handle) {
+            return &staged[s];
+        }
+    }
+    return NULL;
+}
+
+/* Whether the kernel may write through its parameter `i` of `count` (unless its prototype,
+ * with the __local parameter Halide adds, says otherwise). */
+static bool may_write(const kernel_entry *entry, int count, int i) {
+    bool read_only = entry->params == count + 1 && i < 64 && (entry->read_only >> i & 1);
+    return !read_only;
+}
+
+/* The first step of a launch that failed: the OpenCL call and its error. */
+typedef struct {
+    const char *what;
+    cl_int code;
+} launch_error;
+
+static bool failed(launch_error *error, const char *what, cl_int code) {
+    if (code != 0 && error->code == 0) {
+        *error = (launch_error){what, code};
+    }
+    return code != 0;
+}
+
+/* Stage one misaligned crop: its bytes, gaps included, into a staging buffer. */
+static bool stage_in(cl_command_queue queue, const halide_buffer_t *buf, staged_buffer *staged,
+                     launch_error *error) {
+    if (!layout_of(buf, &staged->layout)) {
+        failed(error, "staging a crop with a negative stride or over 16 dimensions",
+               CL_INVALID_VALUE);
+        return false;
+    }
+    size_t span = staged->layout.span;
+    cl_int code = 0;
+    staged->staging = staging_take(staged->handle, span ? span : 1, &code);
+    if (staged->staging == NULL) {
+        failed(error, "clCreateBuffer (staging a misaligned crop)", code);
+        return false;
+    }
+    if (span > 0) {
+        code = cl.enqueue_copy_buffer(queue, staged->handle->mem, staged->staging->mem,
+                                      staged->handle->offset, 0, span, 0, NULL, NULL);
+    }
+    return !failed(error, "clEnqueueCopyBuffer (staging a misaligned crop)", code);
+}
+
+/* Stage every misaligned crop among the arguments, each once: a crop given twice must be one
+ * buffer to the kernel. */
+static bool stage_all(cl_command_queue queue, const kernel_entry *entry, int count, void *args[],
+                      int8_t arg_is_buffer[], staged_buffer *staged, int *staged_count,
+                      launch_error *error) {
+    for (int i = 0; i < count; i++) {
+        const halide_buffer_t *buf = args[i];
+        shim_cl_handle *handle = arg_is_buffer[i] ? (shim_cl_handle *)buf->device : NULL;
+        if (handle == NULL || handle->launch_mem != NULL) {
+            continue;
+        }
+        staged_buffer *b = staged_for(staged, *staged_count, handle);
+        if (b == NULL) {
+            b = &staged[(*staged_count)++];
+            *b = (staged_buffer){.handle = handle};
+            if (!stage_in(queue, buf, b, error)) {
+                *staged_count -= b->staging == NULL; /* nothing to give back */
+                return false;
+            }
+        }
+        b->written |= may_write(entry, count, i);
+    }
+    return true;
+}
+
+/* After the kernel (`ran`: it was enqueued): the elements of each staged crop it may have
+ * written back into the crop, and each staging buffer back into its handle. */
+static void unstage_all(cl_command_queue queue, staged_buffer *staged, int staged_count, bool ran,
+                        launch_error *error) {
+    for (int s = 0; s < staged_count; s++) {
+        staged_buffer *b = &staged[s];
+        if (ran && b->written && b->layout.span > 0) {
+            cl_int code = copy_elements(queue, &b->layout, b->staging->mem, 0, b->handle->mem,
+                                        b->handle->offset);
+            failed(error, "clEnqueueCopyBufferRect (a staged crop's results)", code);
+        }
+        staging_give(b->handle, b->staging);
+    }
+}
+
+/* What the kernel gets for a buffer: its launch_mem, else its staging buffer. */
+static cl_mem kernel_mem(const halide_buffer_t *buf, staged_buffer *staged,
+                         int staged_count) {
+    const shim_cl_handle *handle = (const shim_cl_handle *)buf->device;
+    return handle->launch_mem ? handle->launch_mem
+                              : staged_for(staged, staged_count, handle)->staging->mem;
+}
+
+/* Set the kernel's arguments and enqueue it, with a pooled kernel object. */
+static bool enqueue_kernel(shim_cl_module *module, kernel_entry *entry, cl_command_queue queue,
+                           const size_t global[3], const size_t local[3], int shared_mem_bytes,
+                           int count, size_t arg_sizes[], void *args[], int8_t arg_is_buffer[],
+                           staged_buffer *staged, int staged_count, launch_error *error) {
+    cl_int code;
+    cl_kernel kernel = take_kernel(module, entry, &code);
+    if (kernel == NULL) {
+        return !failed(error, "clCreateKernel", code ? code : CL_OUT_OF_RESOURCES);
+    }
+    for (int i = 0; i < count && code == 0; i++) {
+        if (arg_is_buffer[i]) {
+            cl_mem mem = kernel_mem(args[i], staged, staged_count);
+            code = cl.set_kernel_arg(kernel, i, sizeof mem, &mem);
+        } else {
+            code = cl.set_kernel_arg(kernel, i, arg_sizes[i], args[i]);
+        }
+    }
+    if (code == 0) {
+        /* Halide's OpenCL kernels end with a __local argument for shared memory. */
+        size_t local_bytes = shared_mem_bytes > 0 ? (size_t)shared_mem_bytes : 1;
+        code = cl.set_kernel_arg(kernel, count, local_bytes, NULL);
+    }
+    if (failed(error, "clSetKernelArg", code)) {
+        give_kernel(entry, kernel);
+        return false;
+    }
+    code = cl.enqueue_nd_range_kernel(queue, kernel, 3, NULL, global, local, 0, NULL, NULL);
+    /* Arguments are captured at enqueue: the kernel object is free for the next launch. */
+    give_kernel(entry, kernel);
+    return !failed(error, "clEnqueueNDRangeKernel", code);
+}
+
+/* The number of buffer arguments without a launch_mem, or -1 (after halide_error) if one is
+ * not on the OpenCL device. */
+static int misaligned_buffers(void *user_context, int count, void *args[],
+                              int8_t arg_is_buffer[]) {
+    const struct halide_device_interface_t *opencl = halide_opencl_device_interface();
+    int misaligned = 0;
+    for (int i = 0; i < count; i++) {
+        const halide_buffer_t *buf = args[i];
+        if (!arg_is_buffer[i]) {
+            continue;
+        }
+        if (buf->device == 0 || buf->device_interface != opencl) {
+            halide_error(user_context, "OpenCL: a kernel argument is not on the OpenCL device\n");
+            return -1;
+        }
+        misaligned += ((const shim_cl_handle *)buf->device)->launch_mem == NULL;
+    }
+    return misaligned;
+}
+
 static int launch(SHIM_RUN_PARAMS) {
     shim_cl_module *module = state_ptr;
-    const struct halide_device_interface_t *opencl = halide_opencl_device_interface();
     cl_command_queue queue = __atomic_load_n(&cl.queue, __ATOMIC_ACQUIRE);
     if (module == NULL || queue == NULL) {
         halide_error(user_context, "OpenCL: kernel launched before its module was initialized\n");
         return halide_error_code_gpu_device_error;
     }
     int count = 0;
-    bool staged = false;
-    for (; arg_sizes[count] != 0; count++) {
-        if (arg_is_buffer[count]) {
-            const halide_buffer_t *buf = args[count];
-            if (buf->device == 0 || buf->device_interface != opencl) {
-                halide_error(user_context, "OpenCL: a kernel argument is not on the OpenCL device\n");
-                return halide_error_code_gpu_device_error;
-            }
-            staged |= ((const shim_cl_handle *)buf->device)->launch_mem == NULL;
-        }
+    while (arg_sizes[count] != 0) {
+        count++;
     }
-    if (staged) {
-        return shim_py_opencl_run(user_context, state_ptr, entry_name, blocksX, blocksY, blocksZ,
-                                  threadsX, threadsY, threadsZ, shared_mem_bytes, arg_sizes, args,
-                                  arg_is_buffer);
+    int misaligned = misaligned_buffers(user_context, count, args, arg_is_buffer);
+    if (misaligned < 0) {
+        return halide_error_code_gpu_device_error;
     }
     kernel_entry *entry = entry_for(module, entry_name);
     if (entry == NULL) {
         return halide_error_out_of_memory(user_context);
     }
-    cl_int error;
-    cl_kernel kernel = take_kernel(module, entry, &error);
-    if (kernel == NULL) {
-        return launch_failed(user_context, "clCreateKernel", entry_name, error);
-    }
-    for (int i = 0; i < count && error == 0; i++) {
-        if (arg_is_buffer[i]) {
-            cl_mem mem = ((const shim_cl_handle *)((halide_buffer_t *)args[i])->device)->launch_mem;
-            error = cl.set_kernel_arg(kernel, i, sizeof mem, &mem);
-        } else {
-            error = cl.set_kernel_arg(kernel, i, arg_sizes[i], args[i]);
-        }
-    }
-    if (error == 0) {
-        /* Halide's OpenCL kernels end with a __local argument for shared memory. */
-        size_t local_bytes = shared_mem_bytes > 0 ? (size_t)shared_mem_bytes : 1;
-        error = cl.set_kernel_arg(kernel, count, local_bytes, NULL);
-    }
-    if (error != 0) {
-        give_kernel(entry, kernel);
-        return launch_failed(user_context, "clSetKernelArg", entry_name, error);
-    }
     size_t global[3] = {(size_t)blocksX * threadsX, (size_t)blocksY * threadsY,
                         (size_t)blocksZ * threadsZ};
     size_t local[3] = {(size_t)threadsX, (size_t)threadsY, (size_t)threadsZ};
-    error = cl.enqueue_nd_range_kernel(queue, kernel, 3, NULL, global, local, 0, NULL, NULL);
-    /* Arguments are captured at enqueue: the kernel object is free for the next launch. */
-    give_kernel(entry, kernel);
-    if (error != 0) {
-        return launch_failed(user_context, "clEnqueueNDRangeKernel", entry_name, error);
+    staged_buffer staged[misaligned + 1];
+    int staged_count = 0;
+    launch_error error = {NULL, 0};
+    bool ran = stage_all(queue, entry, count, args, arg_is_buffer, staged, &staged_count, &error) &&
+               enqueue_kernel(module, entry, queue, global, local, shared_mem_bytes, count,
+                              arg_sizes, args, arg_is_buffer, staged, staged_count, &error);
+    unstage_all(queue, staged, staged_count, ran, &error);
+    if (error.code != 0) {
+        return launch_failed(user_context, error.what, entry_name, error.code);
     }
     return halide_error_code_success;
 }

@@ -76,8 +76,6 @@ int shim_py_compute_capability(void *, int *, int *, const struct halide_device_
 int shim_py_release_unused_allocations(void *, int);
 int shim_py_opencl_initialize(void *, void **, const char *, int);
 int shim_py_opencl_start(void *);
-int shim_py_opencl_run(void *, void *, const char *, int, int, int, int, int, int, int, size_t *,
-                       void **, int8_t *);
 int shim_py_cuda_initialize(void *, void **, const char *, int);
 int shim_py_cuda_start(void *);
 int shim_py_profile_launch_begin(void *, const shim_launch *);

@@ -5,10 +5,10 @@ One context and one in-order command queue for the process, on the device chosen
 $HALIDE_SHIM_OPENCL_DEVICE, by Halide's own HL_OCL_PLATFORM_NAME / HL_OCL_DEVICE_TYPE, or
 else: the first platform with a GPU, else the first platform with any device.
 
-Kernel launches are in C (native_stubs/opencl.c); this module compiles programs (once per
-device and source, shared by every pipeline, their binaries kept in an on-disk cache across
-processes), allocates memory, copies, and launches the rare
-kernels whose buffers are crops at offsets OpenCL cannot make sub-buffers at.
+Kernel launches are in C (native_stubs/opencl.c), crops at offsets OpenCL cannot make
+sub-buffers at included; this module compiles programs (once per device and source, shared by
+every pipeline, their binaries kept in an on-disk cache across processes), allocates memory
+and copies.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from shim.backends.base import Backend, BackendError, Memory
 from shim.devices import fork_guard
 from shim.errors import DeviceUnavailable
 from shim.native import ffi, lib
-from shim.regions import CopyPlan, host_memory, plan, rectangles
+from shim.regions import CopyPlan, host_memory, rectangles
 
 
 def _cl():
@@ -313,7 +313,7 @@ class OpenCLBackend(Backend):
         return OpenCLMemory(buffer, nbytes)
 
     def _free_now(self, memory: OpenCLMemory) -> None:
-        memory.handles.clear()
+        _forget_handles(memory)
         memory.buffer.release()
 
     def reusable(self, memory: OpenCLMemory) -> bool:
@@ -338,13 +338,15 @@ class OpenCLBackend(Backend):
             except cl.Error as e:
                 raise BackendError(f"clCreateSubBuffer at offset {offset} failed: {e}") from None
             struct.launch_mem = ffi.cast("void *", sub.int_ptr)
-        # else: launch_mem stays NULL and launches stage the crop (see launch_staged).
+        # else: launch_mem stays NULL and launches stage the crop (native_stubs/opencl.c).
         value = int(ffi.cast("uintptr_t", struct))
         memory.handles[value] = (struct, sub)
         return value
 
     def release_handle(self, memory: OpenCLMemory, handle: int) -> None:
-        _, sub = memory.handles.pop(handle, (None, None))
+        struct, sub = memory.handles.pop(handle, (None, None))
+        if struct is not None:
+            lib.shim_opencl_handle_release(struct)
         if sub is not None:
             sub.release()
 
@@ -362,7 +364,7 @@ class OpenCLBackend(Backend):
     def detached(self, memory: OpenCLMemory) -> None:
         # The caller owns the cl_mem now: keep OpenCL's reference count as it was.
         super().detached(memory)
-        memory.handles.clear()
+        _forget_handles(memory)
         if memory.owned:
             _cl().Buffer.from_int_ptr(memory.buffer.int_ptr, retain=True)
 
@@ -424,7 +426,7 @@ class OpenCLBackend(Backend):
 
     def _compile(self, source: bytes):
         program = self._build_program(source)
-        module = lib.shim_opencl_module_new(ffi.cast("void *", program.int_ptr))
+        module = lib.shim_opencl_module_new(ffi.cast("void *", program.int_ptr), source, len(source))
         if module == ffi.NULL:
             raise MemoryError("cannot allocate a kernel module")
         return program, module
@@ -495,55 +497,12 @@ class OpenCLBackend(Backend):
             "source sha256": hashlib.sha256(source).hexdigest(),
         }, sort_keys=True)
 
-    def _program_of(self, module):
-        for program, candidate in self._programs.values():
-            if candidate == module:
-                return program
-        raise BackendError("kernel launched with a module this backend did not compile")
 
-    def launch_staged(self, module, entry_name, blocks, threads, shared_mem_bytes, arguments):
-        """Launch a kernel some of whose buffers are crops at offsets OpenCL cannot make a
-        sub-buffer at: each such crop is copied into an aligned buffer with the same layout,
-        the kernel runs on that, and the crop's elements (only those) are copied back, all in
-        queue order, so the data around the crop is never touched."""
-        cl = _cl()
-        kernel = cl.Kernel(self._program_of(module), entry_name)
-        staged = []
-        for i, (kind, value) in enumerate(arguments):
-            if kind == "buffer":
-                raw = value
-                struct = ffi.cast("shim_cl_handle *", raw.device)
-                if struct.launch_mem != ffi.NULL:
-                    kernel.set_arg(i, cl.Buffer.from_int_ptr(int(ffi.cast("uintptr_t", struct.launch_mem)),
-                                                             retain=True))
-                    continue
-                parent = cl.Buffer.from_int_ptr(int(ffi.cast("uintptr_t", struct.mem)), retain=True)
-                copy = _mirror_plan(raw, int(struct.offset))
-                temporary = cl.Buffer(self.context, cl.mem_flags.READ_WRITE, max(copy.dst_span, 1))
-                self._copy_device(parent, temporary, copy)
-                staged.append((parent, temporary, copy))
-                kernel.set_arg(i, temporary)
-            else:
-                kernel.set_arg(i, value)
-        kernel.set_arg(len(arguments), cl.LocalMemory(max(shared_mem_bytes, 1)))
-        try:
-            cl.enqueue_nd_range_kernel(self.queue, kernel,
-                                       tuple(b * t for b, t in zip(blocks, threads)), threads)
-        except cl.Error as e:
-            raise BackendError(f"clEnqueueNDRangeKernel failed for {entry_name}: {e}") from None
-        for parent, temporary, copy in staged:
-            back = CopyPlan(copy.shape, copy.dst_strides, copy.src_strides, copy.dst_offset,
-                            copy.src_offset)
-            self._copy_device(temporary, parent, back)
-
-
-def _mirror_plan(raw, device_offset: int) -> CopyPlan:
-    """The copy of a crop's elements from its parent allocation (at ``device_offset``) into a
-    buffer of the same layout starting at 0."""
-    from shim.regions import Layout
-
-    layout = Layout.of(raw)
-    return plan(layout.elem_size, layout.extents, layout.strides, layout.strides, device_offset, 0)
+def _forget_handles(memory: OpenCLMemory) -> None:
+    """Drop every handle into ``memory`` and what launches kept in them."""
+    for struct, _ in memory.handles.values():
+        lib.shim_opencl_handle_release(struct)
+    memory.handles.clear()
 
 
 # --- the on-disk program cache ----------------------------------------------------------
@@ -584,20 +543,6 @@ def start(uc):
     _backend()
 
 
-def run_staged(uc, state_ptr, entry_name, bx, by, bz, tx, ty, tz, shared_mem_bytes, arg_sizes, args,
-         arg_is_buffer):
-    arguments = []
-    i = 0
-    while arg_sizes[i] != 0:
-        if arg_is_buffer[i]:
-            arguments.append(("buffer", ffi.cast("halide_buffer_t *", args[i])))
-        else:
-            arguments.append(("scalar", bytes(ffi.buffer(args[i], arg_sizes[i]))))
-        i += 1
-    _backend().launch_staged(ffi.cast("shim_cl_module *", state_ptr), ffi.string(entry_name).decode(),
-                             (bx, by, bz), (tx, ty, tz), shared_mem_bytes, arguments)
-
-
 def _register():
     from shim.runtime import E, guarded
 
@@ -608,12 +553,6 @@ def _register():
     @ffi.def_extern(error=E.halide_error_code_generic_error)
     def shim_py_opencl_start(uc):
         return guarded(start, E.halide_error_code_generic_error, uc)
-
-    @ffi.def_extern(error=E.halide_error_code_gpu_device_error)
-    def shim_py_opencl_run(uc, state_ptr, entry_name, bx, by, bz, tx, ty, tz, shmem, sizes, args,
-                           is_buffer):
-        return guarded(run_staged, E.halide_error_code_gpu_device_error, uc, state_ptr, entry_name,
-                       bx, by, bz, tx, ty, tz, shmem, sizes, args, is_buffer)
 
 
 _register()
