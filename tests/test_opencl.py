@@ -82,6 +82,24 @@ def test_crops_at_any_offset(libraries, device, offset_x):
     assert np.all(data[outside] == -7)
 
 
+def test_copies_of_a_crop_whose_planes_are_not_whole_rows_apart(device):
+    """A crop of a 3D buffer with a plane stride of 513 elements and rows of 50: OpenCL's
+    rectangle copies take only slice pitches that are whole rows, so planes go one by one."""
+    memory = np.zeros(4 * 513, np.int32)
+    planes = np.lib.stride_tricks.as_strided(memory, (4, 10, 50), (513 * 4, 200, 4))
+    parent = shim.Buffer(planes)
+    parent.copy_to_device(device)
+    crop = parent.cropped([(5, 20), (1, 8), (1, 2)])
+    planes[1:3, 1:9, 5:25] = np.arange(2 * 8 * 20).reshape(2, 8, 20)
+    crop.set_host_dirty()
+    crop.copy_to_device(device)  # upload
+    expected = planes.copy()
+    planes[1:3, 1:9, 5:25] = -1
+    crop.set_device_dirty()
+    crop.copy_to_host()  # download
+    np.testing.assert_array_equal(planes, expected)
+
+
 def test_many_threads_launch_the_same_kernels(libraries, device):
     brighten = shim.load(libraries["brighten", "no_runtime"])
     images = [np.full((16, 16), i, np.float32) for i in range(6)]

@@ -372,12 +372,12 @@ class OpenCLBackend(Backend):
 
     def write(self, memory: OpenCLMemory, plan: CopyPlan, host_address: int) -> None:
         host = host_memory(host_address, plan.src_span)
-        for rect in rectangles(plan):
+        for rect in _rectangles(plan):
             self._copy(memory.buffer, host, rect, buffer_is_dst=True)
 
     def read(self, memory: OpenCLMemory, plan: CopyPlan, host_address: int) -> None:
         host = host_memory(host_address, plan.dst_span)
-        for rect in rectangles(plan):
+        for rect in _rectangles(plan):
             self._copy(memory.buffer, host, rect, buffer_is_dst=False)
 
     def _copy(self, buffer, host, rect, buffer_is_dst):
@@ -401,7 +401,7 @@ class OpenCLBackend(Backend):
     def _copy_device(self, src, dst, plan: CopyPlan) -> None:
         cl = _cl()
         try:
-            for src_offset, dst_offset, region, src_pitches, dst_pitches in rectangles(plan):
+            for src_offset, dst_offset, region, src_pitches, dst_pitches in _rectangles(plan):
                 cl.enqueue_copy(self.queue, dst, src, src_origin=(src_offset, 0, 0),
                                 dst_origin=(dst_offset, 0, 0), region=region,
                                 src_pitches=src_pitches, dst_pitches=dst_pitches)
@@ -496,6 +496,12 @@ class OpenCLBackend(Backend):
             "options": self._build_options,
             "source sha256": hashlib.sha256(source).hexdigest(),
         }, sort_keys=True)
+
+
+def _rectangles(plan: CopyPlan):
+    """The plan's rectangle copies, each slice pitch a whole number of rows: OpenCL refuses any
+    other (CL_INVALID_VALUE), as CUDA does."""
+    return rectangles(plan, whole_rows=True)
 
 
 def _forget_handles(memory: OpenCLMemory) -> None:
