@@ -19,6 +19,11 @@
  * but has not yet set owner is at the start of its critical section (FamilyLock.acquire) or
  * coming back from wait(), after which it looks at the uses again; one that set owner holds it
  * for real, and then this code leaves the family to Python.
+ *
+ * The Python code this calls for the end of a call (runtime.end_call, deferred work) runs with
+ * Ctrl-C held (shim_ctrl_c_hold), as the Python run's bookkeeping does: a KeyboardInterrupt
+ * landing before end_call's own deferred() would leave the use recorded, and every later
+ * operation on the Buffer waiting for it.
  */
 #define Py_LIMITED_API 0x030B0000
 #include <Python.h>
@@ -27,6 +32,53 @@
 #include "fastcall.h"
 
 static PyObject *s_run_deferred, *s_copy_to_host;
+
+/* --- Ctrl-C held around the Python code a call's bookkeeping runs ---------------------------- */
+
+/* shim/interrupts.py's globals (its deferred(): `_depth`, the main thread's sections; `_pending`,
+ * a SIGINT noted inside one), and the main thread's id. */
+static PyObject *s_interrupts, *s_depth, *s_pending;
+static unsigned long s_main_thread;
+
+bool shim_ctrl_c_hold(void) {
+    if (s_interrupts == NULL || PyThread_get_thread_ident() != s_main_thread) {
+        return false;
+    }
+    PyObject *depth = PyDict_GetItemWithError(s_interrupts, s_depth); /* borrowed */
+    long value = depth != NULL && PyLong_Check(depth) ? PyLong_AsLong(depth) : -1;
+    PyObject *more = value >= 0 ? PyLong_FromLong(value + 1) : NULL;
+    bool held = more != NULL && PyDict_SetItem(s_interrupts, s_depth, more) == 0;
+    Py_XDECREF(more);
+    if (!held) {
+        PyErr_Clear(); /* (unheld: as before) */
+    }
+    return held;
+}
+
+void shim_ctrl_c_release(bool held) {
+    if (!held) {
+        return;
+    }
+    PyObject *type, *value, *traceback; /* (an exception the callback raised stays set) */
+    PyErr_Fetch(&type, &value, &traceback);
+    PyObject *depth = PyDict_GetItemWithError(s_interrupts, s_depth);
+    long now = depth != NULL && PyLong_Check(depth) ? PyLong_AsLong(depth) - 1 : 0;
+    PyObject *less = PyLong_FromLong(now < 0 ? 0 : now);
+    if (less == NULL || PyDict_SetItem(s_interrupts, s_depth, less) < 0) {
+        PyErr_Clear();
+    }
+    Py_XDECREF(less);
+    PyObject *pending = now <= 0 ? PyDict_GetItemWithError(s_interrupts, s_pending) : NULL;
+    if (pending != NULL && pending != Py_None) {
+        /* A SIGINT arrived meanwhile: forgotten here, and delivered again, to land (as
+         * deferred() lands it) once the call is out of the layer. */
+        if (PyDict_SetItem(s_interrupts, s_pending, Py_None) == 0) {
+            PyErr_SetInterrupt();
+        }
+    }
+    PyErr_Clear();
+    PyErr_Restore(type, value, traceback);
+}
 
 /* --- slots read and written directly ------------------------------------------------------ */
 
@@ -177,7 +229,9 @@ static int end_in_python(const shim_member *m, PyObject *end_call) {
     if (uses != NULL) {
         PyList_SetItem(uses, 0, entry); /* steals it */
         entry = NULL;
+        bool held = shim_ctrl_c_hold();
         done = PyObject_CallFunctionObjArgs(end_call, Py_None, uses, NULL);
+        shim_ctrl_c_release(held);
     }
     Py_XDECREF(entry);
     Py_XDECREF(uses);
@@ -201,7 +255,9 @@ static int run_deferred(const shim_member *m) {
     if (PyList_Size(field(m, RECORD_DEFERRED)) == 0) {
         return 0;
     }
+    bool held = shim_ctrl_c_hold();
     PyObject *done = PyObject_CallMethodObjArgs(field(m, RECORD_FAMILY), s_run_deferred, NULL);
+    shim_ctrl_c_release(held);
     Py_XDECREF(done);
     return done == NULL ? -1 : 0;
 }
@@ -281,8 +337,23 @@ int shim_members_results(const shim_member *members, int count) {
 
 bool shim_call_records_ready(PyObject *buffer_type, PyObject *lock_type) {
     if ((s_run_deferred == NULL && (s_run_deferred = PyUnicode_InternFromString("run_deferred")) == NULL) ||
-        (s_copy_to_host == NULL && (s_copy_to_host = PyUnicode_InternFromString("copy_to_host")) == NULL)) {
+        (s_copy_to_host == NULL && (s_copy_to_host = PyUnicode_InternFromString("copy_to_host")) == NULL) ||
+        (s_depth == NULL && (s_depth = PyUnicode_InternFromString("_depth")) == NULL) ||
+        (s_pending == NULL && (s_pending = PyUnicode_InternFromString("_pending")) == NULL)) {
         return false;
+    }
+    if (s_interrupts == NULL) {
+        PyObject *module = PyImport_ImportModule("shim.interrupts");
+        PyObject *main = module ? PyObject_GetAttrString(module, "_MAIN") : NULL;
+        unsigned long ident = main ? PyLong_AsUnsignedLong(main) : 0;
+        Py_XDECREF(main);
+        if (module == NULL || PyErr_Occurred()) {
+            Py_XDECREF(module);
+            return false;
+        }
+        s_main_thread = ident;
+        s_interrupts = Py_NewRef(PyModule_GetDict(module)); /* (the module lives as long) */
+        Py_DECREF(module);
     }
     if (!slot_init(&buffer_record, buffer_type, "_record") ||
         !slot_init(&buffer_unread, buffer_type, "_unread") ||

@@ -52,13 +52,16 @@ typedef struct {
     unsigned backends;     /* the device backends the pipeline runs on (enum shim_backend bits) */
     PyObject *array_type;  /* numpy.ndarray */
     PyObject *buffer_type; /* shim.Buffer */
-    PyObject *finish;      /* finish(result, errors, prints, call id): raises or reports */
+    PyObject *finish;      /* finish(result, errors, prints, call id, prints dropped): raises */
     PyObject *end_call;    /* runtime.end_call, for uses the fast path cannot end itself */
     PyObject *general_name; /* "_call_in_python" */
+    bool made;              /* __init__ was called: never again (it may have failed halfway) */
     void *user_context;    /* what __user_context points to */
     /* Argument shapes and scalar values the bounds query accepted, most recent first. */
     bounds_key known[BOUNDS_CACHE];
     int known_count;
+    size_t key_room;      /* see key_room() */
+    int array_dimensions; /* the buffer arguments' dimensions, all told (up to 16 each) */
 } plan_object;
 
 /* --- the bounds cache: keys from the argv a call passes ---------------------------------- */
@@ -96,10 +99,24 @@ static size_t key_of(const plan_object *plan, void **argv, unsigned char *out, s
     return n;
 }
 
-enum { KEY_ROOM = MAX_ARGUMENTS * (4 + MAX_DIMENSIONS * 8) };
+/* The most bytes a key of this plan's calls takes (plan_init): keys are built on the stack,
+ * in no more room than that. */
+static size_t key_room(const plan_object *plan) {
+    size_t room = 1;
+    for (int i = 0; i < plan->count; i++) {
+        const argument_spec *a = &plan->arguments[i];
+        if (a->role == ROLE_INPUT || a->role == ROLE_OUTPUT) {
+            int dims = a->dimensions < MAX_DIMENSIONS ? a->dimensions : MAX_DIMENSIONS;
+            room += sizeof(int32_t) + (size_t)dims * 2 * sizeof(int32_t);
+        } else if (a->role == ROLE_SCALAR) {
+            room += scalar_size(a);
+        }
+    }
+    return room;
+}
 
 static bool known(plan_object *plan, void **argv) {
-    unsigned char key[KEY_ROOM];
+    unsigned char key[plan->key_room > 0 ? plan->key_room : 1]; /* (0: an unmade plan) */
     size_t size = key_of(plan, argv, key, sizeof key);
     for (int i = 0; size && i < plan->known_count; i++) {
         bounds_key *k = &plan->known[i];
@@ -116,7 +133,7 @@ static bool known(plan_object *plan, void **argv) {
 }
 
 static void remember(plan_object *plan, void **argv) {
-    unsigned char key[KEY_ROOM];
+    unsigned char key[plan->key_room > 0 ? plan->key_room : 1]; /* (0: an unmade plan) */
     size_t size = key_of(plan, argv, key, sizeof key);
     unsigned char *bytes = size ? PyMem_Malloc(size) : NULL;
     if (bytes == NULL) {
@@ -354,32 +371,68 @@ void shim_object_free(PyObject *self) {
     Py_DECREF(type); /* an instance of a heap type holds a reference to it */
 }
 
+/* The thread's call context for fast runs, and whether a run is using it: a call made on this
+ * thread meanwhile (from Python code a device callback of the pipeline runs, or a finalizer
+ * the collector runs there) gets a context of its own, as the general path's would
+ * (CallContext.begin), instead of resetting the one the outer call is reporting into. */
 static __thread shim_call *thread_call;
+static __thread bool thread_call_busy;
 
 int shim_fast_run(int (*argv_fn)(void **), void **argv, halide_buffer_t **buffers, int count,
-                  unsigned backends, uint64_t *id, int *status) {
+                  unsigned backends, int *status, PyObject **report) {
+    *report = NULL;
     if (thread_call == NULL && (thread_call = shim_call_new(0)) == NULL) {
         return SHIM_FAST_DECLINED;
     }
+    bool nested = thread_call_busy;
+    shim_call *call = nested ? shim_call_new(0) : thread_call;
+    if (call == NULL) {
+        return SHIM_FAST_DECLINED;
+    }
     if (!shim_calls_begin()) {
+        if (nested) {
+            shim_call_free(call);
+        }
         return SHIM_FAST_DECLINED; /* the interpreter is exiting */
     }
-    *id = shim_next_call_id();
+    thread_call_busy = true;
+    uint64_t id = shim_next_call_id();
     void *stream = shim_thread_stream();
     Py_BEGIN_ALLOW_THREADS
-    *status = shim_call_run(thread_call, *id, stream, argv_fn, argv, buffers, count, backends);
+    *status = shim_call_run(call, id, stream, argv_fn, argv, buffers, count, backends);
     Py_END_ALLOW_THREADS
     shim_calls_end();
+    const char *printed = shim_call_prints(call);
+    if (*status != SHIM_CALL_NEEDS_PREPARATION && (*status != 0 || printed[0] != '\0')) {
+        *report = Py_BuildValue("(iyyKn)", *status, shim_call_errors(call), printed,
+                                (unsigned long long)id,
+                                (Py_ssize_t)shim_call_prints_dropped(call));
+        if (*report == NULL) { /* no memory: the report says so once the uses are ended */
+            PyErr_Clear();
+            *report = Py_NewRef(Py_None);
+        }
+    }
+    if (nested) {
+        shim_call_free(call);
+    } else {
+        thread_call_busy = false;
+    }
     return SHIM_FAST_RAN;
 }
 
-int shim_fast_report(PyObject *finish, int status, uint64_t id) {
-    const char *printed = shim_call_prints(thread_call);
-    if (status == 0 && printed[0] == '\0') {
+int shim_fast_report(PyObject *finish, PyObject *report) {
+    if (report == NULL) {
         return 0;
     }
-    PyObject *done = PyObject_CallFunction(finish, "iyyK", status, shim_call_errors(thread_call),
-                                           printed, (unsigned long long)id);
+    if (report == Py_None) {
+        Py_DECREF(report);
+        PyErr_NoMemory();
+        return -1;
+    }
+    bool held = shim_ctrl_c_hold();
+    PyObject *done = PyObject_Call(finish, report, NULL);
+    shim_ctrl_c_release(held);
+    Py_DECREF(report);
     Py_XDECREF(done);
     return done == NULL ? -1 : 0;
 }
@@ -392,8 +445,11 @@ static PyObject *fast_call(plan_object *plan, PyObject *positional, PyObject *na
     if (!plan->fast || shim_profile_on() || shim_calls_closed()) {
         Py_RETURN_NOTIMPLEMENTED;
     }
+    /* The call's arrays are as long as the plan's arguments (not MAX_ARGUMENTS): a thread
+     * may have as little as 32 KiB of stack (threading.stack_size). */
+    const int n = plan->count > 0 ? plan->count : 1;
     Py_ssize_t given = PyTuple_Size(positional), used_names = 0;
-    PyObject *values[MAX_ARGUMENTS];
+    PyObject *values[n];
     int user_index = 0;
     for (int i = 0; i < plan->count; i++) {
         const argument_spec *a = &plan->arguments[i];
@@ -420,14 +476,14 @@ static PyObject *fast_call(plan_object *plan, PyObject *positional, PyObject *na
         Py_RETURN_NOTIMPLEMENTED; /* too many, or unknown names */
     }
 
-    void *argv[MAX_ARGUMENTS];
-    struct halide_scalar_value_t scalars[MAX_ARGUMENTS];
-    halide_buffer_t buffers[MAX_ARGUMENTS];
-    halide_dimension_t dims[MAX_ARGUMENTS][MAX_DIMENSIONS];
-    Py_buffer views[MAX_ARGUMENTS];
-    int viewed[MAX_ARGUMENTS], nviews = 0;
-    shim_member members[MAX_ARGUMENTS];
-    halide_buffer_t *member_buffers[MAX_ARGUMENTS];
+    void *argv[n];
+    struct halide_scalar_value_t scalars[n];
+    halide_buffer_t buffers[n];
+    halide_dimension_t dims[plan->array_dimensions > 0 ? plan->array_dimensions : 1];
+    Py_buffer views[n];
+    int viewed[n], nviews = 0, ndims = 0;
+    shim_member members[n];
+    halide_buffer_t *member_buffers[n];
     int nmembers = 0;
     PyObject *result = Py_NotImplemented;
     for (int i = 0; i < plan->count; i++) {
@@ -458,9 +514,11 @@ static PyObject *fast_call(plan_object *plan, PyObject *positional, PyObject *na
                 goto done;
             }
             viewed[nviews++] = i;
-            if (!describe(a, &views[i], &buffers[i], dims[i])) {
+            if (a->dimensions > MAX_DIMENSIONS ||
+                !describe(a, &views[i], &buffers[i], &dims[ndims])) {
                 goto done;
             }
+            ndims += a->dimensions;
             argv[i] = &buffers[i];
         }
     }
@@ -472,21 +530,22 @@ static PyObject *fast_call(plan_object *plan, PyObject *positional, PyObject *na
         goto done;
     }
     int status = 0;
-    uint64_t id;
+    PyObject *report;
     int outcome = shim_fast_run(plan->argv_fn, argv, member_buffers, nmembers, plan->backends,
-                                &id, &status);
+                                &status, &report);
     bool ran = outcome == SHIM_FAST_RAN && status != SHIM_CALL_NEEDS_PREPARATION;
     if (ran) {
         shim_members_ran(members, nmembers, plan->host_write);
     }
     if (shim_members_end(members, nmembers, plan->end_call) < 0) {
+        Py_XDECREF(report);
         result = NULL;
         goto done;
     }
     if (!ran) {
         goto done; /* nothing ran: the general path prepares the buffers, then runs */
     }
-    if (shim_fast_report(plan->finish, status, id) < 0 ||
+    if (shim_fast_report(plan->finish, report) < 0 ||
         shim_members_results(members, nmembers) < 0) {
         result = NULL;
         goto done;
@@ -549,10 +608,11 @@ static int plan_init(plan_object *plan, PyObject *args, PyObject *kwargs) {
                           &array_type, &buffer_type, &lock_type, &finish, &end_call)) {
         return -1;
     }
-    if (plan->finish != NULL) {
+    if (plan->made) {
         PyErr_SetString(PyExc_TypeError, "a CallPlan is made once");
         return -1;
     }
+    plan->made = true; /* even if this fails halfway: what it took would be taken twice */
     if (!shim_call_records_ready(buffer_type, lock_type) ||
         (plan->general_name = PyUnicode_InternFromString("_call_in_python")) == NULL) {
         return -1;
@@ -608,6 +668,13 @@ static int plan_init(plan_object *plan, PyObject *args, PyObject *kwargs) {
     }
     if (plan->outputs == 0) {
         plan->fast = false;
+    }
+    plan->key_room = key_room(plan);
+    for (int i = 0; i < plan->count; i++) {
+        const argument_spec *a = &plan->arguments[i];
+        if (a->role == ROLE_INPUT || a->role == ROLE_OUTPUT) {
+            plan->array_dimensions += a->dimensions < MAX_DIMENSIONS ? a->dimensions : MAX_DIMENSIONS;
+        }
     }
     Py_INCREF(array_type);
     Py_INCREF(finish);

@@ -7,14 +7,28 @@ enum { SHIM_FAST_RAN, SHIM_FAST_DECLINED };
 
 /* Run a pipeline in the calling thread's fast-path call context, on the thread's stream, with
  * the GIL released: shim_call_run's checks of `buffers` against `backends`, then argv_fn.
- * DECLINED (nothing ran) at exit or without memory; else RAN with the call's id and status
- * (which may be SHIM_CALL_NEEDS_PREPARATION: then it did not run either). GIL held. */
+ * DECLINED (nothing ran) at exit or without memory; else RAN with the call's status (which
+ * may be SHIM_CALL_NEEDS_PREPARATION: then it did not run either) and `report`: NULL when the
+ * call succeeded without printing, else what it printed and its failure, taken from the
+ * context at once (a new reference, for shim_fast_report). Taken at once because the end of
+ * the call's uses may run Python code (runtime.end_call, deferred work, a finalizer the
+ * collector runs then), which may make another call on this thread, in the same context.
+ * GIL held. */
 int shim_fast_run(int (*argv_fn)(void **), void **argv, halide_buffer_t **buffers, int count,
-                  unsigned backends, uint64_t *id, int *status);
+                  unsigned backends, int *status, PyObject **report);
 
-/* After shim_fast_run: hand what the call printed, and its failure, to `finish(status, errors,
- * prints, call id)`, which raises for a failure. 0, or -1 with the exception set. */
-int shim_fast_report(PyObject *finish, int status, uint64_t id);
+/* After shim_fast_run: hand its `report` (stolen; NULL: nothing to report) to `finish(status,
+ * errors, prints, call id, prints dropped)`, which raises for a failure. 0, or -1 with the
+ * exception set. */
+int shim_fast_report(PyObject *finish, PyObject *report);
+
+/* Ctrl-C held while the fast paths run Python code for a call's bookkeeping (runtime.end_call,
+ * deferred work, finish): shim/interrupts.py's deferred(), entered from C, where no bytecode
+ * runs, so that no KeyboardInterrupt can land before the Python code's own deferred() (and
+ * leave a use recorded for good). The main thread only (the one signal handlers run on); a
+ * SIGINT noted meanwhile comes again once released. Returns whether it held (pass it back). */
+bool shim_ctrl_c_hold(void);
+void shim_ctrl_c_release(bool held);
 
 /* The end of a tp_dealloc of the fast paths' types (heap types): free the object, drop the
  * type's reference. */

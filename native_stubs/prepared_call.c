@@ -23,8 +23,9 @@ typedef struct {
     int count;
     shim_member members[MAX_MEMBERS];
     PyObject *results;  /* what a call returns */
-    PyObject *finish;   /* finish(result, errors, prints, call id): raises or reports */
+    PyObject *finish;   /* finish(result, errors, prints, call id, prints dropped): raises */
     PyObject *end_call; /* runtime.end_call */
+    bool made;          /* __init__ was called: never again (it may have failed halfway) */
 } run_object;
 
 static PyObject *s_run_in_python;
@@ -36,20 +37,21 @@ static PyObject *run_call(run_object *run) {
         Py_RETURN_NOTIMPLEMENTED;
     }
     int status = 0;
-    uint64_t id;
+    PyObject *report;
     int outcome = shim_fast_run(run->argv_fn, run->argv, run->buffers, run->count, run->backends,
-                                &id, &status);
+                                &status, &report);
     bool ran = outcome == SHIM_FAST_RAN && status != SHIM_CALL_NEEDS_PREPARATION;
     if (ran) {
         shim_members_ran(run->members, run->count, run->host_write);
     }
     if (shim_members_end(run->members, run->count, run->end_call) < 0) {
+        Py_XDECREF(report);
         return NULL;
     }
     if (!ran) {
         Py_RETURN_NOTIMPLEMENTED; /* the Python run prepares the buffers, then runs */
     }
-    if (shim_fast_report(run->finish, status, id) < 0 ||
+    if (shim_fast_report(run->finish, report) < 0 ||
         shim_members_results(run->members, run->count) < 0) {
         return NULL;
     }
@@ -83,7 +85,7 @@ static int run_init(run_object *run, PyObject *args, PyObject *kwargs) {
     (void)kwargs;
     PyObject *argv_fn, *argv, *buffers, *members, *results, *finish, *end_call;
     int backends, host_write;
-    if (run->argv_fn != NULL) {
+    if (run->made) {
         PyErr_SetString(PyExc_TypeError, "a PreparedRun is made once");
         return -1;
     }
@@ -91,6 +93,7 @@ static int run_init(run_object *run, PyObject *args, PyObject *kwargs) {
                           &members, &results, &finish, &end_call)) {
         return -1;
     }
+    run->made = true; /* even if this fails halfway: members taken would be taken twice */
     Py_ssize_t count = PySequence_Size(members);
     if (count < 0) {
         return -1;

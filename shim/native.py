@@ -131,11 +131,17 @@ class CallContext:
         return lib.shim_call_prints(self.pointer)[0] != b"\0"
 
     def prints(self) -> str:
-        text = ffi.string(lib.shim_call_prints(self.pointer)).decode("utf-8", "replace")
-        dropped = lib.shim_call_prints_dropped(self.pointer)
-        if dropped:
-            text += f"\n[halide-shim: {dropped} more bytes of print output were dropped]\n"
-        return text
+        return print_text(ffi.string(lib.shim_call_prints(self.pointer)),
+                          lib.shim_call_prints_dropped(self.pointer))
+
+
+def print_text(printed: bytes, dropped: int) -> str:
+    """What a call printed, as a context holds it (``printed``; ``dropped``: the bytes past
+    its cap), for the caller to see."""
+    text = printed.decode("utf-8", "replace")
+    if dropped:
+        text += f"\n[halide-shim: {dropped} more bytes of print output were dropped]\n"
+    return text
 
 
 def closing() -> bool:

@@ -43,6 +43,10 @@ class Pipeline(CallPlan):
     """
 
     def __init__(self, path, name: str | None = None):
+        if "_library" in self.__dict__:
+            # The CallPlan (the fast path, the bounds cache) is made once, for the first
+            # library: the Python side must not change to another.
+            raise TypeError("a Pipeline is made once")
         self._library = Library(path, name)
         self.path, self.name, self.target = self._library.path, self._library.name, self._library.target
         # The device APIs the pipeline's code uses (none: it computes on the CPU only).

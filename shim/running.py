@@ -14,7 +14,7 @@ from shim.binding import Call, free_temporaries
 from shim.buffer import Buffer
 from shim.devices import backend_class
 from shim.errors import DEVICE_ERROR_CODES, DeviceError, PipelineError
-from shim.native import CallContext, PreparedRun, ffi, lib
+from shim.native import CallContext, PreparedRun, ffi, lib, print_text
 from shim.runtime import take_exception
 
 # How often a call prepares buffers another thread keeps moving to a device it does not use.
@@ -61,9 +61,11 @@ class Runner:
         self._report(result, context.errors(), context.prints() if context.printed() else "",
                      context.id)
 
-    def finish_fast(self, result: int, errors: bytes, prints: bytes, call_id: int) -> None:
-        """finish() for the fast paths (native_stubs/fastcall.c), which pass the context's text."""
-        self._report(result, errors.decode("utf-8", "replace"), prints.decode("utf-8", "replace"),
+    def finish_fast(self, result: int, errors: bytes, prints: bytes, call_id: int,
+                    prints_dropped: int = 0) -> None:
+        """finish() for the fast paths (native_stubs/fastcall.c), which pass the context's text
+        (and how much print output it had no room for)."""
+        self._report(result, errors.decode("utf-8", "replace"), print_text(prints, prints_dropped),
                      call_id)
 
     def _report(self, result: int, errors: str, prints: str, call_id: int) -> None:
@@ -97,6 +99,10 @@ class PreparedCall(PreparedRun):
     buffers the shim made for the caller's arrays."""
 
     def __init__(self, runner: Runner, call: Call):
+        if "_call" in self.__dict__:
+            # Its run in C keeps pointers into the first call's memory, which new arguments
+            # would let go (PreparedRun refuses a second making too, but only after this).
+            raise TypeError("a PreparedCall is made once")
         self._runner = runner
         self._call = call
         buffers = [buf for _, _, buf in call.buffers]
