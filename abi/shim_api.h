@@ -141,6 +141,14 @@ void shim_cuda_leave(void *user_context);
  * outlive every capsule. */
 void shim_dlpack_capsule_destructor(void *capsule);
 const char *shim_dlpack_capsule_name(int versioned, int used);
+/* The deleters exported tensors get: the Python ones (shim/dlpack.py), called with Ctrl-C
+ * deferred from before the first bytecode to after the last. Inside (on the calling thread),
+ * shim_interrupts_in_deleter() is nonzero and shim/interrupts.py only notes a SIGINT with
+ * shim_interrupts_note(); the deleter raises it again (PyErr_SetInterrupt) on its way out. */
+void shim_dlpack_delete(DLManagedTensor *self);
+void shim_dlpack_delete_versioned(DLManagedTensorVersioned *self);
+int shim_interrupts_in_deleter(void);
+void shim_interrupts_note(void);
 
 /* Profiling (native_stubs/profile.c, shim/profiler.py). While it is on, the generic entry
  * points count the calls they decide in C, per function and outcome, without entering Python,

@@ -80,6 +80,8 @@ int shim_py_cuda_initialize(void *, void **, const char *, int);
 int shim_py_cuda_start(void *);
 int shim_py_profile_launch_begin(void *, const shim_launch *);
 void shim_py_profile_launch_end(int, int);
+void shim_py_dlpack_delete(DLManagedTensor *);
+void shim_py_dlpack_delete_versioned(DLManagedTensorVersioned *);
 
 /* Profiling (profile.c): the flag, read relaxed on every path it guards. */
 extern int shim_profiling;

@@ -178,10 +178,10 @@ def _capsule(owners, data, byte_offset, device, strides, shape, htype: HalideTyp
         minor = VERSION[1] if _version_tuple(max_version)[0] > 1 else min(VERSION[1], max_version[1])
         managed.version.major, managed.version.minor = VERSION[0], minor
         managed.flags = flags
-        managed.deleter = lib.shim_py_dlpack_delete_versioned
+        managed.deleter = lib.shim_dlpack_delete_versioned
     else:
         managed = ffi.new("DLManagedTensor *")
-        managed.deleter = lib.shim_py_dlpack_delete
+        managed.deleter = lib.shim_dlpack_delete
     managed.manager_ctx = ffi.cast("void *", key)
     tensor = managed.dl_tensor
     tensor.data = ffi.cast("void *", data)
@@ -195,6 +195,8 @@ def _capsule(owners, data, byte_offset, device, strides, shape, htype: HalideTyp
 
 
 def _release(managed) -> None:
+    # Called from C with Ctrl-C deferred around the whole callback (shim_dlpack_delete*, see
+    # shim/interrupts.py); the section here covers a Python caller of the deleter too.
     with interrupts.deferred():  # (a deleter interrupted halfway would leak its pins)
         _release_owners(managed)
 

@@ -553,13 +553,17 @@ def test_exports_racing_device_free_raise_only_buffer_errors(opencl):
 
 def test_ctrl_c_during_dlpack_exports_leaks_no_pins():
     done = run_script("""
-        import gc, random, signal, threading, time
+        import _signal, gc, random, signal, threading, time
         import numpy as np
         import shim
         device = shim.device("opencl")
         before = device.live_allocations
         x = shim.Buffer(np.zeros((8, 8), np.float32))
         x.copy_to_device(device)
+        # Starting pocl's device, LLVM put its own one-shot SIGINT handler (SA_RESETHAND) in
+        # front of Python's: the first SIGINT uninstalls it and is passed on, but a second one
+        # arriving meanwhile meets SIG_DFL and kills the process, silently. Python's again:
+        signal.signal(signal.SIGINT, signal.getsignal(signal.SIGINT))
         main, stop = threading.main_thread().ident, threading.Event()
 
         def interrupter():
@@ -567,22 +571,29 @@ def test_ctrl_c_during_dlpack_exports_leaks_no_pins():
                 time.sleep(random.uniform(0, 0.0005))
                 signal.pthread_kill(main, signal.SIGINT)
 
+        # SIGINT reaches the main thread only inside the try, around the export and the
+        # capsule's drop: a KeyboardInterrupt in this loop's own steps (its condition, the
+        # except clause, starting or joining the sender) would end the script, not test the
+        # shim. One sent meanwhile waits in the kernel until the next unblocking, which raises
+        # it inside the try. (_signal's, not signal's: that one is a Python function, which
+        # can take a KeyboardInterrupt on entry, before its mask is set.)
+        held = {signal.SIGINT}
+        _signal.pthread_sigmask(signal.SIG_BLOCK, held)
         sender = threading.Thread(target=interrupter, daemon=True)
         sender.start()
         deadline = time.monotonic() + 3
-        while not stop.is_set():
+        while time.monotonic() < deadline:
             try:
-                while time.monotonic() < deadline:
-                    try:
-                        capsule = x.__dlpack__(max_version=(1, 0))
-                        del capsule
-                    except KeyboardInterrupt:
-                        pass
-                stop.set()
-                sender.join()
-                time.sleep(0.05)
+                try:
+                    _signal.pthread_sigmask(signal.SIG_UNBLOCK, held)
+                    capsule = x.__dlpack__(max_version=(1, 0))
+                    del capsule
+                finally:
+                    _signal.pthread_sigmask(signal.SIG_BLOCK, held)  # (then runs the handler)
             except KeyboardInterrupt:
                 pass
+        stop.set()
+        sender.join()
         gc.collect()
         x.device_free()
         del x
@@ -591,3 +602,43 @@ def test_ctrl_c_during_dlpack_exports_leaks_no_pins():
         """)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "leaked 0" in done.stdout
+
+
+def test_ctrl_c_at_the_start_of_a_dlpack_deleter_is_raised_after_it():
+    """A deleter is Python called from C (here by a dropped capsule's destructor): Ctrl-C at its
+    first bytecode, before any deferred() inside could be entered, once went to cffi, which
+    printed and swallowed it, and left the tensor's pin for good. It waits until the deleter
+    returns, and is raised there, in the code that dropped the capsule."""
+    done = run_script("""
+        import ctypes, gc
+        import numpy as np
+        import shim
+        device = shim.device("opencl")
+        before = device.live_allocations
+        x = shim.Buffer(np.zeros((8, 8), np.float32))
+        x.copy_to_device(device)
+        capsule_new = ctypes.PYFUNCTYPE(ctypes.py_object, ctypes.c_void_p, ctypes.c_char_p,
+                                        ctypes.c_void_p)(("PyCapsule_New", ctypes.pythonapi))
+        set_interrupt = ctypes.cast(ctypes.pythonapi.PyErr_SetInterrupt, ctypes.c_void_p).value
+        outcomes = []
+        for version in [(1, 0), None] * 2:  # versioned and legacy capsules
+            # A list drops its items last to first, all in C: the destructor of the last one
+            # trips SIGINT (as a Ctrl-C arriving then would), so Python's handler runs at the
+            # next bytecode: the first of the deleter that the capsule's destructor calls.
+            items = [x.__dlpack__(max_version=version), capsule_new(1, None, set_interrupt)]
+            try:
+                items.clear()
+                outcomes.append("lost")
+            except KeyboardInterrupt:
+                outcomes.append("raised")
+        gc.collect()
+        print("interrupts", outcomes)
+        x.device_free()
+        del x
+        gc.collect()
+        print("leaked", device.live_allocations - before)
+        """)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "interrupts ['raised', 'raised', 'raised', 'raised']" in done.stdout, done.stderr[-3000:]
+    assert "leaked 0" in done.stdout
+    assert "cffi callback" not in done.stderr
