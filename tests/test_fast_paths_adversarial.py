@@ -584,6 +584,21 @@ def test_numpy_scalars_and_bools_as_scalars_match_the_general_path(load):
 
 # --- threads changing what calls use ------------------------------------------------------
 
+def run_for_a_while(work, stop: threading.Event, errors: list, seconds: float = 3) -> None:
+    """Run ``function(argument)`` on a thread of its own for each (function, arguments) of
+    ``work`` for ``seconds``, then stop them: none may hang, none may have failed."""
+    threads = [threading.Thread(target=function, args=(argument,))
+               for function, arguments in work for argument in arguments]
+    for t in threads:
+        t.start()
+    time.sleep(seconds)
+    stop.set()
+    for t in threads:
+        t.join(30)
+        assert not t.is_alive(), "a thread hung"
+    assert not errors, errors[0]
+
+
 def test_threads_crop_mark_and_free_buffers_fast_calls_use(load):
     """Calling threads and threads cropping (which makes a family shared in the middle of a
     call), marking and freeing the same Buffers: no hang, no error, the uses all gone, and
@@ -622,16 +637,7 @@ def test_threads_crop_mark_and_free_buffers_fast_calls_use(load):
         except BaseException as e:  # noqa: BLE001
             errors.append(e)
 
-    threads = [threading.Thread(target=caller, args=(i,)) for i in range(3)]
-    threads += [threading.Thread(target=meddler, args=(s,)) for s in range(2)]
-    for t in threads:
-        t.start()
-    time.sleep(3)
-    stop.set()
-    for t in threads:
-        t.join(30)
-        assert not t.is_alive(), "a thread hung"
-    assert not errors, errors[0]
+    run_for_a_while([(caller, range(3)), (meddler, range(2))], stop, errors)
     for buf in inputs + outputs:
         assert buf._family.uses == []
     for i in range(2):
@@ -681,16 +687,7 @@ def test_threads_move_buffers_of_cpu_fast_calls_to_opencl_and_back(load, opencl)
         except BaseException as e:  # noqa: BLE001
             errors.append(e)
 
-    threads = [threading.Thread(target=caller, args=(i,)) for i in range(2)]
-    threads += [threading.Thread(target=mover, args=(s,)) for s in range(2)]
-    for t in threads:
-        t.start()
-    time.sleep(3)
-    stop.set()
-    for t in threads:
-        t.join(30)
-        assert not t.is_alive(), "a thread hung"
-    assert not errors, errors[0]
+    run_for_a_while([(caller, range(2)), (mover, range(2))], stop, errors)
     for buf in (inp, *outputs):
         assert buf._family.uses == []
     np.testing.assert_array_equal(inp.numpy(), a)
