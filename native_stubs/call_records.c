@@ -82,19 +82,9 @@ void shim_ctrl_c_release(bool held) {
 
 /* --- slots read and written directly ------------------------------------------------------ */
 
-/* An attribute kept in a __slots__ slot of objects of one type, read and written through its
- * member descriptor: getattr's type and dict lookups cost more than the rest of a call's
- * bookkeeping. Objects of another type take the generic way. */
-typedef struct {
-    PyTypeObject *type;
-    PyObject *name, *descr;
-    descrgetfunc get;
-    descrsetfunc set;
-} slot;
+static shim_slot buffer_record, buffer_unread, lock_owner, lock_waiting;
 
-static slot buffer_record, buffer_unread, lock_owner, lock_waiting;
-
-static bool slot_init(slot *s, PyObject *type, const char *name) {
+bool shim_slot_init(shim_slot *s, PyObject *type, const char *name) {
     if (s->type != NULL) {
         return (PyObject *)s->type == type;
     }
@@ -113,24 +103,21 @@ static bool slot_init(slot *s, PyObject *type, const char *name) {
     return true;
 }
 
-static PyObject *slot_get(const slot *s, PyObject *object) {
+PyObject *shim_slot_get(const shim_slot *s, PyObject *object) {
     return Py_TYPE(object) == s->type ? s->get(s->descr, object, (PyObject *)s->type)
                                       : PyObject_GetAttr(object, s->name);
 }
 
-static int slot_set(const slot *s, PyObject *object, PyObject *value) {
+int shim_slot_set(const shim_slot *s, PyObject *object, PyObject *value) {
     return Py_TYPE(object) == s->type ? s->set(s->descr, object, value)
                                       : PyObject_SetAttr(object, s->name, value);
 }
 
 PyObject *shim_buffer_record(PyObject *buffer) {
-    return slot_get(&buffer_record, buffer);
+    return shim_slot_get(&buffer_record, buffer);
 }
 
-/* A field of the member's Buffer's record (families.call_record), borrowed. */
-static PyObject *field(const shim_member *m, int index) {
-    return PyTuple_GetItem(m->record, index);
-}
+#define field shim_record_field
 
 bool shim_member_init(shim_member *m, PyObject *buffer, PyObject *record, bool output,
                       bool replaces, bool array_input, bool to_host) {
@@ -149,14 +136,14 @@ bool shim_member_init(shim_member *m, PyObject *buffer, PyObject *record, bool o
     }
     Py_INCREF(buffer);
     Py_INCREF(record);
-    *m = (shim_member){raw, record, buffer, NULL, output, replaces, array_input, to_host};
-    m->use = field(m, !output ? RECORD_USE_INPUT : replaces ? RECORD_USE_REPLACING : RECORD_USE_UPDATING);
+    *m = (shim_member){raw, record, buffer, NULL, NULL, output, replaces, array_input, to_host};
     return true;
 }
 
 void shim_member_clear(shim_member *m) {
     Py_CLEAR(m->buffer);
     Py_CLEAR(m->record);
+    Py_CLEAR(m->shared_use);
 }
 
 /* --- the family's lock ----------------------------------------------------------------------- */
@@ -164,11 +151,11 @@ void shim_member_clear(shim_member *m) {
 /* Whether no thread holds the family's lock (see above), and (`no_waiters`) none waits on it. */
 static bool lock_free(const shim_member *m, bool no_waiters) {
     PyObject *lock = field(m, RECORD_LOCK);
-    PyObject *owner = slot_get(&lock_owner, lock);
+    PyObject *owner = shim_slot_get(&lock_owner, lock);
     bool free_ = owner == Py_None;
     Py_XDECREF(owner);
     if (free_ && no_waiters) {
-        PyObject *waiting = slot_get(&lock_waiting, lock);
+        PyObject *waiting = shim_slot_get(&lock_waiting, lock);
         free_ = waiting != NULL && PyObject_IsTrue(waiting) == 0;
         Py_XDECREF(waiting);
     }
@@ -178,9 +165,12 @@ static bool lock_free(const shim_member *m, bool no_waiters) {
     return free_;
 }
 
-static bool plain_family(const shim_member *m) {
-    return !(shim_flags_get(m->raw) & SHIM_BUFFER_FLAG_REGIONS) &&
-           PyList_Size(field(m, RECORD_DEFERRED)) == 0;
+static bool shared_family(const shim_member *m) {
+    return shim_flags_get(m->raw) & SHIM_BUFFER_FLAG_REGIONS;
+}
+
+static bool nothing_deferred(const shim_member *m) {
+    return PyList_Size(field(m, RECORD_DEFERRED)) == 0;
 }
 
 /* --- beginning and ending a use ---------------------------------------------------------- */
@@ -189,7 +179,10 @@ static bool plain_family(const shim_member *m) {
  * array input is marked host-dirty first (the caller may have written the array), as
  * Buffer.set_host_dirty would, which waits for calls writing it and refuses device changes:
  * false (nothing done) where that would not be instant. */
-static bool begin_use(const shim_member *m) {
+static bool begin_plain_use(shim_member *m) {
+    Py_CLEAR(m->shared_use);
+    m->use = field(m, !m->output ? RECORD_USE_INPUT : m->replaces ? RECORD_USE_REPLACING
+                                                                   : RECORD_USE_UPDATING);
     PyObject *uses = field(m, RECORD_USES);
     uint64_t flags = shim_flags_get(m->raw);
     if (m->array_input) {
@@ -239,13 +232,47 @@ static int end_in_python(const shim_member *m, PyObject *end_call) {
     return done == NULL ? -1 : 0;
 }
 
+/* Record the use as runtime.begin_call does, with the family's lock free; false (nothing
+ * done) where that cannot be done at once. A shared family's plan may be made in Python
+ * first, after which the lock is checked again. */
+static bool begin_use(shim_member *m, bool host_write) {
+    for (bool plan = true;; plan = false) {
+        if (!nothing_deferred(m) || !lock_free(m, false)) {
+            return false;
+        }
+        if (!shared_family(m)) {
+            return begin_plain_use(m);
+        }
+        int done = shim_shared_begin(m, host_write, plan);
+        if (done != SHIM_SHARED_PLANNED) {
+            return done == SHIM_SHARED_DONE;
+        }
+    }
+}
+
 /* End the use as runtime.end_call does; through end_call itself where that cannot be done at
  * once (a held lock: end_call may block, this may not; threads to wake, which takes the lock;
- * a family that became shared meanwhile). -1 with an exception set if that failed. */
+ * a family that became shared meanwhile; a shared family in a state no plan covers). -1 with
+ * an exception set if that failed. */
 static int end_use(const shim_member *m, PyObject *end_call) {
-    if (plain_family(m) && lock_free(m, true)) {
-        remove_use(m);
-        return 0;
+    for (bool plan = true;; plan = false) {
+        if (!nothing_deferred(m) || !lock_free(m, true)) {
+            break;
+        }
+        if (m->shared_use == NULL) {
+            if (shared_family(m)) {
+                break; /* (shared since the call began: its plain use ends in Python) */
+            }
+            remove_use(m);
+            return 0;
+        }
+        int done = shim_shared_end(m, plan);
+        if (done != SHIM_SHARED_PLANNED) {
+            if (done == SHIM_SHARED_DONE) {
+                return 0;
+            }
+            break;
+        }
     }
     return end_in_python(m, end_call);
 }
@@ -262,10 +289,9 @@ static int run_deferred(const shim_member *m) {
     return done == NULL ? -1 : 0;
 }
 
-bool shim_members_begin(const shim_member *members, int count, PyObject *end_call) {
+bool shim_members_begin(shim_member *members, int count, PyObject *end_call, bool host_write) {
     for (int i = 0; i < count; i++) {
-        const shim_member *m = &members[i];
-        if (!plain_family(m) || !lock_free(m, false) || !begin_use(m)) {
+        if (!begin_use(&members[i], host_write)) {
             for (int k = 0; k < i; k++) {
                 if (end_use(&members[k], end_call) < 0) {
                     PyErr_WriteUnraisable(end_call);
@@ -318,7 +344,7 @@ void shim_members_ran(const shim_member *members, int count, bool host_write) {
 int shim_members_results(const shim_member *members, int count) {
     for (int i = 0; i < count; i++) {
         const shim_member *m = &members[i];
-        if (slot_set(&buffer_unread, m->buffer, m->output ? Py_True : Py_False) < 0) {
+        if (shim_slot_set(&buffer_unread, m->buffer, m->output ? Py_True : Py_False) < 0) {
             return -1;
         }
     }
@@ -355,10 +381,10 @@ bool shim_call_records_ready(PyObject *buffer_type, PyObject *lock_type) {
         s_interrupts = Py_NewRef(PyModule_GetDict(module)); /* (the module lives as long) */
         Py_DECREF(module);
     }
-    if (!slot_init(&buffer_record, buffer_type, "_record") ||
-        !slot_init(&buffer_unread, buffer_type, "_unread") ||
-        !slot_init(&lock_owner, lock_type, "owner") ||
-        !slot_init(&lock_waiting, lock_type, "waiting")) {
+    if (!shim_slot_init(&buffer_record, buffer_type, "_record") ||
+        !shim_slot_init(&buffer_unread, buffer_type, "_unread") ||
+        !shim_slot_init(&lock_owner, lock_type, "owner") ||
+        !shim_slot_init(&lock_waiting, lock_type, "waiting") || !shim_shared_records_ready()) {
         if (!PyErr_Occurred()) {
             PyErr_SetString(PyExc_TypeError, "the call records' types changed");
         }

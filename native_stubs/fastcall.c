@@ -347,19 +347,25 @@ static bool buffer_argument(plan_object *plan, const argument_spec *a, PyObject 
     return fits;
 }
 
-/* An output no input of the call is: its results replace what either side held. */
-static void mark_replacing(shim_member *members, int count) {
+/* An output no input of the call is: its results replace what either side held. False
+ * (decline) for an output and an input that are different members of one shared family: whether
+ * they overlap is for the general path to work out (runtime.begin_call). */
+static bool mark_replacing(shim_member *members, int count) {
     for (int i = 0; i < count; i++) {
         members[i].replaces = members[i].output;
         for (int k = 0; members[i].output && k < count; k++) {
-            if (!members[k].output && members[k].raw == members[i].raw) {
+            if (members[k].output) {
+                continue;
+            }
+            if (members[k].raw == members[i].raw) {
                 members[i].replaces = false;
+            } else if (shim_record_field(&members[k], RECORD_FAMILY) ==
+                       shim_record_field(&members[i], RECORD_FAMILY)) {
+                return false;
             }
         }
-        members[i].use = PyTuple_GetItem(members[i].record, !members[i].output ? RECORD_USE_INPUT
-                                         : members[i].replaces ? RECORD_USE_REPLACING
-                                                               : RECORD_USE_UPDATING);
     }
+    return true;
 }
 
 /* --- running, shared with the prepared calls (prepared_call.c) ----------------------------- */
@@ -525,8 +531,8 @@ static PyObject *fast_call(plan_object *plan, PyObject *positional, PyObject *na
     if (!known(plan, argv)) {
         goto done; /* the general path runs the bounds query, and remembers what passed */
     }
-    mark_replacing(members, nmembers);
-    if (!shim_members_begin(members, nmembers, plan->end_call)) {
+    if (!mark_replacing(members, nmembers) ||
+        !shim_members_begin(members, nmembers, plan->end_call, plan->host_write)) {
         goto done;
     }
     int status = 0;

@@ -34,14 +34,22 @@ void shim_ctrl_c_release(bool held);
  * type's reference. */
 void shim_object_free(PyObject *self);
 
+/* An allocation family's state that the fast paths read (shim.families.Family's base,
+ * family_state.c). */
+typedef struct {
+    PyObject_HEAD
+    PyObject *regions; /* Family.regions: a tuple, replaced, never changed in place */
+} shim_family_state;
+
 /* A buffer argument of a call, for its records in its family (call_records.c). */
 typedef struct {
     halide_buffer_t *raw;
     PyObject *record; /* the shim.Buffer's call record (shim/families.py, call_record) */
     PyObject *buffer; /* the shim.Buffer */
-    PyObject *use;    /* the Use the call records (borrowed from the record) */
+    PyObject *use;    /* the Use the call records (borrowed: from the record or shared_use) */
+    PyObject *shared_use; /* the Use recorded in a shared family (shared_records.c), or NULL */
     bool output;      /* the call writes it */
-    bool replaces;    /* ... without reading it first (no input of the call is it) */
+    bool replaces;    /* ... without reading it first (no input of the call overlaps it) */
     bool array_input; /* it wraps a caller's array: host-dirty before every run */
     bool to_host;     /* an output given as an array: its results go to host memory */
 } shim_member;
@@ -58,8 +66,32 @@ enum {
     RECORD_USE_REPLACING, /* ... of a call writing it without reading it */
     RECORD_USE_UPDATING,  /* ... of a call writing it and reading it */
     RECORD_ARRAY,         /* the Buffer's host memory, a numpy array */
+    RECORD_PLANS,         /* what calls do in its family once shared (shared_records.c) */
     RECORD_FIELDS
 };
+
+/* A field of a member's record, borrowed. */
+static inline PyObject *shim_record_field(const shim_member *m, int index) {
+    return PyTuple_GetItem(m->record, index);
+}
+
+/* An attribute kept in a __slots__ slot of objects of one type, read and written through its
+ * member descriptor: getattr's type and dict lookups cost more than the rest of a call's
+ * bookkeeping. Objects of another type take the generic way. */
+typedef struct {
+    PyTypeObject *type;
+    PyObject *name, *descr;
+    descrgetfunc get;
+    descrsetfunc set;
+} shim_slot;
+
+/* Ready `s` for the slot `name` of `type`; false with an exception set. (Once: a second call
+ * says whether it is ready for the same type.) */
+bool shim_slot_init(shim_slot *s, PyObject *type, const char *name);
+/* The slot's value, a new reference; NULL with an exception set. */
+PyObject *shim_slot_get(const shim_slot *s, PyObject *object);
+/* -1 with an exception set. */
+int shim_slot_set(const shim_slot *s, PyObject *object, PyObject *value);
 
 /* Fill `m` (holding references to the buffer and its record); false with an exception set
  * for a malformed record. shim_member_clear lets go of them. */
@@ -67,9 +99,10 @@ bool shim_member_init(shim_member *m, PyObject *buffer, PyObject *record, bool o
                       bool replaces, bool array_input, bool to_host);
 void shim_member_clear(shim_member *m);
 
-/* Record the call's uses in the members' families; false (nothing recorded) where that
- * cannot be done at once: the caller then leaves the call to Python. */
-bool shim_members_begin(const shim_member *members, int count, PyObject *end_call);
+/* Record the call's uses in the members' families (`host_write`: the pipeline writes its
+ * outputs on the host); false (nothing recorded) where that cannot be done at once: the caller
+ * then leaves the call to Python. */
+bool shim_members_begin(shim_member *members, int count, PyObject *end_call, bool host_write);
 /* The pipeline ran (`host_write`: on the CPU): outputs become host-dirty. */
 void shim_members_ran(const shim_member *members, int count, bool host_write);
 /* End every use (through `end_call`, runtime.end_call, where that cannot be done at once),
@@ -78,6 +111,20 @@ int shim_members_end(const shim_member *members, int count, PyObject *end_call);
 /* The Buffers' read state (inputs read, outputs unread) and outputs given as arrays brought
  * to host memory; -1 with an exception set. */
 int shim_members_results(const shim_member *members, int count);
+
+/* A call's uses of members of shared families (shared_records.c), for call_records.c, which
+ * has checked that no thread holds the family's lock and none deferred work to it. What these
+ * do depends only on the family's state, so they do it from plans remembered by state, made
+ * in Python (shim/aliasing.py) the first time: PLANNED when one was just made (Python code
+ * ran: the caller checks the lock again, then calls again with `plan` false). */
+enum { SHIM_SHARED_DONE, SHIM_SHARED_DECLINED, SHIM_SHARED_PLANNED };
+/* The beginning of the use (m->use, m->shared_use set when DONE). */
+int shim_shared_begin(shim_member *m, bool host_write, bool plan);
+/* The end of a use shim_shared_begin began, when no thread waits on the family's lock;
+ * DECLINED: for runtime.end_call. */
+int shim_shared_end(const shim_member *m, bool plan);
+/* Readies shared_records.c; false with an exception set. */
+bool shim_shared_records_ready(void);
 
 /* Readies call_records.c for shim.Buffer and families.FamilyLock, whose slots it reads and
  * writes; false with an exception set. Before any other call here. */

@@ -33,7 +33,7 @@ static PyObject *s_run_in_python;
 /* The run, or NotImplemented when nothing ran and the Python run must take the call. */
 static PyObject *run_call(run_object *run) {
     if (shim_profile_on() || shim_calls_closed() ||
-        !shim_members_begin(run->members, run->count, run->end_call)) {
+        !shim_members_begin(run->members, run->count, run->end_call, run->host_write)) {
         Py_RETURN_NOTIMPLEMENTED;
     }
     int status = 0;

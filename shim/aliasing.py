@@ -25,7 +25,9 @@ Every function here is called with the family's lock held (see shim/runtime.py).
 
 from __future__ import annotations
 
-from shim.families import Family, Member, Use
+import struct
+
+from shim.families import Family, Member, Use, address_of, dirty_bits
 from shim.native import ffi, lib
 from shim.regions import (box_plan, contains, intersect, overlaps, subtract_all, with_box,
                           without_box)
@@ -49,7 +51,7 @@ def adopt(family: Family, parent_raw, parent_box, view_raw, view_box) -> None:
     root's coordinates) a member: aliasing the allocation if there is one, else the proxy."""
     family.share(parent_raw, parent_box)
     member = Member(view_raw, view_box)
-    family.members[member.address] = member
+    family.add_member(member)
     lib.shim_flags_assign(view_raw, REGIONS, True)
     if family.memory is not None:
         attach(family, view_raw)
@@ -65,9 +67,9 @@ def allocate(family: Family, backend) -> None:
     memory holds nothing yet: the host is newer everywhere, so the first device use of any
     member uploads it (except where a running pipeline call writes it)."""
     family.backend, family.memory = backend, backend.allocate(family.root_layout.nbytes_span)
-    family.device_regions = frozenset()
-    family.host_regions = frozenset(subtract_all([family.root_box()],
-                                                 [use.box for use in family.uses if use.replaces]))
+    family.regions = (frozenset(subtract_all([family.root_box()],
+                                             [use.box for use in family.uses if use.replaces])),
+                      frozenset())
     family.refresh_bits()  # before any member's handle is published (see runtime._allocate_behind_host)
     for member in list(family.members.values()):
         attach(family, member.raw)
@@ -133,9 +135,8 @@ def _regions(family: Family, bit: int) -> frozenset:
 def _newer_on(family: Family, bit: int, member: Member) -> None:
     """``member``'s box is now newer on the side ``bit`` stands for: it joins that side's
     regions and leaves the other's."""
-    family.host_regions, family.device_regions = member.derived(
-        _newer_on_host if bit == HOST_DIRTY else _newer_on_device,
-        family.host_regions, family.device_regions)
+    family.regions = member.derived(_newer_on_host if bit == HOST_DIRTY else _newer_on_device,
+                                    family.regions, family.generation)
 
 
 # What calls do to a family's regions (host, device), as pure functions of a member's box and
@@ -219,8 +220,8 @@ def begin_call(family: Family, use: Use, raw) -> None:
         # The call's results replace what either side held there: nothing there is to be
         # uploaded or downloaded any more (an upload queued after its kernels would even
         # overwrite their results).
-        family.host_regions, family.device_regions = family.members[use.address].derived(
-            _replaced, family.host_regions, family.device_regions)
+        family.regions = family.members[use.address].derived(_replaced, family.regions,
+                                                             family.generation)
         lib.shim_flags_assign(raw, HOST_DIRTY | DEVICE_DIRTY, False)
 
 
@@ -232,6 +233,48 @@ def end_call(family: Family, use: Use, raw) -> None:
         _take_output(family, family.members[use.address])
     elif not family.in_use(use.address):
         family.refresh_bits(raw)
+
+
+# --- plans for the C fast paths -------------------------------------------------------------
+#
+# What begin_call and end_call do on a member, worked out once per state of the family for
+# native_stubs/shared_records.c, which carries a plan out whenever the family is in the state
+# it was made for: the same ``regions`` object (a plan's first field; see Family). These only
+# read the family, and are called without its lock: whatever changes meanwhile gives the
+# family a new ``regions`` object, for which the plan is never used.
+
+
+def begin_plan(family: Family, raw, output: bool, replaces: bool,
+               host_write: bool) -> tuple | None:
+    """begin_call on member ``raw`` for a call that writes it (``output``; ``replaces``: without
+    reading it) and writes its outputs on the host (``host_write``): (regions, the Use to
+    record, the regions after). None where beginning takes more than that (a CPU call writing a
+    member while the device holds changes: runtime.begin_call brings them home)."""
+    regions, generation = family.regions, family.generation
+    member = family.members.get(address_of(raw))
+    if member is None or (output and host_write and regions[1]):
+        return None
+    after = member.derived(_replaced, regions, generation) if replaces else regions
+    return regions, Use(0, member.address, member.box, output, replaces), after
+
+
+def end_plan(family: Family, raw, use: Use, side: int) -> tuple | None:
+    """end_call for ``use``, the family's only use, of member ``raw``, which the call left with
+    the dirty bits ``side``: (regions, the regions after, every member's dirty bits after as
+    packed native uint64 pairs (address, bits), the members (whose structs those are)). None
+    for a conflict (end_call raises it)."""
+    regions, generation = family.regions, family.generation
+    members = tuple(family.members.values())
+    member = family.members.get(address_of(raw))
+    if member is None or side == HOST_DIRTY | DEVICE_DIRTY:
+        return None
+    after = regions
+    if use.output and side:
+        after = member.derived(_newer_on_host if side == HOST_DIRTY else _newer_on_device,
+                               regions, generation)
+    bits = [value for each in members
+            for value in (each.address, each.derived(dirty_bits, after, generation))]
+    return regions, after, struct.pack(f"={len(bits)}Q", *bits), members
 
 
 def _move(family: Family, boxes, to_device: bool, transfer) -> None:

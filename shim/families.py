@@ -21,7 +21,7 @@ from contextlib import contextmanager
 from typing import NamedTuple
 
 from shim import interrupts
-from shim.native import ffi, lib
+from shim.native import FamilyState, MemberPlans, ffi, lib
 from shim.regions import Layout, overlaps
 
 HOST_DIRTY = lib.halide_buffer_flag_host_dirty
@@ -98,15 +98,17 @@ class Member:
         self.raw, self.address, self.box = raw, address_of(raw), box
         self._known: dict = {}
 
-    def derived(self, function, host: frozenset, device: frozenset):
+    def derived(self, function, regions: tuple, generation: int):
         """``function(box, host, device)``, a pure function, for this member's box and the
-        family's regions ``host`` and ``device``."""
-        key = (function, host, device)
+        family's ``regions`` (host, device). A result is remembered within one ``generation``
+        of the family's members only, so that a state reached after the members changed is a
+        new object (see Family)."""
+        key = (function, regions, generation)
         known = self._known.get(key)
         if known is None:
             if len(self._known) >= _REMEMBERED_STATES:
                 self._known.clear()  # a family that keeps reaching new states: start over
-            known = self._known[key] = function(self.box, host, device)
+            known = self._known[key] = function(self.box, *regions)
         return known
 
 
@@ -115,7 +117,10 @@ class Member:
 _REMEMBERED_STATES = 64
 
 
-def _dirty_bits(box, host: frozenset, device: frozenset) -> int:
+_NO_REGIONS: tuple[frozenset, frozenset] = (frozenset(), frozenset())
+
+
+def dirty_bits(box, host: frozenset, device: frozenset) -> int:
     """The dirty bits of a member with ``box``: a side's bit where it overlaps one of that
     side's regions."""
     return ((HOST_DIRTY if overlaps(host, box) else 0)
@@ -146,7 +151,7 @@ class Use(NamedTuple):
     replaces: bool
 
 
-class Family:
+class Family(FamilyState):
     """One allocation (``memory``, made by ``backend``) and the handles into it.
 
     A family whose root Buffer has crops or slices is *shared*: its members are windows on one
@@ -156,11 +161,17 @@ class Family:
     recognized (see Member)), never both at once, and every member's dirty bits are derived from
     them, so that the C fast paths, which read only a struct's own flags, stay right for the
     whole family. The operations on shared families live in shim/aliasing.py.
+
+    The two sets are kept together as one tuple, ``regions`` (a field of the C base class),
+    replaced as a whole: the C fast paths remember what a call does to a family by the
+    identity of its ``regions`` object (native_stubs/shared_records.c), with no look at their
+    contents. What a call does also depends on the members, so a change of the members starts
+    a new ``generation``: ``regions`` becomes a new object, and Member.derived never gives an
+    object of an earlier generation again.
     """
 
     __slots__ = ("lock", "backend", "memory", "handles", "deferred", "members", "root_host",
-                 "root_layout", "host_regions", "device_regions", "uses",
-                 "__weakref__")
+                 "root_layout", "generation", "uses", "__weakref__")
 
     def __init__(self, backend=None, lock: FamilyLock | None = None):
         self.lock = lock or FamilyLock()
@@ -175,8 +186,8 @@ class Family:
         self.members: dict[int, Member] | None = None
         self.root_host = 0
         self.root_layout = None
-        self.host_regions: frozenset = frozenset()
-        self.device_regions: frozenset = frozenset()
+        self.regions: tuple[frozenset, frozenset] = _NO_REGIONS
+        self.generation = 0
         # The pipeline calls running on members right now. Generated code may be setting their
         # flags and its kernels reading or writing their memory: operations of other threads
         # wait for the calls that touch the same elements (shim/runtime.py), and derived dirty
@@ -187,18 +198,46 @@ class Family:
     def shared(self) -> bool:
         return self.members is not None
 
+    @property
+    def host_regions(self) -> frozenset:
+        return self.regions[0]
+
+    @host_regions.setter
+    def host_regions(self, boxes: frozenset) -> None:
+        self.regions = (boxes, self.regions[1])
+
+    @property
+    def device_regions(self) -> frozenset:
+        return self.regions[1]
+
+    @device_regions.setter
+    def device_regions(self, boxes: frozenset) -> None:
+        self.regions = (self.regions[0], boxes)
+
     def share(self, root_raw, root_box) -> None:
         """Become a shared family whose root is ``root_raw``; its dirty bits become regions."""
         if self.shared:
             return
         self.root_host = int(ffi.cast("uintptr_t", root_raw.host))
         self.root_layout = Layout.of(root_raw)
-        root = Member(root_raw, root_box)
-        self.members = {root.address: root}
+        self.members = {}
+        self.add_member(Member(root_raw, root_box))
         lib.shim_flags_assign(root_raw, lib.SHIM_BUFFER_FLAG_REGIONS, True)
         flags = lib.shim_flags_get(root_raw)
-        self.host_regions = frozenset([root_box] if flags & HOST_DIRTY else [])
-        self.device_regions = frozenset([root_box] if flags & DEVICE_DIRTY else [])
+        self.regions = (frozenset([root_box] if flags & HOST_DIRTY else []),
+                        frozenset([root_box] if flags & DEVICE_DIRTY else []))
+
+    def add_member(self, member: Member) -> None:
+        self.members[member.address] = member
+        self._next_generation()
+
+    def drop_member(self, address: int) -> None:
+        if self.members.pop(address, None) is not None:
+            self._next_generation()
+
+    def _next_generation(self) -> None:
+        self.generation += 1
+        self.regions = (self.regions[0], self.regions[1])  # the same boxes, a new object
 
     def member_of(self, raw) -> Member:
         return self.members[address_of(raw)]
@@ -216,13 +255,13 @@ class Family:
         end takes them in), except ``active``, the member the current operation is for.
         ``only``: refresh that member alone (nothing else changed). (Members cannot come or
         go meanwhile: that takes the lock, which the caller holds.)"""
-        host, device = self.host_regions, self.device_regions
+        regions = self.regions
         busy = self.uses and [use.address for use in self.uses]
         members = (self.member_of(only),) if only is not None else self.members.values()
         for member in members:
             if member.address in busy and member.raw != active:
                 continue
-            _put_dirty(member.raw, member.derived(_dirty_bits, host, device))
+            _put_dirty(member.raw, member.derived(dirty_bits, regions, self.generation))
 
     def add_handle(self, handle: int, offset: int) -> None:
         """One more halide_buffer_t (or DLPack export) carries ``handle``, ``offset`` bytes
@@ -302,7 +341,7 @@ def unregister_owned(raw) -> None:
     address = address_of(raw)
     family = _owned.pop(address, None)
     if family is not None and family.shared:
-        family.members.pop(address, None)
+        family.drop_member(address)
 
 
 def family_of_handle(interface, handle: int) -> Family | None:
@@ -378,8 +417,10 @@ def call_record(raw, family: Family, array) -> tuple:
     """What the C fast paths need to record pipeline calls on the struct ``raw`` of a
     shim.Buffer over ``array`` in its ``family`` (native_stubs/fastcall.h, RECORD_*): made once
     per Buffer, since none of them ever changes. The Uses are the ones a call on a plain family
-    records; their ``call`` is 0, as nothing reads it back."""
+    records; their ``call`` is 0, as nothing reads it back. MemberPlans is where the C fast
+    paths keep what calls on this struct do once its family is shared
+    (native_stubs/shared_records.c)."""
     address = address_of(raw)
     return (address, raw, family, family.lock, family.uses, family.deferred,
             Use(0, address, None, False, False), Use(0, address, None, True, True),
-            Use(0, address, None, True, False), array)
+            Use(0, address, None, True, False), array, MemberPlans())

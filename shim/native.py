@@ -54,7 +54,7 @@ lib = _native.lib
 
 def _native_type(function: str):
     """A type the native library makes with Python's C API (the fast paths: fastcall.c,
-    prepared_call.c). A cffi call cannot return it (cffi releases the GIL and knows no
+    prepared_call.c, family_state.c, shared_records.c). A cffi call cannot return it (cffi releases the GIL and knows no
     PyObject), so it is fetched through ctypes, which keeps the GIL and takes a reference."""
     import ctypes
 
@@ -67,6 +67,8 @@ def _native_type(function: str):
 
 CallPlan = _native_type("shim_fastcall_plan_type")
 PreparedRun = _native_type("shim_prepared_run_type")
+FamilyState = _native_type("shim_family_state_type")
+MemberPlans = _native_type("shim_member_plans_type")
 
 _ERROR_NAMES = ffi.typeof("enum halide_error_code_t").elements
 _per_thread = threading.local()

@@ -136,7 +136,7 @@ class PreparedCall(PreparedRun):
         array_inputs = {id(buf) for buf in call.array_inputs}
         to_host = {id(buf) for buf, _ in call.copy_back}
         members = [(buf, buf._record, arg.is_output,
-                    arg.is_output and families.address_of(buf._raw) not in inputs,
+                    runtime.replaces(buf._raw, buf._family, arg.is_output, inputs),
                     id(buf) in array_inputs, id(buf) in to_host)
                    for _, arg, buf in call.buffers]
         results = call.results[0] if len(call.results) == 1 else tuple(call.results)

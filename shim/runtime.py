@@ -748,8 +748,7 @@ def _begin_use(call_id: int, raw, family: Family, output: bool, inputs: list,
                host_write: bool) -> Use:
     address = families.address_of(raw)
     box = family.members[address].box if family.shared else None
-    replaces = output and not _reads(family, address, box, inputs)
-    use = Use(call_id, address, box, output, replaces)
+    use = Use(call_id, address, box, output, replaces(raw, family, output, inputs))
     if family.shared:
         if output and host_write and family.device_regions:
             _in_runtime_call("before the pipeline", aliasing.download_all,
@@ -757,23 +756,26 @@ def _begin_use(call_id: int, raw, family: Family, output: bool, inputs: list,
         aliasing.begin_call(family, use, raw)
     else:
         family.uses.append(use)
-        if replaces:  # its results replace what either side held (as aliasing's)
+        if use.replaces:  # its results replace what either side held (as aliasing's)
             lib.shim_flags_assign(raw, HOST_DIRTY | DEVICE_DIRTY, False)
     return use
 
 
-def _reads(family: Family, address: int, box, inputs: list) -> bool:
-    """Whether one of a call's inputs (their structs' addresses) is the member at ``address``
-    or, in a shared family, overlaps its ``box``: then the call reads what it writes there."""
-    if address in inputs:
-        return True
-    if not family.shared:
+def replaces(raw, family: Family, output: bool, inputs: list) -> bool:
+    """Whether a call writes ``raw`` (``output``) without reading it first: none of its inputs
+    (their structs' addresses) is ``raw`` or, in a shared family, overlaps it. (Fixed for a
+    call's Buffers: two Buffers can only overlap in one shared family.)"""
+    address = families.address_of(raw)
+    if not output or address in inputs:
         return False
+    if not family.shared:
+        return True
+    box = family.members[address].box
     for input_address in inputs:
         member = family.members.get(input_address)
         if member is not None and intersect(member.box, box):
-            return True
-    return False
+            return False
+    return True
 
 
 def end_call(call_id: int, uses: list) -> None:

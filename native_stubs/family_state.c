@@ -1,0 +1,44 @@
+/* FamilyState, the base of shim.families.Family: what the C fast paths read and write at every
+ * call on a shared family (shared_records.c), kept in a C field. As a __slots__ slot, each
+ * read and each write would be a call through its descriptor, costing more than the rest of
+ * the call's records together.
+ */
+#define Py_LIMITED_API 0x030B0000
+#include <Python.h>
+#include <structmember.h>
+
+#include "shim_native.h"
+#include "fastcall.h"
+
+static PyMemberDef state_members[] = {
+    {"regions", T_OBJECT_EX, offsetof(shim_family_state, regions), 0,
+     "(host, device): frozensets of boxes newer on that side (see shim/families.py)"},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static void state_dealloc(PyObject *self) {
+    Py_CLEAR(((shim_family_state *)self)->regions);
+    shim_object_free(self);
+}
+
+static PyType_Slot state_slots[] = {
+    {Py_tp_members, state_members},
+    {Py_tp_dealloc, state_dealloc},
+    {Py_tp_new, PyType_GenericNew},
+    {Py_tp_doc, "The base of shim.families.Family: its state the C fast paths read "
+                "(native_stubs/family_state.c)."},
+    {0, NULL},
+};
+
+static PyType_Spec state_spec = {
+    "shim._native.FamilyState", sizeof(shim_family_state), 0,
+    Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE, state_slots,
+};
+
+void *shim_family_state_type(void) {
+    static PyObject *type;
+    if (type == NULL) {
+        type = PyType_FromSpec(&state_spec);
+    }
+    return type; /* borrowed: the caller (ctypes, GIL held) takes its own reference */
+}
