@@ -28,9 +28,16 @@
 #include "shim_native.h"
 #include "fastcall.h"
 
-/* The plans a record keeps: one beginning per kind of use, one end per kind of use and dirty
- * bits (none, host, device, both) the call left. */
-enum { USE_KINDS = 3, SIDES = 4, BEGIN_PLANS = USE_KINDS, PLANS = BEGIN_PLANS + USE_KINDS * SIDES };
+/* The plans a record keeps: one beginning per kind of use and pipeline (one writing its outputs
+ * on the host, or not: a CPU call writing a member first brings the device's changes home,
+ * a GPU call does not, so a beginning planned for one is not the other's), one end per kind
+ * of use and dirty bits (none, host, device, both) the call left. */
+enum {
+    USE_KINDS = 3,
+    SIDES = 4,
+    BEGIN_PLANS = 2 * USE_KINDS,
+    PLANS = BEGIN_PLANS + USE_KINDS * SIDES
+};
 
 /* A plan's fields (tuples made by shim/aliasing.py): the state it was made for first. */
 enum { PLAN_REGIONS, BEGIN_USE, BEGIN_AFTER };
@@ -169,13 +176,13 @@ int shim_shared_begin(shim_member *m, bool host_write, bool plan) {
     if (state == NULL) {
         return SHIM_SHARED_DECLINED;
     }
-    int kind = use_kind(m);
-    const member_plan *known = plan_for(m, kind, state);
+    int index = use_kind(m) + (host_write ? USE_KINDS : 0);
+    const member_plan *known = plan_for(m, index, state);
     if (known == NULL) {
         if (!plan) {
             return SHIM_SHARED_DECLINED;
         }
-        make_plan(m, kind, s_begin_plan,
+        make_plan(m, index, s_begin_plan,
                   Py_BuildValue("(OOO)", m->output ? Py_True : Py_False,
                                 m->replaces ? Py_True : Py_False, host_write ? Py_True : Py_False));
         return SHIM_SHARED_PLANNED;
