@@ -32,31 +32,49 @@ static PyObject *s_run_in_python;
 
 /* The run, or NotImplemented when nothing ran and the Python run must take the call. */
 static PyObject *run_call(run_object *run) {
-    if (shim_profile_on() || shim_calls_closed() ||
-        !shim_members_begin(run->members, run->count, run->end_call, run->host_write)) {
+    if (shim_profile_on() || shim_calls_closed()) {
         Py_RETURN_NOTIMPLEMENTED;
+    }
+    /* The members as this call records them: what a call records (the Use of each, its own in
+     * a shared family) is the call's, as other threads may be running this PreparedCall
+     * meanwhile. (Their buffers and records are borrowed from the run, which the caller holds.) */
+    const int count = run->count;
+    shim_member members[count > 0 ? count : 1];
+    for (int i = 0; i < count; i++) {
+        members[i] = run->members[i];
+        members[i].shared_use = NULL;
+    }
+    PyObject *result = NULL;
+    if (!shim_members_begin(members, count, run->end_call, run->host_write)) {
+        result = Py_NewRef(Py_NotImplemented);
+        goto done;
     }
     int status = 0;
     PyObject *report;
-    int outcome = shim_fast_run(run->argv_fn, run->argv, run->buffers, run->count, run->backends,
+    int outcome = shim_fast_run(run->argv_fn, run->argv, run->buffers, count, run->backends,
                                 &status, &report);
     bool ran = outcome == SHIM_FAST_RAN && status != SHIM_CALL_NEEDS_PREPARATION;
     if (ran) {
-        shim_members_ran(run->members, run->count, run->host_write);
+        shim_members_ran(members, count, run->host_write);
     }
-    if (shim_members_end(run->members, run->count, run->end_call) < 0) {
+    if (shim_members_end(members, count, run->end_call) < 0) {
         Py_XDECREF(report);
-        return NULL;
+        goto done;
     }
     if (!ran) {
-        Py_RETURN_NOTIMPLEMENTED; /* the Python run prepares the buffers, then runs */
+        result = Py_NewRef(Py_NotImplemented); /* the Python run prepares the buffers, then runs */
+        goto done;
     }
     if (shim_fast_report(run->finish, report) < 0 ||
-        shim_members_results(run->members, run->count) < 0) {
-        return NULL;
+        shim_members_results(members, count) < 0) {
+        goto done;
     }
-    Py_INCREF(run->results);
-    return run->results;
+    result = Py_NewRef(run->results);
+done:
+    for (int i = 0; i < count; i++) {
+        Py_CLEAR(members[i].shared_use);
+    }
+    return result;
 }
 
 /* Calling a PreparedCall: the run here, else its Python run, _run_in_python() (also for a

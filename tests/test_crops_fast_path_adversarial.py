@@ -7,6 +7,8 @@ threads making and dropping crops and moving the family between host and device 
 run, crops dropped by the collector while plans are made, Ctrl-C while plans are made, a
 fork, and families that keep reaching new states."""
 
+import gc
+import threading
 
 import numpy as np
 import pytest
@@ -84,3 +86,44 @@ def test_a_cpu_call_on_a_crop_the_gpu_wrote_before_brings_the_device_changes_hom
         expected[:, :4] = (xs * 100 + ys + 10000)[:, :4]
         expected[:, 4:] = (xs * 100 + ys + 30000)[:, 4:]
         np.testing.assert_array_equal(np.asarray(parent), expected)
+
+
+# --- one PreparedCall, several threads -----------------------------------------------------
+
+def test_threads_running_one_prepared_call_while_its_input_gets_a_crop():
+    """Two threads run the same PreparedCall; while the first runs, its input gets a crop (its
+    family becomes shared), so the second records a shared family's use. Each call must end
+    its own use: the run kept the Use a call recorded in the PreparedCall, shared by every
+    thread, so the first call ended the second's (its own, a plain family's Use, stayed
+    recorded for good: every later operation on the input waited forever) and the second
+    failed (list.remove(x): x not in list)."""
+    cpu_heavy = pipeline("cpu_heavy")
+    image = np.random.default_rng(1).random((256, 256), dtype=np.float32)
+    source, out = shim.Buffer(image), shim.Buffer(np.zeros_like(image))
+    run = cpu_heavy.prepare(source, rounds=3000, output=out)
+    run()
+    expected = out.numpy().copy()
+    errors = []
+
+    def first():
+        try:
+            run()
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    thread = threading.Thread(target=first, daemon=True)
+    thread.start()
+    while not source._family.uses and thread.is_alive():
+        pass
+    crop = source.cropped([(0, 8), (0, 8)])
+    try:
+        run()
+    except BaseException as e:  # noqa: BLE001 - reported below
+        errors.append(e)
+    join_all([thread])
+    assert errors == []
+    assert source._family.uses == [] and out._family.uses == []
+    np.testing.assert_array_equal(out.numpy(), expected)
+    crop.set_host_dirty(True)  # (waits for no call)
+    del crop
+    gc.collect()
