@@ -3,8 +3,9 @@
  * run (shim/runtime.py's begin_call and end_call, PreparedCall._results), done with a few
  * C-API calls on the same Python objects, for the common case where they are simple:
  *
- * - every family is a plain one (not shared by crops: those keep regions, in Python), no
- *   thread holds its lock (FamilyLock.owner is None) and none has deferred work to it;
+ * - no thread holds a family's lock (FamilyLock.owner is None) and none has deferred work to
+ *   it; a shared family (a Buffer and its crops, which keep regions) is in a state for which
+ *   shared_records.c has a plan;
  * - array inputs' families have no call in flight and no changes on the device side.
  *
  * When one of these does not hold, shim_members_begin records nothing and says so, and the

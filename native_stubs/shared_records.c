@@ -63,7 +63,7 @@ typedef struct {
 /* A record's plans (its RECORD_PLANS, shim/families.py's call_record makes it). */
 typedef struct {
     PyObject_HEAD
-    member_plan plans[PLANS];
+    member_plan *plans; /* PLANS of them, made with the first (most Buffers never need one) */
 } plans_object;
 
 static PyTypeObject *s_family_type, *s_plans_type;
@@ -89,7 +89,7 @@ static plans_object *plans_of(const shim_member *m) {
 /* The plan at `index` if it was made for the family's `state` now, else NULL. */
 static const member_plan *plan_for(const shim_member *m, int index, const shim_family_state *state) {
     plans_object *plans = plans_of(m);
-    const member_plan *known = plans != NULL ? &plans->plans[index] : NULL;
+    const member_plan *known = plans != NULL && plans->plans ? &plans->plans[index] : NULL;
     return known != NULL && known->made != NULL && known->regions == state->regions ? known
                                                                                      : NULL;
 }
@@ -156,7 +156,12 @@ static void make_plan(const shim_member *m, int index, PyObject *maker, PyObject
     if (made != NULL && made != Py_None) {
         /* (a code the collector ran during the call may have dropped the record: `plans`
          * lives on, held by the member) */
-        plan_take(&plans->plans[index], made, index >= BEGIN_PLANS);
+        if (plans->plans == NULL) {
+            plans->plans = PyMem_Calloc(PLANS, sizeof *plans->plans);
+        }
+        if (plans->plans != NULL) {
+            plan_take(&plans->plans[index], made, index >= BEGIN_PLANS);
+        }
     }
     Py_XDECREF(made);
     PyErr_Clear();
@@ -249,9 +254,11 @@ int shim_shared_end(const shim_member *m, bool plan) {
 /* --- the plans object ---------------------------------------------------------------------- */
 
 static void plans_dealloc(PyObject *self) {
-    for (int i = 0; i < PLANS; i++) {
-        plan_clear(&((plans_object *)self)->plans[i]);
+    member_plan *plans = ((plans_object *)self)->plans;
+    for (int i = 0; plans != NULL && i < PLANS; i++) {
+        plan_clear(&plans[i]);
     }
+    PyMem_Free(plans);
     shim_object_free(self);
 }
 

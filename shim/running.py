@@ -1,5 +1,5 @@
 """Running a pipeline: the run of a prepared call (in C, native_stubs/prepared_call.c, where
-it can; here otherwise: profiled calls, crops, CUDA), the bounds query's run, and what a run
+it can; here otherwise: profiled calls, CUDA, a crop's family in a state C has no plan for), the bounds query's run, and what a run
 reports (its prints, its failure as the right exception)."""
 
 from __future__ import annotations
