@@ -41,6 +41,7 @@ int shim_calls_running(void);
 void *shim_fastcall_plan_type(void);
 void *shim_prepared_run_type(void);
 void *shim_family_state_type(void);
+void *shim_lock_state_type(void);
 void *shim_member_plans_type(void);
 
 /* What shim_call_run returns instead of running the pipeline: one of `buffers` lives on a

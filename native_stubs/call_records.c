@@ -83,7 +83,8 @@ void shim_ctrl_c_release(bool held) {
 
 /* --- slots read and written directly ------------------------------------------------------ */
 
-static shim_slot buffer_record, buffer_unread, lock_owner, lock_waiting;
+static shim_slot buffer_record, buffer_unread;
+static PyTypeObject *s_lock_type; /* families.FamilyLock */
 
 bool shim_slot_init(shim_slot *s, PyObject *type, const char *name) {
     if (s->type != NULL) {
@@ -149,21 +150,16 @@ void shim_member_clear(shim_member *m) {
 
 /* --- the family's lock ----------------------------------------------------------------------- */
 
-/* Whether no thread holds the family's lock (see above), and (`no_waiters`) none waits on it. */
+/* Whether no thread holds the family's lock (see above), and (`no_waiters`) none waits on it.
+ * (A lock of another type: as if held, Python takes the call.) */
 static bool lock_free(const shim_member *m, bool no_waiters) {
     PyObject *lock = field(m, RECORD_LOCK);
-    PyObject *owner = shim_slot_get(&lock_owner, lock);
-    bool free_ = owner == Py_None;
-    Py_XDECREF(owner);
-    if (free_ && no_waiters) {
-        PyObject *waiting = shim_slot_get(&lock_waiting, lock);
-        free_ = waiting != NULL && PyObject_IsTrue(waiting) == 0;
-        Py_XDECREF(waiting);
+    if (lock == NULL || Py_TYPE(lock) != s_lock_type) {
+        PyErr_Clear();
+        return false;
     }
-    if (!free_ && PyErr_Occurred()) {
-        PyErr_Clear(); /* (a lock without the attributes: Python takes the call) */
-    }
-    return free_;
+    const shim_lock_state *state = (const shim_lock_state *)lock;
+    return (state->owner == NULL || state->owner == Py_None) && !(no_waiters && state->waiting);
 }
 
 static bool shared_family(const shim_member *m) {
@@ -362,6 +358,22 @@ int shim_members_results(const shim_member *members, int count) {
     return 0;
 }
 
+/* `lock_type`, FamilyLock, must have LockState's fields. */
+static bool lock_type_ready(PyObject *lock_type) {
+    PyObject *base = shim_lock_state_type();
+    if (base == NULL || !PyType_Check(lock_type) ||
+        !PyType_IsSubtype((PyTypeObject *)lock_type, (PyTypeObject *)base)) {
+        if (!PyErr_Occurred()) {
+            PyErr_SetString(PyExc_TypeError, "FamilyLock is not a LockState");
+        }
+        return false;
+    }
+    if (s_lock_type == NULL) {
+        s_lock_type = (PyTypeObject *)Py_NewRef(lock_type);
+    }
+    return s_lock_type == (PyTypeObject *)lock_type;
+}
+
 bool shim_call_records_ready(PyObject *buffer_type, PyObject *lock_type) {
     if ((s_run_deferred == NULL && (s_run_deferred = PyUnicode_InternFromString("run_deferred")) == NULL) ||
         (s_copy_to_host == NULL && (s_copy_to_host = PyUnicode_InternFromString("copy_to_host")) == NULL) ||
@@ -384,8 +396,7 @@ bool shim_call_records_ready(PyObject *buffer_type, PyObject *lock_type) {
     }
     if (!shim_slot_init(&buffer_record, buffer_type, "_record") ||
         !shim_slot_init(&buffer_unread, buffer_type, "_unread") ||
-        !shim_slot_init(&lock_owner, lock_type, "owner") ||
-        !shim_slot_init(&lock_waiting, lock_type, "waiting") || !shim_shared_records_ready()) {
+        !lock_type_ready(lock_type) || !shim_shared_records_ready()) {
         if (!PyErr_Occurred()) {
             PyErr_SetString(PyExc_TypeError, "the call records' types changed");
         }

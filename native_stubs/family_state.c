@@ -1,7 +1,7 @@
-/* FamilyState, the base of shim.families.Family: what the C fast paths read and write at every
- * call on a shared family (shared_records.c), kept in a C field. As a __slots__ slot, each
- * read and each write would be a call through its descriptor, costing more than the rest of
- * the call's records together.
+/* FamilyState and LockState, the bases of shim.families.Family and FamilyLock: what the C
+ * fast paths read and write at every call (call_records.c, shared_records.c), kept in C
+ * fields. As __slots__ slots, each read and each write would be a call through a descriptor,
+ * costing more than the rest of the call's records together.
  */
 #define Py_LIMITED_API 0x030B0000
 #include <Python.h>
@@ -34,6 +34,40 @@ static PyType_Spec state_spec = {
     "shim._native.FamilyState", sizeof(shim_family_state), 0,
     Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE, state_slots,
 };
+
+static PyMemberDef lock_members[] = {
+    {"owner", T_OBJECT, offsetof(shim_lock_state, owner), 0,
+     "the id of the thread holding the lock, or None (see shim/families.py)"},
+    {"waiting", T_INT, offsetof(shim_lock_state, waiting), 0, "threads waiting on it"},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static void lock_dealloc(PyObject *self) {
+    Py_CLEAR(((shim_lock_state *)self)->owner);
+    shim_object_free(self);
+}
+
+static PyType_Slot lock_slots[] = {
+    {Py_tp_members, lock_members},
+    {Py_tp_dealloc, lock_dealloc},
+    {Py_tp_new, PyType_GenericNew},
+    {Py_tp_doc, "The base of shim.families.FamilyLock: its state the C fast paths read "
+                "(native_stubs/family_state.c)."},
+    {0, NULL},
+};
+
+static PyType_Spec lock_spec = {
+    "shim._native.LockState", sizeof(shim_lock_state), 0,
+    Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE, lock_slots,
+};
+
+void *shim_lock_state_type(void) {
+    static PyObject *type;
+    if (type == NULL) {
+        type = PyType_FromSpec(&lock_spec);
+    }
+    return type; /* borrowed: the caller (ctypes, GIL held) takes its own reference */
+}
 
 void *shim_family_state_type(void) {
     static PyObject *type;

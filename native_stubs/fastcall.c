@@ -463,7 +463,11 @@ static PyObject *fast_call(plan_object *plan, PyObject *positional, PyObject *na
         if (a->role == ROLE_USER_CONTEXT) {
             continue;
         }
-        PyObject *by_name = named ? PyDict_GetItem(named, a->name) : NULL; /* borrowed */
+        PyObject *by_name = named ? PyDict_GetItemWithError(named, a->name) : NULL; /* borrowed */
+        if (by_name == NULL && PyErr_Occurred()) {
+            PyErr_Clear(); /* (a str key's lookup cannot fail; the general path would say why) */
+            Py_RETURN_NOTIMPLEMENTED;
+        }
         if (user_index < given) {
             if (by_name != NULL) {
                 Py_RETURN_NOTIMPLEMENTED; /* given twice: the general path says so */
@@ -652,6 +656,7 @@ static int plan_init(plan_object *plan, PyObject *args, PyObject *kwargs) {
             return -1;
         }
         Py_INCREF(name);
+        PyUnicode_InternInPlace(&name); /* keyword lookups then match by identity */
         a->name = name;
         int has_min = read_bound(lo, a, &a->min), has_max = read_bound(hi, a, &a->max);
         Py_DECREF(spec);

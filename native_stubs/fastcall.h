@@ -41,6 +41,13 @@ typedef struct {
     PyObject *regions; /* Family.regions: a tuple, replaced, never changed in place */
 } shim_family_state;
 
+/* A family lock's state that the fast paths read (shim.families.FamilyLock's base). */
+typedef struct {
+    PyObject_HEAD
+    PyObject *owner; /* FamilyLock.owner: the holding thread's id, None or NULL when free */
+    int waiting;     /* FamilyLock.waiting: threads in its wait() */
+} shim_lock_state;
+
 /* A buffer argument of a call, for its records in its family (call_records.c). */
 typedef struct {
     halide_buffer_t *raw;

@@ -21,27 +21,27 @@ from contextlib import contextmanager
 from typing import NamedTuple
 
 from shim import interrupts
-from shim.native import FamilyState, MemberPlans, ffi, lib
+from shim.native import FamilyState, LockState, MemberPlans, ffi, lib
 from shim.regions import Layout, overlaps
 
 HOST_DIRTY = lib.halide_buffer_flag_host_dirty
 DEVICE_DIRTY = lib.halide_buffer_flag_device_dirty
 
 
-class FamilyLock:
+class FamilyLock(LockState):
     """A mutex that knows which thread holds it: code that can run at any moment (a
     finalizer, from the garbage collector) must not wait for a lock its own thread holds. Its
-    condition wakes threads waiting for pipeline calls on the family to end (``Family.uses``)."""
+    condition wakes threads waiting for pipeline calls on the family to end (``Family.uses``).
+    ``owner`` and ``waiting`` are C fields of its base class: the C fast paths read them at
+    every call (native_stubs/call_records.c)."""
 
-    __slots__ = ("_lock", "_changed", "owner", "waiting")
+    __slots__ = ("_lock", "_changed")
 
     def __init__(self):
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
         self.owner = None
-        # Threads in wait(): notify_all costs nothing without them. (A plain attribute: the C
-        # fast paths read it, and owner, at every call.)
-        self.waiting = 0
+        self.waiting = 0  # threads in wait(): notify_all costs nothing without them
 
     def acquire(self) -> None:
         # Blocking here releases the GIL, so a thread waiting for a family never stops the

@@ -68,6 +68,7 @@ def _native_type(function: str):
 CallPlan = _native_type("shim_fastcall_plan_type")
 PreparedRun = _native_type("shim_prepared_run_type")
 FamilyState = _native_type("shim_family_state_type")
+LockState = _native_type("shim_lock_state_type")
 MemberPlans = _native_type("shim_member_plans_type")
 
 _ERROR_NAMES = ffi.typeof("enum halide_error_code_t").elements
