@@ -37,12 +37,14 @@ int shim_calls_running(void);
 /* The fast paths' types, PyObject *s, borrowed, to be called with the GIL held (not cffi calls:
  * see shim/native.py): a pipeline's call plan (native_stubs/fastcall.c), a prepared call's
  * run (native_stubs/prepared_call.c) and the base of an allocation family
- * (native_stubs/family_state.c) and a Buffer's plans in it (native_stubs/shared_records.c). */
+ * (native_stubs/family_state.c) and a Buffer's plans in it (native_stubs/shared_records.c), and the base of objects whose finalizer
+ * Ctrl-C must not cut short (native_stubs/finalizers.c). */
 void *shim_fastcall_plan_type(void);
 void *shim_prepared_run_type(void);
 void *shim_family_state_type(void);
 void *shim_lock_state_type(void);
 void *shim_member_plans_type(void);
+void *shim_finalized_type(void);
 
 /* What shim_call_run returns instead of running the pipeline: one of `buffers` lives on a
  * device of the shim's that is not in `backends` (a bit mask of enum shim_backend), and the

@@ -41,8 +41,36 @@ static PyObject *s_run_deferred, *s_copy_to_host;
 static PyObject *s_interrupts, *s_depth, *s_pending;
 static unsigned long s_main_thread;
 
+/* shim/interrupts.py's globals and main thread, found once; false (with an exception set)
+ * if that module cannot be imported (at exit). */
+static bool interrupts_ready(void) {
+    if (s_interrupts != NULL) {
+        return true;
+    }
+    if ((s_depth == NULL && (s_depth = PyUnicode_InternFromString("_depth")) == NULL) ||
+        (s_pending == NULL && (s_pending = PyUnicode_InternFromString("_pending")) == NULL)) {
+        return false;
+    }
+    PyObject *module = PyImport_ImportModule("shim.interrupts");
+    PyObject *main = module ? PyObject_GetAttrString(module, "_MAIN") : NULL;
+    unsigned long ident = main ? PyLong_AsUnsignedLong(main) : 0;
+    Py_XDECREF(main);
+    if (module == NULL || PyErr_Occurred()) {
+        Py_XDECREF(module);
+        return false;
+    }
+    s_main_thread = ident;
+    s_interrupts = Py_NewRef(PyModule_GetDict(module)); /* (the module lives as long) */
+    Py_DECREF(module);
+    return true;
+}
+
 bool shim_ctrl_c_hold(void) {
-    if (s_interrupts == NULL || PyThread_get_thread_ident() != s_main_thread) {
+    if (!interrupts_ready()) {
+        PyErr_Clear(); /* (unheld: Ctrl-C as Python has it) */
+        return false;
+    }
+    if (PyThread_get_thread_ident() != s_main_thread) {
         return false;
     }
     PyObject *depth = PyDict_GetItemWithError(s_interrupts, s_depth); /* borrowed */
@@ -377,22 +405,8 @@ static bool lock_type_ready(PyObject *lock_type) {
 bool shim_call_records_ready(PyObject *buffer_type, PyObject *lock_type) {
     if ((s_run_deferred == NULL && (s_run_deferred = PyUnicode_InternFromString("run_deferred")) == NULL) ||
         (s_copy_to_host == NULL && (s_copy_to_host = PyUnicode_InternFromString("copy_to_host")) == NULL) ||
-        (s_depth == NULL && (s_depth = PyUnicode_InternFromString("_depth")) == NULL) ||
-        (s_pending == NULL && (s_pending = PyUnicode_InternFromString("_pending")) == NULL)) {
+        !interrupts_ready()) {
         return false;
-    }
-    if (s_interrupts == NULL) {
-        PyObject *module = PyImport_ImportModule("shim.interrupts");
-        PyObject *main = module ? PyObject_GetAttrString(module, "_MAIN") : NULL;
-        unsigned long ident = main ? PyLong_AsUnsignedLong(main) : 0;
-        Py_XDECREF(main);
-        if (module == NULL || PyErr_Occurred()) {
-            Py_XDECREF(module);
-            return false;
-        }
-        s_main_thread = ident;
-        s_interrupts = Py_NewRef(PyModule_GetDict(module)); /* (the module lives as long) */
-        Py_DECREF(module);
     }
     if (!shim_slot_init(&buffer_record, buffer_type, "_record") ||
         !shim_slot_init(&buffer_unread, buffer_type, "_unread") ||

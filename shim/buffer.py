@@ -19,7 +19,7 @@ from shim.backends.base import Backend, interface_of
 from shim.errors import ArgumentError, DirtyBufferWarning
 from shim.families import Family
 from shim.metadata import dimension_label
-from shim.native import ffi, lib
+from shim.native import Finalized, ffi, lib
 from shim.runtime import runtime_call
 from shim.types import INT32_MAX, HalideType
 
@@ -57,7 +57,7 @@ def as_host_array(value, argument: str) -> np.ndarray:
                             ) from None
 
 
-class Buffer:
+class Buffer(Finalized):
     """A Halide buffer over host memory, with an optional device allocation.
 
     ``Buffer(array)`` wraps a numpy array (or any object ``as_host_array`` accepts) without
@@ -362,7 +362,9 @@ class Buffer:
         with runtime_call(what) as check:
             check(function(ffi.NULL, *args))
 
-    def __del__(self):
+    # The finalizer (Finalized's, which runs this with Ctrl-C held: a KeyboardInterrupt here
+    # would leave the struct registered and its device memory allocated for good).
+    def _finalize(self):
         raw = getattr(self, "_raw", None)
         if raw is None:
             return  # construction failed before the struct existed

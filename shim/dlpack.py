@@ -35,7 +35,7 @@ from shim.backends.base import BackendError
 from shim.buffer import Buffer
 from shim.devices import device as get_device, kind_for_dlpack
 from shim.errors import ArgumentError, DeviceError, ShimError
-from shim.native import ffi, lib
+from shim.native import Finalized, ffi, lib
 from shim.types import FLOAT, INT, UINT, HalideType
 
 
@@ -454,7 +454,7 @@ def _read_tensor(managed, versioned: bool, refuse) -> _Tensor:
                    versioned and bool(managed.flags & READ_ONLY))
 
 
-class _Imported:
+class _Imported(Finalized):
     """A consumed capsule, checked: the managed tensor, whose deleter runs when this is dropped
     (with the Buffer or the array over its memory). ``device``: where the producer said the
     data is, which the tensor must agree with."""
@@ -516,7 +516,7 @@ class _Imported:
         lib.shim_flags_assign(buf._raw, lib.halide_buffer_flag_device_dirty, True)  # it lives there
         return buf
 
-    def __del__(self):
+    def _finalize(self):  # (Finalized's finalizer: Ctrl-C cannot leave the producer's tensor held)
         managed = getattr(self, "managed", None)
         if managed is not None and managed.deleter != ffi.NULL:
             managed.deleter(managed)

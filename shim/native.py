@@ -54,7 +54,7 @@ lib = _native.lib
 
 def _native_type(function: str):
     """A type the native library makes with Python's C API (the fast paths: fastcall.c,
-    prepared_call.c, family_state.c, shared_records.c). A cffi call cannot return it (cffi releases the GIL and knows no
+    prepared_call.c, family_state.c, shared_records.c, finalizers.c). A cffi call cannot return it (cffi releases the GIL and knows no
     PyObject), so it is fetched through ctypes, which keeps the GIL and takes a reference."""
     import ctypes
 
@@ -70,6 +70,7 @@ PreparedRun = _native_type("shim_prepared_run_type")
 FamilyState = _native_type("shim_family_state_type")
 LockState = _native_type("shim_lock_state_type")
 MemberPlans = _native_type("shim_member_plans_type")
+Finalized = _native_type("shim_finalized_type")
 
 _ERROR_NAMES = ffi.typeof("enum halide_error_code_t").elements
 _per_thread = threading.local()

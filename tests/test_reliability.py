@@ -6,12 +6,14 @@ Expected values come from numpy or from the pipeline's definition, never from th
 
 import gc
 import os
+import signal
 import subprocess
 import sys
 import textwrap
 import threading
 import time
 import warnings
+import weakref
 
 import numpy as np
 import pytest
@@ -642,3 +644,61 @@ def test_ctrl_c_at_the_start_of_a_dlpack_deleter_is_raised_after_it():
     assert "interrupts ['raised', 'raised', 'raised', 'raised']" in done.stdout, done.stderr[-3000:]
     assert "leaked 0" in done.stdout
     assert "cffi callback" not in done.stderr
+
+
+def _sigint_on_entry(code):
+    """A profile hook that raises SIGINT (once) as the function with ``code`` is entered:
+    Python runs the handler at that function's first bytecodes."""
+    fired = []
+
+    def profile(frame, event, arg):
+        if event == "call" and frame.f_code is code and not fired:
+            fired.append(True)
+            signal.raise_signal(signal.SIGINT)
+
+    return profile, fired
+
+
+@pytest.mark.parametrize("what", ["buffer", "crop", "dlpack import"])
+def test_ctrl_c_at_a_finalizers_first_bytecode_is_raised_after_it(what, host_device):
+    """A finalizer Ctrl-C cut short at its start would leave a dropped Buffer registered (and
+    its device memory held), or an imported producer's tensor held, for good. The shim's
+    finalizers run with Ctrl-C held from C: the KeyboardInterrupt comes after the finalizer."""
+    if threading.current_thread() is not threading.main_thread():
+        pytest.fail("signals land on the main thread: run this test there")
+    from shim import dlpack, families
+    from shim.buffer import Buffer
+
+    signal.signal(signal.SIGINT, signal.getsignal(signal.SIGINT))  # (in front of pocl's)
+    before = families.live_counts()
+    array = np.arange(64, dtype=np.float32).reshape(8, 8)
+    alive = weakref.ref(array)
+    if what == "dlpack import":
+        buf = shim.from_dlpack(array)
+        code = dlpack._Imported._finalize.__code__
+    else:
+        buf = Buffer(array)
+        if what == "crop":
+            buf = buf.cropped([(2, 4), (2, 4)])  # (its parent goes now, the crop keeps its memory)
+        code = Buffer._finalize.__code__
+    buf.copy_to_device(host_device)  # device memory that must go
+    buf.set_device_dirty(True)
+    del array
+    profile, fired = _sigint_on_entry(code)
+    interrupted = False
+    try:
+        sys.setprofile(profile)
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", shim.DirtyBufferWarning)  # (the results go home)
+                del buf
+                gc.collect()
+        finally:
+            sys.setprofile(None)
+        time.sleep(0.1)  # (where a Ctrl-C held past the finalizer lands)
+    except KeyboardInterrupt:
+        interrupted = True
+    assert fired and interrupted
+    gc.collect()
+    assert families.live_counts() == before
+    assert alive() is None  # the producer's tensor (or the Buffer's array) was let go

@@ -30,7 +30,7 @@ from shim import streams
 from shim.backends.base import Backend, BackendError, Memory
 from shim.devices import fork_guard
 from shim.errors import DeviceUnavailable
-from shim.native import ffi, lib
+from shim.native import Finalized, ffi, lib
 from shim.regions import CopyPlan, rectangles
 
 # Halide 21 loads modules with the register cap below (src/runtime/cuda.cpp, compile_kernel),
@@ -144,7 +144,7 @@ def _driver_library_path() -> str:
     return found[0] if found else "libcuda.so.1"
 
 
-class _Fence:
+class _Fence(Finalized):
     """Work enqueued on ``stream`` up to some point: ``event`` was recorded there, or, on the
     legacy default stream (``event`` None), one is recorded when someone must wait.
 
@@ -156,7 +156,7 @@ class _Fence:
     def __init__(self, stream: int, event=None, spares: list | None = None):
         self.stream, self.event, self.spares = stream, event, spares
 
-    def __del__(self):
+    def _finalize(self):  # (Finalized's finalizer: Ctrl-C cannot lose the event)
         if self.event is not None and self.spares is not None:
             self.spares.append(self.event)  # (atomic: safe from any thread, at any time)
 
