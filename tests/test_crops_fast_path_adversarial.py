@@ -11,7 +11,6 @@ import _signal
 import gc
 import os
 import signal
-import sys
 import threading
 import time
 
@@ -23,6 +22,7 @@ from pipelines.build import Build, build_all
 from shim import aliasing, interrupts
 from shim.families import dirty_bits
 from shim.native import lib
+from support.hooks import OnEntry
 
 HOST_DIRTY = lib.halide_buffer_flag_host_dirty
 DEVICE_DIRTY = lib.halide_buffer_flag_device_dirty
@@ -348,26 +348,6 @@ def python_sigint():
         pytest.fail("signals land on the main thread: run this test there")
     assert signal.getsignal(signal.SIGINT) is interrupts._handler
     signal.signal(signal.SIGINT, signal.getsignal(signal.SIGINT))
-
-
-class OnEntry:
-    """Runs ``action`` (once) as the function with ``code`` is entered on this thread, as the
-    fast paths call it back."""
-
-    def __init__(self, code, action):
-        self.code, self.action, self.fired = code, action, False
-
-    def __enter__(self):
-        def profile(frame, event, arg):
-            if event == "call" and frame.f_code is self.code and not self.fired:
-                self.fired = True
-                self.action()
-
-        sys.setprofile(profile)
-        return self
-
-    def __exit__(self, *exc):
-        sys.setprofile(None)
 
 
 @pytest.mark.parametrize("maker", ["begin_plan", "end_plan"])

@@ -25,6 +25,7 @@ import shim
 from pipelines.build import Build, build_all
 from shim import families, interrupts, runtime
 from shim.native import PreparedRun
+from support.hooks import OnEntry
 
 
 def general(pipeline, args, kwargs):
@@ -74,26 +75,6 @@ class Contender:
         self.stop.set()
         self.thread.join(timeout)
         return not self.thread.is_alive()
-
-
-class OnEntry:
-    """Runs ``action`` (once) as the function with ``code`` is entered on this thread: code
-    the fast path calls back, landing where a signal handler or a finalizer could."""
-
-    def __init__(self, code, action):
-        self.code, self.action, self.fired = code, action, False
-
-    def __enter__(self):
-        def profile(frame, event, arg):
-            if event == "call" and frame.f_code is self.code and not self.fired:
-                self.fired = True
-                self.action()
-
-        sys.setprofile(profile)
-        return self
-
-    def __exit__(self, *exc):
-        sys.setprofile(None)
 
 
 def release_leftover_uses(*buffers):

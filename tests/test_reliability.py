@@ -21,6 +21,7 @@ import pytest
 import shim
 from pipelines.build import Build, build_all
 from shim import regions
+from support.hooks import OnEntry
 from support.threads import run_threads
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -646,19 +647,6 @@ def test_ctrl_c_at_the_start_of_a_dlpack_deleter_is_raised_after_it():
     assert "cffi callback" not in done.stderr
 
 
-def _sigint_on_entry(code):
-    """A profile hook that raises SIGINT (once) as the function with ``code`` is entered:
-    Python runs the handler at that function's first bytecodes."""
-    fired = []
-
-    def profile(frame, event, arg):
-        if event == "call" and frame.f_code is code and not fired:
-            fired.append(True)
-            signal.raise_signal(signal.SIGINT)
-
-    return profile, fired
-
-
 @pytest.mark.parametrize("what", ["buffer", "crop", "dlpack import"])
 def test_ctrl_c_at_a_finalizers_first_bytecode_is_raised_after_it(what, host_device):
     """A finalizer Ctrl-C cut short at its start would leave a dropped Buffer registered (and
@@ -684,21 +672,17 @@ def test_ctrl_c_at_a_finalizers_first_bytecode_is_raised_after_it(what, host_dev
     buf.copy_to_device(host_device)  # device memory that must go
     buf.set_device_dirty(True)
     del array
-    profile, fired = _sigint_on_entry(code)
+    hook = OnEntry(code, lambda: signal.raise_signal(signal.SIGINT))
     interrupted = False
     try:
-        sys.setprofile(profile)
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", shim.DirtyBufferWarning)  # (the results go home)
-                del buf
-                gc.collect()
-        finally:
-            sys.setprofile(None)
+        with hook, warnings.catch_warnings():
+            warnings.simplefilter("ignore", shim.DirtyBufferWarning)  # (the results go home)
+            del buf
+            gc.collect()
         time.sleep(0.1)  # (where a Ctrl-C held past the finalizer lands)
     except KeyboardInterrupt:
         interrupted = True
-    assert fired and interrupted
+    assert hook.fired and interrupted
     gc.collect()
     assert families.live_counts() == before
     assert alive() is None  # the producer's tensor (or the Buffer's array) was let go
