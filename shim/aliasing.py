@@ -62,11 +62,16 @@ def adopt(family: Family, parent_raw, parent_box, view_raw, view_box) -> None:
     family.refresh_bits(view_raw, only=view_raw)
 
 
-def allocate(family: Family, backend) -> None:
-    """Allocate the root's whole extent on ``backend``; every member aliases it. New device
-    memory holds nothing yet: the host is newer everywhere, so the first device use of any
-    member uploads it (except where a running pipeline call writes it)."""
-    family.backend, family.memory = backend, backend.allocate(family.root_layout.nbytes_span)
+def allocate(family: Family, backend, raw) -> None:
+    """Allocate the root's whole extent on ``backend`` for member ``raw``'s first device use;
+    every member aliases it. The root starts ``device_base`` bytes in, as far as ``raw`` needs
+    to sit where the backend's kernels can take it directly (an OpenCL sub-buffer needs an
+    aligned offset: a crop elsewhere is staged around every launch). New device memory holds
+    nothing yet: the host is newer everywhere, so the first device use of any member uploads it
+    (except where a running pipeline call writes it)."""
+    family.device_base = backend.placement(_host_offset(family, raw))
+    family.backend = backend
+    family.memory = backend.allocate(family.device_base + family.root_layout.nbytes_span)
     family.regions = (frozenset(subtract_all([family.root_box()],
                                              [use.box for use in family.uses if use.replaces])),
                       frozenset())
@@ -79,11 +84,16 @@ def attach(family: Family, raw) -> None:
     """Give member ``raw`` a handle into the family's allocation, where its elements are."""
     if raw.device and not is_proxy(raw.device_interface):
         return
-    offset = int(ffi.cast("uintptr_t", raw.host)) - family.root_host
+    offset = family.device_base + _host_offset(family, raw)
     nbytes = _span(family, family.member_of(raw).box)
     handle = family.backend.handle(family.memory, offset, nbytes)
     family.add_handle(handle, offset)
     lib.shim_buffer_set_device(raw, handle, lib.shim_backend_interface(family.backend.index))
+
+
+def _host_offset(family: Family, raw) -> int:
+    """Where member ``raw``'s first element is, in bytes from the root's."""
+    return int(ffi.cast("uintptr_t", raw.host)) - family.root_host
 
 
 def _span(family: Family, box) -> int:
@@ -283,7 +293,8 @@ def _move(family: Family, boxes, to_device: bool, transfer) -> None:
     if family.memory is None:
         raise Conflict("the family has no device allocation to copy to or from")
     for box in _outermost(boxes):
-        transfer(family, box_plan(family.root_layout, box, 0, to_device), family.root_host, to_device)
+        transfer(family, box_plan(family.root_layout, box, family.device_base, to_device),
+                 family.root_host, to_device)
 
 
 def _outermost(boxes) -> list:

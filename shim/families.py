@@ -171,7 +171,7 @@ class Family(FamilyState):
     """
 
     __slots__ = ("lock", "backend", "memory", "handles", "deferred", "members", "root_host",
-                 "root_layout", "generation", "uses", "__weakref__")
+                 "root_layout", "device_base", "generation", "uses", "__weakref__")
 
     def __init__(self, backend=None, lock: FamilyLock | None = None):
         self.lock = lock or FamilyLock()
@@ -185,6 +185,7 @@ class Family(FamilyState):
         # Shared families only (see share()).
         self.members: dict[int, Member] | None = None
         self.root_host = 0
+        self.device_base = 0  # where the root starts in the device allocation (aliasing.allocate)
         self.root_layout = None
         self.regions: tuple[frozenset, frozenset] = _NO_REGIONS
         self.generation = 0

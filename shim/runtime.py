@@ -201,7 +201,7 @@ def _allocate(raw, interface, family: Family | None) -> Family:
     if family is not None and family.shared:
         if family.memory is None:
             try:
-                aliasing.allocate(family, backend)
+                aliasing.allocate(family, backend, raw)
             except (BackendError, NegativeStrides) as e:
                 raise Failure(E.halide_error_code_device_malloc_failed, str(e)) from e
         elif family.backend is not backend:

@@ -304,3 +304,34 @@ def test_a_profiled_call_stages_too(load, opencl):
     assert [r for r in profile.records if r.kind == "launch" and r.result == 0]
     ys, xs = np.mgrid[1:5, 3:12]
     assert_only(parent, fill(ys, xs, 7), np.s_[1:5, 3:12])
+
+
+@pytest.mark.parametrize("x", [1, 3, 5])
+def test_a_family_is_placed_for_the_crop_that_goes_to_the_device_first(load, opencl, x):
+    """A crop at a misaligned offset whose family has no allocation yet: the allocation is
+    placed so that the crop starts at an aligned offset (a sub-buffer, no staging), and the
+    parent and a sibling, at whatever offsets that leaves them, still read and write right."""
+    crop_fill = load("crop_fill")
+    assert misaligned(opencl, np.int32, x)
+    parent = shim.Buffer(np.full((4, 48), SENTINEL, np.int32))
+    crop = parent.cropped([(x, 8), (0, 4)])
+    crop_fill(param=1, f=crop)  # its family's first device use
+    handle = int(ffi.cast("uintptr_t", crop._raw.device))
+    family = families.family_of(parent._raw)
+    struct = family.memory.handles[handle][0]
+    assert struct.offset % opencl.alignment == 0 and struct.launch_mem != ffi.NULL
+    crop_fill(param=2, f=crop)
+    assert struct.staging == ffi.NULL  # launched directly: never staged
+    sibling = parent.cropped([(x + 16, 8), (0, 4)])  # misaligned in the placed allocation
+    crop_fill(param=3, f=sibling)
+    ys, xs = np.mgrid[0:4, 0:8]
+    expected = np.full((4, 48), SENTINEL, np.int32)
+    expected[:, x:x + 8] = fill(ys, xs + x, 2)
+    expected[:, x + 16:x + 24] = fill(ys, xs + x + 16, 3)
+    np.testing.assert_array_equal(np.asarray(parent), expected)
+    assert device_contents(parent).tolist() == expected.tolist()
+    # The parent itself as a kernel's output: its handle sits at the placed offset (staged).
+    crop_fill(param=4, f=parent)
+    ys, xs = np.mgrid[0:4, 0:48]
+    np.testing.assert_array_equal(np.asarray(parent), fill(ys, xs, 4))
+    np.testing.assert_array_equal(np.asarray(crop), fill(ys, xs, 4)[:, x:x + 8])

@@ -107,6 +107,11 @@ class Backend(ABC):
         """The device's memory in bytes, if the backend can tell (bounds the pool)."""
         return None
 
+    def placement(self, offset: int) -> int:
+        """Bytes to leave before an allocation's data so that the element ``offset`` bytes into
+        it is where this backend's kernels can take a handle directly. 0: anywhere will do."""
+        return 0
+
     def allocate(self, nbytes: int) -> Memory:
         """An allocation of at least ``nbytes``: a pooled one that fits, else a new one. A new
         one that fails is tried again once the pool is emptied (as Halide does)."""

@@ -324,6 +324,10 @@ class OpenCLBackend(Backend):
     def memory_size(self) -> int:
         return self._device.global_mem_size
 
+    def placement(self, offset: int) -> int:
+        # A sub-buffer needs an offset aligned to the device's base address alignment.
+        return -offset % self.alignment
+
     def handle(self, memory: OpenCLMemory, offset: int, nbytes: int) -> int:
         struct = ffi.new("shim_cl_handle *")
         struct.offset = offset
