@@ -1,10 +1,34 @@
-"""The exceptions the shim raises. Every one is a ShimError."""
+"""The exceptions the shim raises. Every one is a ShimError.
+
+Below every other module but the native library itself: it reads Halide's error codes from
+the cffi module that shim/native.py loaded (the package imports that first), not from
+shim/native.py, which raises these errors."""
 
 from __future__ import annotations
 
+from shim._native import ffi, lib
+
+_ERROR_NAMES = ffi.typeof("enum halide_error_code_t").elements
 
 # Halide error codes that mean a device operation failed (allocation, copy, launch, handles).
-DEVICE_ERROR_CODES = frozenset({-14, -15, -16, -17, -18, -23, -29, -32, -33, -39, -40, -41, -42})
+DEVICE_ERROR_CODES = frozenset({
+    lib.halide_error_code_copy_to_host_failed, lib.halide_error_code_copy_to_device_failed,
+    lib.halide_error_code_device_malloc_failed, lib.halide_error_code_device_sync_failed,
+    lib.halide_error_code_device_free_failed, lib.halide_error_code_device_run_failed,
+    lib.halide_error_code_gpu_device_error, lib.halide_error_code_device_wrap_native_failed,
+    lib.halide_error_code_device_detach_native_failed,
+    lib.halide_error_code_device_buffer_copy_failed,
+    lib.halide_error_code_device_crop_unsupported, lib.halide_error_code_device_crop_failed,
+    lib.halide_error_code_incompatible_device_interface,
+})
+
+
+def error_name(code: int) -> str:
+    """Halide's name for an error code, without the common prefix."""
+    name = _ERROR_NAMES.get(code)
+    if name is None:
+        return "unknown_error"
+    return name.removeprefix("halide_error_code_")
 
 
 class ShimError(Exception):
@@ -23,8 +47,6 @@ class HalideCodeError(ShimError, RuntimeError):
     """An error that carries one of Halide's error codes (halide_error_code_t) and its text."""
 
     def __init__(self, code: int, message: str, *, context: str = ""):
-        from shim.native import error_name
-
         self.code = code
         self.code_name = error_name(code)
         self.message = message or self.code_name

@@ -51,6 +51,8 @@ finally:
 ffi = _native.ffi
 lib = _native.lib
 
+from shim.errors import ShimError  # noqa: E402  (it reads the module loaded above)
+
 
 def _native_type(function: str):
     """A type the native library makes with Python's C API (the fast paths: fastcall.c,
@@ -72,19 +74,10 @@ LockState = _native_type("shim_lock_state_type")
 MemberPlans = _native_type("shim_member_plans_type")
 Finalized = _native_type("shim_finalized_type")
 
-_ERROR_NAMES = ffi.typeof("enum halide_error_code_t").elements
 _per_thread = threading.local()
 # Every context ever made (a few per thread), to see at exit which calls are still running.
 _contexts: weakref.WeakSet = weakref.WeakSet()
 _closing = False
-
-
-def error_name(code: int) -> str:
-    """Halide's name for an error code, without the common prefix."""
-    name = _ERROR_NAMES.get(code)
-    if name is None:
-        return "unknown_error"
-    return name.removeprefix("halide_error_code_")
 
 
 class CallContext:
@@ -120,8 +113,6 @@ class CallContext:
         context.busy = True  # before looking at _closing: see close_calls
         if _closing:
             context.busy = False
-            from shim.errors import ShimError
-
             raise ShimError("the interpreter is exiting: no new calls into Halide code")
         return context
 

@@ -13,7 +13,7 @@ import json
 import os
 from collections import defaultdict
 
-from shim.native import error_name
+from shim.errors import error_name
 
 HOST_PID, DEVICE_PID = 1, 2
 MAX_BUFFER_ROWS = 20
