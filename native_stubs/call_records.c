@@ -111,10 +111,20 @@ void shim_ctrl_c_release(bool held) {
 
 /* --- slots read and written directly ------------------------------------------------------ */
 
-static shim_slot buffer_record, buffer_unread;
+/* An attribute kept in a __slots__ slot of objects of one type, read and written through its
+ * member descriptor: getattr's type and dict lookups cost more than the rest of a call's
+ * bookkeeping. Objects of another type take the generic way. */
+typedef struct {
+    PyTypeObject *type;
+    PyObject *name, *descr;
+    descrgetfunc get;
+    descrsetfunc set;
+} slot;
+
+static slot buffer_record, buffer_unread;
 static PyTypeObject *s_lock_type; /* families.FamilyLock */
 
-bool shim_slot_init(shim_slot *s, PyObject *type, const char *name) {
+static bool slot_init(slot *s, PyObject *type, const char *name) {
     if (s->type != NULL) {
         return (PyObject *)s->type == type;
     }
@@ -133,21 +143,19 @@ bool shim_slot_init(shim_slot *s, PyObject *type, const char *name) {
     return true;
 }
 
-PyObject *shim_slot_get(const shim_slot *s, PyObject *object) {
+static PyObject *slot_get(const slot *s, PyObject *object) {
     return Py_TYPE(object) == s->type ? s->get(s->descr, object, (PyObject *)s->type)
                                       : PyObject_GetAttr(object, s->name);
 }
 
-int shim_slot_set(const shim_slot *s, PyObject *object, PyObject *value) {
+static int slot_set(const slot *s, PyObject *object, PyObject *value) {
     return Py_TYPE(object) == s->type ? s->set(s->descr, object, value)
                                       : PyObject_SetAttr(object, s->name, value);
 }
 
 PyObject *shim_buffer_record(PyObject *buffer) {
-    return shim_slot_get(&buffer_record, buffer);
+    return slot_get(&buffer_record, buffer);
 }
-
-#define field shim_record_field
 
 bool shim_member_init(shim_member *m, PyObject *buffer, PyObject *record, bool output,
                       bool replaces, bool array_input, bool to_host) {
@@ -181,7 +189,7 @@ void shim_member_clear(shim_member *m) {
 /* Whether no thread holds the family's lock (see above), and (`no_waiters`) none waits on it.
  * (A lock of another type: as if held, Python takes the call.) */
 static bool lock_free(const shim_member *m, bool no_waiters) {
-    PyObject *lock = field(m, RECORD_LOCK);
+    PyObject *lock = shim_record_field(m, RECORD_LOCK);
     if (lock == NULL || Py_TYPE(lock) != s_lock_type) {
         PyErr_Clear();
         return false;
@@ -195,7 +203,7 @@ static bool shared_family(const shim_member *m) {
 }
 
 static bool nothing_deferred(const shim_member *m) {
-    return PyList_Size(field(m, RECORD_DEFERRED)) == 0;
+    return PyList_Size(shim_record_field(m, RECORD_DEFERRED)) == 0;
 }
 
 /* --- beginning and ending a use ---------------------------------------------------------- */
@@ -206,9 +214,9 @@ static bool nothing_deferred(const shim_member *m) {
  * false (nothing done) where that would not be instant. */
 static bool begin_plain_use(shim_member *m) {
     Py_CLEAR(m->shared_use);
-    m->use = field(m, !m->output ? RECORD_USE_INPUT : m->replaces ? RECORD_USE_REPLACING
+    m->use = shim_record_field(m, !m->output ? RECORD_USE_INPUT : m->replaces ? RECORD_USE_REPLACING
                                                                    : RECORD_USE_UPDATING);
-    PyObject *uses = field(m, RECORD_USES);
+    PyObject *uses = shim_record_field(m, RECORD_USES);
     uint64_t flags = shim_flags_get(m->raw);
     if (m->array_input) {
         if (PyList_Size(uses) != 0 || (flags & halide_buffer_flag_device_dirty)) {
@@ -228,7 +236,7 @@ static bool begin_plain_use(shim_member *m) {
 }
 
 static void remove_use(const shim_member *m) {
-    PyObject *uses = field(m, RECORD_USES);
+    PyObject *uses = shim_record_field(m, RECORD_USES);
     for (Py_ssize_t i = PyList_Size(uses) - 1; i >= 0; i--) {
         if (PyList_GetItem(uses, i) == m->use) {
             if (PySequence_DelItem(uses, i) < 0) {
@@ -241,7 +249,8 @@ static void remove_use(const shim_member *m) {
 
 /* runtime.end_call(None, [(raw, family, use)]) for this member's use. */
 static int end_in_python(const shim_member *m, PyObject *end_call) {
-    PyObject *entry = PyTuple_Pack(3, field(m, RECORD_RAW), field(m, RECORD_FAMILY), m->use);
+    PyObject *entry = PyTuple_Pack(3, shim_record_field(m, RECORD_RAW),
+                                   shim_record_field(m, RECORD_FAMILY), m->use);
     PyObject *uses = entry ? PyList_New(1) : NULL;
     PyObject *done = NULL;
     if (uses != NULL) {
@@ -304,11 +313,12 @@ static int end_use(const shim_member *m, PyObject *end_call) {
 
 /* Run whatever other threads deferred to the family while the call held it. */
 static int run_deferred(const shim_member *m) {
-    if (PyList_Size(field(m, RECORD_DEFERRED)) == 0) {
+    if (PyList_Size(shim_record_field(m, RECORD_DEFERRED)) == 0) {
         return 0;
     }
     bool held = shim_ctrl_c_hold();
-    PyObject *done = PyObject_CallMethodObjArgs(field(m, RECORD_FAMILY), s_run_deferred, NULL);
+    PyObject *done = PyObject_CallMethodObjArgs(shim_record_field(m, RECORD_FAMILY), s_run_deferred,
+                                                NULL);
     shim_ctrl_c_release(held);
     Py_XDECREF(done);
     return done == NULL ? -1 : 0;
@@ -369,7 +379,7 @@ void shim_members_ran(const shim_member *members, int count, bool host_write) {
 int shim_members_results(const shim_member *members, int count) {
     for (int i = 0; i < count; i++) {
         const shim_member *m = &members[i];
-        if (shim_slot_set(&buffer_unread, m->buffer, m->output ? Py_True : Py_False) < 0) {
+        if (slot_set(&buffer_unread, m->buffer, m->output ? Py_True : Py_False) < 0) {
             return -1;
         }
     }
@@ -408,8 +418,8 @@ bool shim_call_records_ready(PyObject *buffer_type, PyObject *lock_type) {
         !interrupts_ready()) {
         return false;
     }
-    if (!shim_slot_init(&buffer_record, buffer_type, "_record") ||
-        !shim_slot_init(&buffer_unread, buffer_type, "_unread") ||
+    if (!slot_init(&buffer_record, buffer_type, "_record") ||
+        !slot_init(&buffer_unread, buffer_type, "_unread") ||
         !lock_type_ready(lock_type) || !shim_shared_records_ready()) {
         if (!PyErr_Occurred()) {
             PyErr_SetString(PyExc_TypeError, "the call records' types changed");

@@ -82,24 +82,6 @@ static inline PyObject *shim_record_field(const shim_member *m, int index) {
     return PyTuple_GetItem(m->record, index);
 }
 
-/* An attribute kept in a __slots__ slot of objects of one type, read and written through its
- * member descriptor: getattr's type and dict lookups cost more than the rest of a call's
- * bookkeeping. Objects of another type take the generic way. */
-typedef struct {
-    PyTypeObject *type;
-    PyObject *name, *descr;
-    descrgetfunc get;
-    descrsetfunc set;
-} shim_slot;
-
-/* Ready `s` for the slot `name` of `type`; false with an exception set. (Once: a second call
- * says whether it is ready for the same type.) */
-bool shim_slot_init(shim_slot *s, PyObject *type, const char *name);
-/* The slot's value, a new reference; NULL with an exception set. */
-PyObject *shim_slot_get(const shim_slot *s, PyObject *object);
-/* -1 with an exception set. */
-int shim_slot_set(const shim_slot *s, PyObject *object, PyObject *value);
-
 /* Fill `m` (holding references to the buffer and its record); false with an exception set
  * for a malformed record. shim_member_clear lets go of them. */
 bool shim_member_init(shim_member *m, PyObject *buffer, PyObject *record, bool output,
