@@ -27,14 +27,13 @@ from __future__ import annotations
 
 import struct
 
+from shim import flags
 from shim.families import Family, Member, Use, address_of, dirty_bits
+from shim.flags import DEVICE_DIRTY, DIRTY, HOST_DIRTY
 from shim.native import ffi, lib
 from shim.regions import (box_plan, contains, intersect, overlaps, subtract_all, with_box,
                           without_box)
 
-HOST_DIRTY = lib.halide_buffer_flag_host_dirty
-DEVICE_DIRTY = lib.halide_buffer_flag_device_dirty
-REGIONS = lib.SHIM_BUFFER_FLAG_REGIONS
 PROXY = lib.shim_backend_interface(lib.SHIM_BACKEND_PROXY)
 
 
@@ -46,13 +45,19 @@ def is_proxy(interface) -> bool:
     return interface == PROXY
 
 
+def has_allocation(raw) -> bool:
+    """Whether ``raw`` has device memory of its own: a handle, and not the proxy a member of a
+    shared family carries while the family has no allocation (native_stubs: shim_has_allocation)."""
+    return bool(raw.device) and raw.device_interface != PROXY
+
+
 def adopt(family: Family, parent_raw, parent_box, view_raw, view_box) -> None:
     """Make ``view_raw`` (a crop or slice of ``parent_raw``, spanning ``view_box`` in the
     root's coordinates) a member: aliasing the allocation if there is one, else the proxy."""
     family.share(parent_raw, parent_box)
     member = Member(view_raw, view_box)
     family.add_member(member)
-    lib.shim_flags_assign(view_raw, REGIONS, True)
+    flags.assign(view_raw, flags.REGIONS, True)
     if family.memory is not None:
         attach(family, view_raw)
     else:
@@ -75,7 +80,7 @@ def allocate(family: Family, backend, raw) -> None:
     family.regions = (frozenset(subtract_all([family.root_box()],
                                              [use.box for use in family.uses if use.replaces])),
                       frozenset())
-    family.refresh_bits()  # before any member's handle is published (see runtime._allocate_behind_host)
+    family.refresh_bits()  # before any member's handle is published (see runtime.allocate_behind_host)
     for member in list(family.members.values()):
         attach(family, member.raw)
 
@@ -112,11 +117,11 @@ def absorb(family: Family, raw, written: bool) -> None:
     if written:
         _take_output(family, member)
         return
-    flags = lib.shim_flags_get(raw)
+    bits = flags.of(raw)
     for bit, side in ((DEVICE_DIRTY, "device"), (HOST_DIRTY, "host")):
-        if not flags & bit or overlaps(_regions(family, bit), member.box):
+        if not bits & bit or overlaps(_regions(family, bit), member.box):
             continue
-        if overlaps(_regions(family, _other(bit)), member.box):
+        if overlaps(_regions(family, flags.other_side(bit)), member.box):
             raise Conflict(f"part of this buffer changed on the {side} while the other side "
                            "held changes not yet copied")
         _newer_on(family, bit, member)
@@ -125,16 +130,12 @@ def absorb(family: Family, raw, written: bool) -> None:
 
 def _take_output(family: Family, member: Member) -> None:
     """absorb, for a member a pipeline just wrote."""
-    side = lib.shim_flags_get(member.raw) & (HOST_DIRTY | DEVICE_DIRTY)
-    if side == HOST_DIRTY | DEVICE_DIRTY:
+    side = flags.of(member.raw) & DIRTY
+    if side == DIRTY:
         raise Conflict("a pipeline left its output marked newer on both the host and the device")
     if side:
         _newer_on(family, side, member)
     family.refresh_bits(member.raw)
-
-
-def _other(bit: int) -> int:
-    return DEVICE_DIRTY if bit == HOST_DIRTY else HOST_DIRTY
 
 
 def _regions(family: Family, bit: int) -> frozenset:
@@ -166,7 +167,7 @@ def _replaced(box, host: frozenset, device: frozenset) -> tuple[frozenset, froze
 
 def uncopied_changes(bit: int) -> Conflict:
     """The refusal to mark a buffer newer on one side (``bit``) while the other side holds
-    changes to it: for members here, and for plain Buffers in shim/runtime.py."""
+    changes to it: for members here, and for plain Buffers in shim/buffer_operations.py."""
     side, copy = (("device", "copy_to_host") if bit == HOST_DIRTY
                   else ("host", "copy_to_device"))
     return Conflict(f"the {side} holds changes to this buffer that were never copied; copy "
@@ -178,7 +179,7 @@ def mark(family: Family, raw, bit: int, value: bool, transfer) -> None:
     first brings the other side's changes over (they cannot overlap this member: that is a
     conflict), so that the family never holds changes on both sides."""
     member = family.member_of(raw)
-    other = _regions(family, _other(bit))
+    other = _regions(family, flags.other_side(bit))
     if value:
         if overlaps(other, member.box):
             raise uncopied_changes(bit)
@@ -199,7 +200,7 @@ def download(family: Family, raw, transfer) -> None:
     """copy_to_host of a member: download the changed boxes that overlap it."""
     member = family.member_of(raw)
     box = member.box
-    if lib.shim_flags_get(raw) & DEVICE_DIRTY and not overlaps(family.device_regions, box):
+    if flags.of(raw) & DEVICE_DIRTY and not overlaps(family.device_regions, box):
         # dirty for a reason the shim did not see
         family.device_regions = with_box(family.device_regions, box)
     parts = [part for part in (intersect(region, box) for region in family.device_regions) if part]
@@ -232,7 +233,7 @@ def begin_call(family: Family, use: Use, raw) -> None:
         # overwrite their results).
         family.regions = family.members[use.address].derived(_replaced, family.regions,
                                                              family.generation)
-        lib.shim_flags_assign(raw, HOST_DIRTY | DEVICE_DIRTY, False)
+        flags.assign(raw, DIRTY, False)
 
 
 def end_call(family: Family, use: Use, raw) -> None:
@@ -259,7 +260,7 @@ def begin_plan(family: Family, raw, output: bool, replaces: bool,
     """begin_call on member ``raw`` for a call that writes it (``output``; ``replaces``: without
     reading it) and writes its outputs on the host (``host_write``): (regions, the Use to
     record, the regions after). None where beginning takes more than that (a CPU call writing a
-    member while the device holds changes: runtime.begin_call brings them home)."""
+    member while the device holds changes: call_uses.begin_call brings them home)."""
     regions, generation = family.regions, family.generation
     member = family.members.get(address_of(raw))
     if member is None or (output and host_write and regions[1]):
@@ -276,7 +277,7 @@ def end_plan(family: Family, raw, use: Use, side: int) -> tuple | None:
     regions, generation = family.regions, family.generation
     members = tuple(family.members.values())
     member = family.members.get(address_of(raw))
-    if member is None or side == HOST_DIRTY | DEVICE_DIRTY:
+    if member is None or side == DIRTY:
         return None
     after = regions
     if use.output and side:

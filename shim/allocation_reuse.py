@@ -7,6 +7,8 @@ the same switch native code and pipelines see, served by native_stubs/allocation
 
 from __future__ import annotations
 
+from shim import devices, runtime
+from shim.bridge import runtime_call
 from shim.native import ffi, lib
 
 
@@ -14,8 +16,6 @@ def reuse_device_allocations(flag: bool) -> None:
     """Halide's halide_reuse_device_allocations: whether freed device memory is kept for later
     allocations (True, the default, as in Halide 21) or given back to the driver at once.
     Switching it off gives back what the pools hold."""
-    from shim.runtime import runtime_call
-
     with runtime_call("reuse_device_allocations") as check:
         check(lib.halide_reuse_device_allocations(ffi.NULL, bool(flag)))
 
@@ -29,27 +29,13 @@ def release_unused_device_allocations(device=None) -> int:
     """Give the device memory kept for reuse back to the driver (Halide's
     halide_cuda_release_unused_device_allocations, for any backend): that of ``device`` (a
     kind or a backend), or of every device made so far. Returns how many allocations went."""
-    from shim.devices import created
-    from shim.devices import device as device_of
-
-    backends = created() if device is None else [device_of(device)]
-    return sum(backend.release_unused() for backend in backends)
+    backends = devices.created() if device is None else [devices.device(device)]
+    return sum(runtime.release_unused(backend) for backend in backends)
 
 
-def _release(uc, backend_index: int) -> None:
-    from shim.devices import created
-
-    for backend in created():
+def release_for_native(uc, backend_index: int) -> None:
+    """halide_*_release_unused_device_allocations and halide_reuse_device_allocations(false):
+    the pools of the backend of ``backend_index``, or of all (SHIM_BACKEND_COUNT)."""
+    for backend in devices.created():
         if backend_index in (lib.SHIM_BACKEND_COUNT, backend.index):
-            backend.release_unused()
-
-
-def _register():
-    from shim.runtime import E, guarded
-
-    @ffi.def_extern(error=E.halide_error_code_generic_error)
-    def shim_py_release_unused_allocations(uc, backend_index):
-        return guarded(_release, E.halide_error_code_generic_error, uc, backend_index)
-
-
-_register()
+            runtime.release_unused(backend)

@@ -14,17 +14,17 @@ from typing import NamedTuple
 
 import numpy as np
 
-from shim import aliasing, devices, families, runtime, shutdown
+from shim import buffer_operations, devices, families, flags, shutdown
+from shim.aliasing import has_allocation
 from shim.backends.base import Backend, interface_of
+from shim.bridge import runtime_call
 from shim.errors import ArgumentError, DirtyBufferWarning
 from shim.families import Family
 from shim.metadata import dimension_label
 from shim.native import Finalized, ffi, lib
-from shim.runtime import runtime_call
 from shim.types import INT32_MAX, HalideType
 
-HOST_DIRTY = lib.halide_buffer_flag_host_dirty
-DEVICE_DIRTY = lib.halide_buffer_flag_device_dirty
+from shim.flags import DEVICE_DIRTY, HOST_DIRTY
 # Host memory the shim will allocate or copy at most at once: more than the machine has can
 # never be computed with (numpy fails, or the kernel kills the process once the pages fill).
 PHYSICAL_MEMORY = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
@@ -239,7 +239,7 @@ class Buffer(Finalized):
         view._init_from_array(array, "crop", mins=mins, family=self._family)
         view._root_box, view._root_dims = root_box, root_dims
         view._keepalive = self._keepalive  # memory a DLPack producer owns outlives every view
-        runtime.adopt(self._raw, self._root_box, view._raw, root_box)
+        buffer_operations.adopt(self._raw, self._root_box, view._raw, root_box)
         return view
 
     def raw_buffer(self) -> int:
@@ -288,15 +288,15 @@ class Buffer(Finalized):
 
     @property
     def host_dirty(self) -> bool:
-        return bool(lib.shim_flags_get(self._raw) & HOST_DIRTY)
+        return bool(flags.of(self._raw) & HOST_DIRTY)
 
     @property
     def device_dirty(self) -> bool:
-        return bool(lib.shim_flags_get(self._raw) & DEVICE_DIRTY)
+        return bool(flags.of(self._raw) & DEVICE_DIRTY)
 
     def set_host_dirty(self, value: bool = True) -> None:
         """Say that the host memory holds changes the device copy lacks (or, False, not)."""
-        runtime.mark_dirty(self._raw, HOST_DIRTY, value)
+        buffer_operations.mark_dirty(self._raw, HOST_DIRTY, value)
 
     def set_device_dirty(self, value: bool = True) -> None:
         """Say that the device copy holds changes the host memory lacks (or, False, not).
@@ -305,14 +305,14 @@ class Buffer(Finalized):
         if value and not self.writeable:
             raise ArgumentError("value", "this Buffer's host memory is read-only: changes on the "
                                          "device could never be copied back to it")
-        runtime.mark_dirty(self._raw, DEVICE_DIRTY, value)
+        buffer_operations.mark_dirty(self._raw, DEVICE_DIRTY, value)
         self._unread = value
 
     # --- device --------------------------------------------------------------------------
 
     @property
     def has_device_allocation(self) -> bool:
-        return self._raw.device != 0 and not aliasing.is_proxy(self._raw.device_interface)
+        return has_allocation(self._raw)
 
     @property
     def device(self) -> Backend | None:
@@ -324,7 +324,7 @@ class Buffer(Finalized):
     def device_malloc(self, device=None) -> None:
         """Allocate device memory (on ``device``: a name such as "opencl", or a device from
         shim.device(); default: shim's default device). Does nothing if already allocated."""
-        runtime.malloc_device(self._raw, interface_of(_device(device)))
+        buffer_operations.malloc_device(self._raw, interface_of(_device(device)))
 
     def copy_to_device(self, device=None) -> None:
         """Make the device allocation current: allocate it if needed, upload if host-dirty.
@@ -336,7 +336,7 @@ class Buffer(Finalized):
             interface = interface_of(_device(device))
         if self.has_device_allocation and interface != ffi.NULL \
                 and self._raw.device_interface != interface:
-            runtime.move_device(self._raw, interface)
+            buffer_operations.move_device(self._raw, interface)
             return
         self._runtime("copy_to_device", lib.halide_copy_to_device, self._raw, interface)
 
@@ -356,7 +356,7 @@ class Buffer(Finalized):
         that exist only on the device are copied back to host memory first: freeing never loses
         data, and the next device use uploads it again."""
         if self._raw.device:
-            runtime.free_device(self._raw)
+            buffer_operations.free_device(self._raw)
 
     def _runtime(self, what, function, *args) -> None:
         with runtime_call(what) as check:
@@ -402,13 +402,13 @@ class _Dropped(NamedTuple):
         when anyone can see it. A failure loses those results (with a warning), never the
         memory."""
         raw = self.raw
-        dirty = bool(lib.shim_flags_get(raw) & DEVICE_DIRTY) and not self.family.shared
+        dirty = bool(flags.of(raw) & DEVICE_DIRTY) and not self.family.shared
         # (Results in a DLPack producer's memory outlive this Buffer: nothing to say.)
         if dirty and self.unread and self.keepalive is None and raw.device:
             warnings.warn(f"{self.name} was dropped holding pipeline results nobody read",
                           DirtyBufferWarning, stacklevel=3)
         try:
-            runtime.release(raw, copy_back=self.exposed)
+            buffer_operations.release(raw, copy_back=self.exposed)
         except Exception as e:  # noqa: BLE001 - a finalizer must not raise
             warnings.warn(f"releasing the device memory of a dropped Buffer failed: {e}",
                           RuntimeWarning, stacklevel=3)

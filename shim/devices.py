@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import threading
 
-from shim.backends.base import Backend, BackendError
+from shim.backends.base import Backend
 from shim.errors import ArgumentError, DeviceUnavailable
 from shim.native import ffi, lib
 
@@ -99,28 +99,6 @@ def kind_for_dlpack(device_type: int) -> str | None:
         if factory.dlpack_device_type == device_type:
             return kind
     return None
-
-
-def fork_guard(api: str):
-    """A check for a GPU backend to run before it touches its driver: in a child forked after
-    the backend was made, it raises BackendError. The child has a copy of the parent's driver
-    state but none of the driver's threads, so any call may wait forever (PoCL does) or fail in
-    the driver's own terms; the backend stays the parent's, since a process has one per kind."""
-    parent = os.getpid()
-    forked = False
-
-    def after_fork_in_child() -> None:
-        nonlocal forked
-        forked = True
-
-    def check() -> None:
-        if forked:
-            raise BackendError(f"the {api} device was initialized in the parent process "
-                               f"({parent}); a forked child cannot use it (fork before the first "
-                               f"{api} use, or start processes with multiprocessing's 'spawn')")
-
-    os.register_at_fork(after_in_child=after_fork_in_child)
-    return check
 
 
 def backend_for_interface(interface) -> Backend:

@@ -30,10 +30,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from shim import interrupts, runtime, shutdown
+from shim import buffer_operations, flags, interrupts, shutdown
 from shim.backends.base import BackendError
 from shim.buffer import Buffer
 from shim.devices import device as get_device, kind_for_dlpack
+from shim.bridge import runtime_call
 from shim.errors import ArgumentError, DeviceError, ShimError
 from shim.native import Finalized, ffi, lib
 from shim.types import FLOAT, INT, UINT, HalideType
@@ -152,7 +153,7 @@ def _export_device(buf: Buffer, target, stream, copy, versioned, max_version):
             raise BufferError("the buffer's device memory was freed by another thread during "
                               "the export") from None
         source._unread = False
-    unpin, handle, memory = runtime.pin_device(source._raw, backend)
+    unpin, handle, memory = buffer_operations.pin_device(source._raw, backend)
     try:
         with _device_calls("DLPack export"):
             backend.make_visible(consumer, memory)
@@ -229,7 +230,7 @@ def _device_copy(buf: Buffer, backend) -> Buffer:
 
     copy = Buffer._wrap(np.empty(buf.shape, buf.dtype), "copy", exposed=False,
                         mins=[lo for lo, _ in buf._box])
-    with runtime.runtime_call("copy for DLPack") as check:
+    with runtime_call("copy for DLPack") as check:
         check(lib.halide_buffer_copy(ffi.NULL, buf._raw, interface_of(backend), copy._raw))
     return copy
 
@@ -512,8 +513,8 @@ class _Imported(Finalized):
             tuple(s * itemsize for s in t.strides))
         buf = Buffer._wrap(host, self.argument, exposed=False)
         buf._keepalive = self
-        runtime.wrap_device(buf._raw, backend, t.data, t.byte_offset)
-        lib.shim_flags_assign(buf._raw, lib.halide_buffer_flag_device_dirty, True)  # it lives there
+        buffer_operations.wrap_device(buf._raw, backend, t.data, t.byte_offset)
+        flags.assign(buf._raw, flags.DEVICE_DIRTY, True)  # it lives there
         return buf
 
     def _finalize(self):  # (Finalized's finalizer: Ctrl-C cannot leave the producer's tensor held)

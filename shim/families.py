@@ -20,12 +20,10 @@ import threading
 from contextlib import contextmanager
 from typing import NamedTuple
 
-from shim import interrupts
+from shim import flags, interrupts
+from shim.flags import DEVICE_DIRTY, HOST_DIRTY
 from shim.native import FamilyState, LockState, MemberPlans, ffi, lib
-from shim.regions import Layout, overlaps
-
-HOST_DIRTY = lib.halide_buffer_flag_host_dirty
-DEVICE_DIRTY = lib.halide_buffer_flag_device_dirty
+from shim.regions import Layout, intersect, overlaps
 
 
 class FamilyLock(LockState):
@@ -127,18 +125,6 @@ def dirty_bits(box, host: frozenset, device: frozenset) -> int:
             | (DEVICE_DIRTY if overlaps(device, box) else 0))
 
 
-def _put_dirty(raw, bits: int) -> None:
-    """Give ``raw`` the dirty bits ``bits``, setting before clearing: a member never looks
-    clean, even for a moment, where it is not (the native layer's no-op checks read its flags
-    without the lock; with both bits set they leave the call to the Python core, which waits
-    for the lock)."""
-    now = lib.shim_flags_get(raw) & (HOST_DIRTY | DEVICE_DIRTY)
-    if bits & ~now:
-        lib.shim_flags_assign(raw, bits & ~now, True)
-    if now & ~bits:
-        lib.shim_flags_assign(raw, now & ~bits, False)
-
-
 class Use(NamedTuple):
     """A pipeline call running on a member of a family right now."""
 
@@ -191,7 +177,7 @@ class Family(FamilyState):
         self.generation = 0
         # The pipeline calls running on members right now. Generated code may be setting their
         # flags and its kernels reading or writing their memory: operations of other threads
-        # wait for the calls that touch the same elements (shim/runtime.py), and derived dirty
+        # wait for the calls that touch the same elements (await_calls), and derived dirty
         # bits leave their members alone.
         self.uses: list[Use] = []
 
@@ -223,10 +209,10 @@ class Family(FamilyState):
         self.root_layout = Layout.of(root_raw)
         self.members = {}
         self.add_member(Member(root_raw, root_box))
-        lib.shim_flags_assign(root_raw, lib.SHIM_BUFFER_FLAG_REGIONS, True)
-        flags = lib.shim_flags_get(root_raw)
-        self.regions = (frozenset([root_box] if flags & HOST_DIRTY else []),
-                        frozenset([root_box] if flags & DEVICE_DIRTY else []))
+        flags.assign(root_raw, flags.REGIONS, True)
+        bits = flags.of(root_raw)
+        self.regions = (frozenset([root_box] if bits & HOST_DIRTY else []),
+                        frozenset([root_box] if bits & DEVICE_DIRTY else []))
 
     def add_member(self, member: Member) -> None:
         self.members[member.address] = member
@@ -262,7 +248,7 @@ class Family(FamilyState):
         for member in members:
             if member.address in busy and member.raw != active:
                 continue
-            _put_dirty(member.raw, member.derived(dirty_bits, regions, self.generation))
+            flags.put_dirty(member.raw, member.derived(dirty_bits, regions, self.generation))
 
     def add_handle(self, handle: int, offset: int) -> None:
         """One more halide_buffer_t (or DLPack export) carries ``handle``, ``offset`` bytes
@@ -287,28 +273,30 @@ class Family(FamilyState):
         return (entry is not None and entry[1] == 1 and entry[2] is self.memory
                 and self._handles_into(self.memory) == 1)
 
-    def drop_handle(self, handle: int, *, free: bool = True) -> None:
+    def drop_handle(self, handle: int, *, free: bool = True):
         """One halide_buffer_t no longer carries ``handle``. Its memory goes when the last
         handle into it does (a crop keeps its parent's allocation alive), unless ``free`` is
-        False: detach_native hands the memory to the caller instead."""
+        False: detach_native hands the memory to the caller instead. Returns the backend
+        whose memory went, None if none did."""
         entry = self.handles.get(handle)
         if entry is None:
-            return
+            return None
         entry[1] -= 1
         if entry[1] > 0:
-            return
+            return None
         del self.handles[handle]
         memory, backend = entry[2], entry[3]
         _by_handle.pop((backend.index, handle), None)
         backend.release_handle(memory, handle)
         if self._handles_into(memory):
-            return
+            return None
         if memory is self.memory:
             self.memory = None
         if free and memory.owned:
             backend.free(memory)
         elif not free:
             backend.detached(memory)
+        return backend
 
     def run_deferred(self) -> None:
         while self.deferred:
@@ -412,6 +400,36 @@ def locked(*raws):
             for _, family in targets:
                 if family is not None and family.deferred:
                     family.run_deferred()
+
+
+def _inside_pipeline_call() -> bool:
+    """Whether the calling thread works for a running pipeline call (its generated code, on
+    the caller's thread or one of Halide's workers)."""
+    call = lib.shim_current_call()
+    return call != ffi.NULL and lib.shim_call_in_pipeline(call)
+
+
+def await_calls(family: Family | None, raw=None, *, writers_only: bool = False) -> None:
+    """Called with the family's lock held, by an operation a program asked for: wait, with
+    the lock released, until no running pipeline call uses the elements ``raw`` covers (all
+    the family's, for None): neither its kernels nor its flags may change under it. A
+    pipeline's own device calls never wait (they are its generated code, ordered as Halide
+    orders them), and a call holds no uses while it prepares its buffers (PreparedCall), so
+    no two calls ever wait for each other."""
+    if family is None or not family.uses or _inside_pipeline_call():
+        return
+    member = family.members.get(address_of(raw)) if family.shared and raw is not None else None
+    box = member.box if member is not None else None
+    while any(_conflicts(use, box, writers_only) for use in family.uses):
+        if interrupts.take_pending():
+            raise KeyboardInterrupt
+        family.lock.wait(0.05)
+
+
+def _conflicts(use: Use, box, writers_only: bool) -> bool:
+    if writers_only and not use.output:
+        return False
+    return box is None or use.box is None or intersect(box, use.box) is not None
 
 
 def call_record(raw, family: Family, array) -> tuple:

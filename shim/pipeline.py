@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from shim import runtime
+from shim import call_uses
 from shim.binding import Signature, bounds_query, check_bounds, free_temporaries
 from shim.buffer import Buffer
 from shim.families import FamilyLock
@@ -60,7 +60,7 @@ class Pipeline(CallPlan):
         runner = self._runner
         super().__init__(self._library.argv_address, self._signature.plan_entries(),
                          runner.native_calls, runner.host_write, runner.backend_mask, np.ndarray,
-                         Buffer, FamilyLock, runner.finish_fast, runtime.end_call)
+                         Buffer, FamilyLock, runner.finish_fast, call_uses.end_call)
 
     @property
     def inputs(self) -> list[Argument]:

@@ -49,6 +49,11 @@ class Layout:
             raise NegativeStrides("buffers with negative strides cannot have device allocations")
         return sum((e - 1) * s for e, s in zip(self.extents, self.strides)) + self.elem_size
 
+    @property
+    def box(self) -> tuple:
+        """The buffer's box: (min, extent) per dimension."""
+        return tuple(zip(self.mins, self.extents))
+
     def offset_of(self, coords) -> int:
         """Byte offset of the element at Halide coordinates ``coords`` from the min element."""
         return sum((c - m) * s for c, m, s in zip(coords, self.mins, self.strides))
@@ -123,11 +128,6 @@ def plan(elem_size, extents, src_strides, dst_strides, src_offset=0, dst_offset=
     return CopyPlan(tuple(e for e, _, _ in merged) + (chunk,),
                     tuple(s for _, s, _ in merged), tuple(d for _, _, d in merged),
                     src_offset, dst_offset)
-
-
-def mirror_plan(layout: Layout) -> CopyPlan:
-    """The copy of a whole buffer between its host memory and its device allocation."""
-    return plan(layout.elem_size, layout.extents, layout.strides, layout.strides)
 
 
 class Rectangle(NamedTuple):
@@ -255,3 +255,21 @@ def box_plan(layout: Layout, box, device_offset: int, to_device: bool) -> CopyPl
                     offset, device_offset + offset)
     return plan(layout.elem_size, extents, layout.strides, layout.strides,
                 device_offset + offset, offset)
+
+
+def mirror_plan(layout: Layout, device_offset: int, to_device: bool) -> CopyPlan:
+    """The copy of a whole buffer between its host memory and a device allocation mirroring
+    it from ``device_offset``."""
+    return box_plan(layout, layout.box, device_offset, to_device)
+
+
+def overlap_plan(src: Layout, dst: Layout, src_base: int, dst_base: int) -> CopyPlan:
+    """The copy of the elements two buffers both have (where their boxes overlap; nothing
+    where they do not) from ``src``'s memory at ``src_base`` to ``dst``'s at ``dst_base``
+    (halide_buffer_copy). The two may have different strides, never different element sizes."""
+    box = intersect(src.box, dst.box)
+    if box is None:
+        return plan(src.elem_size, [0], [], [], src_base, dst_base)
+    lo = [lo for lo, _ in box]
+    return plan(src.elem_size, [extent for _, extent in box], src.strides, dst.strides,
+                src_base + src.offset_of(lo), dst_base + dst.offset_of(lo))

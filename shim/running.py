@@ -8,14 +8,14 @@ import sys
 
 import numpy as np
 
-from shim import families, interrupts, profiler, runtime, streams
+from shim import call_uses, families, flags, interrupts, profiler, streams
 from shim.backends.base import BackendError
 from shim.binding import Call, free_temporaries
 from shim.buffer import Buffer
 from shim.devices import backend_class
 from shim.errors import DEVICE_ERROR_CODES, DeviceError, PipelineError
 from shim.native import CallContext, PreparedRun, ffi, lib, print_text
-from shim.runtime import take_exception
+from shim.bridge import raise_failure, take_exception
 
 # How often a call prepares buffers another thread keeps moving to a device it does not use.
 _PREPARATION_ATTEMPTS = 100
@@ -75,7 +75,7 @@ class Runner:
             message = errors.strip()
             cause = take_exception(call_id)
             if cause is not None or result in DEVICE_ERROR_CODES:  # a device call failed
-                runtime.raise_failure(result, message, cause, self.name)
+                raise_failure(result, message, cause, self.name)
             raise PipelineError(result, message, context=self.name)
 
     def prepare_device_state(self, buf: Buffer) -> None:
@@ -136,13 +136,13 @@ class PreparedCall(PreparedRun):
         array_inputs = {id(buf) for buf in call.array_inputs}
         to_host = {id(buf) for buf, _ in call.copy_back}
         members = [(buf, buf._record, arg.is_output,
-                    runtime.replaces(buf._raw, buf._family, arg.is_output, inputs),
+                    call_uses.replaces(buf._raw, buf._family, arg.is_output, inputs),
                     id(buf) in array_inputs, id(buf) in to_host)
                    for _, arg, buf in call.buffers]
         results = call.results[0] if len(call.results) == 1 else tuple(call.results)
         return (_address(runner.argv_fn), _address(call.argv), _address(self._raw_buffers),
                 runner.backend_mask, runner.host_write, members, results,
-                runner.finish_fast, runtime.end_call)
+                runner.finish_fast, call_uses.end_call)
 
     def _run_once(self) -> None:
         runner, call = self._runner, self._call
@@ -172,11 +172,11 @@ class PreparedCall(PreparedRun):
             context.end()
 
     def _run_with_uses(self, context: CallContext) -> int:
-        """One run, with the call's uses recorded in its buffers' families (shim/runtime.py)
+        """One run, with the call's uses recorded in its buffers' families (shim/call_uses.py)
         from before it starts until its results are taken in. NEEDS_PREPARATION: it did not
         run."""
         runner = self._runner
-        uses = runtime.begin_call(context.id, self._arguments, host_write=runner.host_write)
+        uses = call_uses.begin_call(context.id, self._arguments, host_write=runner.host_write)
         result = lib.SHIM_CALL_NEEDS_PREPARATION
         stream = streams.current()
         try:
@@ -194,15 +194,14 @@ class PreparedCall(PreparedRun):
                         for buf in self._outputs:
                             # Code compiled for the CPU only writes outputs without marking
                             # them host-dirty; a device copy they may have would go stale.
-                            lib.shim_flags_assign(buf._raw, lib.halide_buffer_flag_host_dirty,
-                                                  True)
+                            flags.assign(buf._raw, flags.HOST_DIRTY, True)
         except BackendError as e:  # ordering the call's work across streams: a driver call
             raise DeviceError(lib.halide_error_code_gpu_device_error, str(e),
                               context=runner.name) from e
         finally:
             # Even when ordering failed: uses left recorded would make every later operation
             # on these buffers wait for this call forever.
-            runtime.end_call(context.id, uses)  # a crop's results reach its parent
+            call_uses.end_call(context.id, uses)  # a crop's results reach its parent
         return result
 
     def _device_memories(self):

@@ -17,14 +17,13 @@ BACKEND_MAY_IMPORT = {"shim.native", "shim.errors", "shim.regions", "shim.stream
                       "shim.binary_cache"}
 
 REMAINING_CIRCLES = {
-    frozenset({"shim.backends.base", "shim.backends.cuda", "shim.backends.host",
-               "shim.backends.opencl", "shim.devices", "shim.profiler", "shim.runtime"}),
+    frozenset({"shim.backends.cuda", "shim.backends.opencl", "shim.bridge", "shim.devices",
+               "shim.profiler"}),
     frozenset({"shim.buffer", "shim.dlpack"}),
 }
 REMAINING_UPWARD_IMPORTS = {
-    ("shim.backends.base", "shim.profiler"),
-    ("shim.backends.cuda", "shim.devices"), ("shim.backends.cuda", "shim.runtime"),
-    ("shim.backends.opencl", "shim.devices"), ("shim.backends.opencl", "shim.runtime"),
+    ("shim.backends.cuda", "shim.bridge"), ("shim.backends.cuda", "shim.devices"),
+    ("shim.backends.opencl", "shim.bridge"), ("shim.backends.opencl", "shim.devices"),
 }
 
 

@@ -248,7 +248,7 @@ def test_device_release_crop_of_a_dirty_crop_keeps_its_data(host_device):
     crop.copy_to_device(host_device)
     write_on_device(crop, 3)
     lib.shim_flags_assign(crop._raw, DEVICE_DIRTY, True)  # as generated code would leave it
-    with shim.runtime.runtime_call("release crop") as check:
+    with shim.bridge.runtime_call("release crop") as check:
         check(lib.halide_device_release_crop(ffi.NULL, crop._raw))
     parent.copy_to_host()
     np.testing.assert_array_equal(data[:2, :2], 3)

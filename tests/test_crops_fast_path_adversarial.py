@@ -1,7 +1,7 @@
 """An adversarial pass over the C fast paths' calls on crops and slices (members of a shared
 family: native_stubs/shared_records.c, carrying out plans that shim/aliasing.py makes once per
 state of the family). They must leave every family exactly as the Python run does
-(runtime.begin_call / end_call), also when attacked: CPU and GPU pipelines taking turns on one
+(call_uses.begin_call / end_call), also when attacked: CPU and GPU pipelines taking turns on one
 member, one PreparedCall run by several threads while its Buffers join a shared family,
 threads making and dropping crops and moving the family between host and device while calls
 run, crops dropped by the collector while plans are made, Ctrl-C while plans are made, a
@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 import shim
-from pipelines.build import Build, build_all
+from shim.pipelines.build import Build, build_all
 from shim import aliasing, interrupts
 from shim.families import dirty_bits
 from shim.native import lib
@@ -65,7 +65,7 @@ def join_all(threads) -> None:
 def test_a_cpu_call_on_a_crop_the_gpu_wrote_before_brings_the_device_changes_home(opencl,
                                                                                   prepared):
     """A CPU call writing a member first brings the family's device-side changes home
-    (runtime.begin_call): the family is never newer on both sides. The beginning the GPU build
+    (call_uses.begin_call): the family is never newer on both sides. The beginning the GPU build
     of the same pipeline planned for the member in that state (nothing to bring home) must not
     be taken for the CPU call's: the fast paths left the parent newer on the host (the CPU
     crop) and on the device (its GPU-written sibling) at once."""

@@ -91,11 +91,11 @@ def test_wrapping_device_memory(device):
     cuda_backend._check(driver.cuMemcpyHtoD(pointer, data.ctypes.data, data.nbytes), "cuMemcpyHtoD")
     buf = shim.Buffer(np.zeros(16, np.int32))
     buf.set_host_dirty(False)
-    with shim.runtime.runtime_call("wrap") as check:
+    with shim.bridge.runtime_call("wrap") as check:
         check(lib.halide_cuda_wrap_device_ptr(ffi.NULL, buf._raw, pointer))
     buf.set_device_dirty()
     np.testing.assert_array_equal(buf.numpy(), data)
-    with shim.runtime.runtime_call("detach") as check:
+    with shim.bridge.runtime_call("detach") as check:
         check(lib.halide_cuda_detach_device_ptr(ffi.NULL, buf._raw))
     cuda_backend._check(driver.cuMemFree(pointer), "cuMemFree")
 

@@ -242,7 +242,7 @@ def test_buffer_copy_between_host_and_device_over_the_overlap(device):
     dst_host = np.zeros((4, 8), np.uint16)
     dst = raw_like(dst_host, mins=(4, 2))
     # Device -> host (dst has no device): the source's device data is valid.
-    with shim.runtime.runtime_call("buffer_copy") as check:
+    with shim.bridge.runtime_call("buffer_copy") as check:
         check(lib.halide_buffer_copy(ffi.NULL, src._raw, ffi.NULL, dst.raw))
     np.testing.assert_array_equal(dst_host[:, :4], src_data[2:6, 4:8])
     np.testing.assert_array_equal(dst_host[:, 4:], 0)
@@ -251,7 +251,7 @@ def test_buffer_copy_between_host_and_device_over_the_overlap(device):
     interface = lib.shim_backend_interface(device.index)
     dst2_host = np.full((8, 8), 1, np.uint16)
     dst2 = raw_like(dst2_host, mins=(0, 0))
-    with shim.runtime.runtime_call("buffer_copy") as check:
+    with shim.bridge.runtime_call("buffer_copy") as check:
         check(lib.halide_buffer_copy(ffi.NULL, src._raw, interface, dst2.raw))
     assert dst2.raw.flags == lib.halide_buffer_flag_device_dirty
     dst2.raw.flags = lib.halide_buffer_flag_device_dirty
@@ -267,7 +267,7 @@ def test_buffer_copy_device_to_device(device):
     dst = shim.Buffer(np.zeros((4, 5), np.float32))
     dst.device_malloc(device)
     copied = device.transfers.total
-    with shim.runtime.runtime_call("buffer_copy") as check:
+    with shim.bridge.runtime_call("buffer_copy") as check:
         check(lib.halide_buffer_copy(ffi.NULL, src._raw, lib.shim_backend_interface(device.index),
                                      dst._raw))
     assert device.transfers.total - copied == src_data.nbytes  # one copy, device to device
@@ -279,13 +279,13 @@ def test_wrap_and_detach_native_memory(device):
     backing = np.arange(12, dtype=np.int32)
     buf = shim.Buffer(np.zeros(12, np.int32))
     interface = lib.shim_backend_interface(device.index)
-    with shim.runtime.runtime_call("wrap") as check:
+    with shim.bridge.runtime_call("wrap") as check:
         check(lib.halide_device_wrap_native(ffi.NULL, buf._raw, backing.ctypes.data, interface))
     assert buf._raw.device == backing.ctypes.data
     buf.set_host_dirty(False)
     buf.set_device_dirty()
     np.testing.assert_array_equal(buf.numpy(), backing)
-    with shim.runtime.runtime_call("detach") as check:
+    with shim.bridge.runtime_call("detach") as check:
         check(lib.halide_device_detach_native(ffi.NULL, buf._raw))
     assert not buf.has_device_allocation
     np.testing.assert_array_equal(backing, np.arange(12))  # wrapped memory is never freed

@@ -22,8 +22,8 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 import shim
-from pipelines.build import Build, build_all
-from shim import families, interrupts, runtime
+from shim.pipelines.build import Build, build_all
+from shim import call_uses, families, interrupts, runtime
 from shim.native import PreparedRun
 from support.hooks import OnEntry
 
@@ -47,12 +47,12 @@ class Counting:
         return self._general(*args, **kwargs)
 
 
-# --- contention: a call whose end goes through runtime.end_call --------------------------------
+# --- contention: a call whose end goes through call_uses.end_call --------------------------------
 
 class Contender:
     """A thread that waits until a pipeline call uses ``buf`` and then marks it host-dirty,
     which waits for the call writing it: the call's end then finds a thread waiting on the
-    family (or holding its lock) and ends its use through runtime.end_call, in Python."""
+    family (or holding its lock) and ends its use through call_uses.end_call, in Python."""
 
     def __init__(self, buf):
         self.buf, self.stop, self.marked = buf, threading.Event(), False
@@ -105,7 +105,7 @@ def shim_sigint():
 
 @pytest.mark.parametrize("prepared", [False, True], ids=["plain", "prepared"])
 def test_ctrl_c_as_end_call_starts_leaves_no_use_behind(load, shim_sigint, prepared):
-    """SIGINT landing as the fast path's call of runtime.end_call begins (before its
+    """SIGINT landing as the fast path's call of call_uses.end_call begins (before its
     ``interrupts.deferred()``) must not leave the call's use recorded: every later operation
     on the Buffer would wait for it forever. The Python run ends its uses with Ctrl-C
     deferred; the C runs must too, and raise KeyboardInterrupt once the call is over."""
@@ -117,7 +117,7 @@ def test_ctrl_c_as_end_call_starts_leaves_no_use_behind(load, shim_sigint, prepa
     try:
         for _ in range(20):
             contender = Contender(out)
-            hook = OnEntry(runtime.end_call.__code__, lambda: signal.raise_signal(signal.SIGINT))
+            hook = OnEntry(call_uses.end_call.__code__, lambda: signal.raise_signal(signal.SIGINT))
             interrupted = False
             try:
                 with hook:
@@ -169,7 +169,7 @@ def test_a_call_nested_in_the_end_of_a_call_keeps_its_report(load, prepared):
     try:
         for _ in range(20):
             contender = Contender(out)
-            hook = OnEntry(runtime.end_call.__code__, nested)
+            hook = OnEntry(call_uses.end_call.__code__, nested)
             with pytest.raises(shim.PipelineError) as failure:
                 with hook:
                     if prepared:
@@ -200,7 +200,7 @@ def test_a_call_nested_in_the_end_of_a_call_keeps_its_prints(load, capfd):
     capfd.readouterr()
     for _ in range(20):
         contender = Contender(out)
-        hook = OnEntry(runtime.end_call.__code__, lambda: brighten(small, 2.0, 1.0, small_out))
+        hook = OnEntry(call_uses.end_call.__code__, lambda: brighten(small, 2.0, 1.0, small_out))
         with hook:
             checked_sqrt(inp, True, out)
         assert contender.join()
@@ -344,7 +344,7 @@ def test_a_call_plan_whose_making_failed_is_not_made_again(host_pipelines):
         p = Pipeline.__new__(Pipeline)
         args = [good._library.argv_address, entries[::-1] + [("bad",)], True, True, 0,
                 np.ndarray, shim.Buffer, shim.families.FamilyLock, good._runner.finish_fast,
-                shim.runtime.end_call]
+                shim.call_uses.end_call]
         try:
             CallPlan.__init__(p, *args)
         except TypeError:

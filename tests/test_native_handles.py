@@ -8,7 +8,7 @@ import pytest
 
 import shim
 from shim.native import ffi, lib
-from shim.runtime import runtime_call
+from shim.bridge import runtime_call
 
 
 def proxy_crop():

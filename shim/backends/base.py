@@ -19,7 +19,6 @@ import threading
 import weakref
 from abc import ABC, abstractmethod
 
-from shim import profiler
 from shim.backends import pool as pools
 from shim.native import ffi, lib
 from shim.regions import CopyPlan
@@ -129,7 +128,8 @@ class Backend(ABC):
             memory.capacity = size
             pool.count(fresh=1)
         memory.nbytes = nbytes
-        return self._allocated(memory)
+        self._live[id(memory)] = memory
+        return memory
 
     def free(self, memory: Memory) -> None:
         """Release an owned allocation (called once, when no handle into it remains): pooled
@@ -155,7 +155,6 @@ class Backend(ABC):
                 evicted += pool.drain()
         else:
             evicted = [memory]
-        profiler.memory_changed(self)
         self._free_all(evicted)
 
     def release_unused(self) -> int:
@@ -164,7 +163,6 @@ class Backend(ABC):
             return 0
         entries = self._pool.drain()
         if entries:
-            profiler.memory_changed(self)
             self._free_all(entries)
         return len(entries)
 
@@ -220,7 +218,7 @@ class Backend(ABC):
 
     def detached(self, memory: Memory) -> None:
         """detach_native gave ``memory`` to the caller: the shim will not free it."""
-        self._released(memory)
+        self._live.pop(id(memory), None)
 
     @abstractmethod
     def write(self, memory: Memory, plan: CopyPlan, host_address: int) -> None:
@@ -262,15 +260,6 @@ class Backend(ABC):
         self._pool = pools.AllocationPool(self.pool_max_count, None)
         self._forked = False
         _backends.add(self)
-
-    def _allocated(self, memory: Memory) -> Memory:
-        self._live[id(memory)] = memory
-        profiler.memory_changed(self)
-        return memory
-
-    def _released(self, memory: Memory) -> None:
-        if self._live.pop(id(memory), None) is not None:
-            profiler.memory_changed(self)
 
     @property
     def live_allocations(self) -> int:
@@ -364,8 +353,28 @@ def _after_fork_in_child() -> None:
 os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
+def fork_guard(api: str):
+    """A check for a GPU backend to run before it touches its driver: in a child forked after
+    the backend was made, it raises BackendError. The child has a copy of the parent's driver
+    state but none of the driver's threads, so any call may wait forever (PoCL does) or fail in
+    the driver's own terms; the backend stays the parent's, since a process has one per kind."""
+    parent = os.getpid()
+    forked = False
+
+    def after_fork_in_child() -> None:
+        nonlocal forked
+        forked = True
+
+    def check() -> None:
+        if forked:
+            raise BackendError(f"the {api} device was initialized in the parent process "
+                               f"({parent}); a forked child cannot use it (fork before the first "
+                               f"{api} use, or start processes with multiprocessing's 'spawn')")
+
+    os.register_at_fork(after_in_child=after_fork_in_child)
+    return check
+
+
 def interface_of(backend: Backend):
     """The backend's halide_device_interface_t, the one every pipeline in the process uses."""
-    from shim.native import lib
-
     return lib.shim_backend_interface(backend.index)

@@ -27,8 +27,7 @@ import time
 from contextlib import contextmanager
 
 from shim import streams
-from shim.backends.base import Backend, BackendError, Memory
-from shim.devices import fork_guard
+from shim.backends.base import Backend, BackendError, Memory, fork_guard
 from shim.errors import DeviceUnavailable
 from shim.native import Finalized, ffi, lib
 from shim.regions import CopyPlan, rectangles
@@ -525,7 +524,7 @@ def start(uc):
 
 
 def _register():
-    from shim.runtime import E, guarded
+    from shim.bridge import E, guarded
 
     @ffi.def_extern(error=E.halide_error_code_generic_error)
     def shim_py_cuda_initialize(uc, state_ptr, src, size):

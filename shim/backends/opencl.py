@@ -23,8 +23,7 @@ import time
 from collections import Counter, OrderedDict
 
 from shim import binary_cache
-from shim.backends.base import Backend, BackendError, Memory
-from shim.devices import fork_guard
+from shim.backends.base import Backend, BackendError, Memory, fork_guard
 from shim.errors import DeviceUnavailable
 from shim.native import ffi, lib
 from shim.regions import CopyPlan, host_memory, rectangles
@@ -554,7 +553,7 @@ def start(uc):
 
 
 def _register():
-    from shim.runtime import E, guarded
+    from shim.bridge import E, guarded
 
     @ffi.def_extern(error=E.halide_error_code_generic_error)
     def shim_py_opencl_initialize(uc, state_ptr, src, size):
