@@ -29,6 +29,8 @@ from sidebyside import ChildProcess, interleave, serve
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
+# The checkout's pipelines/ by the folder's own name, not as shim.pipelines: the stock runtime's
+# child process runs this module too, and must not import the shim package.
 from pipelines.build import Build, build  # noqa: E402
 
 CASES = {

@@ -151,7 +151,7 @@ class ProfiledLoop:
 
 def stock_library() -> str:
     sys.path.insert(0, str(ROOT))
-    from pipelines.build import Build, build
+    from shim.pipelines.build import Build, build
 
     return str(build(Build("brighten", "host", "bundled")))
 

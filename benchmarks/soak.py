@@ -33,8 +33,8 @@ import warnings
 import numpy as np
 
 import shim
-from pipelines.build import Build, build_all
 from shim.native import lib
+from shim.pipelines.build import Build, build_all
 
 HEIGHT = 16
 BAND = 8  # columns per thread in each shared parent

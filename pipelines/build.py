@@ -1,8 +1,8 @@
 """Build the sample pipelines into shared libraries.
 
-    python -m pipelines.build                      # every pipeline, host target, both runtimes
-    python -m pipelines.build blur3x3 --target opencl --runtime no_runtime
-    python -m pipelines.build --list
+    python -m shim.pipelines.build                 # every pipeline, host target, both runtimes
+    python -m shim.pipelines.build blur3x3 --target opencl --runtime no_runtime
+    python -m shim.pipelines.build --list
 
 Each (pipeline, target, runtime) becomes one .so in the cache directory
 ($HALIDE_SHIM_PIPELINES, default ~/.cache/halide-shim/pipelines), named after a hash of the
@@ -34,8 +34,10 @@ from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
-GENERATORS_DIR = Path(__file__).resolve().parent / "generators"
-PACKAGE_ROOT = GENERATORS_DIR.parent.parent
+# This folder: pipelines/ beside shim/ in the source tree (the link shim/pipelines points to
+# it), shim/pipelines/ once installed.
+PIPELINES_DIR = Path(__file__).resolve().parent
+GENERATORS_DIR = PIPELINES_DIR / "generators"
 
 # Short names for the targets the project builds. CUDA's default PTX (sm_20) is older than
 # any current driver accepts, so the cuda target asks for compute capability 6.1.
@@ -58,7 +60,7 @@ class MissingLibrary(RuntimeError):
 
 
 def generator_modules() -> dict[str, str]:
-    """{generator name: module} for every generator in pipelines/generators/. A module
+    """{generator name: module} for every generator in generators/. A module
     defines the generator of its own name, or those its GENERATOR_NAMES lists (read without
     importing the module, which would load Halide)."""
     modules = {}
@@ -86,13 +88,19 @@ def cache_dir() -> Path:
 
 
 def _shim_cache_root() -> Path:
-    """shim.binary_cache.cache_root(), the one definition of the caches' root, loaded from its
-    file: importing the shim package would load the shim's runtime into this process, which
-    must stay free of it where it runs Halide's stock runtime (pipelines/stock.py)."""
-    module = sys.modules.get("shim.binary_cache") or sys.modules.get("_halide_shim_binary_cache")
+    """shim.binary_cache.cache_root(), the one definition of the caches' root. Imported as
+    shim.pipelines.build, this module comes with the shim package. A process that runs Halide's
+    stock runtime must not load the shim's (pipelines/stock.py): it imports this module from a
+    checkout by the folder's own name, pipelines.build, and binary_cache.py (standard library
+    only) is loaded from its file in shim/, beside the folder."""
+    if __package__ == "shim.pipelines":
+        from shim.binary_cache import cache_root
+
+        return cache_root()
+    module = sys.modules.get("_halide_shim_binary_cache")
     if module is None:
         spec = importlib.util.spec_from_file_location(
-            "_halide_shim_binary_cache", PACKAGE_ROOT / "shim" / "binary_cache.py")
+            "_halide_shim_binary_cache", PIPELINES_DIR.parent / "shim" / "binary_cache.py")
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
         sys.modules[spec.name] = module
@@ -131,7 +139,7 @@ def halide_version(directory: Path | None = None) -> str:
         raise MissingLibrary(
             f"halide is not installed and {where} has no {VERSION_STAMP} file: without halide only "
             "prebuilt pipeline libraries can be used, from a directory a build wrote "
-            "(python -m pipelines.build --out DIR, or benchmarks/gpu_kit.py prepare); "
+            "(python -m shim.pipelines.build --out DIR, or benchmarks/gpu_kit.py prepare); "
             "to build them, pip install halide==21.0.0")
     return version
 
@@ -208,9 +216,12 @@ def build(spec: Build, directory: Path | None = None) -> Path:
         raise _missing(spec, out)
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="halide-shim-build-") as tmp:
+        # The generator runs as generators.NAME, this folder on the path: as
+        # shim.pipelines.generators.NAME it would import the shim package first, loading the
+        # shim's runtime into Halide's compiler for nothing.
         env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PACKAGE_ROOT), env.get("PYTHONPATH")]))
-        _run([sys.executable, "-m", f"pipelines.generators.{spec.module}", "-g", spec.name,
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(GENERATORS_DIR.parent), env.get("PYTHONPATH")]))
+        _run([sys.executable, "-m", f"generators.{spec.module}", "-g", spec.name,
               "-o", tmp, "-e", "object", "-f", spec.name, f"target={spec.halide_target}"], env)
         library = Path(tmp) / f"{spec.name}.so"
         compiler = os.environ.get("CC", "cc")
@@ -260,7 +271,7 @@ def build_all(specs, directory=None, jobs=None, progress=print) -> dict[Build, P
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m pipelines.build", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m shim.pipelines.build", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("names", nargs="*", metavar="PIPELINE",
                         help=f"pipelines to build (default: all of {', '.join(generator_names())})")

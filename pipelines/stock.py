@@ -2,7 +2,9 @@
 
 The library must carry its runtime (built "bundled"), and this module must run in a process
 where shim is not imported, so that nothing interposes Halide's functions: tests and
-benchmarks start it as a child process.
+benchmarks start it as a child process, and import it from the checkout by the folder's own
+name, pipelines.stock (as shim.pipelines.stock it would come after the shim package). From
+the checkout's root:
 
     python -m pipelines.stock LIB NAME OUT_DIR input=a.npy scale=2.0 output=480x640:float32
 

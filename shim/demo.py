@@ -10,7 +10,7 @@ import time
 import numpy as np
 
 import shim
-from pipelines.build import Build, build_all
+from shim.pipelines.build import Build, build_all
 
 
 def _timed(fn, repeat=20):

@@ -27,7 +27,7 @@ from hypothesis.stateful import (
 )
 
 import shim
-from pipelines.build import Build, build
+from shim.pipelines.build import Build, build
 from shim.backends import pool as pools
 from shim.backends.base import BackendError
 from shim.backends.host import HostBackend

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import shim
-from pipelines.build import RUNTIMES, Build, build, build_all
+from shim.pipelines.build import RUNTIMES, Build, build, build_all
 from shim import families
 
 WATCHDOG_SECONDS = 120
@@ -309,7 +309,7 @@ EXIT_SCRIPT = textwrap.dedent('''
     import sys, threading, time
     import numpy as np
     import shim
-    from pipelines.build import Build, build
+    from shim.pipelines.build import Build, build
 
     gpu = shim.load(build(Build("brighten", "opencl", "bundled")))
     overlap = shim.load(build(Build("async_gpu_to_cpu", "opencl", "no_runtime")))

@@ -1,4 +1,4 @@
-"""pipelines/build.py: cache keys and the command line."""
+"""pipelines/build.py (shim.pipelines.build): cache keys and the command line."""
 
 import shutil
 import subprocess
@@ -7,8 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from pipelines import build as build_module
-from pipelines.build import Build, generator_names
+from shim.pipelines import build as build_module
+from shim.pipelines.build import Build, generator_names
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_every_required_sample_pipeline_exists():
@@ -31,7 +33,7 @@ def test_unknown_names_are_refused():
 def test_cached_builds_are_reused(host_pipelines):
     path = host_pipelines["brighten", "bundled"]
     before = path.stat().st_mtime_ns
-    done = subprocess.run([sys.executable, "-m", "pipelines.build", "brighten", "--runtime", "bundled"],
+    done = subprocess.run([sys.executable, "-m", "shim.pipelines.build", "brighten", "--runtime", "bundled"],
                           capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == str(path)
@@ -39,16 +41,29 @@ def test_cached_builds_are_reused(host_pipelines):
 
 
 def test_command_line_errors_are_argparse_errors():
-    done = subprocess.run([sys.executable, "-m", "pipelines.build", "nope"], capture_output=True, text=True)
+    done = subprocess.run([sys.executable, "-m", "shim.pipelines.build", "nope"], capture_output=True,
+                          text=True)
     assert done.returncode == 2 and "unknown pipeline(s): nope" in done.stderr
+
+
+def test_a_process_without_the_shim_imports_the_tool_by_the_folders_name(host_pipelines):
+    """What a process that runs Halide's stock runtime does: it imports the checkout's
+    pipelines/ as pipelines, and finds the libraries without loading the shim."""
+    script = ("import sys\n"
+              "from pipelines.build import Build, build\n"
+              "print(build(Build('brighten', 'host', 'bundled')))\n"
+              "assert not [m for m in sys.modules if m.split('.')[0] == 'shim'], 'the shim is loaded'")
+    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == str(host_pipelines["brighten", "bundled"])
 
 
 # --- prebuilt libraries without halide (the GPU check kit) ----------------------------------
 
 @pytest.fixture
 def prebuilt(tmp_path, host_pipelines):
-    """A directory holding brighten's bundled host build, as `pipelines.build --out` leaves it."""
-    done = subprocess.run([sys.executable, "-m", "pipelines.build", "brighten", "--runtime", "bundled",
+    """A directory holding brighten's bundled host build, as `shim.pipelines.build --out` leaves it."""
+    done = subprocess.run([sys.executable, "-m", "shim.pipelines.build", "brighten", "--runtime", "bundled",
                            "--out", str(tmp_path)], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     return tmp_path, Path(done.stdout.splitlines()[-1])
@@ -64,7 +79,7 @@ def test_a_build_records_the_halide_version(prebuilt):
 def test_prebuilt_libraries_are_found_without_halide(prebuilt):
     directory, library = prebuilt
     script = ("import sys; sys.modules['halide'] = None\n"
-              "from pipelines.build import Build, build\n"
+              "from shim.pipelines.build import Build, build\n"
               "print(build(Build('brighten', 'host', 'bundled'), sys.argv[1]))")
     done = subprocess.run([sys.executable, "-c", script, str(directory)], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr

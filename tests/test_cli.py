@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from gpu_cases import blur_reference
-from pipelines.build import Build, build
+from shim.pipelines.build import Build, build
 
 
 def run(*args):

@@ -28,7 +28,7 @@ import numpy as np
 import pytest
 
 import shim
-from pipelines.build import Build, build_all
+from shim.pipelines.build import Build, build_all
 from shim.native import lib
 
 ROUNDS = int(os.environ.get("HALIDE_SHIM_CONCURRENT_ROUNDS", "40"))

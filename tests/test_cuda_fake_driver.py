@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.build import RUNTIMES, Build, build_all
+from shim.pipelines.build import RUNTIMES, Build, build_all
 
 TESTS = Path(__file__).resolve().parent
 

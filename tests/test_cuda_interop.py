@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import shim
-from pipelines.build import RUNTIMES, Build, build_all
+from shim.pipelines.build import RUNTIMES, Build, build_all
 
 SPIN_CYCLES = 100_000_000  # some 50 ms at the GPU's clock: the consumer must not read before
 SHAPE = (1024, 1536)

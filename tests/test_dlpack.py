@@ -12,7 +12,7 @@ import pytest
 
 import shim
 from shim import dlpack
-from pipelines.build import Build, build
+from shim.pipelines.build import Build, build
 from support.producers import Producer
 
 torch = pytest.importorskip("torch", reason="PyTorch is an optional test dependency "

@@ -258,7 +258,7 @@ BROKEN = {
 def test_broken_tensors_are_refused_unconsumed():
     # In a subprocess: a NULL shape crashed numpy, NULL data was read as fresh garbage memory.
     out = run_isolated("""
-from pipelines.build import Build, build
+from shim.pipelines.build import Build, build
 brighten = shim.load(build(Build("brighten", "host", "no_runtime")))
 for case, fields in sorted(BROKEN.items()):
     imports = {"obj": shim.from_dlpack, "data": shim.Buffer,

@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from pipelines.build import Build, build
+from shim.pipelines.build import Build, build
 
 TIMEOUT = 120  # seconds for the whole scenario; it takes a few when nothing hangs
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.build import Build, build_all
+from shim.pipelines.build import Build, build_all
 from shim import binary_cache
 from shim.backends import opencl as opencl_backend
 
@@ -311,7 +311,7 @@ def test_an_unwritable_directory_is_only_a_miss(tmp_path):
 
 
 def test_the_cache_root_follows_xdg(monkeypatch, tmp_path):
-    from pipelines.build import cache_dir
+    from shim.pipelines.build import cache_dir
 
     monkeypatch.delenv("HALIDE_SHIM_PIPELINES", raising=False)
     monkeypatch.delenv("HALIDE_SHIM_CACHE", raising=False)

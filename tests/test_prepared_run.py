@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import shim
-from pipelines.build import Build, build_all
+from shim.pipelines.build import Build, build_all
 from shim.running import PreparedCall
 
 

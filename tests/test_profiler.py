@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import shim
-from pipelines.build import Build, build
+from shim.pipelines.build import Build, build
 from shim.native import ffi, lib
 
 

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 import shim
-from pipelines.build import Build, build_all
+from shim.pipelines.build import Build, build_all
 from shim import regions
 from support.hooks import OnEntry
 from support.threads import run_threads

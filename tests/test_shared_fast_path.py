@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 import shim
-from pipelines.build import Build, build_all
+from shim.pipelines.build import Build, build_all
 
 EXAMPLES = int(os.environ.get("HALIDE_SHIM_STATEFUL_EXAMPLES", "25"))
 STEPS = int(os.environ.get("HALIDE_SHIM_STATEFUL_STEPS", "30"))

@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 import shim
-from pipelines.build import RUNTIMES, Build, build_all
+from shim.pipelines.build import RUNTIMES, Build, build_all
 from shim.native import lib
 
 EXAMPLES = int(os.environ.get("HALIDE_SHIM_STATEFUL_EXAMPLES", "40"))

@@ -13,7 +13,7 @@ Built for a target without a GPU, both compute on the CPU with the same async st
 
 import halide as hl
 
-from pipelines.generators._schedule import gpu_tile_2d
+from ._schedule import gpu_tile_2d
 
 GENERATOR_NAMES = ["async_gpu_to_cpu", "async_cpu_to_gpu"]
 FRAMES = 16

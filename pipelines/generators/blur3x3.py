@@ -6,7 +6,7 @@ input[x .. x+2, y .. y+2], in integer arithmetic (floor division by 3 twice).
 
 import halide as hl
 
-from pipelines.generators._schedule import cpu_rows, gpu_tile_2d
+from ._schedule import cpu_rows, gpu_tile_2d
 
 x, y = hl.vars("x y")
 

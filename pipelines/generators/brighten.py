@@ -2,7 +2,7 @@
 
 import halide as hl
 
-from pipelines.generators._schedule import cpu_rows, gpu_tile_2d, scalar_default
+from ._schedule import cpu_rows, gpu_tile_2d, scalar_default
 
 x, y = hl.vars("x y")
 

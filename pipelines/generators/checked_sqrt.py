@@ -7,7 +7,7 @@ exercises how the runtime reports errors and output from threads Python never st
 
 import halide as hl
 
-from pipelines.generators._schedule import scalar_default
+from ._schedule import scalar_default
 
 x, y = hl.vars("x y")
 

@@ -10,7 +10,7 @@ the no-op copy every call makes (the case of Halide issue 8586).
 
 import halide as hl
 
-from pipelines.generators._schedule import scalar_default
+from ._schedule import scalar_default
 
 x, y = hl.vars("x y")
 

@@ -3,7 +3,7 @@ f(x, y) = x * 100 + y + param * 10000, in int32."""
 
 import halide as hl
 
-from pipelines.generators._schedule import gpu_tile_2d
+from ._schedule import gpu_tile_2d
 
 x, y = hl.vars("x y")
 

@@ -3,7 +3,7 @@ issue 8395): f(x, y, c) = x * 100 + y + c * 10 + param * 10000, in int32."""
 
 import halide as hl
 
-from pipelines.generators._schedule import gpu_tile_2d
+from ._schedule import gpu_tile_2d
 
 x, y, c = hl.vars("x y c")
 

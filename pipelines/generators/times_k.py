@@ -4,7 +4,7 @@ it with the same definition JIT-compiled by Halide's own Python bindings)."""
 
 import halide as hl
 
-from pipelines.generators._schedule import gpu_tile_2d
+from ._schedule import gpu_tile_2d
 
 x, y = hl.vars("x y")
 
