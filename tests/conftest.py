@@ -6,7 +6,7 @@ import gc
 import pytest
 
 import shim
-from pipelines.build import RUNTIMES, Build, build_all, generator_names
+from shim.pipelines.build import RUNTIMES, Build, build_all, generator_names
 from shim import families
 from shim.devices import created
 

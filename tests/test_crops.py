@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import shim
-from pipelines.build import RUNTIMES, Build, build_all
+from shim.pipelines.build import RUNTIMES, Build, build_all
 from shim.native import ffi, lib
 
 HOST_DIRTY = lib.halide_buffer_flag_host_dirty

@@ -7,7 +7,7 @@ import pytest
 
 import shim
 from gpu_cases import cases, check_against_stock
-from pipelines.build import RUNTIMES, Build, build_all
+from shim.pipelines.build import RUNTIMES, Build, build_all
 from shim.backends import cuda as cuda_backend
 from shim.native import ffi, lib
 from support.producers import Producer

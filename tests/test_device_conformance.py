@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import shim
-from pipelines.build import Build, build
+from shim.pipelines.build import Build, build
 from shim.native import ffi, lib
 from support.conformance import STOCK_CRASHES, run_table
 

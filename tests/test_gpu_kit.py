@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.build import RUNTIMES, generator_names
+from shim.pipelines.build import RUNTIMES, generator_names
 from shim.backends import cuda as cuda_backend
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -8,7 +8,7 @@ import pytest
 
 import shim
 from gpu_cases import cases, check_against_stock
-from pipelines.build import RUNTIMES, Build, build_all
+from shim.pipelines.build import RUNTIMES, Build, build_all
 from shim.backends import opencl as opencl_backend
 from shim.native import ffi, lib
 
