@@ -5,6 +5,7 @@ pipeline loaded afterwards calls the shim's halide_* functions instead of Halide
 """
 
 from shim import native  # noqa: F401  (must come first: see shim/native.py)
+from shim._version import __version__  # noqa: F401  (its one source, which setup.cfg reads)
 from shim import callbacks  # noqa: F401  (registers the device layer's callbacks)
 from shim import shutdown  # noqa: F401  (an orderly exit)
 from shim import interrupts
