@@ -24,9 +24,18 @@ HERE = os.path.join(ROOT, "native_stubs")
 ABI = os.path.join(ROOT, "abi")
 HALIDE_INCLUDE = os.path.join(halide.install_dir(), "include")
 
-# What cffi sees, in dependency order.
+# What cffi sees, in dependency order: Halide's ABI, then the native library's own API.
 CDEF_FILES = ["halide_runtime.h", "halide_runtime_gpu.h", "halide_device_impl.h", "dlpack.h",
-              "shim_api.h", "shim_callbacks.h"]
+              "shim_calls.h", "shim_buffers.h", "shim_backends.h", "shim_fast_paths.h",
+              "shim_dlpack.h", "shim_profile.h"]
+# Then the Python core's callbacks, plain prototypes that the C files include too; cffi gets
+# them inside extern "Python+C" { }, which has it define them as calls into Python.
+CALLBACKS_FILE = "shim_callbacks.h"
+
+
+def _read_abi(name):
+    with open(os.path.join(ABI, name)) as f:
+        return f.read()
 
 
 def _relative(path):
@@ -53,8 +62,8 @@ def standalone_runtime_object():
 def build_ffi():
     ffibuilder = cffi.FFI()
     for name in CDEF_FILES:
-        with open(os.path.join(ABI, name)) as f:
-            ffibuilder.cdef(f.read())
+        ffibuilder.cdef(_read_abi(name))
+    ffibuilder.cdef('extern "Python+C" {\n' + _read_abi(CALLBACKS_FILE) + '}\n')
     ffibuilder.set_source(
         "shim._native",
         '#include "shim_native.h"\n',

@@ -1,4 +1,4 @@
-/* Flag helpers for Python (see abi/shim_api.h). */
+/* Flag helpers for Python (see abi/shim_buffers.h). */
 #include "shim_native.h"
 
 uint64_t shim_flags_get(const struct halide_buffer_t *buf) {

@@ -15,9 +15,17 @@
 #include <HalideRuntimeCuda.h>
 #include <HalideRuntimeOpenCL.h>
 
+/* The headers cffi reads too (abi/, fed to it by native_stubs/build.py): the native library's
+ * API, and the Python core's callbacks, which the C files here call. */
 #include "dlpack.h"
 #include "halide_device_impl.h"
-#include "shim_api.h"
+#include "shim_calls.h"
+#include "shim_buffers.h"
+#include "shim_backends.h"
+#include "shim_fast_paths.h"
+#include "shim_dlpack.h"
+#include "shim_profile.h"
+#include "shim_callbacks.h"
 
 /* Forks (fork.c): the process a backend binds in, which it passes to shim_refuse_after_fork
  * on every entry point that uses the device; that returns gpu_device_error (reported through
@@ -49,39 +57,6 @@ int halide_acquire_cl_context(void *user_context, void **ctx, void **queue, bool
 int halide_cuda_acquire_context(void *user_context, void **ctx, bool create);
 int halide_cuda_release_context(void *user_context);
 int halide_cuda_get_stream(void *user_context, void *ctx, void **stream);
-
-/* The Python runtime core's callbacks (abi/shim_callbacks.h), as plain C prototypes. */
-int shim_py_device_malloc(void *, struct halide_buffer_t *, const struct halide_device_interface_t *);
-int shim_py_device_free(void *, struct halide_buffer_t *, const struct halide_device_interface_t *);
-int shim_py_device_sync(void *, struct halide_buffer_t *, const struct halide_device_interface_t *);
-int shim_py_device_release(void *, const struct halide_device_interface_t *);
-int shim_py_copy_to_host(void *, struct halide_buffer_t *, const struct halide_device_interface_t *);
-int shim_py_copy_to_device(void *, struct halide_buffer_t *, const struct halide_device_interface_t *);
-int shim_py_device_and_host_malloc(void *, struct halide_buffer_t *,
-                                   const struct halide_device_interface_t *);
-int shim_py_device_and_host_free(void *, struct halide_buffer_t *,
-                                 const struct halide_device_interface_t *);
-int shim_py_buffer_copy(void *, struct halide_buffer_t *, const struct halide_device_interface_t *,
-                        struct halide_buffer_t *);
-int shim_py_device_crop(void *, const struct halide_buffer_t *, struct halide_buffer_t *,
-                        const struct halide_device_interface_t *);
-int shim_py_device_slice(void *, const struct halide_buffer_t *, int, int, struct halide_buffer_t *,
-                         const struct halide_device_interface_t *);
-int shim_py_device_release_crop(void *, struct halide_buffer_t *,
-                                const struct halide_device_interface_t *);
-int shim_py_wrap_native(void *, struct halide_buffer_t *, uint64_t,
-                        const struct halide_device_interface_t *);
-int shim_py_detach_native(void *, struct halide_buffer_t *, const struct halide_device_interface_t *);
-int shim_py_compute_capability(void *, int *, int *, const struct halide_device_interface_t *);
-int shim_py_release_unused_allocations(void *, int);
-int shim_py_opencl_initialize(void *, void **, const char *, int);
-int shim_py_opencl_start(void *);
-int shim_py_cuda_initialize(void *, void **, const char *, int);
-int shim_py_cuda_start(void *);
-int shim_py_profile_launch_begin(void *, const shim_launch *);
-void shim_py_profile_launch_end(int, int);
-void shim_py_dlpack_delete(DLManagedTensor *);
-void shim_py_dlpack_delete_versioned(DLManagedTensorVersioned *);
 
 /* Profiling (profile.c): the flag, read relaxed on every path it guards. */
 extern int shim_profiling;

@@ -1,0 +1,16 @@
+/* The native library's fast paths, as Python gets them. See abi/shim_calls.h for what every
+ * abi/shim_*.h header is.
+ */
+
+/* The fast paths' types, PyObject *s, borrowed, to be called with the GIL held (not cffi calls:
+ * see shim/native.py): a pipeline's call plan (native_stubs/fastcall.c), a prepared call's
+ * run (native_stubs/prepared_call.c) and the base of an allocation family
+ * (native_stubs/family_state.c) and a Buffer's plans in it (native_stubs/shared_records.c),
+ * and the base of objects whose finalizer Ctrl-C must not cut short
+ * (native_stubs/finalizers.c). */
+void *shim_fastcall_plan_type(void);
+void *shim_prepared_run_type(void);
+void *shim_family_state_type(void);
+void *shim_lock_state_type(void);
+void *shim_member_plans_type(void);
+void *shim_finalized_type(void);
