@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import importlib.util
 import json
 import os
 import re
@@ -57,10 +58,22 @@ WHEELS = ("cffi", "pycparser")
 MODULES = {"cffi": "cffi", "pycparser": "pycparser"}
 PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x86_64",
              "manylinux2014_x86_64", "manylinux1_x86_64")
-NATIVE_SOURCES = ("native_stubs/*.c", "native_stubs/*.h", "native_stubs/build.py", "abi/*.h")
 
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(HERE))
+
+
+def package_module(name: str):
+    """shim/<name>.py, loaded by path: importing shim needs a native module that prepare may be
+    about to build, and that run's interpreter may not be able to load."""
+    spec = importlib.util.spec_from_file_location(f"gpu_kit_{name}", ROOT / "shim" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# The native module's stamp: what it was built from, against this tree's sources.
+native_stamp = package_module("native_stamp")
 
 
 def log(message: str) -> None:
@@ -77,15 +90,6 @@ def folder_size(path: Path) -> int:
 
 def sha256(path: Path) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
-
-
-def native_source_hash() -> str:
-    """Hash of what the native module is built from, as this tree has it."""
-    digest = hashlib.sha256()
-    for pattern in NATIVE_SOURCES:
-        for path in sorted(ROOT.glob(pattern)):
-            digest.update(path.relative_to(ROOT).as_posix().encode() + b"\0" + path.read_bytes())
-    return digest.hexdigest()[:16]
 
 
 def git(*args) -> str:
@@ -223,10 +227,12 @@ def prepare_pipelines(kit: Path, names=None, jobs=None) -> list[dict]:
 
 def prepare_native(kit: Path, how: str) -> dict:
     """shim._native for the kit: built from this tree's sources ("build", into a temporary
-    folder: the tree's own shim/_native*.so is left alone) or copied from shim/ ("copy")."""
+    folder: the tree's own shim/_native*.so is left alone) or copied from shim/ ("copy"). Its
+    stamp goes into the manifest: a module that would not import with this tree fails prepare,
+    one built from other C files than this tree's is a warning."""
     out = kit / "native"
     out.mkdir(parents=True, exist_ok=True)
-    source_hash = native_source_hash()
+    path = out / "_native.abi3.so"
     if how == "build":
         with tempfile.TemporaryDirectory(prefix="gpu-kit-native-") as tmp:
             command = [sys.executable, "setup.py", "-q", "build_ext", "--build-lib", tmp,
@@ -238,8 +244,7 @@ def prepare_native(kit: Path, how: str) -> dict:
                                    f"--native copy takes shim/'s instead:\n{done.stdout}{done.stderr}")
             library = built[0]
             _check_abi3(library)
-            shutil.copyfile(library, out / "_native.abi3.so")
-        stale = False
+            shutil.copyfile(library, path)
     else:
         candidates = sorted((ROOT / "shim").glob("_native*.so"))
         if not candidates:
@@ -247,16 +252,19 @@ def prepare_native(kit: Path, how: str) -> dict:
                                "or --native build")
         library = candidates[0]
         _check_abi3(library)
-        shutil.copyfile(library, out / "_native.abi3.so")
-        newest = max((p.stat().st_mtime for pattern in NATIVE_SOURCES for p in ROOT.glob(pattern)),
-                     default=0)
-        stale = library.stat().st_mtime < newest
-        if stale:
-            log(f"WARNING: {library.relative_to(ROOT)} is older than its sources: the kit carries "
-                "a stale native module (--native build makes a fresh one)")
-    path = out / "_native.abi3.so"
+        shutil.copyfile(library, path)
+    stamp = native_stamp.read(path)
+    problems = native_stamp.problems(stamp, package_module("_version").__version__, ROOT)
+    if problems:
+        raise RuntimeError(f"{library} would not import with this tree: {'; '.join(problems)} "
+                           "(--native build makes a fresh one)")
+    stale = native_stamp.changes(stamp["sources"], native_stamp.digests(ROOT))
+    if stale:
+        log(f"WARNING: {library} was built from other sources than this tree's "
+            f"({', '.join(stale)}): the kit carries a stale native module (--native build makes "
+            "a fresh one)")
     return {"file": "native/_native.abi3.so", "how": how, "bytes": path.stat().st_size,
-            "sha256": sha256(path), "source_hash": source_hash, "stale_copy": stale,
+            "sha256": sha256(path), "version": stamp["version"], "sources": stamp["sources"],
             "glibc": _glibc_needed(path)}
 
 
@@ -454,6 +462,7 @@ try:
     import shim
     from shim.backends import cuda
     info["shim native module"] = shim.native._native.__file__
+    info["shim version"] = shim.__version__
     info["shim.devices()"] = shim.devices()
     reason = cuda.unavailable_reason()
     info["CUDA unavailable because"] = reason
@@ -633,11 +642,13 @@ def kit_warnings(kit: Path, manifest: dict) -> list[str]:
     from pipelines.build import Build
 
     warnings = []
-    if manifest.get("native", {}).get("source_hash") != native_source_hash():
-        warnings.append("the kit's native module was built from other native_stubs/abi sources than "
-                        "this tree's: run prepare again")
-    if manifest.get("native", {}).get("stale_copy"):
-        warnings.append("the kit's native module was copied from a shim/ build older than its sources")
+    built_from = manifest.get("native", {}).get("sources")
+    if built_from is None:
+        warnings.append("the manifest does not say what the kit's native module was built from "
+                        "(a kit from before native stamps): run prepare again")
+    elif changed := native_stamp.changes(built_from, native_stamp.digests(ROOT)):
+        warnings.append(f"the kit's native module was built from other native_stubs/abi sources than "
+                        f"this tree's ({', '.join(changed)}): run prepare again")
     stale = []
     for entry in manifest.get("pipelines", []):
         spec = Build(entry["name"], entry["target"], entry["runtime"])

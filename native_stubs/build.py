@@ -6,13 +6,17 @@ setup.py names this file in ``cffi_modules``. The module is one shared object ho
 - Halide's own standalone host runtime (thread pool, semaphores, halide_malloc, the
   halide_error_* family), compiled here with ``halide.compile_standalone_runtime``. Every
   symbol in it is weak, so where this folder defines a function too, ours wins at link time;
-- the cffi glue for the declarations in ``abi/``.
+- the cffi glue for the declarations in ``abi/``;
+- its stamp (shim/native_stamp.py): the package version and the digests of the sources it is
+  built from, which ``import shim`` checks.
 
 Python loads it with RTLD_GLOBAL|RTLD_NOW before any pipeline (see shim/native.py), so its
 definitions also win over the runtime a pipeline carries inside its own .so.
 """
 
 import glob
+import importlib.util
+import json
 import os
 from importlib import metadata
 
@@ -31,6 +35,15 @@ CDEF_FILES = ["halide_runtime.h", "halide_runtime_gpu.h", "halide_device_impl.h"
 # Then the Python core's callbacks, plain prototypes that the C files include too; cffi gets
 # them inside extern "Python+C" { }, which has it define them as calls into Python.
 CALLBACKS_FILE = "shim_callbacks.h"
+
+
+def _package_module(name):
+    """shim/<name>.py, loaded by path: importing shim needs the module built here."""
+    spec = importlib.util.spec_from_file_location(f"shim_build_{name}",
+                                                  os.path.join(ROOT, "shim", f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def _read_abi(name):
@@ -60,13 +73,19 @@ def standalone_runtime_object():
 
 
 def build_ffi():
+    native_stamp = _package_module("native_stamp")
+    stamp = native_stamp.make(_package_module("_version").__version__, ROOT)
     ffibuilder = cffi.FFI()
     for name in CDEF_FILES:
         ffibuilder.cdef(_read_abi(name))
     ffibuilder.cdef('extern "Python+C" {\n' + _read_abi(CALLBACKS_FILE) + '}\n')
+    # The stamp is defined in the module's own source, not in a header: the C files never see it.
+    ffibuilder.cdef(f"static const char *const {native_stamp.SYMBOL};")
     ffibuilder.set_source(
         "shim._native",
-        '#include "shim_native.h"\n',
+        '#include "shim_native.h"\n'
+        # A JSON string is also a C string literal: the stamp is ASCII.
+        f"static const char *const {native_stamp.SYMBOL} = {json.dumps(stamp)};\n",
         sources=[_relative(p) for p in sorted(glob.glob(os.path.join(HERE, "*.c")))],
         include_dirs=[_relative(HERE), _relative(ABI), HALIDE_INCLUDE],
         extra_objects=[standalone_runtime_object()],

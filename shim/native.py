@@ -8,16 +8,22 @@ This module is imported by shim/__init__.py first thing.
 ``$HALIDE_SHIM_NATIVE``, the path of a compiled ``_native`` module, is loaded instead of the
 one beside this file: how a GPU check kit brings a prebuilt library to a machine where the
 package is not built (benchmarks/gpu_kit.py).
+
+Either way the module's stamp is checked first (shim/native_stamp.py): one built for another
+version of the package, or from another ABI than the checkout's, raises ImportError saying so.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import threading
 import time
 import weakref
 
+from shim import native_stamp
+from shim._version import __version__
 
 
 def _load_native_from(path: str):
@@ -47,6 +53,31 @@ try:
         from shim import _native
 finally:
     sys.setdlopenflags(_saved_flags)
+
+
+def _check_stamp(module, from_environment: bool) -> None:
+    """Refuse a module built for another version of the package or, in a checkout, from another
+    ABI than the checkout's: Python and C would disagree on functions and types, and fail far
+    from the cause."""
+    root = native_stamp.source_root(os.path.dirname(os.path.abspath(__file__)))
+    stamp = getattr(module.lib, native_stamp.SYMBOL, None)
+    built = None if stamp is None else json.loads(module.ffi.string(stamp))
+    problems = native_stamp.problems(built, __version__, root)
+    if not problems:
+        return
+    if from_environment:
+        remedy = ("It is the module $HALIDE_SHIM_NATIVE names: prepare the GPU kit again "
+                  "(python benchmarks/gpu_kit.py prepare), or unset HALIDE_SHIM_NATIVE to use "
+                  "the package's own (rebuilt with pip install -e .)")
+    elif root is not None:
+        remedy = f"Rebuild it: pip install -e . (in {root})"
+    else:
+        remedy = "Reinstall halide-shim"
+    raise ImportError(f"shim._native ({module.__file__}) is stale: {'; '.join(problems)}. {remedy}",
+                      name="shim._native", path=module.__file__)
+
+
+_check_stamp(_native, from_environment=bool(os.environ.get("HALIDE_SHIM_NATIVE")))
 
 ffi = _native.ffi
 lib = _native.lib

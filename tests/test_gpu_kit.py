@@ -103,6 +103,36 @@ def test_prepare_does_not_replace_a_folder_that_is_not_a_kit(tmp_path):
     assert (tmp_path / "precious.txt").exists()
 
 
+def test_prepare_refuses_a_native_module_that_would_not_import_with_this_tree(tmp_path, monkeypatch):
+    stamp = gpu_kit.native_stamp.read(ROOT / "shim" / "_native.abi3.so")
+    monkeypatch.setattr(gpu_kit.native_stamp, "read", lambda library: {**stamp, "version": "0.0.1"})
+    with pytest.raises(RuntimeError, match=r"_native\.abi3\.so would not import with this tree: it "
+                                           r"was built for halide-shim 0\.0\.1, this is halide-shim"):
+        gpu_kit.prepare_native(tmp_path, "copy")
+
+
+def test_the_kit_records_the_native_stamp_and_names_the_sources_changed_since_its_build(
+        tmp_path, capsys, monkeypatch):
+    stamp = gpu_kit.native_stamp.read(ROOT / "shim" / "_native.abi3.so")
+    entry = gpu_kit.prepare_native(tmp_path, "copy")
+    assert entry["version"] == stamp["version"] and entry["sources"] == stamp["sources"]
+    # A module built from other C files than this tree's: it imports, the kit warns.
+    other_c = {**stamp["sources"], "native_stubs/fastcall.c": "0" * 16}
+    del other_c["native_stubs/fork.c"]
+    monkeypatch.setattr(gpu_kit.native_stamp, "read", lambda library: {**stamp, "sources": other_c})
+    entry = gpu_kit.prepare_native(tmp_path, "copy")
+    changed = "native_stubs/fastcall.c changed, native_stubs/fork.c added"
+    assert (f"was built from other sources than this tree's ({changed}): the kit carries a stale "
+            "native module") in capsys.readouterr().out
+    [warning] = gpu_kit.kit_warnings(tmp_path, {"native": entry, "pipelines": []})
+    assert warning.startswith("the kit's native module was built from other native_stubs/abi "
+                              f"sources than this tree's ({changed}")
+    del entry["sources"]
+    assert gpu_kit.kit_warnings(tmp_path, {"native": entry, "pipelines": []}) == [
+        "the manifest does not say what the kit's native module was built from (a kit from "
+        "before native stamps): run prepare again"]
+
+
 @pytest.mark.parametrize("version", ["this", gpu_kit.TARGET_PYTHON])
 def test_an_offline_install_of_the_wheels_into_a_fresh_venv(kit, tmp_path, version):
     """pip install --no-index of the kit's kind of wheels (real ones, for ``version``: this
