@@ -509,8 +509,9 @@ def make_steps(work: Path) -> list[Step]:
     return [
         Step("env", "nvidia-smi -L, versions, shim.devices()",
              [["nvidia-smi", "-L"], [py, "-c", ENV_SCRIPT]], 90, "env.log", kind="env"),
-        Step("cuda-tests", "tests/test_cuda.py and the conformance table on CUDA",
-             [pytest_command(work / "cuda-tests.xml", "tests/test_cuda.py",
+        Step("cuda-tests", "the GPU suites (tests/test_gpu_backends.py, tests/test_cuda.py) and "
+             "the conformance table on CUDA",
+             [pytest_command(work / "cuda-tests.xml", "tests/test_gpu_backends.py", "tests/test_cuda.py",
                              "tests/test_device_conformance.py", "-k", "cuda")], 180, "tests.log"),
         Step("interop", "DLPack with torch and CuPy on the GPU (tests/test_cuda_interop.py)",
              [pytest_command(work / "interop.xml", "tests/test_cuda_interop.py")], 120, "tests.log"),

@@ -51,6 +51,13 @@ def cuda():
     return shim.device("cuda")
 
 
+@pytest.fixture(scope="session", params=["opencl", "cuda"])
+def gpu(request):
+    """Each GPU backend's device in turn, through its fixture above, so that it skips as that
+    one does (saying why) where this machine has no such device."""
+    return request.getfixturevalue(request.param)
+
+
 # --- leaks -------------------------------------------------------------------------------------
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)

@@ -1,10 +1,13 @@
-"""The sample GPU pipelines with inputs and numpy references, shared by the OpenCL and CUDA
-suites: name -> (inputs and scalars, {output: (shape, dtype)}, reference(inputs) -> outputs)."""
+"""The sample GPU pipelines with inputs and numpy references, shared by the GPU suites
+(test_gpu_backends.py, test_opencl.py, test_cuda.py, test_crops.py): name -> (inputs and
+scalars, {output: (shape, dtype)}, reference(inputs) -> outputs)."""
 
 import subprocess
 import sys
 
 import numpy as np
+
+from shim.pipelines.build import RUNTIMES, Build, build_all
 
 
 def blur_reference(image):
@@ -40,6 +43,12 @@ def cases():
         "crop_fill": ({"param": 3}, {"f": ((12, 9), np.int32)},
                       lambda v: {"f": xs * 100 + ys + 3 * 10000}),
     }
+
+
+def build_libraries(kind: str) -> dict:
+    """{(name, runtime): path}: every case built for device kind ``kind``, with each runtime."""
+    specs = [Build(name, kind, runtime) for name in cases() for runtime in RUNTIMES]
+    return {(s.name, s.runtime): path for s, path in build_all(specs, progress=None).items()}
 
 
 def assert_matches_reference(actual, expected):

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import shim
+from gpu_cases import build_libraries
 from shim.pipelines.build import RUNTIMES, Build, build_all
 from shim.native import ffi, lib
 
@@ -36,6 +37,16 @@ def host_device():
 
 def fill(xs, ys, param):
     return xs * 100 + ys + param * 10000
+
+
+def run_seed(crop_fill):
+    """The seed's program: two realizations into crops of one buffer, with no device_malloc
+    beforehand. (The buffer, its host array.)"""
+    data = np.full((20, 20), -1, np.int32)
+    buf = shim.Buffer(data)
+    crop_fill(param=1, f=buf.cropped([(2, 8), (4, 4)]))
+    crop_fill(param=2, f=buf.cropped([(0, 1), (2, 8)]))
+    return buf, data
 
 
 def seed_expected():
@@ -89,48 +100,26 @@ def test_a_crop_of_a_parent_without_device_memory_carries_the_proxy(host_device)
 
 # --- the seed's programs -------------------------------------------------------------------
 
-@pytest.mark.parametrize("runtime", RUNTIMES)
-def test_seed_repro_on_opencl(libraries, opencl, runtime):
-    crop_fill = shim.load(libraries["crop_fill", "opencl", runtime])
-    data = np.full((20, 20), -1, np.int32)
-    buf = shim.Buffer(data)  # no device_malloc beforehand
-    crop_fill(param=1, f=buf.cropped([(2, 8), (4, 4)]))
-    crop_fill(param=2, f=buf.cropped([(0, 1), (2, 8)]))
-    downloaded = opencl.transfers.downloaded
-    buf.copy_to_host()  # no set_device_dirty afterwards
-    np.testing.assert_array_equal(data, seed_expected())
-    # Only what the crops wrote came back: (8*4 + 1*8) int32 elements, not the 20*20.
-    assert opencl.transfers.downloaded - downloaded == (8 * 4 + 1 * 8) * 4
-
-
 @pytest.fixture(scope="module")
-def cuda_libraries(cuda):
-    specs = [Build("crop_fill", "cuda", runtime) for runtime in RUNTIMES]
-    return {s.runtime: path for s, path in build_all(specs, progress=None).items()}
+def gpu_libraries(gpu):
+    return build_libraries(gpu.kind)
 
 
 @pytest.mark.parametrize("runtime", RUNTIMES)
-def test_seed_repro_on_cuda(cuda_libraries, cuda, runtime):
-    """The seed's program as it was reported: CUDA, no device_malloc, no set_device_dirty."""
-    crop_fill = shim.load(cuda_libraries[runtime])
-    data = np.full((20, 20), -1, np.int32)
-    buf = shim.Buffer(data)
-    crop_fill(param=1, f=buf.cropped([(2, 8), (4, 4)]))
-    crop_fill(param=2, f=buf.cropped([(0, 1), (2, 8)]))
+def test_seed_repro_on_a_gpu(gpu_libraries, gpu, runtime):
+    """The seed's program as it was reported (on CUDA): no set_device_dirty afterwards."""
+    buf, data = run_seed(shim.load(gpu_libraries["crop_fill", runtime]))
     assert buf.has_device_allocation  # one allocation for the parent, which both crops alias
-    downloaded = cuda.transfers.downloaded
+    downloaded = gpu.transfers.downloaded
     buf.copy_to_host()
     np.testing.assert_array_equal(data, seed_expected())
-    assert cuda.transfers.downloaded - downloaded == (8 * 4 + 1 * 8) * 4
+    # Only what the crops wrote came back: (8*4 + 1*8) int32 elements, not the 20*20.
+    assert gpu.transfers.downloaded - downloaded == (8 * 4 + 1 * 8) * 4
 
 
 @pytest.mark.parametrize("runtime", RUNTIMES)
 def test_seed_repro_on_the_host_device(libraries, host_device, runtime):
-    crop_fill = shim.load(libraries["crop_fill", "host", runtime])
-    data = np.full((20, 20), -1, np.int32)
-    buf = shim.Buffer(data)
-    crop_fill(param=1, f=buf.cropped([(2, 8), (4, 4)]))
-    crop_fill(param=2, f=buf.cropped([(0, 1), (2, 8)]))
+    buf, data = run_seed(shim.load(libraries["crop_fill", "host", runtime]))
     buf.copy_to_host()
     np.testing.assert_array_equal(data, seed_expected())
     buf.copy_to_device(host_device)  # and the device copy agrees

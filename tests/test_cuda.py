@@ -1,18 +1,16 @@
-"""The CUDA backend, on an NVIDIA GPU: the same checks as the OpenCL suite. Every test skips
-where this machine has no CUDA device (no driver, or no GPU); benchmarks/gpu_kit.py runs
-them on a GPU machine."""
+"""What only the CUDA backend has, on an NVIDIA GPU: crops as pointer arithmetic, the caller's
+streams, Halide's device pointer helpers, wrapped device memory, DLPack's stream rules. What
+every GPU backend does alike is in test_gpu_backends.py. Every test skips where this machine
+has no CUDA device (no driver, or no GPU); benchmarks/gpu_kit.py runs them on a GPU machine."""
 
 import numpy as np
 import pytest
 
 import shim
-from gpu_cases import cases, check_against_stock
-from shim.pipelines.build import RUNTIMES, Build, build_all
+from gpu_cases import build_libraries
 from shim.backends import cuda as cuda_backend
 from shim.native import ffi, lib
 from support.producers import Producer
-
-CASES = cases()
 
 
 @pytest.fixture(scope="module")
@@ -22,45 +20,17 @@ def device(cuda):
 
 @pytest.fixture(scope="module")
 def libraries(device):
-    specs = [Build(name, "cuda", runtime) for name in CASES for runtime in RUNTIMES]
-    paths = build_all(specs, progress=None)
-    return {(s.name, s.runtime): path for s, path in paths.items()}
-
-
-@pytest.mark.parametrize("name", sorted(CASES))
-def test_pipeline_matches_the_stock_runtime_and_numpy(libraries, name, tmp_path):
-    check_against_stock(libraries, name, tmp_path, RUNTIMES)
-
-
-def test_device_buffers_pass_between_libraries_without_host_round_trips(libraries, device):
-    bundled = shim.load(libraries["brighten", "bundled"])
-    no_runtime = shim.load(libraries["brighten", "no_runtime"])
-    image = np.random.default_rng(0).random((32, 40), dtype=np.float32)
-    first = bundled(image, scale=2.0, offset=0.0, output=image.shape)
-    before = (device.transfers.uploaded, device.transfers.downloaded)
-    second = no_runtime(first, scale=0.5, offset=0.0, output=image.shape)
-    third = bundled(second, scale=4.0, offset=0.0, output=image.shape)
-    assert (device.transfers.uploaded, device.transfers.downloaded) == before
-    np.testing.assert_array_equal(third.numpy(), image * 4)
+    return build_libraries(device.kind)
 
 
 @pytest.mark.parametrize("offset_x", [1, 5])
-def test_crops_at_any_offset(libraries, device, offset_x):
-    crop_fill = shim.load(libraries["crop_fill", "no_runtime"])
-    data = np.full((20, 40), -7, np.int32)
-    parent = shim.Buffer(data)
+def test_a_crop_is_its_parents_pointer_plus_its_offset(device, offset_x):
+    """A crop's handle is a plain device pointer, its parent's plus the offset, at any offset.
+    (Kernels writing through crops: test_gpu_backends.py.)"""
+    parent = shim.Buffer(np.zeros((20, 40), np.int32))
     parent.copy_to_device(device)
     crop = parent.cropped([(offset_x, 6), (3, 5)])
-    assert crop._raw.device == parent._raw.device + (3 * 40 + offset_x) * 4  # pointer arithmetic
-    crop_fill(param=1, f=crop)
-    crop.copy_to_host()
-    ys, xs = np.mgrid[3:8, offset_x:offset_x + 6]
-    np.testing.assert_array_equal(data[3:8, offset_x:offset_x + 6], xs * 100 + ys + 10000)
-    parent.set_device_dirty()
-    parent.copy_to_host()
-    outside = np.ones(data.shape, bool)
-    outside[3:8, offset_x:offset_x + 6] = False
-    assert np.all(data[outside] == -7)
+    assert crop._raw.device == parent._raw.device + (3 * 40 + offset_x) * 4
 
 
 def test_pipelines_run_on_the_stream_the_caller_chooses(libraries, device):
@@ -75,8 +45,7 @@ def test_pipelines_run_on_the_stream_the_caller_chooses(libraries, device):
     cuda_backend._check(driver.cuStreamDestroy(stream), "cuStreamDestroy")
 
 
-def test_the_interface_and_handle_helpers_are_halides(device):
-    assert lib.halide_cuda_device_interface() == lib.shim_backend_interface(lib.SHIM_BACKEND_CUDA)
+def test_the_handle_helpers_are_halides(device):
     buf = shim.Buffer(np.zeros((4, 4), np.float32))
     buf.device_malloc(device)
     assert lib.halide_cuda_get_device_ptr(ffi.NULL, buf._raw) == buf._raw.device
@@ -97,6 +66,7 @@ def test_wrapping_device_memory(device):
     np.testing.assert_array_equal(buf.numpy(), data)
     with shim.bridge.runtime_call("detach") as check:
         check(lib.halide_cuda_detach_device_ptr(ffi.NULL, buf._raw))
+    assert not buf.has_device_allocation
     cuda_backend._check(driver.cuMemFree(pointer), "cuMemFree")
 
 
