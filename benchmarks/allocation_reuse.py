@@ -168,7 +168,7 @@ class ShimRunner:
         if self.buffer_methods:
             malloc, free = (lambda: buf.device_malloc(self.device)), buf.device_free
         else:
-            ffi, lib, raw, interface = self.ffi, self.lib, buf._raw, self.interface
+            ffi, lib, raw, interface = self.ffi, self.lib, buf.raw, self.interface
             malloc = lambda: lib.halide_device_malloc(ffi.NULL, raw, interface)  # noqa: E731
             free = lambda: lib.halide_device_free(ffi.NULL, raw)  # noqa: E731
         malloc(), free()

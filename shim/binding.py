@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from shim import dlpack
-from shim.buffer import Buffer, _check_memory, _shape_tuple, _zeros, as_host_array
+from shim.buffer import Buffer, as_host_array, check_memory, shape_tuple, zeroed
+from shim.dlpack_capsules import HOST_DEVICES, DLDeviceType, claimed_device
 from shim.errors import ArgumentError, BoundsError, DeviceUnavailable
 from shim.metadata import USER_CONTEXT, Argument, check_extents, dimension_label
 from shim.native import ffi, lib
@@ -91,7 +92,7 @@ class Signature:
                 argv[i] = self._null_user_context
             elif arg.is_buffer:
                 buf = self._buffer_argument(arg, values.get(arg.name, MISSING), call)
-                argv[i] = buf._raw
+                argv[i] = buf.raw
                 call.buffers.append((i, arg, buf))
             else:
                 scalar = self._scalars[arg.name].convert(values.get(arg.name, MISSING))
@@ -104,20 +105,21 @@ class Signature:
                 raise ArgumentError(arg.name, f"missing input; {self.name} takes {self._signature()}")
             value = _estimated_shape(arg)
         if isinstance(value, Buffer):
-            _check_buffer_type(arg, value._type, len(value._box), value.shape)
+            _check_buffer_type(arg, value.type, value.dimensions, value.shape)
             check_extents(arg, value.shape, self.target)
             if arg.is_output:
                 _check_writable(arg, value.writeable)
                 call.results.append(value)
             return value
         if arg.is_output and isinstance(value, (tuple, list)):
-            shape = _shape_tuple(value, arg.name)
+            shape = shape_tuple(value, arg.name)
             _check_dimensions(arg, len(shape), shape)
             check_extents(arg, shape, self.target)
-            buf = Buffer._wrap(_zeros(shape, _dtype_of(arg), arg.name), arg.name, exposed=False)
+            buf = Buffer.over_array(zeroed(shape, _dtype_of(arg), arg.name), arg.name,
+                                    exposed=False)
             call.results.append(buf)
             return buf
-        if _dlpack_device_type(value, arg.name) not in dlpack.HOST_DEVICES:
+        if _dlpack_device_type(value, arg.name) not in HOST_DEVICES:
             return self._device_argument(arg, value, call)
         array = as_host_array(value, arg.name)
         _check_buffer_type(arg, _array_type(array, arg), array.ndim, array.shape)
@@ -125,22 +127,22 @@ class Signature:
         if arg.is_output:
             _check_writable(arg, array.flags.writeable)
         if _halide_can_address(array):
-            buf = Buffer._wrap(array, arg.name)
+            buf = Buffer.over_array(array, arg.name)
             if arg.is_output:
                 call.copy_back.append((buf, None))
         elif arg.is_output:
             # Compute into memory Halide can address, then copy into the caller's array.
-            buf = Buffer._wrap(_zeros(array.shape, _dtype_of(arg), arg.name), arg.name,
-                               exposed=False)
+            buf = Buffer.over_array(zeroed(array.shape, _dtype_of(arg), arg.name), arg.name,
+                                    exposed=False)
             call.copy_back.append((buf, array))
         else:
             # A copy made once: later runs of a PreparedCall see the copy, not the array.
-            buf = Buffer._wrap(_addressable_copy(arg, array), arg.name)
+            buf = Buffer.over_array(_addressable_copy(arg, array), arg.name)
         call.temporaries.append(buf)
         if arg.is_output:
             # The caller's own object back (a torch tensor stays one); numpy for the rest.
             call.results.append(value if hasattr(value, "__dlpack__") else array)
-        elif buf._array is array:
+        elif buf.is_over(array):
             call.array_inputs.append(buf)
         buf.set_host_dirty(not arg.is_output)
         return buf
@@ -153,7 +155,7 @@ class Signature:
         except (BufferError, DeviceUnavailable) as e:
             raise ArgumentError(arg.name, f"cannot use {type(value).__name__}'s device memory: "
                                           f"{e}") from None
-        _check_buffer_type(arg, buf._type, buf.dimensions, buf.shape)
+        _check_buffer_type(arg, buf.type, buf.dimensions, buf.shape)
         if arg.is_output:
             if self.device_kinds and buf.device.kind not in self.device_kinds:
                 raise ArgumentError(arg.name, f"{self.name} runs on {'/'.join(sorted(self.device_kinds))}"
@@ -191,7 +193,7 @@ def bounds_query(call: Call):
     query_argv = ffi.new("void *[]", list(call.argv))
     queries = []
     for i, arg, buf in call.buffers:
-        raw, dims = _bounds_query_buffer(buf._raw)
+        raw, dims = _bounds_query_buffer(buf.raw)
         query_argv[i] = raw
         queries.append((arg, buf, raw, dims))
     return query_argv, queries
@@ -202,14 +204,14 @@ def check_bounds(queries) -> None:
     whose shape it constrains otherwise."""
     for arg, buf, raw, _dims in queries:
         for d in range(raw.dimensions):
-            _check_region(arg, d, (raw.dim[d].min, raw.dim[d].extent), buf._box[d])
+            _check_region(arg, d, (raw.dim[d].min, raw.dim[d].extent), buf.box[d])
 
 
 def _dlpack_device_type(value, argument: str) -> int:
     """The DLPack device type of an object that has one, else kDLCPU (host memory)."""
     if isinstance(value, (Buffer, np.ndarray)) or not hasattr(value, "__dlpack_device__"):
-        return dlpack.DLDeviceType.CPU
-    return dlpack.claimed_device(value, argument)[0]
+        return DLDeviceType.CPU
+    return claimed_device(value, argument)[0]
 
 
 def _dtype_of(arg: Argument) -> np.dtype:
@@ -271,7 +273,7 @@ def _addressable_copy(arg: Argument, array: np.ndarray) -> np.ndarray:
     core = array[tuple(slice(0, 1) if stride == 0 and axis != x else slice(None)
                        for axis, stride in enumerate(array.strides))]
     dtype = _dtype_of(arg)
-    _check_memory(core.shape, dtype, arg.name)
+    check_memory(core.shape, dtype, arg.name)
     return np.broadcast_to(np.array(core, dtype, order="C"), array.shape)
 
 

@@ -14,10 +14,11 @@ from typing import NamedTuple
 
 import numpy as np
 
-from shim import buffer_operations, devices, families, flags, shutdown
+from shim import buffer_operations, devices, dlpack_export, families, flags, shutdown
 from shim.aliasing import has_allocation
 from shim.backends.base import Backend, interface_of
 from shim.bridge import runtime_call
+from shim.dlpack_capsules import host_array
 from shim.errors import ArgumentError, DirtyBufferWarning
 from shim.families import Family
 from shim.metadata import dimension_label
@@ -46,9 +47,7 @@ def as_host_array(value, argument: str) -> np.ndarray:
     if isinstance(value, Buffer):
         return value.numpy()
     if hasattr(value, "__dlpack__"):
-        from shim import dlpack  # (which imports this module)
-
-        return dlpack.host_array(value, argument)  # checked: numpy trusts hostile tensors
+        return host_array(value, argument)  # checked: numpy trusts hostile tensors
     try:
         return np.asarray(memoryview(value))
     except TypeError:
@@ -76,24 +75,14 @@ class Buffer(Finalized):
         if data is None:
             if shape is None or dtype is None:
                 raise ArgumentError("shape", "Buffer() needs an array, or both shape= and dtype=")
-            data = _zeros(_shape_tuple(shape, "shape"), _element_dtype(dtype), "shape")
+            data = zeroed(shape_tuple(shape, "shape"), _element_dtype(dtype), "shape")
         elif shape is not None or dtype is not None:
             raise ArgumentError("data", "pass either an array or shape= and dtype=, not both")
         self._init_from_array(as_host_array(data, "data"), "data")
         self.set_host_dirty(True)
 
-    @classmethod
-    def _wrap(cls, array: np.ndarray, argument: str, *, exposed: bool = True,
-              mins=None) -> Buffer:
-        """A Buffer over ``array`` with clean flags, for arrays the shim passes to pipelines;
-        ``exposed=False`` when the shim allocated the array and nobody else holds it yet."""
-        buf = cls.__new__(cls)
-        buf._init_from_array(array, argument, mins=mins)
-        buf._exposed = exposed
-        return buf
-
     def _init_from_array(self, array: np.ndarray, argument: str, mins=None,
-                         family: Family | None = None) -> None:
+                         family: Family | None = None, keepalive=None) -> None:
         try:
             htype = HalideType.from_dtype(array.dtype)
         except TypeError as e:
@@ -136,7 +125,7 @@ class Buffer(Finalized):
         self._exposed = True
         self._unread = False
         # What the memory belongs to, if not the shim (a DLPack producer's tensor).
-        self._keepalive = None
+        self._keepalive = keepalive
 
     # --- shape ---------------------------------------------------------------------------
 
@@ -236,9 +225,10 @@ class Buffer(Finalized):
         family: it aliases the family's device allocation, or carries the proxy interface
         until there is one (shim/aliasing.py)."""
         view = Buffer.__new__(Buffer)
-        view._init_from_array(array, "crop", mins=mins, family=self._family)
+        # (Memory a DLPack producer owns outlives every view.)
+        view._init_from_array(array, "crop", mins=mins, family=self._family,
+                              keepalive=self._keepalive)
         view._root_box, view._root_dims = root_box, root_dims
-        view._keepalive = self._keepalive  # memory a DLPack producer owns outlives every view
         buffer_operations.adopt(self._raw, self._root_box, view._raw, root_box)
         return view
 
@@ -255,7 +245,7 @@ class Buffer(Finalized):
         if self.device_dirty:
             self.copy_to_host()
         self._exposed = True
-        self._unread = False
+        self.mark_read()
         return self._array
 
     def __array__(self, dtype=None, copy=None):
@@ -268,21 +258,17 @@ class Buffer(Finalized):
             array = array.astype(dtype)
         return array
 
-    # --- DLPack (shim/dlpack.py) ----------------------------------------------------------
+    # --- DLPack (shim/dlpack_export.py; shim.from_dlpack is shim/dlpack.py) -----------------
 
     def __dlpack__(self, *, stream=None, max_version=None, dl_device=None, copy=None):
         """A DLPack capsule of this Buffer's data, as the Python array API standard specifies:
         device memory stays on the device, ordered before ``stream``'s later work."""
-        from shim import dlpack
-
-        return dlpack.export(self, stream=stream, max_version=max_version, dl_device=dl_device,
-                             copy=copy)
+        return dlpack_export.export(self, stream=stream, max_version=max_version,
+                                    dl_device=dl_device, copy=copy)
 
     def __dlpack_device__(self) -> tuple:
         """(DLPack device type, device id) of this Buffer's current data."""
-        from shim import dlpack
-
-        return dlpack.device_of(self)
+        return dlpack_export.device_of(self)
 
     # --- dirty bits ----------------------------------------------------------------------
 
@@ -343,7 +329,7 @@ class Buffer(Finalized):
     def copy_to_host(self) -> None:
         """Make the host memory current: download if device-dirty."""
         self._runtime("copy_to_host", lib.halide_copy_to_host, self._raw)
-        self._unread = False
+        self.mark_read()
 
     def device_sync(self) -> None:
         """Wait for the work queued on this Buffer's device to finish."""
@@ -361,6 +347,68 @@ class Buffer(Finalized):
     def _runtime(self, what, function, *args) -> None:
         with runtime_call(what) as check:
             check(function(ffi.NULL, *args))
+
+    # --- for the shim's own modules, not the public API ------------------------------------
+    # What pipeline calls (shim/binding.py, shim/running.py) and DLPack (shim/dlpack*.py) need
+    # of a Buffer, so that they never reach into its attributes. (The C fast paths read and
+    # write two slots by name, native_stubs/call_records.c: _record, and _unread, which they
+    # set after a run as mark_read / mark_written do. Renaming either means changing the C.)
+
+    @classmethod
+    def over_array(cls, array: np.ndarray, argument: str, *, exposed: bool = True, mins=None,
+                   keepalive=None) -> Buffer:
+        """A Buffer over ``array`` with clean flags, for memory the shim passes to pipelines
+        (``argument`` names it in errors). ``exposed=False`` when the shim allocated the array
+        and nobody else holds it yet; ``mins``: the Halide coordinates of its first element
+        (zeros by default); ``keepalive``: what owns the memory if not the array (a DLPack
+        producer's tensor), kept alive as long as the Buffer and its crops."""
+        buf = cls.__new__(cls)
+        buf._init_from_array(array, argument, mins=mins, keepalive=keepalive)
+        buf._exposed = exposed
+        return buf
+
+    @property
+    def raw(self):
+        """The halide_buffer_t (a cffi struct) that pipelines and the runtime see."""
+        return self._raw
+
+    @property
+    def family(self) -> Family:
+        """The allocation family this Buffer belongs to (shim/families.py)."""
+        return self._family
+
+    @property
+    def box(self) -> tuple[tuple[int, int], ...]:
+        """(min, extent) per Halide dimension, x first."""
+        return self._box
+
+    @property
+    def call_record(self) -> tuple:
+        """What the C fast paths record pipeline calls on this Buffer with
+        (families.call_record)."""
+        return self._record
+
+    def is_over(self, array: np.ndarray) -> bool:
+        """Whether this Buffer's host memory is ``array`` itself (not a copy, nor a view)."""
+        return self._array is array
+
+    def mark_written(self) -> None:
+        """A pipeline wrote results here that nobody has read yet: dropping the Buffer before
+        they are read is worth a warning."""
+        self._unread = True
+
+    def mark_read(self) -> None:
+        """The results here have been read (or handed to someone who will)."""
+        self._unread = False
+
+    def copy_on_device(self, backend: Backend) -> Buffer:
+        """A new, dense Buffer on ``backend`` holding a copy of this one's data, made on the
+        device: DLPack's ``copy=True``, both ways."""
+        copy = Buffer.over_array(np.empty(self.shape, self.dtype), "copy", exposed=False,
+                                 mins=[lo for lo, _ in self._box])
+        with runtime_call("copy for DLPack") as check:
+            check(lib.halide_buffer_copy(ffi.NULL, self._raw, interface_of(backend), copy._raw))
+        return copy
 
     # The finalizer (Finalized's, which runs this with Ctrl-C held: a KeyboardInterrupt here
     # would leave the struct registered and its device memory allocated for good).
@@ -418,7 +466,7 @@ def _device(device) -> Backend:
     return devices.default_device() if device is None else devices.device(device)
 
 
-def _shape_tuple(shape, argument: str) -> tuple[int, ...]:
+def shape_tuple(shape, argument: str) -> tuple[int, ...]:
     """A shape in numpy order: integers (numpy's too), never floats truncated to one."""
     try:
         dims = tuple(operator.index(s) for s in shape)
@@ -458,7 +506,7 @@ def _element_dtype(dtype) -> np.dtype:
     return dtype
 
 
-def _check_memory(shape, dtype: np.dtype, argument: str) -> None:
+def check_memory(shape, dtype: np.dtype, argument: str) -> None:
     """Refuse host memory of ``shape`` elements of ``dtype`` that this machine cannot hold,
     before allocating or copying it."""
     nbytes = math.prod(shape) * dtype.itemsize
@@ -467,9 +515,9 @@ def _check_memory(shape, dtype: np.dtype, argument: str) -> None:
                                       f"memory; this machine has {_gib(PHYSICAL_MEMORY)}")
 
 
-def _zeros(shape, dtype: np.dtype, argument: str) -> np.ndarray:
+def zeroed(shape, dtype: np.dtype, argument: str) -> np.ndarray:
     """Zeroed host memory for a buffer the shim allocates, refused if it cannot be had."""
-    _check_memory(shape, dtype, argument)
+    check_memory(shape, dtype, argument)
     return np.zeros(shape, dtype)
 
 

@@ -1,327 +1,21 @@
-"""DLPack exchange: Buffers to and from numpy, PyTorch, CuPy or any array-API library, on the
-CPU and on the device, without copies, in stream order.
+"""DLPack import: ``shim.from_dlpack``, a Buffer over the data of numpy, PyTorch, CuPy or any
+array-API library's tensor, on the CPU and on the device, without copies. As a consumer, the
+shim passes the producer the stream its own pipelines run on.
 
-Export follows the Python array API standard (2024.12) for ``__dlpack__``: a versioned
-capsule (DLPack 1.x) when the consumer's ``max_version`` allows, else a legacy one; READ_ONLY
-and IS_COPIED flags; ``dl_device`` and ``copy``; BufferError where the export is impossible.
-Shapes and strides are Halide's dimensions reversed, so crops export as strided views; a
-capsule keeps the Buffer (and its memory) alive until the consumer's deleter runs, once.
-
-Streams: on CUDA the consumer passes its stream and the shim makes its pending work visible
-there (event record, stream wait): None or 1 is the legacy default stream, 2 the per-thread
-default, -1 asks for no synchronization, 0 is refused as ambiguous. The standard defines no
-value for OpenCL; here it is the cl_command_queue handle of a queue this process holds through
-pyopencl, as an int (None: the shim's queue is finished first; any other int is refused, since a
-handle cannot be checked without dereferencing it). As a consumer, the shim passes the stream
-its own pipelines run on.
+The capsules themselves, read and checked, are shim/dlpack_capsules.py; a Buffer's own export
+(``__dlpack__``) is shim/dlpack_export.py.
 """
 
 from __future__ import annotations
 
-import ctypes
-import enum
-import itertools
-import math
-import operator
-import reprlib
-import warnings
-from contextlib import contextmanager
-from dataclasses import dataclass
-
 import numpy as np
 
-from shim import buffer_operations, flags, interrupts, shutdown
-from shim.backends.base import BackendError
+from shim import buffer_operations, flags
 from shim.buffer import Buffer
 from shim.devices import device as get_device, kind_for_dlpack
-from shim.bridge import runtime_call
-from shim.errors import ArgumentError, DeviceError, ShimError
-from shim.native import Finalized, ffi, lib
-from shim.types import FLOAT, INT, UINT, HalideType
-
-
-class DLDeviceType(enum.IntEnum):
-    CPU = 1
-    CUDA = 2
-    CUDAHost = 3
-    OpenCL = 4
-    Vulkan = 7
-    Metal = 8
-    VPI = 9
-    ROCM = 10
-    ROCMHost = 11
-    ExtDev = 12
-    CUDAManaged = 13
-    OneAPI = 14
-
-
-READ_ONLY, IS_COPIED = 1, 2
-VERSION = (1, 1)
-HOST_DEVICES = (DLDeviceType.CPU, DLDeviceType.CUDAHost, DLDeviceType.CUDAManaged)
-_DL_BOOL = 6
-
-# Prototypes of our own: ctypes.pythonapi's function objects are shared with every user.
-_capsule_new = ctypes.PYFUNCTYPE(ctypes.py_object, ctypes.c_void_p, ctypes.c_void_p,
-                                 ctypes.c_void_p)(("PyCapsule_New", ctypes.pythonapi))
-_capsule_valid = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.py_object, ctypes.c_void_p)(
-    ("PyCapsule_IsValid", ctypes.pythonapi))
-_capsule_pointer = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.py_object, ctypes.c_void_p)(
-    ("PyCapsule_GetPointer", ctypes.pythonapi))
-_capsule_rename = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.py_object, ctypes.c_void_p)(
-    ("PyCapsule_SetName", ctypes.pythonapi))
-
-
-def _name(versioned: bool, used: bool = False) -> int:
-    return int(ffi.cast("uintptr_t", lib.shim_dlpack_capsule_name(versioned, used)))
-
-
-# --- export ------------------------------------------------------------------------------------
-
-# manager_ctx key -> what an exported tensor keeps alive, until its deleter runs.
-_exports: dict[int, tuple] = {}
-_keys = itertools.count(1)
-
-
-def device_of(buf: Buffer) -> tuple[DLDeviceType, int]:
-    """``__dlpack_device__``: where ``buf``'s current data is: its device allocation, unless
-    host memory holds changes the device lacks (or the device has no DLPack type)."""
-    backend = buf.device
-    if backend is None or backend.dlpack_device_type is None or buf.host_dirty:
-        return DLDeviceType.CPU, 0
-    return DLDeviceType(backend.dlpack_device_type), backend.dlpack_device_id()
-
-
-def export(buf: Buffer, *, stream=None, max_version=None, dl_device=None, copy=None):
-    """``__dlpack__``: a capsule for ``buf``'s data. (Ctrl-C waits until the capsule and the
-    pin on the device memory that it owns exist together: see shim/interrupts.py.)"""
-    with interrupts.deferred():
-        return _export(buf, stream, max_version, dl_device, copy)
-
-
-def _export(buf: Buffer, stream, max_version, dl_device, copy):
-    here = device_of(buf)
-    target = here if dl_device is None else _device_tuple(dl_device)
-    versioned = max_version is not None and _version_tuple(max_version)[0] >= 1
-    if target[0] == DLDeviceType.CPU:
-        return _export_host(buf, here, stream, copy, versioned, max_version)
-    if target != here:
-        raise BufferError(f"cannot export a buffer whose data is on {here[0].name}:{here[1]} to "
-                          f"{_device_name(target)}")
-    return _export_device(buf, target, stream, copy, versioned, max_version)
-
-
-def _export_host(buf: Buffer, here, stream, copy, versioned, max_version):
-    if stream is not None:
-        raise ValueError("stream must be None when exporting to the CPU")
-    copied = copy is True or here[0] != DLDeviceType.CPU
-    if copied and copy is False:
-        raise BufferError(f"exporting this buffer to the CPU needs a copy (its data is on "
-                          f"{here[0].name}), and copy=False forbids one")
-    array = buf.numpy()  # device results come home first
-    if copied:
-        array = array.copy()
-    flags = (IS_COPIED if copied else 0) | (0 if array.flags.writeable else READ_ONLY)
-    if flags & READ_ONLY and not versioned:
-        raise BufferError("this buffer's memory is read-only, which only a versioned capsule "
-                          "(max_version >= (1, 0)) can say")
-    return _capsule((array,) if copied else (buf, array), array.ctypes.data, 0, (DLDeviceType.CPU, 0),
-                    _element_strides(array), array.shape, HalideType.from_dtype(array.dtype), flags,
-                    versioned, max_version)
-
-
-def _export_device(buf: Buffer, target, stream, copy, versioned, max_version):
-    backend = buf.device
-    if backend is None:
-        raise BufferError("the buffer's device memory was freed by another thread during the "
-                          "export")
-    consumer = _consumer_stream(backend, stream)
-    source, flags = buf, 0
-    if copy is True:
-        source, flags = _device_copy(buf, backend), IS_COPIED
-    elif not buf.writeable:
-        # Memory the program cannot write (a read-only array's Buffer) is exported read-only:
-        # no consumer's writes would ever reach it.
-        if not versioned:
-            raise BufferError("this buffer's memory is read-only, which only a versioned "
-                              "capsule (max_version >= (1, 0)) can say")
-        flags = READ_ONLY
-    else:
-        # The consumer may write through the tensor: from now on the device copy is the truth.
-        try:
-            source.set_device_dirty(True)
-        except ArgumentError:
-            raise BufferError("the buffer's device memory was freed by another thread during "
-                              "the export") from None
-        source._unread = False
-    unpin, handle, memory = buffer_operations.pin_device(source._raw, backend)
-    try:
-        with _device_calls("DLPack export"):
-            backend.make_visible(consumer, memory)
-        data, offset = backend.dlpack_data(handle)
-    except BaseException:
-        unpin()
-        raise
-    strides = tuple(source.dim(i).stride for i in reversed(range(source.dimensions)))
-    return _capsule((source, unpin), data, offset, target, strides, source.shape, source.type,
-                    flags, versioned, max_version)
-
-
-def _capsule(owners, data, byte_offset, device, strides, shape, htype: HalideType, flags,
-             versioned, max_version):
-    """A capsule whose tensor keeps ``owners`` alive until its deleter runs (a callable among
-    them is called then)."""
-    n = len(shape)
-    shape_c = ffi.new("int64_t[]", list(shape) or [1])
-    strides_c = ffi.new("int64_t[]", list(strides) or [1])
-    key = next(_keys)
-    if versioned:
-        managed = ffi.new("DLManagedTensorVersioned *")
-        minor = VERSION[1] if _version_tuple(max_version)[0] > 1 else min(VERSION[1], max_version[1])
-        managed.version.major, managed.version.minor = VERSION[0], minor
-        managed.flags = flags
-        managed.deleter = lib.shim_dlpack_delete_versioned
-    else:
-        managed = ffi.new("DLManagedTensor *")
-        managed.deleter = lib.shim_dlpack_delete
-    managed.manager_ctx = ffi.cast("void *", key)
-    tensor = managed.dl_tensor
-    tensor.data = ffi.cast("void *", data)
-    tensor.device.device_type, tensor.device.device_id = int(device[0]), int(device[1])
-    tensor.ndim = n
-    _to_dl_type(htype, tensor.dtype)
-    tensor.shape, tensor.strides, tensor.byte_offset = shape_c, strides_c, byte_offset
-    _exports[key] = (owners, managed, shape_c, strides_c)
-    destructor = int(ffi.cast("uintptr_t", ffi.addressof(lib, "shim_dlpack_capsule_destructor")))
-    return _capsule_new(int(ffi.cast("uintptr_t", managed)), _name(versioned), destructor)
-
-
-def _release(managed) -> None:
-    # Called from C with Ctrl-C deferred around the whole callback (shim_dlpack_delete*, see
-    # shim/interrupts.py); the section here covers a Python caller of the deleter too.
-    with interrupts.deferred():  # (a deleter interrupted halfway would leak its pins)
-        _release_owners(managed)
-
-
-def _release_owners(managed) -> None:
-    entry = _exports.pop(int(ffi.cast("uintptr_t", managed.manager_ctx)), None)
-    if entry is None or shutdown.shut_down():
-        return  # (at exit, device memory goes with the process: see shim/shutdown.py)
-    for owner in entry[0]:
-        if callable(owner):
-            try:
-                owner()
-            except Exception as e:  # noqa: BLE001 - a deleter returns into C
-                warnings.warn(f"releasing an exported DLPack tensor failed: {e}", RuntimeWarning)
-
-
-@ffi.def_extern()
-def shim_py_dlpack_delete(managed):
-    _release(managed)
-
-
-@ffi.def_extern()
-def shim_py_dlpack_delete_versioned(managed):
-    _release(managed)
-
-
-def _device_copy(buf: Buffer, backend) -> Buffer:
-    """A new, dense Buffer on ``backend`` holding a copy of ``buf``'s data, made on the device."""
-    from shim.backends.base import interface_of
-
-    copy = Buffer._wrap(np.empty(buf.shape, buf.dtype), "copy", exposed=False,
-                        mins=[lo for lo, _ in buf._box])
-    with runtime_call("copy for DLPack") as check:
-        check(lib.halide_buffer_copy(ffi.NULL, buf._raw, interface_of(backend), copy._raw))
-    return copy
-
-
-def _consumer_stream(backend, stream):
-    """The consumer's ``stream`` as ``backend.make_visible`` takes it, checked by the backend."""
-    if stream is not None and (not isinstance(stream, int) or isinstance(stream, bool)):
-        raise TypeError(f"stream must be an int or None, got {type(stream).__name__}")
-    with _device_calls("DLPack export"):
-        return backend.dlpack_consumer_stream(stream)
-
-
-@contextmanager
-def _device_calls(what: str):
-    """Backend calls made outside any runtime call: a failure is a DeviceError, as inside."""
-    try:
-        yield
-    except BackendError as e:
-        raise DeviceError(lib.halide_error_code_gpu_device_error, str(e), context=what) from e
-
-
-def _device_name(device) -> str:
-    kind, index = device
-    try:
-        name = DLDeviceType(kind).name
-    except ValueError:  # a device type the shim has no name for, from a capsule
-        name = f"device type {kind}"
-    return f"{name}:{index}"
-
-
-def _device_tuple(dl_device) -> tuple[DLDeviceType, int]:
-    device = _device_pair(dl_device)
-    if device is None:
-        raise BufferError(f"dl_device must be a (device type, device id) pair DLPack knows, "
-                          f"got {dl_device!r}")
-    return device
-
-
-def _device_pair(value) -> tuple[DLDeviceType, int] | None:
-    """``value`` as a DLPack device: a (device type DLPack defines, id >= 0) pair of ints."""
-    try:
-        kind, index = value
-        kind, index = DLDeviceType(operator.index(kind)), operator.index(index)
-    except Exception:  # noqa: BLE001 - whatever it is (a producer's, maybe), it is no device
-        return None
-    return (kind, index) if index >= 0 else None
-
-
-def _version_tuple(version) -> tuple[int, int]:
-    try:
-        major, minor = version
-        return int(major), int(minor)
-    except (TypeError, ValueError):
-        raise TypeError(f"max_version must be a (major, minor) tuple, got {version!r}") from None
-
-
-def _element_strides(array: np.ndarray) -> tuple:
-    return tuple(s // array.itemsize for s in array.strides)
-
-
-def _to_dl_type(htype: HalideType, out) -> None:
-    if htype.code == UINT and htype.bits == 1:
-        out.code, out.bits = _DL_BOOL, 8
-    else:
-        out.code, out.bits = htype.code, htype.bits
-    out.lanes = 1
-
-
-def _from_dl_type(dl, refuse) -> HalideType:
-    if dl.lanes != 1:
-        refuse(f"elements of {dl.lanes} lanes; only scalar elements can be imported")
-    if dl.code == _DL_BOOL and dl.bits == 8:
-        return HalideType(UINT, 1)
-    htype = HalideType(dl.code, dl.bits) if dl.code in (INT, UINT, FLOAT) else None
-    dtype = None if htype is None else htype.dtype
-    if dtype is None or dtype.itemsize * 8 != dl.bits:  # (uint1 is packed bits, not numpy's bool)
-        refuse(f"elements of DLPack type code {dl.code} with {dl.bits} bits, which have no numpy "
-               "equivalent (a shim.Buffer needs one)")
-    return htype
-
-
-# --- import ------------------------------------------------------------------------------------
-#
-# Nothing a producer hands over is trusted: what __dlpack_device__ says, the capsule and every
-# field of its tensor are checked before the shim makes a Buffer over the memory, and anything
-# wrong is an ArgumentError naming the argument (a hostile tensor would otherwise crash the
-# process or read the wrong bytes). The memory itself can only be checked on devices (see
-# Backend.check_dlpack_memory); host memory is trusted, as numpy trusts it.
-
-_MAX_DIMENSIONS = 64  # numpy's: every Buffer has a numpy array
-_INT32_MAX = 2**31 - 1  # Halide's extents and strides are 32-bit
+from shim.dlpack_capsules import (HOST_DEVICES, ImportedTensor, backend_calls, claimed_device,
+                                  device_name)
+from shim.errors import ArgumentError
 
 
 def from_dlpack(obj, *, copy=None) -> Buffer:
@@ -336,188 +30,44 @@ def to_buffer(obj, argument: str, copy=None) -> Buffer:
     """``from_dlpack`` for the argument named ``argument``, which its errors name."""
     claimed = claimed_device(obj, argument)
     if claimed[0] in HOST_DEVICES:
-        array = _host_array(obj, claimed, argument)
+        array = ImportedTensor(obj, None, claimed, argument).host_view()
         return Buffer(array.copy() if copy else array)
     backend = _backend_for(claimed, argument)
-    with _device_calls("DLPack import"):
+    with backend_calls("DLPack import"):
         stream = backend.dlpack_stream()
-    buf = _Imported(obj, stream, claimed, argument).wrap(backend)
-    return _device_copy(buf, backend) if copy else buf
-
-
-def host_array(obj, argument: str) -> np.ndarray:
-    """A numpy array over the host memory an object with ``__dlpack__`` exports, without a
-    copy, for the argument named ``argument``."""
-    claimed = claimed_device(obj, argument)
-    if claimed[0] not in HOST_DEVICES:
-        raise ArgumentError(argument, f"its data is on {_device_name(claimed)}, not in host memory "
-                                      "(shim.from_dlpack imports device memory)")
-    return _host_array(obj, claimed, argument)
-
-
-def claimed_device(obj, argument: str = "obj") -> tuple[DLDeviceType, int]:
-    """Where ``obj.__dlpack_device__()`` says its data is, checked."""
-    if not hasattr(obj, "__dlpack__") or not hasattr(obj, "__dlpack_device__"):
-        raise ArgumentError(argument, f"expected an object with __dlpack__ and __dlpack_device__, "
-                                      f"got {type(obj).__name__}")
-    returned = _producer_call(obj, "__dlpack_device__", argument, obj.__dlpack_device__)
-    device = _device_pair(returned)
-    if device is None:
-        raise ArgumentError(argument, f"{type(obj).__name__}.__dlpack_device__() returned "
-                                      f"{reprlib.repr(returned)}; expected a (device type, device "
-                                      "id) pair of ints, with a device type DLPack defines")
-    return device
-
-
-def _host_array(obj, claimed, argument: str) -> np.ndarray:
-    return _Imported(obj, None, claimed, argument).host_view()
+    buf = _on_device(ImportedTensor(obj, stream, claimed, argument), backend)
+    return buf.copy_on_device(backend) if copy else buf
 
 
 def _backend_for(device, argument: str):
     kind = kind_for_dlpack(device[0])
     if kind is None:
-        raise ArgumentError(argument, f"its data is on {_device_name(device)}, which no backend "
+        raise ArgumentError(argument, f"its data is on {device_name(device)}, which no backend "
                                       "of the shim holds")
     backend = get_device(kind)
     if device[1] != backend.dlpack_device_id():
-        raise ArgumentError(argument, f"its data is on {_device_name(device)}; the shim's {kind} "
+        raise ArgumentError(argument, f"its data is on {device_name(device)}; the shim's {kind} "
                                       f"backend uses device {backend.dlpack_device_id()}")
     return backend
 
 
-def _producer_call(obj, method: str, argument: str, call):
-    """``call()``, a call into the producer: what it raises is bad input (but a shim error,
-    from a shim Buffer as producer, stays what it is)."""
+def _on_device(imported: ImportedTensor, backend) -> Buffer:
+    """A Buffer whose device allocation on ``backend`` is the imported tensor's memory."""
+    t = imported.tensor
+    if t.data == 0:
+        imported.refuse("NULL device memory, which cannot be wrapped")
+    if any(s < 0 for s in t.strides):
+        imported.refuse("negative strides, which a device allocation cannot have")
     try:
-        return call()
-    except ShimError:
-        raise
-    except Exception as e:  # noqa: BLE001 - any failure of foreign code
-        raise ArgumentError(argument, f"{type(obj).__name__}.{method}() raised "
-                                      f"{type(e).__name__}: {e}") from e
-
-
-def _capsule_of(obj, stream, argument: str):
-    def export():
-        try:
-            return obj.__dlpack__(stream=stream, max_version=VERSION)
-        except TypeError:  # a producer from before DLPack 1.0 and the max_version argument
-            return obj.__dlpack__(stream=stream)
-
-    return _producer_call(obj, "__dlpack__", argument, export)
-
-
-@dataclass(frozen=True)
-class _Tensor:
-    """A DLTensor's fields, checked, as Python values."""
-
-    device: tuple[int, int]
-    data: int
-    byte_offset: int
-    shape: tuple[int, ...]
-    strides: tuple[int, ...]  # in elements
-    htype: HalideType
-    read_only: bool
-
-    @property
-    def nbytes(self) -> int:
-        """The bytes from the first element to the end of the last (0 for no elements);
-        strides must be non-negative."""
-        if 0 in self.shape:
-            return 0
-        return (sum((e - 1) * s for e, s in zip(self.shape, self.strides)) + 1) * self.htype.bytes
-
-
-def _read_tensor(managed, versioned: bool, refuse) -> _Tensor:
-    if versioned and managed.version.major != VERSION[0]:
-        refuse(f"DLPack {managed.version.major}.{managed.version.minor}, whose layout the shim "
-               f"does not know (it reads {VERSION[0]}.x)")
-    tensor = managed.dl_tensor
-    n = tensor.ndim
-    if not 0 <= n <= _MAX_DIMENSIONS:
-        refuse(f"ndim {n}; expected 0 to {_MAX_DIMENSIONS}")
-    if n and tensor.shape == ffi.NULL:
-        refuse(f"a NULL shape for {n} dimensions")
-    shape = tuple(ffi.unpack(tensor.shape, n)) if n else ()
-    if tensor.strides == ffi.NULL:  # compact and row-major, as DLPack 1.0 allows
-        strides = tuple(math.prod(shape[i + 1:]) for i in range(n))
-    else:
-        strides = tuple(ffi.unpack(tensor.strides, n)) if n else ()
-    if not all(0 <= e <= _INT32_MAX for e in shape) or any(abs(s) > _INT32_MAX for s in strides):
-        refuse(f"shape {shape} with strides {strides}; extents must be >= 0 and both must fit "
-               "Halide's 32 bits")
-    htype = _from_dl_type(tensor.dtype, refuse)
-    data = int(ffi.cast("uintptr_t", tensor.data))
-    if data == 0 and 0 not in shape:
-        refuse(f"NULL data for {math.prod(shape)} elements")
-    return _Tensor((tensor.device.device_type, tensor.device.device_id), data,
-                   int(tensor.byte_offset), shape, strides, htype,
-                   versioned and bool(managed.flags & READ_ONLY))
-
-
-class _Imported(Finalized):
-    """A consumed capsule, checked: the managed tensor, whose deleter runs when this is dropped
-    (with the Buffer or the array over its memory). ``device``: where the producer said the
-    data is, which the tensor must agree with."""
-
-    def __init__(self, obj, stream, device=None, argument: str = "obj"):
-        self.producer = obj  # kept alive too, as the standard asks of consumers
-        self.argument = argument
-        capsule = _capsule_of(obj, stream, argument)
-        self.versioned = bool(_capsule_valid(capsule, _name(True)))
-        if not self.versioned and not _capsule_valid(capsule, _name(False)):
-            self.refuse(f"{reprlib.repr(capsule)}, not an unused DLPack capsule")
-        kind = "DLManagedTensorVersioned *" if self.versioned else "DLManagedTensor *"
-        managed = ffi.cast(kind, _capsule_pointer(capsule, _name(self.versioned)))
-        # Refusals up to here leave the capsule unconsumed: its own destructor frees it.
-        self.tensor = _read_tensor(managed, self.versioned, self.refuse)
-        if device is not None and self.tensor.device != tuple(device):
-            self.refuse(f"a tensor on {_device_name(self.tensor.device)}, while its "
-                        f"__dlpack_device__() says {_device_name(device)}")
-        _capsule_rename(capsule, _name(self.versioned, used=True))
-        self.managed = managed
-
-    def refuse(self, what: str):
-        raise ArgumentError(self.argument,
-                            f"{type(self.producer).__name__}.__dlpack__() gave {what}")
-
-    def host_view(self) -> np.ndarray:
-        """A numpy array over the tensor's host memory; it keeps this alive."""
-        t = self.tensor
-        if 0 in t.shape:
-            return np.empty(t.shape, t.htype.dtype)  # no memory to share (data may be NULL)
-        return np.asarray(self)
-
-    @property
-    def __array_interface__(self) -> dict:
-        t = self.tensor
-        return {"version": 3, "shape": t.shape, "typestr": t.htype.dtype.str,
-                "data": (t.data + t.byte_offset, t.read_only),
-                "strides": tuple(s * t.htype.bytes for s in t.strides)}
-
-    def wrap(self, backend) -> Buffer:
-        """A Buffer whose device allocation on ``backend`` is the tensor's memory."""
-        t = self.tensor
-        if t.data == 0:
-            self.refuse("NULL device memory, which cannot be wrapped")
-        if any(s < 0 for s in t.strides):
-            self.refuse("negative strides, which a device allocation cannot have")
-        try:
-            with _device_calls("DLPack import"):
-                backend.check_dlpack_memory(t.data, t.byte_offset, t.nbytes)
-        except BufferError as e:
-            self.refuse(f"memory the shim cannot use: {e}")
-        itemsize = t.htype.bytes
-        host = np.lib.stride_tricks.as_strided(
-            np.empty(max(t.nbytes, itemsize), np.uint8).view(t.htype.dtype), t.shape,
-            tuple(s * itemsize for s in t.strides))
-        buf = Buffer._wrap(host, self.argument, exposed=False)
-        buf._keepalive = self
-        buffer_operations.wrap_device(buf._raw, backend, t.data, t.byte_offset)
-        flags.assign(buf._raw, flags.DEVICE_DIRTY, True)  # it lives there
-        return buf
-
-    def _finalize(self):  # (Finalized's finalizer: Ctrl-C cannot leave the producer's tensor held)
-        managed = getattr(self, "managed", None)
-        if managed is not None and managed.deleter != ffi.NULL:
-            managed.deleter(managed)
+        with backend_calls("DLPack import"):
+            backend.check_dlpack_memory(t.data, t.byte_offset, t.nbytes)
+    except BufferError as e:
+        imported.refuse(f"memory the shim cannot use: {e}")
+    itemsize = t.htype.bytes
+    host = np.lib.stride_tricks.as_strided(
+        np.empty(max(t.nbytes, itemsize), np.uint8).view(t.htype.dtype), t.shape,
+        tuple(s * itemsize for s in t.strides))
+    buf = Buffer.over_array(host, imported.argument, exposed=False, keepalive=imported)
+    buffer_operations.wrap_device(buf.raw, backend, t.data, t.byte_offset)
+    flags.assign(buf.raw, flags.DEVICE_DIRTY, True)  # it lives there
+    return buf

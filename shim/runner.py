@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from shim.buffer import _check_memory
+from shim.buffer import check_memory
 from shim.errors import ArgumentError
 from shim.metadata import Argument, check_extents
 
@@ -45,7 +45,7 @@ def input_value(arg: Argument, text: str, target: str) -> np.ndarray:
         shape = _numpy_shape(arg, parse_extents(arg, rest))
         # Refused before making it: the pipeline could not take it, or the machine hold it.
         check_extents(arg, shape, target)
-        _check_memory(shape, dtype, arg.name)
+        check_memory(shape, dtype, arg.name)
         if kind == "zero":
             return np.zeros(shape, dtype)
         return _random(shape, dtype)

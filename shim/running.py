@@ -83,7 +83,7 @@ class Runner:
         its current data goes to host memory (a CPU pipeline fails on device-dirty inputs), and
         a GPU pipeline on another API gets it without a device allocation, which it would
         otherwise refuse as a switch of interfaces."""
-        backend = lib.shim_backend_of(buf._raw.device_interface)
+        backend = lib.shim_backend_of(buf.raw.device_interface)
         if backend < 0 or self.backend_mask & (1 << backend):
             return  # on a device the pipeline uses, or one the shim does not own
         if buf.device_dirty:
@@ -106,12 +106,12 @@ class PreparedCall(PreparedRun):
         self._runner = runner
         self._call = call
         buffers = [buf for _, _, buf in call.buffers]
-        self._raw_buffers = ffi.new("halide_buffer_t *[]", [buf._raw for buf in buffers] or 1)
+        self._raw_buffers = ffi.new("halide_buffer_t *[]", [buf.raw for buf in buffers] or 1)
         self._outputs = [buf for _, arg, buf in call.buffers if arg.is_output]
         self._inputs = [buf for _, arg, buf in call.buffers if not arg.is_output]
         # (struct, family, is_output) of every buffer argument, for the families' records of
         # the call.
-        self._arguments = [(buf._raw, buf._family, arg.is_output) for _, arg, buf in call.buffers]
+        self._arguments = [(buf.raw, buf.family, arg.is_output) for _, arg, buf in call.buffers]
         native = self._native_run()
         if native is not None:
             super().__init__(*native)
@@ -132,11 +132,11 @@ class PreparedCall(PreparedRun):
                 or any(target is not None for _, target in call.copy_back)
                 or len(call.buffers) > _NATIVE_RUN_BUFFERS):
             return None
-        inputs = [families.address_of(buf._raw) for _, arg, buf in call.buffers if not arg.is_output]
+        inputs = [families.address_of(buf.raw) for _, arg, buf in call.buffers if not arg.is_output]
         array_inputs = {id(buf) for buf in call.array_inputs}
         to_host = {id(buf) for buf, _ in call.copy_back}
-        members = [(buf, buf._record, arg.is_output,
-                    call_uses.replaces(buf._raw, buf._family, arg.is_output, inputs),
+        members = [(buf, buf.call_record, arg.is_output,
+                    call_uses.replaces(buf.raw, buf.family, arg.is_output, inputs),
                     id(buf) in array_inputs, id(buf) in to_host)
                    for _, arg, buf in call.buffers]
         results = call.results[0] if len(call.results) == 1 else tuple(call.results)
@@ -194,7 +194,7 @@ class PreparedCall(PreparedRun):
                         for buf in self._outputs:
                             # Code compiled for the CPU only writes outputs without marking
                             # them host-dirty; a device copy they may have would go stale.
-                            flags.assign(buf._raw, flags.HOST_DIRTY, True)
+                            flags.assign(buf.raw, flags.HOST_DIRTY, True)
         except BackendError as e:  # ordering the call's work across streams: a driver call
             raise DeviceError(lib.halide_error_code_gpu_device_error, str(e),
                               context=runner.name) from e
@@ -215,9 +215,9 @@ class PreparedCall(PreparedRun):
     def _results(self):
         call = self._call
         for buf in self._inputs:
-            buf._unread = False
+            buf.mark_read()
         for buf in self._outputs:
-            buf._unread = True
+            buf.mark_written()
         for output in call.device_outputs:
             output.copy_to_device()  # a CPU pipeline's results are still in host memory
         for output, target in call.copy_back:

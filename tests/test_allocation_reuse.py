@@ -204,7 +204,7 @@ def driver_allocations(opencl, monkeypatch):
 
 
 def cl_mem(buf) -> int:
-    return lib.halide_opencl_get_cl_mem(ffi.NULL, buf._raw)
+    return lib.halide_opencl_get_cl_mem(ffi.NULL, buf.raw)
 
 
 @pytest.mark.parametrize("runtime", ["no_runtime", "bundled"])

@@ -205,7 +205,7 @@ def test_main_thread_holding_a_buffers_lock(overlap, opencl):
     pipeline = shim.load(overlap["async_gpu_to_cpu", "no_runtime"])  # its GPU stage reads the input
     source = shim.Buffer(np.full((32, 32), 2, np.int32))  # host-dirty: its upload needs the lock
     results = []
-    with families.locked(source._raw):
+    with families.locked(source.raw):
         worker = threading.Thread(target=lambda: results.append(pipeline(source, output=(32, 32))),
                                   daemon=True)
         worker.start()

@@ -48,7 +48,7 @@ def in_python(p: shim.Pipeline, **arguments) -> None:
 def state(*bufs) -> list:
     """What must be the same after the fast paths as after the Python run: each Buffer's dirty
     bits, its family's regions and recorded uses."""
-    return [(buf.host_dirty, buf.device_dirty, buf._family.regions, list(buf._family.uses))
+    return [(buf.host_dirty, buf.device_dirty, buf.family.regions, list(buf.family.uses))
             for buf in bufs]
 
 
@@ -124,7 +124,7 @@ def test_threads_running_one_prepared_call_while_its_input_gets_a_crop():
 
     thread = threading.Thread(target=first, daemon=True)
     thread.start()
-    while not source._family.uses and thread.is_alive():
+    while not source.family.uses and thread.is_alive():
         pass
     crop = source.cropped([(0, 8), (0, 8)])
     try:
@@ -133,7 +133,7 @@ def test_threads_running_one_prepared_call_while_its_input_gets_a_crop():
         errors.append(e)
     join_all([thread])
     assert errors == []
-    assert source._family.uses == [] and out._family.uses == []
+    assert source.family.uses == [] and out.family.uses == []
     np.testing.assert_array_equal(out.numpy(), expected)
     crop.set_host_dirty(True)  # (waits for no call)
     del crop
@@ -145,7 +145,7 @@ def test_threads_running_one_prepared_call_while_its_input_gets_a_crop():
 def assert_consistent(*bufs) -> None:
     """No call left recorded, and every member's dirty bits those its family's regions give."""
     for buf in bufs:
-        family = buf._family
+        family = buf.family
         assert family.uses == []
         if family.shared:
             for member in family.members.values():
@@ -330,7 +330,7 @@ def test_crops_dropped_by_the_collector_while_plans_are_made(prepared):
             else:
                 cpu_fill(param=n, f=crops[i])
             expected[:, 8 * i:8 * i + 8] = filled(8 * i, 0, 8, 8, n)
-            assert crops[i]._family.uses == []
+            assert crops[i].family.uses == []
     finally:
         gc.set_threshold(*threshold)
         gc.callbacks.remove(on_collection)

@@ -88,7 +88,7 @@ def test_dlpack_consumers_and_frees_wait_for_a_destroyed_streams_kernels(librari
     run_child(libraries, """
         sys.path.insert(0, os.path.join(os.path.dirname(fake_cuda.__file__)))
         from producers import Producer
-        from shim import dlpack
+        from shim import dlpack_capsules
         brighten = shim.load(libraries["no_runtime"])
         image = np.ones((48, 64), np.float32)
         stream, consumer = driver.cuStreamCreate(1)[1], driver.cuStreamCreate(1)[1]
@@ -97,7 +97,7 @@ def test_dlpack_consumers_and_frees_wait_for_a_destroyed_streams_kernels(librari
         driver.cuStreamDestroy(stream)
         launches = [op for op in driver.log() if op.kind == "launch"]
         start = driver.log()[-1].seq
-        imported = dlpack._Imported(Producer(out), consumer)   # __dlpack__(stream=consumer)
+        imported = dlpack_capsules.ImportedTensor(Producer(out), consumer)   # __dlpack__(stream=consumer)
         waits = [op for op in driver.log() if op.kind == "wait" and op.seq > start]
         assert waits and all(op.stream == consumer for op in waits), driver.log()
         assert all(driver.ordered(k, w) for k in launches for w in waits)

@@ -66,10 +66,10 @@ def test_torch_round_trip_is_zero_copy(libraries, device, torch, runtime):
     brighten = shim.load(libraries[runtime])
     x = torch.from_numpy(image(1)).cuda()
     imported = shim.from_dlpack(x)
-    assert imported._raw.device == x.data_ptr()  # the tensor's memory, not a copy
+    assert imported.raw.device == x.data_ptr()  # the tensor's memory, not a copy
     out = brighten(imported, scale=2.0, offset=1.0, output=SHAPE)
     y = torch.from_dlpack(out)
-    assert y.is_cuda and y.data_ptr() == out._raw.device
+    assert y.is_cuda and y.data_ptr() == out.raw.device
     torch.testing.assert_close(y, x * 2 + 1, rtol=2e-7, atol=0)
     y.fill_(5)  # one memory: written through torch, read through the shim
     torch.cuda.synchronize()
@@ -88,10 +88,10 @@ def test_a_torch_output_is_written_in_place(brighten, device, torch):
 def test_cupy_round_trip_is_zero_copy(brighten, device, cupy):
     x = cupy.asarray(image(3))
     imported = shim.from_dlpack(x)
-    assert imported._raw.device == x.data.ptr
+    assert imported.raw.device == x.data.ptr
     out = brighten(imported, scale=2.0, offset=1.0, output=SHAPE)
     y = cupy.from_dlpack(out)
-    assert y.data.ptr == out._raw.device
+    assert y.data.ptr == out.raw.device
     cupy.testing.assert_allclose(y, x * 2 + 1, rtol=2e-7, atol=0)
     y.fill(5)
     cupy.cuda.Device().synchronize()
@@ -113,7 +113,7 @@ def test_shim_result_on_a_stream_read_by_torch_on_another(brighten, device, torc
         y = torch.from_dlpack(out)  # __dlpack__(stream=consumer): consumer waits for producer
         copy = y.clone()
     consumer.synchronize()
-    assert y.data_ptr() == out._raw.device
+    assert y.data_ptr() == out.raw.device
     np.testing.assert_allclose(copy.cpu().numpy(), data * 2 + 1, rtol=2e-7, atol=0)
     np.testing.assert_allclose(out.numpy(), data * 2 + 1, rtol=2e-7, atol=0)
 
@@ -127,7 +127,7 @@ def test_torch_result_on_a_stream_read_by_the_shim_on_another(brighten, device, 
             imported = shim.from_dlpack(x)  # torch makes consumer wait for producer
             out = brighten(imported, scale=2.0, offset=1.0, output=SHAPE)  # on consumer
             result = out.numpy()  # downloaded on consumer, after the kernel
-    assert imported._raw.device == x.data_ptr()
+    assert imported.raw.device == x.data_ptr()
     np.testing.assert_array_equal(result, 7)
 
 
@@ -145,7 +145,7 @@ def test_shim_result_on_a_stream_read_by_cupy_on_another(brighten, device, cupy,
         y = cupy.from_dlpack(out)
         copy = y.copy()
     consumer.synchronize()
-    assert y.data.ptr == out._raw.device
+    assert y.data.ptr == out.raw.device
     np.testing.assert_allclose(cupy.asnumpy(copy), data * 2 + 1, rtol=2e-7, atol=0)
     np.testing.assert_allclose(out.numpy(), data * 2 + 1, rtol=2e-7, atol=0)
 
@@ -160,7 +160,7 @@ def test_cupy_result_on_a_stream_read_by_the_shim_on_another(brighten, device, c
             imported = shim.from_dlpack(x)  # CuPy makes consumer wait for producer
             out = brighten(imported, scale=2.0, offset=1.0, output=SHAPE)
             result = out.numpy()
-    assert imported._raw.device == x.data.ptr
+    assert imported.raw.device == x.data.ptr
     np.testing.assert_array_equal(result, 7)
 
 

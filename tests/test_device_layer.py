@@ -29,7 +29,7 @@ def device_contents(buf, device):
     assert device.kind == "host"
     array = buf._array
     span = sum((n - 1) * s for n, s in zip(array.shape, array.strides)) + array.itemsize
-    memory = shim.regions.host_memory(buf._raw.device, span)
+    memory = shim.regions.host_memory(buf.raw.device, span)
     return np.lib.stride_tricks.as_strided(memory.view(array.dtype), array.shape,
                                            array.strides).copy()
 
@@ -52,7 +52,7 @@ def test_device_memory_is_separate_from_host_memory(device):
     data = np.ones((4, 4), np.float32)
     buf = shim.Buffer(data)
     buf.copy_to_device(device)
-    assert buf._raw.device != int(ffi.cast("uintptr_t", buf._raw.host))
+    assert buf.raw.device != int(ffi.cast("uintptr_t", buf.raw.host))
     data[:] = 7
     np.testing.assert_array_equal(device_contents(buf, device), 1)
 
@@ -114,9 +114,9 @@ def test_device_sync_and_malloc_are_idempotent(device):
     buf = shim.Buffer(np.zeros((2, 2), np.uint8))
     buf.device_sync()  # nothing on a device: nothing to wait for
     buf.device_malloc(device)
-    handle = buf._raw.device
+    handle = buf.raw.device
     buf.device_malloc(device)
-    assert buf._raw.device == handle
+    assert buf.raw.device == handle
     buf.device_sync()
     assert buf.host_dirty  # malloc does not upload
 
@@ -178,8 +178,8 @@ def test_crop_and_slice_alias_the_parent_allocation(device):
     # can only have come from the device.
     crop_host = np.zeros_like(data)[1:4, 2:7]
     crop = raw_like(crop_host, mins=(2, 1))
-    assert lib.halide_device_crop(ffi.NULL, parent._raw, crop.raw) == 0
-    assert crop.raw.device_interface == parent._raw.device_interface
+    assert lib.halide_device_crop(ffi.NULL, parent.raw, crop.raw) == 0
+    assert crop.raw.device_interface == parent.raw.device_interface
     # The crop reads the parent's device memory at its offset.
     crop.raw.flags = lib.halide_buffer_flag_device_dirty
     assert lib.halide_copy_to_host(ffi.NULL, crop.raw) == 0
@@ -194,7 +194,7 @@ def test_crop_and_slice_alias_the_parent_allocation(device):
     # A slice: row y=4 of the parent.
     row_host = np.zeros_like(data)[4]
     row = raw_like(row_host, mins=(0,))
-    assert lib.halide_device_slice(ffi.NULL, parent._raw, 1, 4, row.raw) == 0
+    assert lib.halide_device_slice(ffi.NULL, parent.raw, 1, 4, row.raw) == 0
     row.raw.flags = lib.halide_buffer_flag_device_dirty
     assert lib.halide_copy_to_host(ffi.NULL, row.raw) == 0
     np.testing.assert_array_equal(row_host, data[4])
@@ -211,7 +211,7 @@ def test_crop_and_slice_alias_the_parent_allocation(device):
 def test_crop_of_a_buffer_without_device_memory_is_a_no_op(device):
     parent = shim.Buffer(np.zeros((4, 4), np.uint8))
     crop = raw_like(np.zeros((2, 2), np.uint8), mins=(1, 1))
-    assert lib.halide_device_crop(ffi.NULL, parent._raw, crop.raw) == 0
+    assert lib.halide_device_crop(ffi.NULL, parent.raw, crop.raw) == 0
     assert crop.raw.device == 0
 
 
@@ -243,7 +243,7 @@ def test_buffer_copy_between_host_and_device_over_the_overlap(device):
     dst = raw_like(dst_host, mins=(4, 2))
     # Device -> host (dst has no device): the source's device data is valid.
     with shim.bridge.runtime_call("buffer_copy") as check:
-        check(lib.halide_buffer_copy(ffi.NULL, src._raw, ffi.NULL, dst.raw))
+        check(lib.halide_buffer_copy(ffi.NULL, src.raw, ffi.NULL, dst.raw))
     np.testing.assert_array_equal(dst_host[:, :4], src_data[2:6, 4:8])
     np.testing.assert_array_equal(dst_host[:, 4:], 0)
     assert dst.raw.flags == lib.halide_buffer_flag_host_dirty
@@ -252,7 +252,7 @@ def test_buffer_copy_between_host_and_device_over_the_overlap(device):
     dst2_host = np.full((8, 8), 1, np.uint16)
     dst2 = raw_like(dst2_host, mins=(0, 0))
     with shim.bridge.runtime_call("buffer_copy") as check:
-        check(lib.halide_buffer_copy(ffi.NULL, src._raw, interface, dst2.raw))
+        check(lib.halide_buffer_copy(ffi.NULL, src.raw, interface, dst2.raw))
     assert dst2.raw.flags == lib.halide_buffer_flag_device_dirty
     dst2.raw.flags = lib.halide_buffer_flag_device_dirty
     assert lib.halide_copy_to_host(ffi.NULL, dst2.raw) == 0
@@ -268,8 +268,8 @@ def test_buffer_copy_device_to_device(device):
     dst.device_malloc(device)
     copied = device.transfers.total
     with shim.bridge.runtime_call("buffer_copy") as check:
-        check(lib.halide_buffer_copy(ffi.NULL, src._raw, lib.shim_backend_interface(device.index),
-                                     dst._raw))
+        check(lib.halide_buffer_copy(ffi.NULL, src.raw, lib.shim_backend_interface(device.index),
+                                     dst.raw))
     assert device.transfers.total - copied == src_data.nbytes  # one copy, device to device
     assert dst.device_dirty and not dst.host_dirty
     np.testing.assert_array_equal(dst.numpy(), src_data)
@@ -280,13 +280,13 @@ def test_wrap_and_detach_native_memory(device):
     buf = shim.Buffer(np.zeros(12, np.int32))
     interface = lib.shim_backend_interface(device.index)
     with shim.bridge.runtime_call("wrap") as check:
-        check(lib.halide_device_wrap_native(ffi.NULL, buf._raw, backing.ctypes.data, interface))
-    assert buf._raw.device == backing.ctypes.data
+        check(lib.halide_device_wrap_native(ffi.NULL, buf.raw, backing.ctypes.data, interface))
+    assert buf.raw.device == backing.ctypes.data
     buf.set_host_dirty(False)
     buf.set_device_dirty()
     np.testing.assert_array_equal(buf.numpy(), backing)
     with shim.bridge.runtime_call("detach") as check:
-        check(lib.halide_device_detach_native(ffi.NULL, buf._raw))
+        check(lib.halide_device_detach_native(ffi.NULL, buf.raw))
     assert not buf.has_device_allocation
     np.testing.assert_array_equal(backing, np.arange(12))  # wrapped memory is never freed
 

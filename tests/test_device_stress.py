@@ -32,7 +32,7 @@ def device():
 
 def device_value(buf):
     """The first element of ``buf``'s device allocation (host device: handles are addresses)."""
-    return np.frombuffer(ffi.buffer(ffi.cast("int32_t *", buf._raw.device), 4), np.int32)[0]
+    return np.frombuffer(ffi.buffer(ffi.cast("int32_t *", buf.raw.device), 4), np.int32)[0]
 
 
 def test_threads_racing_to_allocate_one_buffer_allocate_once(device):
@@ -124,7 +124,7 @@ def test_random_operations_on_shared_buffers(device):
                 with writers[k]:
                     value = rng.randrange(1, 1 << 30)
                     buf.copy_to_device(device)
-                    device_array = np.frombuffer(ffi.buffer(ffi.cast("int32_t *", buf._raw.device),
+                    device_array = np.frombuffer(ffi.buffer(ffi.cast("int32_t *", buf.raw.device),
                                                             16 * 16 * 4), np.int32)
                     device_array[...] = value  # what a kernel would write
                     buf.set_device_dirty()

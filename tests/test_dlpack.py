@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 import shim
-from shim import dlpack
+from shim import dlpack_capsules
+from shim.native import ffi
 from shim.pipelines.build import Build, build
 from support.producers import Producer
 
@@ -64,14 +65,14 @@ class CapsuleHolder:
 def releases(monkeypatch):
     """manager_ctx -> how many times the shim's deleter ran for that exported tensor."""
     counts = {}
-    original = dlpack._release
+    original = dlpack_capsules._release
 
     def counting(managed):
-        key = int(dlpack.ffi.cast("uintptr_t", managed.manager_ctx))
+        key = int(ffi.cast("uintptr_t", managed.manager_ctx))
         counts[key] = counts.get(key, 0) + 1
         original(managed)
 
-    monkeypatch.setattr(dlpack, "_release", counting)
+    monkeypatch.setattr(dlpack_capsules, "_release", counting)
     return counts
 
 
@@ -265,7 +266,7 @@ def test_opencl_memory_round_trips_through_from_dlpack_without_a_copy(opencl, br
     imported = shim.from_dlpack(producer)
     assert producer.calls[0]["stream"] == opencl.queue.int_ptr  # the shim's own queue
     assert imported.device is opencl
-    assert opencl.native(imported._family.memory) == opencl.native(source._family.memory)
+    assert opencl.native(imported.family.memory) == opencl.native(source.family.memory)
     uploads = opencl.transfers.uploaded
     brighten_opencl(imported, scale=2.0, offset=1.0, output=imported)  # in place, on the device
     assert opencl.transfers.uploaded == uploads
@@ -328,10 +329,10 @@ def test_a_consumer_queue_waits_for_the_shims_work(opencl, brighten_opencl):
     out = brighten_opencl(image, scale=2.0, offset=0.0, output=image.shape)
     consumer = cl.CommandQueue(opencl.context)
     capsule_holder = Producer(out)
-    imported = dlpack._Imported(capsule_holder, consumer.int_ptr)
+    imported = dlpack_capsules.ImportedTensor(capsule_holder, consumer.int_ptr)
     tensor = imported.managed.dl_tensor
     host = np.empty_like(image)
-    mem = cl.Buffer.from_int_ptr(int(dlpack.ffi.cast("uintptr_t", tensor.data)), retain=True)
+    mem = cl.Buffer.from_int_ptr(int(ffi.cast("uintptr_t", tensor.data)), retain=True)
     cl.enqueue_copy(consumer, host, mem, src_offset=int(tensor.byte_offset), is_blocking=True)
     np.testing.assert_array_equal(host, image * 2)
     with pytest.raises(TypeError, match="stream"):

@@ -212,7 +212,7 @@ def test_device_tensors_must_be_memory_the_process_holds(opencl):
     import pyopencl as cl
 
     buf = on_opencl(opencl, np.zeros(6, np.float32))
-    mem = opencl.native(buf._family.memory)
+    mem = opencl.native(buf.family.memory)
     too_far = Hostile(claim=(KDL_OPENCL, 0), data=mem, byte_offset=8)  # 24 bytes from 8 of 24
     with pytest.raises(shim.ArgumentError, match=r"bytes \[8, 32\) of an OpenCL buffer of 24"):
         shim.from_dlpack(too_far)

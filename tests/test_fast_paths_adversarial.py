@@ -61,7 +61,7 @@ class Contender:
         self.thread.start()
 
     def _run(self):
-        family = self.buf._family
+        family = self.buf.family
         try:
             while not family.uses and not self.stop.is_set():
                 time.sleep(0.0001)
@@ -80,7 +80,7 @@ class Contender:
 def release_leftover_uses(*buffers):
     """Test hygiene after a failure: uses a broken call left would make threads wait forever."""
     for buf in buffers:
-        family = buf._family
+        family = buf.family
         with family.lock:
             family.uses.clear()
             family.lock.notify_all()
@@ -129,7 +129,7 @@ def test_ctrl_c_as_end_call_starts_leaves_no_use_behind(load, shim_sigint, prepa
                     time.sleep(1.0)  # (where a Ctrl-C held for the end of the call lands)
             except KeyboardInterrupt:
                 interrupted = True
-            stuck = out._family.uses[:]
+            stuck = out.family.uses[:]
             if stuck:
                 release_leftover_uses(out)
             assert contender.join(), "a thread waited forever on a use nobody ends"
@@ -186,7 +186,7 @@ def test_a_call_nested_in_the_end_of_a_call_keeps_its_report(load, prepared):
     finally:
         if run is not None:
             run.close()
-    assert out._family.uses == []
+    assert out.family.uses == []
 
 
 def test_a_call_nested_in_the_end_of_a_call_keeps_its_prints(load, capfd):
@@ -461,7 +461,7 @@ def test_many_fast_calls_leak_nothing(load):
     assert families.live_counts() == registries
     assert end - start < 256 * 1024, f"{end - start} bytes more after 10^5 calls"
     for b in (buf, out_buf, total):
-        assert b._family.uses == [] and b._family.deferred == []
+        assert b.family.uses == [] and b.family.deferred == []
     prepared.close()
     np.testing.assert_array_equal(out_buf.numpy(), a * np.float32(k))
 
@@ -502,7 +502,7 @@ def test_the_same_buffer_as_input_and_output(load):
         general(times_k, (slow_buf, 3.0, slow_buf), {})
         np.testing.assert_array_equal(fast_buf.numpy(), slow_buf.numpy())
     assert counting.declined == 0
-    assert fast_buf._family.uses == []
+    assert fast_buf.family.uses == []
     # The same array as input and output: two Buffers over one memory on either path.
     fast_array, slow_array = a.copy(), a.copy()
     times_k(fast_array, 3.0, fast_array)
@@ -541,7 +541,7 @@ def test_subclasses_take_the_general_path_with_the_same_results(load):
     np.testing.assert_array_equal(out, a * 2)
     assert counting.declined == 2
     for b in (sub_in, sub_out):
-        assert b._family.uses == []
+        assert b.family.uses == []
 
 
 def test_numpy_scalars_and_bools_as_scalars_match_the_general_path(load):
@@ -620,7 +620,7 @@ def test_threads_crop_mark_and_free_buffers_fast_calls_use(load):
 
     run_for_a_while([(caller, range(3)), (meddler, range(2))], stop, errors)
     for buf in inputs + outputs:
-        assert buf._family.uses == []
+        assert buf.family.uses == []
     for i in range(2):
         times_k(inputs[i], 2.0, outputs[i])
         np.testing.assert_array_equal(outputs[i].numpy(), a * np.float32(2))
@@ -670,7 +670,7 @@ def test_threads_move_buffers_of_cpu_fast_calls_to_opencl_and_back(load, opencl)
 
     run_for_a_while([(caller, range(2)), (mover, range(2))], stop, errors)
     for buf in (inp, *outputs):
-        assert buf._family.uses == []
+        assert buf.family.uses == []
     np.testing.assert_array_equal(inp.numpy(), a)
     for out in outputs:
         times_k(inp, 2.0, out)
@@ -767,7 +767,7 @@ class OpenCLModel(RuleBasedStateMachine):
 
     @invariant()
     def no_uses(self):
-        assert self.inp._family.uses == [] and self.out._family.uses == []
+        assert self.inp.family.uses == [] and self.out.family.uses == []
 
     def teardown(self):
         self.prepared.close()
@@ -840,7 +840,7 @@ class HostModel(RuleBasedStateMachine):
 
     @invariant()
     def no_uses(self):
-        assert self.inp._family.uses == [] and self.out._family.uses == []
+        assert self.inp.family.uses == [] and self.out.family.uses == []
 
     def teardown(self):
         self.prepared.close()
@@ -913,7 +913,7 @@ def test_ctrl_c_at_random_during_contended_fast_calls(load, shim_sigint):
             except KeyboardInterrupt:
                 pass
     prepared.close()
-    stuck = out._family.uses[:] + inp._family.uses[:]
+    stuck = out.family.uses[:] + inp.family.uses[:]
     release_leftover_uses(inp, out)
     assert not any(t.is_alive() for t in threads)
     assert stuck == [], (len(stuck), errors)

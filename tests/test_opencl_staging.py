@@ -63,7 +63,7 @@ def test_an_output_crop_gets_its_elements_and_nothing_else(load, opencl, x, y, w
     crop_fill = load("crop_fill")
     parent = on_device(opencl, np.full((12, 80), SENTINEL, np.int32))
     crop = parent.cropped([(x, width), (y, height)])
-    staged = ffi.cast("shim_cl_handle *", crop._raw.device).launch_mem == ffi.NULL
+    staged = ffi.cast("shim_cl_handle *", crop.raw.device).launch_mem == ffi.NULL
     assert staged == misaligned(opencl, np.int32, x + y * 80) == (x != 32)  # (the last: aligned)
     ys, xs = np.mgrid[y:y + height, x:x + width]
     for param in (1, 2, 3):  # the staging buffer is reused from the second call on
@@ -213,7 +213,7 @@ def initialized(source: bytes):
 def run_kernel(module, name: bytes, buffers, threads: int, rows: int = 1) -> None:
     """Launch kernel ``name`` of ``module`` on one block of threads x rows."""
     sizes = ffi.new("size_t[]", [8] * len(buffers) + [0])
-    args = ffi.new("void *[]", [b._raw if isinstance(b, shim.Buffer) else b for b in buffers]
+    args = ffi.new("void *[]", [b.raw if isinstance(b, shim.Buffer) else b for b in buffers]
                    + [ffi.NULL])
     is_buffer = ffi.new("int8_t[]", [1] * len(buffers) + [0])
     with shim.bridge.runtime_call("run") as check:
@@ -255,8 +255,8 @@ def crop_struct(crop: shim.Buffer, dims):
     for i, (extent, stride) in enumerate(dims):
         dim[i].extent, dim[i].stride = extent, stride
     raw = ffi.new("halide_buffer_t *")
-    raw.device, raw.device_interface = crop._raw.device, crop._raw.device_interface
-    raw.type, raw.dimensions, raw.dim = crop._raw.type, len(dims), dim
+    raw.device, raw.device_interface = crop.raw.device, crop.raw.device_interface
+    raw.type, raw.dimensions, raw.dim = crop.raw.type, len(dims), dim
     return raw, dim
 
 
@@ -284,8 +284,8 @@ def test_a_crop_keeps_its_staging_buffer_until_it_goes(load, opencl):
     crop_fill = load("crop_fill")
     parent = on_device(opencl, np.full((4, 40), SENTINEL, np.int32))
     crop = parent.cropped([(1, 8), (0, 4)])
-    handle = int(ffi.cast("uintptr_t", crop._raw.device))
-    struct = families.family_of(parent._raw).memory.handles[handle][0]  # (kept alive here)
+    handle = int(ffi.cast("uintptr_t", crop.raw.device))
+    struct = families.family_of(parent.raw).memory.handles[handle][0]  # (kept alive here)
     crop_fill(param=1, f=crop)
     staging = struct.staging
     assert staging != ffi.NULL
@@ -316,8 +316,8 @@ def test_a_family_is_placed_for_the_crop_that_goes_to_the_device_first(load, ope
     parent = shim.Buffer(np.full((4, 48), SENTINEL, np.int32))
     crop = parent.cropped([(x, 8), (0, 4)])
     crop_fill(param=1, f=crop)  # its family's first device use
-    handle = int(ffi.cast("uintptr_t", crop._raw.device))
-    family = families.family_of(parent._raw)
+    handle = int(ffi.cast("uintptr_t", crop.raw.device))
+    family = families.family_of(parent.raw)
     struct = family.memory.handles[handle][0]
     assert struct.offset % opencl.alignment == 0 and struct.launch_mem != ffi.NULL
     crop_fill(param=2, f=crop)

@@ -31,7 +31,7 @@ def python_runs(monkeypatch):
 
 
 def family_of(buffer: shim.Buffer):
-    return buffer._family
+    return buffer.family
 
 
 @pytest.fixture(scope="module")

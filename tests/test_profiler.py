@@ -74,7 +74,7 @@ def test_counts_match_an_independent_count(host_device):
     noops, uploads = 25, 4
     with shim.profile() as prof:
         for _ in range(noops):  # already there and current: decided in C
-            assert lib.halide_copy_to_device(ffi.NULL, buf._raw, interface) == 0
+            assert lib.halide_copy_to_device(ffi.NULL, buf.raw, interface) == 0
         for _ in range(uploads):
             buf.set_host_dirty()
             buf.copy_to_device()
@@ -93,9 +93,9 @@ def test_refused_and_failed_calls_count_as_errors(host_device):
         host_device.set_faults(fail_copy=1)
         with pytest.raises(shim.DeviceError):
             buf.copy_to_device(host_device)
-        lib.shim_flags_assign(buf._raw, lib.halide_buffer_flag_device_dirty, True)  # both dirty
-        assert lib.halide_copy_to_host(ffi.NULL, buf._raw) != 0
-        lib.shim_flags_assign(buf._raw, lib.halide_buffer_flag_device_dirty, False)
+        lib.shim_flags_assign(buf.raw, lib.halide_buffer_flag_device_dirty, True)  # both dirty
+        assert lib.halide_copy_to_host(ffi.NULL, buf.raw) != 0
+        lib.shim_flags_assign(buf.raw, lib.halide_buffer_flag_device_dirty, False)
     [failed] = prof.calls("copy_to_device")
     assert failed.result == lib.halide_error_code_copy_to_device_failed
     assert prof.decided_in_c["copy_to_host"]["refused"] == 1

@@ -654,7 +654,7 @@ def test_ctrl_c_at_a_finalizers_first_bytecode_is_raised_after_it(what, host_dev
     finalizers run with Ctrl-C held from C: the KeyboardInterrupt comes after the finalizer."""
     if threading.current_thread() is not threading.main_thread():
         pytest.fail("signals land on the main thread: run this test there")
-    from shim import dlpack, families
+    from shim import dlpack_capsules, families
     from shim.buffer import Buffer
 
     signal.signal(signal.SIGINT, signal.getsignal(signal.SIGINT))  # (in front of pocl's)
@@ -663,7 +663,7 @@ def test_ctrl_c_at_a_finalizers_first_bytecode_is_raised_after_it(what, host_dev
     alive = weakref.ref(array)
     if what == "dlpack import":
         buf = shim.from_dlpack(array)
-        code = dlpack._Imported._finalize.__code__
+        code = dlpack_capsules.ImportedTensor._finalize.__code__
     else:
         buf = Buffer(array)
         if what == "crop":

@@ -60,7 +60,7 @@ def run(world: str, p: shim.Pipeline, **arguments) -> None:
 
 
 def family_of(buf: shim.Buffer):
-    return buf._family
+    return buf.family
 
 
 class View:
