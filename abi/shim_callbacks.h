@@ -48,12 +48,13 @@ int shim_py_compute_capability(void *user_context, int *major, int *minor,
  * (shim/allocation_reuse.py). */
 int shim_py_release_unused_allocations(void *user_context, int backend);
 
-/* GPU backends: compile a module's kernels (once per source) and create the backend's
- * context on first use. */
-int shim_py_opencl_initialize(void *user_context, void **state_ptr, const char *src, int size);
-int shim_py_opencl_start(void *user_context);
-int shim_py_cuda_initialize(void *user_context, void **state_ptr, const char *src, int size);
-int shim_py_cuda_start(void *user_context);
+/* GPU backends, the one of `device_interface`: compile a module's kernels (once per source;
+ * `size` counts the terminating NUL) into `*state_ptr`, and create the backend's context on
+ * first use. */
+int shim_py_initialize_kernels(void *user_context, void **state_ptr, const char *src, int size,
+                               const struct halide_device_interface_t *device_interface);
+int shim_py_device_start(void *user_context,
+                         const struct halide_device_interface_t *device_interface);
 
 /* Kernel launches while profiling: begin returns a token for end (0: not recorded). */
 int shim_py_profile_launch_begin(void *user_context, const shim_launch *launch);

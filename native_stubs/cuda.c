@@ -59,7 +59,7 @@ int shim_cuda_bind(const char *driver, void *context) {
 
 static int default_acquire(void *user_context, void **ctx, bool create) {
     if (__atomic_load_n(&cu.context, __ATOMIC_ACQUIRE) == NULL && create) {
-        int result = shim_py_cuda_start(user_context);
+        int result = shim_py_device_start(user_context, shim_backend_interface(SHIM_BACKEND_CUDA));
         if (result) {
             return result;
         }
@@ -201,7 +201,8 @@ int halide_cuda_initialize_kernels(void *user_context, void **state_ptr, const c
     if (__atomic_load_n(state_ptr, __ATOMIC_ACQUIRE) != NULL) {
         return halide_error_code_success;
     }
-    return shim_py_cuda_initialize(user_context, state_ptr, ptx, size);
+    return shim_py_initialize_kernels(user_context, state_ptr, ptx, size,
+                                      shim_backend_interface(SHIM_BACKEND_CUDA));
 }
 
 void halide_cuda_finalize_kernels(void *user_context, void *state_ptr) {

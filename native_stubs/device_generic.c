@@ -128,7 +128,7 @@ int shim_check_native_handle(void *user_context, const halide_buffer_t *buf, int
         return halide_error_buffer_is_null(user_context, routine);
     }
     const struct halide_device_interface_t *current = interface_of(buf);
-    if (shim_device_load(buf) == 0 || current == NULL || shim_is_proxy(current)) {
+    if (!shim_has_allocation(shim_device_load(buf), current)) {
         return SHIM_NO_NATIVE_HANDLE;
     }
     if (current != shim_backend_interface(backend)) {
@@ -190,9 +190,8 @@ int halide_copy_to_device(void *user_context, struct halide_buffer_t *buf,
                           const struct halide_device_interface_t *device_interface) {
     if (LIKELY(buf != NULL)) {
         snapshot s = take_snapshot(buf);
-        if (LIKELY(s.device != 0 && s.interface != NULL && !(s.flags & HOST_DIRTY) &&
-                   (device_interface == NULL || device_interface == s.interface) &&
-                   !shim_is_proxy(s.interface))) {
+        if (LIKELY(shim_has_allocation(s.device, s.interface) && !(s.flags & HOST_DIRTY) &&
+                   (device_interface == NULL || device_interface == s.interface))) {
             return NOOP(COPY_TO_DEVICE); /* already on this device, and current */
         }
     }
@@ -209,7 +208,7 @@ int halide_copy_to_device(void *user_context, struct halide_buffer_t *buf,
     }
     /* A crop carrying the proxy interface is not on a device yet: the backend asked for
      * allocates its parent and makes it alias that (shim/runtime.py). */
-    bool allocated = shim_device_load(buf) != 0 && !shim_is_proxy(current);
+    bool allocated = shim_has_allocation(shim_device_load(buf), current);
     if (allocated && current != device_interface) {
         return refuse_interface_switch(user_context, "halide_copy_to_device");
     }
@@ -257,7 +256,7 @@ int halide_device_malloc(void *user_context, struct halide_buffer_t *buf,
     if (result) {
         return REFUSED(DEVICE_MALLOC, result);
     }
-    if (shim_device_load(buf) != 0 && !shim_is_proxy(interface_of(buf))) {
+    if (shim_has_allocation(shim_device_load(buf), interface_of(buf))) {
         return NOOP(DEVICE_MALLOC); /* already allocated on this interface */
     }
     if (shim_owns_interface(device_interface)) {

@@ -289,7 +289,8 @@ int halide_opencl_initialize_kernels(void *user_context, void **state_ptr, const
     if (__atomic_load_n(state_ptr, __ATOMIC_ACQUIRE) != NULL) {
         return halide_error_code_success;
     }
-    return shim_py_opencl_initialize(user_context, state_ptr, src, size);
+    return shim_py_initialize_kernels(user_context, state_ptr, src, size,
+                                      shim_backend_interface(SHIM_BACKEND_OPENCL));
 }
 
 void halide_opencl_finalize_kernels(void *user_context, void *state_ptr) {
@@ -753,7 +754,7 @@ int halide_acquire_cl_context(void *user_context, void **ctx, void **queue, bool
             *queue = NULL;
             return halide_error_code_success;
         }
-        int result = shim_py_opencl_start(user_context);
+        int result = shim_py_device_start(user_context, shim_backend_interface(SHIM_BACKEND_OPENCL));
         if (result) {
             return result;
         }

@@ -96,6 +96,15 @@ static inline bool shim_is_proxy(const struct halide_device_interface_t *device_
     return device_interface != NULL && device_interface == shim_backend_interface(SHIM_BACKEND_PROXY);
 }
 
+/* Whether a buffer whose device and device_interface fields read `device` and `interface` has
+ * device memory of its own: a handle, and not the proxy interface a member of a shared family
+ * carries until the family is on a device (its "handle" is then the member's own address).
+ * The Python core asks the same with shim/aliasing.py's has_allocation. */
+static inline bool shim_has_allocation(uint64_t device,
+                                       const struct halide_device_interface_t *interface) {
+    return device != 0 && interface != NULL && !shim_is_proxy(interface);
+}
+
 /* Atomic access to halide_buffer_t::flags. Generated code writes flags inline, so every read the
  * shim bases a decision on is an acquire load, and every change is a read-modify-write that keeps
  * the other bits. */

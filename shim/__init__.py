@@ -14,10 +14,9 @@ from shim.allocation_reuse import (
     release_unused_device_allocations,
     reuse_device_allocations,
 )
-from shim.backends import cuda as _cuda, opencl as _opencl  # noqa: F401  (their callbacks too)
 from shim.buffer import Buffer, Dimension
 from shim.devices import default_device, device, devices
-from shim.dlpack import from_dlpack  # (registers the DLPack deleters too)
+from shim.dlpack import from_dlpack
 from shim.errors import (
     ArgumentError,
     BoundsError,

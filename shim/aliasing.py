@@ -31,8 +31,15 @@ from shim import flags
 from shim.families import Family, Member, Use, address_of, dirty_bits
 from shim.flags import DEVICE_DIRTY, DIRTY, HOST_DIRTY
 from shim.native import ffi, lib
-from shim.regions import (box_plan, contains, intersect, overlaps, subtract_all, with_box,
-                          without_box)
+from shim.regions import (
+    box_plan,
+    contains,
+    intersect,
+    overlaps,
+    subtract_all,
+    with_box,
+    without_box,
+)
 
 PROXY = lib.shim_backend_interface(lib.SHIM_BACKEND_PROXY)
 
@@ -47,7 +54,8 @@ def is_proxy(interface) -> bool:
 
 def has_allocation(raw) -> bool:
     """Whether ``raw`` has device memory of its own: a handle, and not the proxy a member of a
-    shared family carries while the family has no allocation (native_stubs: shim_has_allocation)."""
+    shared family carries while the family has no allocation (in C: shim_has_allocation, in
+    native_stubs/shim_native.h)."""
     return bool(raw.device) and raw.device_interface != PROXY
 
 

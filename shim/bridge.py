@@ -106,6 +106,16 @@ def runtime_call(what: str):
             context.end()
 
 
+@contextmanager
+def backend_calls(what: str):
+    """Backend calls Python makes outside any runtime call (ordering a pipeline call's work
+    across streams, DLPack's synchronization): a failure is a DeviceError, as inside one."""
+    try:
+        yield
+    except BackendError as e:
+        raise DeviceError(E.halide_error_code_gpu_device_error, str(e), context=what) from e
+
+
 def run_for_python(what: str, operation, failure_code: int, *args) -> None:
     """Run a device-layer operation for a Python caller (a Buffer method) as the C callbacks
     run them for Halide: reported into a fresh call context, profiled, and raised as

@@ -21,11 +21,11 @@ from shim.bridge import runtime_call
 from shim.dlpack_capsules import host_array
 from shim.errors import ArgumentError, DirtyBufferWarning
 from shim.families import Family
+from shim.flags import DEVICE_DIRTY, HOST_DIRTY
 from shim.metadata import dimension_label
 from shim.native import Finalized, ffi, lib
 from shim.types import INT32_MAX, HalideType
 
-from shim.flags import DEVICE_DIRTY, HOST_DIRTY
 # Host memory the shim will allocate or copy at most at once: more than the machine has can
 # never be computed with (numpy fails, or the kernel kills the process once the pages fill).
 PHYSICAL_MEMORY = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")

@@ -8,7 +8,7 @@ C: it becomes that error code, with its message reported to the caller's call co
 from __future__ import annotations
 
 from shim import allocation_reuse, runtime
-from shim.bridge import E, UNREPORTED_FAILURE, guarded
+from shim.bridge import UNREPORTED_FAILURE, E, guarded
 from shim.native import ffi
 
 CALLBACKS = (
@@ -31,6 +31,8 @@ CALLBACKS = (
     ("shim_py_detach_native", runtime.detach_native,
      E.halide_error_code_device_detach_native_failed),
     ("shim_py_compute_capability", runtime.compute_capability, E.halide_error_code_generic_error),
+    ("shim_py_initialize_kernels", runtime.initialize_kernels, E.halide_error_code_generic_error),
+    ("shim_py_device_start", runtime.device_start, E.halide_error_code_generic_error),
     ("shim_py_release_unused_allocations", allocation_reuse.release_for_native,
      E.halide_error_code_generic_error),
 )

@@ -18,6 +18,7 @@ import numpy as np
 
 import shim
 from shim import runner
+from shim.devices import kinds, preferred_kind
 
 
 def _info(args, parser) -> int:
@@ -139,7 +140,7 @@ def _device(pipeline, kind):
     """The device the inputs are put on before the timed runs: the one asked for, else the
     GPU API the pipeline runs on, else none (host memory)."""
     if kind is None:
-        kind = next((k for k in ("cuda", "opencl") if k in pipeline.device_kinds), None)
+        kind = preferred_kind(pipeline.device_kinds)
     return None if kind is None else shim.device(kind)
 
 
@@ -202,7 +203,7 @@ def build_parser() -> argparse.ArgumentParser:
             "estimates, else like the first input). `python -m shim info P.so` lists them.")
         run.add_argument("pipeline", help="path of the pipeline's shared library")
         run.add_argument("--name", help="which pipeline, if the library holds several")
-        run.add_argument("--device", choices=["opencl", "cuda", "host"],
+        run.add_argument("--device", choices=kinds(),
                          help="put the inputs on this device before the timed runs (default: "
                               "the GPU API the pipeline runs on, else host memory)")
         run.add_argument("--iterations", type=_positive, default=1, metavar="N",

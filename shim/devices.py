@@ -7,38 +7,49 @@ import os
 import threading
 
 from shim.backends.base import Backend
+from shim.backends.cuda import CUDABackend
+from shim.backends.host import HostBackend
+from shim.backends.opencl import OpenCLBackend
 from shim.errors import ArgumentError, DeviceUnavailable
 from shim.native import ffi, lib
+
+# Every backend the shim has. Each class holds its own facts (kind, native index, DLPack
+# device type, default_rank); everything else derives them from here.
+BACKEND_CLASSES: tuple[type[Backend], ...] = (HostBackend, OpenCLBackend, CUDABackend)
+_BY_KIND = {cls.kind: cls for cls in BACKEND_CLASSES}
+_BY_INDEX = {cls.index: cls for cls in BACKEND_CLASSES}
 
 _backends: dict[int, Backend] = {}
 # Serializes creating a backend (a driver's context is made once), never device operations.
 _creation_lock = threading.Lock()
 
 
-def _factories():
-    from shim.backends.cuda import CUDABackend
-    from shim.backends.host import HostBackend
-    from shim.backends.opencl import OpenCLBackend
-
-    return {"host": HostBackend, "opencl": OpenCLBackend, "cuda": CUDABackend}
+def kinds() -> list[str]:
+    """The device kinds the shim has backends for, as shim.device() takes them."""
+    return list(_BY_KIND)
 
 
 def backend_class(kind: str) -> type[Backend] | None:
     """The class of the backends of a device kind, None for a kind the shim has none of."""
-    return _factories().get(kind)
+    return _BY_KIND.get(kind)
 
 
-def device(kind: str = "host", **options) -> Backend:
+def kind_of_index(index: int) -> str | None:
+    """The kind of the backend whose native index (enum shim_backend) is ``index``."""
+    cls = _BY_INDEX.get(index)
+    return cls.kind if cls is not None else None
+
+
+def device(kind: str = HostBackend.kind, **options) -> Backend:
     """The device of a backend kind: "opencl", "cuda" or "host" (the simulated device),
     created on first use with ``options`` (see each backend). A backend keeps its device for
     the life of the process: Halide's handles do not say which device they belong to."""
     if isinstance(kind, Backend):
         return kind
-    factories = _factories()
-    if kind not in factories:
+    factory = _BY_KIND.get(kind)
+    if factory is None:
         raise ArgumentError("kind", f"unknown device kind {kind!r}; expected one of "
-                                    f"{', '.join(sorted(factories))}")
-    factory = factories[kind]
+                                    f"{', '.join(sorted(_BY_KIND))}")
     backend = _backends.get(factory.index)
     if backend is None:
         with _creation_lock:
@@ -52,10 +63,18 @@ def device(kind: str = "host", **options) -> Backend:
     return backend
 
 
-# The order in which default_device() tries the GPU backends: CUDA before OpenCL, since an
-# OpenCL device may be a CPU (PoCL, which the test extra installs), while a CUDA device is
-# always a GPU. (OpenCL itself prefers a GPU platform: see shim/backends/opencl.py.)
-_DEFAULT_ORDER = ("cuda", "opencl")
+# The order in which default_device() tries the GPU backends (Backend.default_rank).
+_DEFAULT_ORDER = tuple(cls.kind for cls in sorted(
+    (cls for cls in BACKEND_CLASSES if cls.default_rank is not None),
+    key=lambda cls: cls.default_rank))
+
+
+def preferred_kind(candidates) -> str | None:
+    """Of the device kinds ``candidates`` (a pipeline's GPU APIs, say), the one
+    default_device() would try first; None if the shim has a backend for none of them."""
+    return next((kind for kind in _DEFAULT_ORDER if kind in candidates), None)
+
+
 # The kinds default_device() found unavailable: machines do not grow devices, and trying a
 # driver that is not there costs far more than a call.
 _unavailable: set[str] = set()
@@ -75,17 +94,15 @@ def default_device() -> Backend:
             return device(kind)
         except DeviceUnavailable:
             _unavailable.add(kind)
-    return device("host")
+    return device(HostBackend.kind)
 
 
 def devices() -> list[tuple[str, str]]:
     """(kind, description) of every device the shim can use on this machine, without
-    creating any context."""
-    from shim.backends import cuda, opencl
-
-    found = [("opencl", f"{d} ({p})") for p, d in opencl.available()]
-    found += [("cuda", name) for name in cuda.available()]
-    return found + [("host", "simulated device in host memory")]
+    creating any context: the GPUs, in the order default_device() tries them, then the
+    simulated host device."""
+    order = [*_DEFAULT_ORDER, *(cls.kind for cls in BACKEND_CLASSES if cls.kind not in _DEFAULT_ORDER)]
+    return [(kind, description) for kind in order for description in _BY_KIND[kind].available()]
 
 
 def created() -> list[Backend]:
@@ -95,10 +112,7 @@ def created() -> list[Backend]:
 
 def kind_for_dlpack(device_type: int) -> str | None:
     """The backend kind whose memory has DLPack device type ``device_type``, if any."""
-    for kind, factory in _factories().items():
-        if factory.dlpack_device_type == device_type:
-            return kind
-    return None
+    return next((cls.kind for cls in BACKEND_CLASSES if cls.dlpack_device_type == device_type), None)
 
 
 def backend_for_interface(interface) -> Backend:
@@ -108,8 +122,7 @@ def backend_for_interface(interface) -> Backend:
     backend = _backends.get(index)
     if backend is not None:
         return backend
-    for kind, factory in _factories().items():
-        if factory.index == index:
-            return device(kind)
-    raise LookupError(f"no backend for interface {ffi.cast('uintptr_t', interface)}")
-
+    kind = kind_of_index(index)
+    if kind is None:
+        raise LookupError(f"no backend for interface {ffi.cast('uintptr_t', interface)}")
+    return device(kind)

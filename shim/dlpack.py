@@ -11,10 +11,16 @@ from __future__ import annotations
 import numpy as np
 
 from shim import buffer_operations, flags
+from shim.bridge import backend_calls
 from shim.buffer import Buffer
-from shim.devices import device as get_device, kind_for_dlpack
-from shim.dlpack_capsules import (HOST_DEVICES, ImportedTensor, backend_calls, claimed_device,
-                                  device_name)
+from shim.devices import device as get_device
+from shim.devices import kind_for_dlpack
+from shim.dlpack_capsules import (
+    HOST_DEVICES,
+    ImportedTensor,
+    claimed_device,
+    device_name,
+)
 from shim.errors import ArgumentError
 
 

@@ -15,14 +15,12 @@ import math
 import operator
 import reprlib
 import warnings
-from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
 
 from shim import interrupts, shutdown
-from shim.backends.base import BackendError
-from shim.errors import ArgumentError, DeviceError, ShimError
+from shim.errors import ArgumentError, ShimError
 from shim.native import Finalized, ffi, lib
 from shim.types import FLOAT, INT, UINT, HalideType
 
@@ -60,16 +58,6 @@ _capsule_rename = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.py_object, ctypes.c_voi
 
 def _name(versioned: bool, used: bool = False) -> int:
     return int(ffi.cast("uintptr_t", lib.shim_dlpack_capsule_name(versioned, used)))
-
-
-@contextmanager
-def backend_calls(what: str):
-    """Backend calls made for DLPack, outside any runtime call: a failure is a DeviceError, as
-    inside one."""
-    try:
-        yield
-    except BackendError as e:
-        raise DeviceError(lib.halide_error_code_gpu_device_error, str(e), context=what) from e
 
 
 # --- devices and element types -----------------------------------------------------------------

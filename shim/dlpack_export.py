@@ -22,8 +22,16 @@ from __future__ import annotations
 import numpy as np
 
 from shim import buffer_operations, interrupts
-from shim.dlpack_capsules import (IS_COPIED, READ_ONLY, DLDeviceType, backend_calls,
-                                  device_name, device_pair, make_capsule, version_tuple)
+from shim.bridge import backend_calls
+from shim.dlpack_capsules import (
+    IS_COPIED,
+    READ_ONLY,
+    DLDeviceType,
+    device_name,
+    device_pair,
+    make_capsule,
+    version_tuple,
+)
 from shim.errors import ArgumentError
 from shim.types import HalideType
 

@@ -28,6 +28,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from shim.devices import backend_for_interface, kind_of_index
 from shim.errors import ShimError
 from shim.native import ffi, lib
 from shim.types import HalideType
@@ -36,8 +37,6 @@ from shim.types import HalideType
 C_FUNCTIONS = {value: name.removeprefix("SHIM_FN_").lower()
                for value, name in ffi.typeof("enum shim_function").elements.items()
                if name != "SHIM_FN_COUNT"}
-_BACKEND_NAMES = {lib.SHIM_BACKEND_HOST: "host", lib.SHIM_BACKEND_OPENCL: "opencl",
-                  lib.SHIM_BACKEND_CUDA: "cuda", lib.SHIM_BACKEND_PROXY: "proxy"}
 
 _active: Profile | None = None
 _start_lock = threading.Lock()
@@ -270,7 +269,7 @@ def begin_call(operation, args) -> tuple | None:
     profile = _active
     if profile is None:
         return None
-    raw, backend = _subject(operation, args)
+    raw, backend = _subject(args)
     return profile, profile._begin("runtime", operation.__name__, raw, backend)
 
 
@@ -343,7 +342,7 @@ def _mark_after(record: Record) -> None:
         record.markers.after = record.markers.backend.timing_marker(record.markers.stream)
 
 
-def _subject(operation, args):
+def _subject(args):
     """The buffer a runtime operation works on and the name of its backend."""
     raw = interface = None
     for arg in args:
@@ -355,11 +354,10 @@ def _subject(operation, args):
                 interface = arg
     if interface is None and raw is not None:
         interface = raw.device_interface
+    backend = None
     if interface is not None and interface != ffi.NULL:
-        backend = _BACKEND_NAMES.get(lib.shim_backend_of(interface), "foreign")
-    else:
-        module = operation.__module__
-        backend = module.rsplit(".", 1)[-1] if module.startswith("shim.backends.") else None
+        index = lib.shim_backend_of(interface)
+        backend = "proxy" if index == lib.SHIM_BACKEND_PROXY else kind_of_index(index) or "foreign"
     return raw, backend
 
 
@@ -374,8 +372,6 @@ def shim_py_profile_launch_begin(user_context, launch):
     profile = _active
     if profile is None:
         return 0
-    from shim.devices import backend_for_interface
-
     backend = backend_for_interface(lib.shim_backend_interface(launch.backend))
     info = {"blocks": tuple(launch.blocks), "threads": tuple(launch.threads),
             "shared_mem_bytes": launch.shared_mem_bytes}

@@ -9,13 +9,12 @@ import sys
 import numpy as np
 
 from shim import call_uses, families, flags, interrupts, profiler, streams
-from shim.backends.base import BackendError
 from shim.binding import Call, free_temporaries
+from shim.bridge import backend_calls, raise_failure, take_exception
 from shim.buffer import Buffer
 from shim.devices import backend_class
 from shim.errors import DEVICE_ERROR_CODES, DeviceError, PipelineError
 from shim.native import CallContext, PreparedRun, ffi, lib, print_text
-from shim.bridge import raise_failure, take_exception
 
 # How often a call prepares buffers another thread keeps moving to a device it does not use.
 _PREPARATION_ATTEMPTS = 100
@@ -180,24 +179,22 @@ class PreparedCall(PreparedRun):
         result = lib.SHIM_CALL_NEEDS_PREPARATION
         stream = streams.current()
         try:
-            try:
-                if runner.device_kinds:
-                    for backend, memory in self._device_memories():
-                        backend.order_before(memory, stream)
-                result = self._run(context)
-            finally:
-                if result != lib.SHIM_CALL_NEEDS_PREPARATION:
+            with backend_calls(runner.name):  # ordering the call's work across streams
+                try:
                     if runner.device_kinds:
                         for backend, memory in self._device_memories():
-                            backend.ran_on(memory, stream)
-                    else:
-                        for buf in self._outputs:
-                            # Code compiled for the CPU only writes outputs without marking
-                            # them host-dirty; a device copy they may have would go stale.
-                            flags.assign(buf.raw, flags.HOST_DIRTY, True)
-        except BackendError as e:  # ordering the call's work across streams: a driver call
-            raise DeviceError(lib.halide_error_code_gpu_device_error, str(e),
-                              context=runner.name) from e
+                            backend.order_before(memory, stream)
+                    result = self._run(context)
+                finally:
+                    if result != lib.SHIM_CALL_NEEDS_PREPARATION:
+                        if runner.device_kinds:
+                            for backend, memory in self._device_memories():
+                                backend.ran_on(memory, stream)
+                        else:
+                            for buf in self._outputs:
+                                # Code compiled for the CPU only writes outputs without marking
+                                # them host-dirty; a device copy they may have would go stale.
+                                flags.assign(buf.raw, flags.HOST_DIRTY, True)
         finally:
             # Even when ordering failed: uses left recorded would make every later operation
             # on these buffers wait for this call forever.

@@ -27,7 +27,6 @@ from shim.flags import DEVICE_DIRTY, HOST_DIRTY
 from shim.native import ffi, lib
 from shim.regions import Layout, NegativeStrides, host_memory, mirror_plan, overlap_plan
 
-
 # --- the operations, as Halide's device interface calls them -----------------------------
 
 def device_malloc(uc, raw, interface):
@@ -127,6 +126,17 @@ def device_release_crop(uc, raw, interface):
         if family is not None and family.shared:
             on_shared(aliasing.absorb, family, raw, False)  # its changes stay with the family
         _drop_device(raw, family)
+
+
+def initialize_kernels(uc, state_ptr, src, size, interface):
+    """A pipeline's GPU module, compiled (once per source) by the backend of ``interface``."""
+    source = bytes(ffi.buffer(src, max(size - 1, 0)))  # size counts the terminating NUL
+    state_ptr[0] = ffi.cast("void *", backend_for_interface(interface).module(source))
+
+
+def device_start(uc, interface):
+    """A pipeline's first use of a GPU API before Python's: the backend and its context."""
+    backend_for_interface(interface)
 
 
 def compute_capability(uc, major, minor, interface):

@@ -91,10 +91,10 @@ def test_a_crop_of_a_parent_without_device_memory_carries_the_proxy(host_device)
     buf = shim.Buffer(np.zeros((8, 8), np.float32))
     crop = buf.cropped([(1, 4), (2, 4)])
     proxy = lib.shim_backend_interface(lib.SHIM_BACKEND_PROXY)
-    assert crop._raw.device_interface == proxy and not crop.has_device_allocation
+    assert crop.raw.device_interface == proxy and not crop.has_device_allocation
     crop.copy_to_device(host_device)  # first device use: the parent is allocated, whole
     assert buf.has_device_allocation and crop.has_device_allocation
-    assert crop._raw.device == buf._raw.device + (2 * 8 + 1) * 4
+    assert crop.raw.device == buf.raw.device + (2 * 8 + 1) * 4
     assert host_device.live_allocations >= 1
 
 
@@ -131,7 +131,7 @@ def device_view(buf):
     element in device memory, with the buffer's strides)."""
     array = buf._array
     span = sum((n - 1) * s for n, s in zip(array.shape, array.strides)) + array.itemsize
-    memory = shim.regions.host_memory(buf._raw.device, span)
+    memory = shim.regions.host_memory(buf.raw.device, span)
     return np.lib.stride_tricks.as_strided(memory.view(array.dtype), array.shape, array.strides).copy()
 
 
@@ -139,7 +139,7 @@ def write_on_device(buf, value):
     """What a kernel does to ``buf`` on the host device: new values in device memory only."""
     array = buf._array
     span = sum((n - 1) * s for n, s in zip(array.shape, array.strides)) + array.itemsize
-    memory = shim.regions.host_memory(buf._raw.device, span)
+    memory = shim.regions.host_memory(buf.raw.device, span)
     view = np.lib.stride_tricks.as_strided(memory.view(array.dtype), array.shape, array.strides)
     view[...] = value
     buf.set_device_dirty()
@@ -182,7 +182,7 @@ def test_many_crops_written_in_turn(libraries, host_device):
         parent.copy_to_device()  # every column's results go up, and every bit clears
         assert not parent.host_dirty and not any(column.host_dirty for column in columns)
         np.testing.assert_array_equal(device_view(parent), fill(xs, ys, param))
-    members = parent._family.members.values()
+    members = parent.family.members.values()
     assert max(len(member._known) for member in members) <= shim.families._REMEMBERED_STATES
 
 
@@ -236,9 +236,9 @@ def test_device_release_crop_of_a_dirty_crop_keeps_its_data(host_device):
     crop = parent.cropped([(0, 2), (0, 2)])
     crop.copy_to_device(host_device)
     write_on_device(crop, 3)
-    lib.shim_flags_assign(crop._raw, DEVICE_DIRTY, True)  # as generated code would leave it
+    lib.shim_flags_assign(crop.raw, DEVICE_DIRTY, True)  # as generated code would leave it
     with shim.bridge.runtime_call("release crop") as check:
-        check(lib.halide_device_release_crop(ffi.NULL, crop._raw))
+        check(lib.halide_device_release_crop(ffi.NULL, crop.raw))
     parent.copy_to_host()
     np.testing.assert_array_equal(data[:2, :2], 3)
 
@@ -251,16 +251,16 @@ def test_crops_made_by_native_code_for_an_extern_stage(host_device):
     parent = shim.Buffer(data)
     parent.copy_to_device(host_device)
     crop = ffi.new("halide_buffer_t *")
-    crop[0] = parent._raw[0]  # *dst = *src, flags and all
+    crop[0] = parent.raw[0]  # *dst = *src, flags and all
     dims = ffi.new("halide_dimension_t[2]", [(4, 4, 1, 0), (1, 2, 8, 0)])
     crop.dim, crop.device, crop.device_interface = dims, 0, ffi.NULL
     crop.host = ffi.cast("uint8_t *", data[1:, 4:].ctypes.data)
-    interface = parent._raw.device_interface
-    assert interface.device_crop(ffi.NULL, parent._raw, crop) == 0
+    interface = parent.raw.device_interface
+    assert interface.device_crop(ffi.NULL, parent.raw, crop) == 0
     device = np.frombuffer(ffi.buffer(ffi.cast("int32_t *", crop.device), 12 * 4), np.int32)
     device[0:4], device[8:12] = 5, 6  # the stage writes rows y = 1 and 2 of the crop
     lib.shim_flags_assign(crop, DEVICE_DIRTY, True)
-    lib.shim_flags_assign(parent._raw, DEVICE_DIRTY, True)  # the retire helper's inline write
+    lib.shim_flags_assign(parent.raw, DEVICE_DIRTY, True)  # the retire helper's inline write
     assert interface.device_release_crop(ffi.NULL, crop) == 0
     parent.copy_to_host()
     np.testing.assert_array_equal(data[1, 4:], 5)

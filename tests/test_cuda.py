@@ -30,7 +30,7 @@ def test_a_crop_is_its_parents_pointer_plus_its_offset(device, offset_x):
     parent = shim.Buffer(np.zeros((20, 40), np.int32))
     parent.copy_to_device(device)
     crop = parent.cropped([(offset_x, 6), (3, 5)])
-    assert crop._raw.device == parent._raw.device + (3 * 40 + offset_x) * 4
+    assert crop.raw.device == parent.raw.device + (3 * 40 + offset_x) * 4
 
 
 def test_pipelines_run_on_the_stream_the_caller_chooses(libraries, device):
@@ -48,7 +48,7 @@ def test_pipelines_run_on_the_stream_the_caller_chooses(libraries, device):
 def test_the_handle_helpers_are_halides(device):
     buf = shim.Buffer(np.zeros((4, 4), np.float32))
     buf.device_malloc(device)
-    assert lib.halide_cuda_get_device_ptr(ffi.NULL, buf._raw) == buf._raw.device
+    assert lib.halide_cuda_get_device_ptr(ffi.NULL, buf.raw) == buf.raw.device
     major, minor = device.compute_capability()
     assert major >= 5
 
@@ -61,11 +61,11 @@ def test_wrapping_device_memory(device):
     buf = shim.Buffer(np.zeros(16, np.int32))
     buf.set_host_dirty(False)
     with shim.bridge.runtime_call("wrap") as check:
-        check(lib.halide_cuda_wrap_device_ptr(ffi.NULL, buf._raw, pointer))
+        check(lib.halide_cuda_wrap_device_ptr(ffi.NULL, buf.raw, pointer))
     buf.set_device_dirty()
     np.testing.assert_array_equal(buf.numpy(), data)
     with shim.bridge.runtime_call("detach") as check:
-        check(lib.halide_cuda_detach_device_ptr(ffi.NULL, buf._raw))
+        check(lib.halide_cuda_detach_device_ptr(ffi.NULL, buf.raw))
     assert not buf.has_device_allocation
     cuda_backend._check(driver.cuMemFree(pointer), "cuMemFree")
 
@@ -97,7 +97,7 @@ def test_dlpack_stream_values(device):
 
 def test_a_consumer_stream_waits_for_the_kernels_without_a_device_sync(libraries, device,
                                                                        monkeypatch):
-    from shim import dlpack
+    from shim import dlpack_capsules
 
     driver = cuda_backend._driver()
     producer = int(cuda_backend._check(driver.cuStreamCreate(1), "cuStreamCreate"))
@@ -107,7 +107,7 @@ def test_a_consumer_stream_waits_for_the_kernels_without_a_device_sync(libraries
     with shim.stream(producer):
         out = brighten(image, scale=2.0, offset=1.0, output=image.shape)
     monkeypatch.setattr(device, "sync", lambda: pytest.fail("a device-wide synchronization"))
-    imported = dlpack._Imported(Producer(out), consumer)  # __dlpack__(stream=consumer)
+    imported = dlpack_capsules.ImportedTensor(Producer(out), consumer)  # __dlpack__(stream=consumer)
     host = _read_on_stream(imported.managed.dl_tensor, image.nbytes, consumer).view(np.float32)
     np.testing.assert_array_equal(host.reshape(image.shape), image * 2 + 1)
     del imported
@@ -126,7 +126,7 @@ def test_the_shim_as_consumer_passes_its_own_stream(device):
         imported = shim.from_dlpack(producer)
     # Outside any shim.stream, DLPack's legacy default stream.
     assert [call["stream"] for call in producer.calls] == [1, stream]
-    assert imported._raw.device == source._raw.device  # the same memory, not a copy
+    assert imported.raw.device == source.raw.device  # the same memory, not a copy
     np.testing.assert_array_equal(imported.numpy(), np.arange(10))
     cuda_backend._check(driver.cuStreamDestroy(stream), "cuStreamDestroy")
 

@@ -48,7 +48,7 @@ def test_a_crop_launches_through_a_sub_buffer_where_its_offset_is_aligned(device
     parent = shim.Buffer(np.zeros((20, 40), np.int32))
     parent.copy_to_device(device)
     crop = parent.cropped([(offset_x, 6), (3, 5)])
-    handle = ffi.cast("shim_cl_handle *", crop._raw.device)
+    handle = ffi.cast("shim_cl_handle *", crop.raw.device)
     assert handle.offset == (3 * 40 + offset_x) * 4
     aligned = handle.offset % device.alignment == 0
     assert (handle.launch_mem != ffi.NULL) == aligned
@@ -72,7 +72,7 @@ def test_launch_failure_is_a_device_error(device):
     buf = shim.Buffer(np.zeros(4, np.int32))
     buf.copy_to_device(device)
     sizes = ffi.new("size_t[]", [8, 0])
-    args = ffi.new("void *[]", [buf._raw, ffi.NULL])
+    args = ffi.new("void *[]", [buf.raw, ffi.NULL])
     is_buffer = ffi.new("int8_t[]", [1, 0])
     with pytest.raises(shim.DeviceError) as e:
         with shim.bridge.runtime_call("run") as check:
@@ -85,18 +85,18 @@ def test_launch_failure_is_a_device_error(device):
 def test_the_handle_helpers_are_halides(device):
     buf = shim.Buffer(np.zeros((4, 4), np.float32))
     buf.device_malloc(device)
-    mem = lib.halide_opencl_get_cl_mem(ffi.NULL, buf._raw)
-    assert mem == device_memory_of(buf) and lib.halide_opencl_get_crop_offset(ffi.NULL, buf._raw) == 0
+    mem = lib.halide_opencl_get_cl_mem(ffi.NULL, buf.raw)
+    assert mem == device_memory_of(buf) and lib.halide_opencl_get_crop_offset(ffi.NULL, buf.raw) == 0
     crop = buf.cropped(0, 1, 2)
-    assert lib.halide_opencl_get_crop_offset(ffi.NULL, crop._raw) == 4
-    assert lib.halide_opencl_get_cl_mem(ffi.NULL, crop._raw) == mem
+    assert lib.halide_opencl_get_crop_offset(ffi.NULL, crop.raw) == 4
+    assert lib.halide_opencl_get_cl_mem(ffi.NULL, crop.raw) == mem
     ctx, queue = ffi.new("void **"), ffi.new("void **")
     assert lib.halide_acquire_cl_context(ffi.NULL, ctx, queue, True) == 0
     assert int(ffi.cast("uintptr_t", ctx[0])) == device.context.int_ptr
 
 
 def device_memory_of(buf):
-    return int(ffi.cast("uintptr_t", ffi.cast("shim_cl_handle *", buf._raw.device).mem))
+    return int(ffi.cast("uintptr_t", ffi.cast("shim_cl_handle *", buf.raw.device).mem))
 
 
 def test_wrapping_a_pyopencl_buffer(device):
@@ -108,11 +108,11 @@ def test_wrapping_a_pyopencl_buffer(device):
     buf = shim.Buffer(np.zeros(16, np.int32))
     buf.set_host_dirty(False)
     with shim.bridge.runtime_call("wrap") as check:
-        check(lib.halide_opencl_wrap_cl_mem(ffi.NULL, buf._raw, foreign.int_ptr))
+        check(lib.halide_opencl_wrap_cl_mem(ffi.NULL, buf.raw, foreign.int_ptr))
     buf.set_device_dirty()
     np.testing.assert_array_equal(buf.numpy(), data)
     with shim.bridge.runtime_call("detach") as check:
-        check(lib.halide_opencl_detach_cl_mem(ffi.NULL, buf._raw))
+        check(lib.halide_opencl_detach_cl_mem(ffi.NULL, buf.raw))
     assert not buf.has_device_allocation
 
 

@@ -1,10 +1,24 @@
-"""The protocol a device backend implements.
+"""The protocol a device backend implements: the contract between the core and a backend.
 
-The generic layer (shim/runtime.py) does everything Halide's generic device layer does:
-validation, locking, dirty bits, which copy to make. A backend only allocates device memory,
-hands out handles into it, and moves bytes between device memory and host memory as a
-CopyPlan (shim/regions.py) describes. GPU backends also compile and launch kernels, through the
-entry points of their own modules.
+The core (shim/runtime.py and the modules above it) does everything Halide's generic device
+layer does: validation, locking, dirty bits, which copy to make, profiling. A backend only
+allocates device memory, hands out handles into it, moves bytes between device memory and host
+memory as a CopyPlan (shim/regions.py) describes, and, for a GPU, compiles kernels (``module``;
+the native library launches them).
+
+The contract:
+- Facts live on the class: ``kind`` (the name shim.device() takes), ``index`` (enum
+  shim_backend: the native interface), ``dlpack_device_type``, ``default_rank``. Nothing else
+  names a backend; shim/devices.py lists the classes.
+- ``available()`` never raises and creates no context; creating the backend raises
+  shim.DeviceUnavailable where its device cannot be used.
+- ``write``, ``read`` and ``copy`` return only once the transfer has completed: the host
+  memory may be reused, and the device memory holds the bytes, for any queue. The core clears
+  a dirty bit right after they return, and the C fast paths, which skip the core whenever the
+  bits say nothing needs copying, are right only because of this.
+- Methods raise BackendError for what the driver refuses; the core turns it into the Halide
+  error code of the operation (shim/bridge.py). A backend never imports the core: only the
+  native layer and small shared helpers (regions, errors, streams, binary_cache).
 
 A backend is bound to one device for the life of the process: Halide's handles (a cl_mem, a
 CUdeviceptr) do not say which device they belong to, so there is one interface, one context
@@ -68,6 +82,16 @@ class Backend(ABC):
     index: int
     #: Bytes moved so far (see Transfers).
     transfers: Transfers
+    #: Where shim.default_device() tries this kind among the others (lower first); None:
+    #: never chosen by default.
+    default_rank: int | None = None
+
+    @classmethod
+    @abstractmethod
+    def available(cls) -> list[str]:
+        """Descriptions of this kind's devices on this machine, found without creating a
+        context: [] where it has none, or no driver or Python package for them (never an
+        exception: shim.devices() lists what is there)."""
 
     @property
     @abstractmethod
@@ -223,15 +247,16 @@ class Backend(ABC):
     @abstractmethod
     def write(self, memory: Memory, plan: CopyPlan, host_address: int) -> None:
         """Host -> device: plan.src_* describe host memory at ``host_address``, plan.dst_* the
-        allocation."""
+        allocation. Returns once the bytes are on the device (see the module's contract)."""
 
     @abstractmethod
     def read(self, memory: Memory, plan: CopyPlan, host_address: int) -> None:
-        """Device -> host: plan.src_* describe the allocation, plan.dst_* host memory."""
+        """Device -> host: plan.src_* describe the allocation, plan.dst_* host memory. Returns
+        once the bytes are in host memory."""
 
     @abstractmethod
     def copy(self, src: Memory, dst: Memory, plan: CopyPlan) -> None:
-        """Device -> device within this backend."""
+        """Device -> device within this backend. Returns once the copy has completed."""
 
     def sync(self) -> None:
         """Wait until all work queued on the device has finished."""
@@ -250,6 +275,11 @@ class Backend(ABC):
 
     def compute_capability(self) -> tuple[int, int]:
         return (0, 0)
+
+    def module(self, source: bytes):
+        """GPU backends: the native module (what the native library's launches take) for a
+        pipeline's kernel ``source`` (OpenCL C, PTX), compiled or loaded once per source."""
+        raise BackendError(f"the {self.kind} backend runs no kernels")
 
     def __init__(self):
         self.transfers = Transfers()
@@ -271,7 +301,7 @@ class Backend(ABC):
         """Device bytes those hold (each allocation's capacity)."""
         return sum(m.capacity for m in list(self._live.values()))
 
-    # --- DLPack (shim/dlpack.py) -----------------------------------------------------------
+    # --- DLPack (shim/dlpack_export.py, shim/dlpack.py) ---------------------------------------
 
     #: The DLPack device type of this backend's memory; None: its Buffers export host memory.
     dlpack_device_type: int | None = None

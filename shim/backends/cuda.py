@@ -72,14 +72,6 @@ def _init():
     return cu
 
 
-def available() -> list[str]:
-    """The names of the CUDA devices on this machine ([] without a driver)."""
-    try:
-        return _device_names()
-    except (DeviceUnavailable, BackendError):
-        return []
-
-
 def unavailable_reason() -> str | None:
     """Why this machine has no usable CUDA device, or None if it has one."""
     try:
@@ -172,6 +164,16 @@ class CUDABackend(Backend):
     kind = "cuda"
     index = lib.SHIM_BACKEND_CUDA
     dlpack_device_type = 2  # kDLCUDA
+    # First: a CUDA device is always a GPU (an OpenCL one may be a CPU).
+    default_rank = 0
+
+    @classmethod
+    def available(cls) -> list[str]:
+        """The names of the CUDA devices on this machine ([] without a driver)."""
+        try:
+            return _device_names()
+        except (DeviceUnavailable, BackendError):
+            return []
 
     def __init__(self, device=None):
         super().__init__()
@@ -504,35 +506,3 @@ class CUDABackend(Backend):
                                               [registers]), "cuModuleLoadDataEx")
         return module, lib.shim_cuda_module_new(ffi.cast("void *", int(module)),
                                                 ffi.cast("void *", context))
-
-
-# --- the callbacks ------------------------------------------------------------------------
-
-def _backend() -> CUDABackend:
-    from shim.devices import device
-
-    return device("cuda")
-
-
-def initialize_kernels(uc, state_ptr, src, size):
-    ptx = bytes(ffi.buffer(src, max(size - 1, 0)))
-    state_ptr[0] = ffi.cast("void *", _backend().module(ptx))
-
-
-def start(uc):
-    _backend()
-
-
-def _register():
-    from shim.bridge import E, guarded
-
-    @ffi.def_extern(error=E.halide_error_code_generic_error)
-    def shim_py_cuda_initialize(uc, state_ptr, src, size):
-        return guarded(initialize_kernels, E.halide_error_code_generic_error, uc, state_ptr, src, size)
-
-    @ffi.def_extern(error=E.halide_error_code_generic_error)
-    def shim_py_cuda_start(uc):
-        return guarded(start, E.halide_error_code_generic_error, uc)
-
-
-_register()

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from shim.backends.base import Backend, BackendError, Memory
+from shim.native import lib
 from shim.regions import CopyPlan, host_memory
 
 ALIGNMENT = 128
@@ -39,7 +40,12 @@ class Faults:
 
 class HostBackend(Backend):
     kind = "host"
-    index = 0
+    index = lib.SHIM_BACKEND_HOST
+    description = "simulated device in host memory"
+
+    @classmethod
+    def available(cls) -> list[str]:
+        return [cls.description]
 
     def __init__(self):
         super().__init__()
@@ -53,7 +59,7 @@ class HostBackend(Backend):
 
     @property
     def name(self) -> str:
-        return "simulated device in host memory"
+        return self.description
 
     # --- fault injection -----------------------------------------------------------------
 

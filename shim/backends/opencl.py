@@ -45,16 +45,6 @@ def _platforms():
         return []
 
 
-def available() -> list[tuple[str, str]]:
-    """(platform name, device name) for every OpenCL device on this machine (none without
-    pyopencl, which people who only run CPU or CUDA pipelines need not install)."""
-    try:
-        platforms = _platforms()
-    except DeviceUnavailable:
-        return []
-    return [(p.name, d.name) for p in platforms for d in p.get_devices()]
-
-
 def _select(platform, device):
     """The (platform, device) to use, from arguments, environment or the default rule."""
     platforms = _platforms()
@@ -156,6 +146,18 @@ class OpenCLMemory(Memory):
 class OpenCLBackend(Backend):
     kind = "opencl"
     index = lib.SHIM_BACKEND_OPENCL
+    # After CUDA: an OpenCL device may be a CPU (PoCL, which the test extra installs). Among
+    # OpenCL devices, a GPU platform comes first (see _select).
+    default_rank = 1
+
+    @classmethod
+    def available(cls) -> list[str]:
+        """"device (platform)" for every OpenCL device on this machine; none without pyopencl
+        (which people who only run CPU or CUDA pipelines need not install) or a driver."""
+        try:
+            return [f"{d.name} ({p.name})" for p in _platforms() for d in p.get_devices()]
+        except Exception:  # noqa: BLE001 - no pyopencl, or pyopencl's own errors for a broken driver
+            return []
 
     # Consumer queues a DLPack export last synchronized with, by handle: held, so the handle
     # stays valid, and at most this many, since finding one takes a scan (see _held).
@@ -533,35 +535,3 @@ def _program_cache():
         return None
     directory = os.environ.get("HALIDE_SHIM_CACHE") or binary_cache.cache_root() / "opencl"
     return binary_cache.BinaryCache(directory, "opencl")
-
-
-# --- the callbacks ------------------------------------------------------------------------
-
-def _backend() -> OpenCLBackend:
-    from shim.devices import device
-
-    return device("opencl")
-
-
-def initialize_kernels(uc, state_ptr, src, size):
-    source = bytes(ffi.buffer(src, max(size - 1, 0)))  # size counts the terminating NUL
-    state_ptr[0] = ffi.cast("void *", _backend().module(source))
-
-
-def start(uc):
-    _backend()
-
-
-def _register():
-    from shim.bridge import E, guarded
-
-    @ffi.def_extern(error=E.halide_error_code_generic_error)
-    def shim_py_opencl_initialize(uc, state_ptr, src, size):
-        return guarded(initialize_kernels, E.halide_error_code_generic_error, uc, state_ptr, src, size)
-
-    @ffi.def_extern(error=E.halide_error_code_generic_error)
-    def shim_py_opencl_start(uc):
-        return guarded(start, E.halide_error_code_generic_error, uc)
-
-
-_register()
