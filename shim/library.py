@@ -15,7 +15,7 @@ import os
 from shim.elf import NotELF, architecture, pipeline_names
 from shim.errors import ArgumentError
 from shim.metadata import read_metadata
-from shim.native import _native, ffi
+from shim.native import LIBRARY_PATH, ffi
 
 
 class Library:
@@ -94,7 +94,7 @@ def _check_architecture(path: str) -> None:
 
 @functools.cache
 def _host_architecture() -> str:
-    return architecture(_native.__file__)
+    return architecture(LIBRARY_PATH)
 
 
 def _symbol_address(library, symbol: str) -> int:

@@ -81,6 +81,8 @@ _check_stamp(_native, from_environment=bool(os.environ.get("HALIDE_SHIM_NATIVE")
 
 ffi = _native.ffi
 lib = _native.lib
+# Where the library lives: its machine code is the code this process runs (shim/library.py).
+LIBRARY_PATH: str = _native.__file__
 
 from shim.errors import ShimError  # noqa: E402  (it reads the module loaded above)
 
