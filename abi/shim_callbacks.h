@@ -1,5 +1,5 @@
 /* The Python runtime core, as C sees it: one callback per device-interface operation,
- * implemented in shim/runtime.py.
+ * implemented in shim/runtime.py and registered from the table in shim/callbacks.py.
  *
  * Plain prototypes, so that this is their one declaration: the native library's C files
  * include them (through native_stubs/shim_native.h) and call them, and native_stubs/build.py

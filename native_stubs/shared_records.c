@@ -16,7 +16,7 @@
  * changes to bring home first (a CPU call writing the member); at the end, no other use of the
  * family (refreshing the dirty bits of members other calls are running on is theirs to do) and
  * no conflict (an output left newer on both sides). Elsewhere the call is left to Python
- * (shim/runtime.py's begin_call and end_call), which does the same from scratch.
+ * (shim/call_uses.py's begin_call and end_call), which does the same from scratch.
  *
  * call_records.c calls this with the GIL held, having checked that no thread holds the
  * family's lock (see there why that stands for taking it). Making a plan runs Python code,
