@@ -5,7 +5,6 @@ through the shim, against Halide's stock runtime and numpy. A backend's half ski
 why, where this machine has no such device. What only one backend has is in test_opencl.py
 and test_cuda.py."""
 
-import threading
 
 import numpy as np
 import pytest
@@ -14,6 +13,7 @@ import shim
 from gpu_cases import build_libraries, cases, check_against_stock
 from shim.native import lib
 from shim.pipelines.build import RUNTIMES
+from support.threads import run_threads
 
 
 @pytest.fixture(scope="module")
@@ -91,7 +91,8 @@ def test_many_threads_launch_the_same_kernels(libraries, gpu):
     images = [np.full((16, 16), i, np.float32) for i in range(6)]
     failures = []
 
-    def work(image):
+    def work(index):
+        image = images[index]
         out = shim.Buffer(shape=image.shape, dtype=np.float32)
         source = shim.Buffer(image)
         for _ in range(40):
@@ -99,11 +100,7 @@ def test_many_threads_launch_the_same_kernels(libraries, gpu):
             if not np.array_equal(out.numpy(), image * 3):
                 failures.append(image[0, 0])
 
-    threads = [threading.Thread(target=work, args=(image,)) for image in images]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    run_threads(len(images), work)
     assert not failures
 
 

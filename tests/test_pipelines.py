@@ -2,12 +2,12 @@
 with the runtime bundled and with no_runtime."""
 
 import array
-import threading
 
 import numpy as np
 import pytest
 
 import shim
+from support.threads import run_threads
 
 
 def blur_reference(image):
@@ -181,17 +181,14 @@ def test_many_python_threads_call_pipelines_at_once(load, rng):
     images = [rng.integers(0, 1 << 16, size=(66, 70), dtype=np.uint16) for _ in range(8)]
     failures = []
 
-    def work(image):
+    def work(index):
+        image = images[index]
         expected = blur_reference(image)
         for _ in range(25):
             if not np.array_equal(blur(image, output=(64, 68)).numpy(), expected):
                 failures.append(image)
 
-    threads = [threading.Thread(target=work, args=(image,)) for image in images]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    run_threads(len(images), work)
     assert not failures
 
 
