@@ -1,8 +1,9 @@
 """Binding a call's Python values to a pipeline's arguments: by position or by name; buffers
-from shim.Buffers, numpy arrays and other array-likes, DLPack device tensors, or shapes (or
-the pipeline's estimates) for outputs to allocate; scalars converted and range-checked. The
-result is a Call, the native form a run needs, checked against the pipeline's bounds query
-before anything runs."""
+from shim.Buffers, numpy arrays and other array-likes, DLPack device tensors, or shapes for
+outputs to allocate (omitted outputs sized by the bounds query's verdict on the pipeline's
+estimates, else on the first input's shape); scalars converted and range-checked. The result
+is a Call, the native form a run needs, checked against the pipeline's bounds query before
+anything runs."""
 
 from __future__ import annotations
 
@@ -74,36 +75,76 @@ class Signature:
     def _signature(self) -> str:
         return ", ".join(self._names)
 
-    def marshal(self, values: dict) -> Call:
+    def marshal(self, values: dict, run_query) -> Call:
         """The native form of bound values (see Call); on failure, the device memory of the
-        Buffers made so far is freed."""
+        Buffers made so far is freed. ``run_query(argv)`` runs the pipeline's bounds query, which
+        sizes omitted outputs."""
         call = Call()
         try:
-            self._marshal_into(call, values)
+            self._marshal_into(call, values, run_query)
         except BaseException:
             free_temporaries(call)
             raise
         return call
 
-    def _marshal_into(self, call: Call, values: dict) -> None:
+    def _marshal_into(self, call: Call, values: dict, run_query) -> None:
         argv = call.argv = ffi.new("void *[]", max(len(self.all_arguments), 1))
+        # Omitted outputs: (index into argv, Argument, index into call.buffers, into
+        # call.results), sized once every other argument is known, since the size that fits
+        # depends on the inputs and the scalars.
+        omitted = []
         for i, arg in enumerate(self.all_arguments):
             if arg.name == USER_CONTEXT:
                 argv[i] = self._null_user_context
             elif arg.is_buffer:
-                buf = self._buffer_argument(arg, values.get(arg.name, MISSING), call)
+                value = values.get(arg.name, MISSING)
+                if value is MISSING and arg.is_output:
+                    omitted.append((i, arg, len(call.buffers), len(call.results)))
+                    call.buffers.append(None)
+                    call.results.append(None)
+                    continue
+                buf = self._buffer_argument(arg, value, call)
                 argv[i] = buf.raw
                 call.buffers.append((i, arg, buf))
             else:
                 scalar = self._scalars[arg.name].convert(values.get(arg.name, MISSING))
                 argv[i] = scalar
                 call.keep_alive.append(scalar)
+        if omitted:
+            boxes = self._size_omitted(call, [(i, arg) for i, arg, _, _ in omitted], run_query)
+            for (i, arg, at, result_at), box in zip(omitted, boxes):
+                buf = Buffer.over_array(zeroed(_numpy_shape(box), _dtype_of(arg), arg.name), arg.name,
+                                        exposed=False, mins=[lo for lo, _ in box])
+                argv[i] = buf.raw
+                call.buffers[at] = (i, arg, buf)
+                call.results[result_at] = buf
+
+    def _size_omitted(self, call: Call, omitted: list, run_query) -> list:
+        """The boxes ((min, extent) per Halide dimension) of the outputs the caller left out
+        (``omitted``: (index into argv, Argument) each). RunGen sizes outputs like the first
+        input; the shim tries the pipeline's estimates first (the pipeline's own word on its
+        sizes), then the first input's shape (its mins too; dimensions it lacks from the
+        estimates), and takes the first guess the bounds query accepts, before anything is
+        allocated. Where the query asks a guessed output for another region (an output of
+        fixed size), it gets that region, as in RunGen. When no guess fits, the first one's
+        bounds error says how the outputs were sized and how to pass a size."""
+        guesses = _size_guesses(omitted, call)
+        if not guesses:
+            raise ArgumentError(omitted[0][1].name,
+                                "missing output: pass a shim.Buffer, a numpy array, or its shape "
+                                "(numpy order); the pipeline has no size estimates and no input "
+                                "buffer to size it like")
+        failures = []
+        for how, boxes in guesses:
+            try:
+                return _fit(call, omitted, boxes, run_query, self.target)
+            except BoundsError as e:
+                failures.append((how, boxes, e))
+        raise _sizing_error(omitted, failures)
 
     def _buffer_argument(self, arg: Argument, value, call: Call) -> Buffer:
         if value is MISSING:
-            if not arg.is_output:
-                raise ArgumentError(arg.name, f"missing input; {self.name} takes {self._signature()}")
-            value = _estimated_shape(arg)
+            raise ArgumentError(arg.name, f"missing input; {self.name} takes {self._signature()}")
         if isinstance(value, Buffer):
             _check_buffer_type(arg, value.type, value.dimensions, value.shape)
             check_extents(arg, value.shape, self.target)
@@ -277,12 +318,125 @@ def _addressable_copy(arg: Argument, array: np.ndarray) -> np.ndarray:
     return np.broadcast_to(np.array(core, dtype, order="C"), array.shape)
 
 
-def _estimated_shape(arg: Argument) -> tuple[int, ...]:
+def _size_guesses(omitted: list, call: Call) -> list[tuple[str, list]]:
+    """(how, a box per omitted output) for each way to size the ``omitted`` outputs that
+    applies, in the order they are tried (see Signature._size_omitted)."""
+    guesses = []
+    estimated = [_estimated_box(arg) for _, arg in omitted]
+    if None not in estimated:
+        guesses.append(("from the pipeline's estimates", estimated))
+    first = next(((arg, buf) for arg, buf in _given(call) if not arg.is_output), None)
+    if first is not None:
+        arg, buf = first
+        like = [buf.box[:output.dimensions] + (estimate or ())[len(buf.box):]
+                for (_, output), estimate in zip(omitted, estimated)]
+        if (all(len(box) == output.dimensions for box, (_, output) in zip(like, omitted))
+                and (not guesses or like != guesses[0][1])):
+            guesses.append((f"like the first input, {arg.name}", like))
+    return guesses
+
+
+def _estimated_box(arg: Argument) -> tuple | None:
+    """An output's box from its estimates (a min not estimated is 0), or None without an
+    extent for every dimension."""
     estimates = arg.buffer_estimates
     if not estimates or any(extent is None for _, extent in estimates):
-        raise ArgumentError(arg.name, "missing output: pass a shim.Buffer, a numpy array, or its "
-                                      "shape (numpy order); the pipeline has no size estimates")
-    return tuple(extent for _, extent in reversed(estimates))
+        return None
+    return tuple((lo or 0, extent) for lo, extent in estimates)
+
+
+def _given(call: Call):
+    """(Argument, Buffer) of each buffer argument the call has a Buffer for already."""
+    return [(arg, buf) for _, arg, buf in filter(None, call.buffers)]
+
+
+def _fit(call: Call, omitted: list, boxes: list, run_query, target: str) -> list:
+    """``boxes`` for the ``omitted`` outputs, or those the bounds query asks for instead, once
+    the query accepts every buffer of ``call`` with them; else the BoundsError."""
+    for (_, arg), box in zip(omitted, boxes):
+        check_extents(arg, _numpy_shape(box), target)
+    asked, wanted = _query_with(call, omitted, boxes, run_query)
+    if asked != boxes and all(extent > 0 for box in asked for _, extent in box):
+        # An output of fixed size (or fixed mins): it gets what the pipeline asks for.
+        boxes = asked
+        for (_, arg), box in zip(omitted, boxes):
+            check_extents(arg, _numpy_shape(box), target)
+        asked, wanted = _query_with(call, omitted, boxes, run_query)
+    for (_, arg), want, box in zip(omitted, asked, boxes):
+        for d in range(arg.dimensions):
+            _check_region(arg, d, want[d], box[d])
+    for (arg, buf), want in zip(_given(call), wanted):
+        for d in range(arg.dimensions):
+            _check_region(arg, d, want[d], buf.box[d])
+    return boxes
+
+
+def _query_with(call: Call, omitted: list, boxes: list, run_query) -> tuple[list, list]:
+    """The bounds query's answers (a box per buffer) for ``call`` with the ``omitted``
+    outputs' ``boxes``, without allocating anything: (the omitted outputs' answers, those of
+    the buffers the call has, in order)."""
+    query_argv = ffi.new("void *[]", list(call.argv))
+    keep = []
+    for i, _, buf in filter(None, call.buffers):
+        keep.append(_bounds_query_buffer(buf.raw))
+        query_argv[i] = keep[-1][0]
+    mine = []
+    for (i, arg), box in zip(omitted, boxes):
+        mine.append(_box_query_buffer(arg, box))
+        query_argv[i] = mine[-1][0]
+    run_query(query_argv)
+    return [_answer(raw) for raw, _ in mine], [_answer(raw) for raw, _ in keep]
+
+
+def _answer(raw) -> tuple:
+    """(min, extent) per dimension of a bounds-query buffer after the query."""
+    return tuple((raw.dim[d].min, raw.dim[d].extent) for d in range(raw.dimensions))
+
+
+def _box_query_buffer(arg: Argument, box):
+    """A bounds-query buffer (no memory) for ``arg`` over ``box``, densely strided."""
+    query = ffi.new("halide_buffer_t *")
+    dims = ffi.new("halide_dimension_t[]", max(len(box), 1))
+    stride = 1
+    for d, (lo, extent) in enumerate(box):
+        dims[d].min, dims[d].extent, dims[d].stride = lo, extent, stride
+        stride *= extent
+    arg.type.to_c(query.type)
+    query.dimensions = len(box)
+    query.dim = dims
+    return query, dims
+
+
+def _shape_hint(dimensions: int) -> str:
+    """A placeholder for a shape in numpy order, for messages."""
+    names = {1: "(width,)", 2: "(height, width)", 3: "(channels, height, width)"}
+    return names.get(dimensions, f"({dimensions} extents)")
+
+
+def _numpy_shape(box) -> tuple:
+    """The numpy shape of a box in Halide order."""
+    return tuple(extent for _, extent in reversed(box))
+
+
+def _sizing_error(omitted: list, failures: list) -> BoundsError:
+    """The first guess's BoundsError, saying how the omitted outputs were sized, what the
+    other guesses gave, and how to pass a size."""
+
+    def sized(boxes):
+        if len(omitted) == 1:
+            return str(_numpy_shape(boxes[0]))
+        return ", ".join(f"{arg.name} {_numpy_shape(box)}" for (_, arg), box in zip(omitted, boxes))
+
+    how, boxes, first = failures[0]
+    names = " and ".join(arg.name for _, arg in omitted)
+    text = (f"{first.message.removeprefix(first.argument + ': ')}. {names} "
+            f"{'was' if len(omitted) == 1 else 'were'} not given and sized {how}: {sized(boxes)}")
+    for how, boxes, error in failures[1:]:
+        text += f"; sized {how}, {sized(boxes)}: {error.message}"
+    passes = ", ".join(f"{arg.name}={_shape_hint(arg.dimensions)}" for _, arg in omitted)
+    return BoundsError(first.argument, first.code,
+                       f"{text}. Pass the size: {passes} in numpy order (x last), or a numpy "
+                       "array or shim.Buffer to write into")
 
 
 def _bounds_query_buffer(raw):

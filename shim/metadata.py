@@ -122,9 +122,11 @@ def read_metadata(pointer) -> tuple[str, str, list[Argument]]:
 
 
 def dimension_label(d: int, dimensions: int) -> str:
-    """Halide's dimension ``d`` of a ``dimensions``-D buffer, and the numpy axis it is (Halide
-    counts from x, the innermost: numpy's last axis), for messages."""
-    return f"dimension {d} (numpy axis {dimensions - 1 - d})"
+    """Halide's dimension ``d`` of a ``dimensions``-D buffer, by number and name, and the numpy
+    axis it is, for messages: Halide counts from x, the innermost, which is numpy's last axis,
+    so "dimension 0" alone reads as the wrong axis to a numpy user."""
+    name = f"{_DIM_NAMES[d]}, " if d < len(_DIM_NAMES) else ""
+    return f"dimension {d} ({name}numpy axis {dimensions - 1 - d})"
 
 
 def check_extents(arg: Argument, shape, target: str) -> None:

@@ -83,7 +83,7 @@ class Pipeline(CallPlan):
         """Marshal the arguments once and check them with the pipeline's bounds query; the
         returned PreparedCall runs the pipeline with them as often as it is called, for loops
         where the per-call argument handling would cost more than the pipeline."""
-        call = self._signature.marshal(self._signature.bind(args, kwargs))
+        call = self._signature.marshal(self._signature.bind(args, kwargs), self._runner.run_query)
         try:
             self._check_bounds(call)
         except BaseException:

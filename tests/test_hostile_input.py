@@ -183,7 +183,7 @@ def test_output_shapes_must_be_integers(load, image):
 
 def test_messages_about_dimensions_name_the_numpy_axis(load):
     too_narrow = np.zeros((12, 10), np.uint16)  # blur3x3 reads two columns more than it writes
-    with pytest.raises(shim.BoundsError, match=r"dimension 0 \(numpy axis 1\) over \[0, 12\)"):
+    with pytest.raises(shim.BoundsError, match=r"dimension 0 \(x, numpy axis 1\) over \[0, 12\)"):
         load("blur3x3")(too_narrow, output=(10, 10))
 
 
