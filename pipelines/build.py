@@ -54,6 +54,10 @@ RECIPE_VERSION = "1"
 # In a directory of built libraries: the halide version that built them.
 VERSION_STAMP = "HALIDE_VERSION"
 
+# How to get halide, which the shim does not install (it is 168 MB, and loading and calling
+# pipelines does not need it): the package, or the extra that pins it.
+GET_HALIDE = 'pip install halide==21.0.0 (the extra: pip install "halide-shim[pipelines]")'
+
 
 class MissingLibrary(RuntimeError):
     """A library is not built, and it cannot be built here: halide is not installed."""
@@ -140,7 +144,7 @@ def halide_version(directory: Path | None = None) -> str:
             f"halide is not installed and {where} has no {VERSION_STAMP} file: without halide only "
             "prebuilt pipeline libraries can be used, from a directory a build wrote "
             "(python -m shim.pipelines.build --out DIR, or benchmarks/gpu_kit.py prepare); "
-            "to build them, pip install halide==21.0.0")
+            f"to build them: {GET_HALIDE}")
     return version
 
 
@@ -202,7 +206,7 @@ def _missing(spec: Build, out: Path) -> MissingLibrary:
     return MissingLibrary(
         f"pipeline library {out.name} ({spec.name}, target {spec.target}, runtime {spec.runtime}) "
         f"is not in {out.parent}{hint}, and halide is not installed: building it needs halide "
-        "(pip install halide==21.0.0), or bring it prebuilt (benchmarks/gpu_kit.py prepare)")
+        f"({GET_HALIDE}), or bring it prebuilt (benchmarks/gpu_kit.py prepare)")
 
 
 def build(spec: Build, directory: Path | None = None) -> Path:

@@ -1,7 +1,9 @@
 """Running prebuilt pipelines needs neither pyopencl nor halide: people who only load .so
-files (or run on CUDA) need not install them. Checked in a fresh interpreter where importing
-either fails, as if they were not installed."""
+files (or run on CUDA) need not install them, and halide is an extra (setup.cfg). Checked in a
+fresh interpreter where importing either fails, as if they were not installed: pipelines run,
+and what does need halide (the demo, the pipeline builder) says how to get it."""
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -31,3 +33,32 @@ def test_prebuilt_pipelines_run_without_pyopencl_or_halide(host_pipelines):
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.strip() == "ok"
+
+
+def run_without_halide(module: str, *args, env=None):
+    """``python -m module args`` in a fresh interpreter where importing halide fails."""
+    script = textwrap.dedent("""
+        import runpy, sys
+        sys.modules["halide"] = None
+        sys.argv = sys.argv[1:]
+        runpy.run_module(sys.argv[0], run_name="__main__", alter_sys=True)
+        """)
+    return subprocess.run([sys.executable, "-c", script, module, *args], capture_output=True,
+                          text=True, timeout=120, env=env)
+
+
+def test_demo_and_builder_without_halide_say_how_to_get_it(tmp_path):
+    # An empty library directory: nothing prebuilt to fall back on.
+    env = dict(os.environ, HALIDE_SHIM_PIPELINES=str(tmp_path))
+    for command, opening in ((["shim", "demo"], "demo: cannot build its pipelines: "),
+                             (["shim.pipelines.build", "brighten"], "")):
+        done = run_without_halide(*command, env=env)
+        assert done.returncode == 1, (command, done.stdout, done.stderr)
+        assert "Traceback" not in done.stderr, done.stderr
+        assert done.stderr.startswith(opening) and "halide is not installed" in done.stderr, done.stderr
+        assert 'pip install halide==21.0.0 (the extra: pip install "halide-shim[pipelines]")' in done.stderr
+
+
+def test_the_builder_lists_the_pipelines_without_halide():
+    done = run_without_halide("shim.pipelines.build", "--list")
+    assert done.returncode == 0 and "brighten" in done.stdout.split(), done.stderr
