@@ -121,13 +121,15 @@ class Signature:
 
     def _size_omitted(self, call: Call, omitted: list, run_query) -> list:
         """The boxes ((min, extent) per Halide dimension) of the outputs the caller left out
-        (``omitted``: (index into argv, Argument) each). RunGen sizes outputs like the first
-        input; the shim tries the pipeline's estimates first (the pipeline's own word on its
-        sizes), then the first input's shape (its mins too; dimensions it lacks from the
-        estimates), and takes the first guess the bounds query accepts, before anything is
-        allocated. Where the query asks a guessed output for another region (an output of
-        fixed size), it gets that region, as in RunGen. When no guess fits, the first one's
-        bounds error says how the outputs were sized and how to pass a size."""
+        (``omitted``: (index into argv, Argument) each). As RunGen does by default, the shim
+        tries the first input's shape first (its mins too; dimensions it lacks from the
+        estimates): what a numpy user expects of an elementwise pipeline. Then the
+        pipeline's estimates (its own word on its sizes: a stencil's output is smaller than
+        its input, and harris's starts at (3, 3)). It takes the first guess the bounds query
+        accepts, before anything is allocated. Where the query asks a guessed output for
+        another region (an output of fixed size), it gets that region, as in RunGen. When no
+        guess fits, the first one's bounds error says how the outputs were sized and how to
+        pass a size."""
         guesses = _size_guesses(omitted, call)
         if not guesses:
             raise ArgumentError(omitted[0][1].name,
@@ -323,16 +325,15 @@ def _size_guesses(omitted: list, call: Call) -> list[tuple[str, list]]:
     applies, in the order they are tried (see Signature._size_omitted)."""
     guesses = []
     estimated = [_estimated_box(arg) for _, arg in omitted]
-    if None not in estimated:
-        guesses.append(("from the pipeline's estimates", estimated))
     first = next(((arg, buf) for arg, buf in _given(call) if not arg.is_output), None)
     if first is not None:
         arg, buf = first
         like = [buf.box[:output.dimensions] + (estimate or ())[len(buf.box):]
                 for (_, output), estimate in zip(omitted, estimated)]
-        if (all(len(box) == output.dimensions for box, (_, output) in zip(like, omitted))
-                and (not guesses or like != guesses[0][1])):
+        if all(len(box) == output.dimensions for box, (_, output) in zip(like, omitted)):
             guesses.append((f"like the first input, {arg.name}", like))
+    if None not in estimated and (not guesses or estimated != guesses[0][1]):
+        guesses.append(("from the pipeline's estimates", estimated))
     return guesses
 
 

@@ -1,6 +1,6 @@
-"""Outputs the caller leaves out: sized from the pipeline's estimates when the bounds query
-accepts them with the given inputs, else like the first input (RunGen's default), else a
-bounds error that says how the size was guessed and how to pass one."""
+"""Outputs the caller leaves out: sized like the first input (RunGen's default) when the bounds
+query accepts that, else from the pipeline's estimates, else a bounds error that says how the
+size was guessed and how to pass one."""
 
 import subprocess
 
@@ -16,9 +16,19 @@ def test_estimates_that_do_not_fit_the_input_give_way_to_the_inputs_shape(load):
     assert (out.numpy() == 3).all()
 
 
-def test_estimates_that_fit_the_inputs_are_used(load):
-    # brighten reads only what it writes: a bigger input leaves the estimated 640x480 valid.
+def test_an_elementwise_pipelines_output_is_its_inputs_shape_even_where_estimates_fit(load):
+    # brighten reads only what it writes: the estimated 640x480 would fit too, but a numpy
+    # user expects the input's shape back (and RunGen gives it).
     out = load("brighten")(np.ones((500, 700), np.float32), scale=2.0, offset=1.0)
+    assert out.shape == (500, 700)
+    assert (out.numpy() == 3).all()
+
+
+def test_estimates_size_a_stencil_whose_input_shape_does_not_fit(load):
+    # blur3x3 reads two more columns and rows than it writes: an output like its input would
+    # read outside it, while the estimates (480x640 from a 482x642 input) fit.
+    image = np.arange(482 * 642, dtype=np.uint16).reshape(482, 642)
+    out = load("blur3x3")(image)
     assert out.shape == (480, 640)
 
 
@@ -50,10 +60,10 @@ def test_a_guess_that_fits_nothing_says_how_it_was_made_and_how_to_pass_a_size(l
         load("blur3x3")(np.zeros((100, 100), np.uint16))  # reads two more than it writes
     message = str(e.value)
     assert e.value.argument == "input" and e.value.code == -4
-    assert "over [0, 642) but the input covers [0, 100)" in message
-    assert "output was not given and sized from the pipeline's estimates: (480, 640)" in message
-    assert "sized like the first input, input, (100, 100): input: too small" in message
-    assert "over [0, 102)" in message
+    assert "over [0, 102) but the input covers [0, 100)" in message
+    assert "output was not given and sized like the first input, input: (100, 100)" in message
+    assert "sized from the pipeline's estimates, (480, 640): input: too small" in message
+    assert "over [0, 642)" in message
     assert "Pass the size: output=(height, width) in numpy order (x last)" in message
     assert "dimension 0 (x, numpy axis 1)" in message
 
