@@ -22,7 +22,9 @@ the devices, the CUDA tests, the DLPack round trips with torch and CuPy, the see
 repro on CUDA, the tests of the default device and of running without pyopencl/halide, and
 the launch and no-op copy benchmarks against Halide's stock runtime. Logs and summary.txt
 (every figure and pass/fail count) go to $OUT (default build/gpu-kit). The exit status is
-non-zero if a test step failed, but every step runs.
+1 if a step failed (every step runs anyway), and 3 where there is no CUDA device, so nothing
+ran on a GPU ("no GPU: nothing run"), unless --dry-run asks for exactly that: the kit checked
+on a machine without one.
 """
 
 from __future__ import annotations
@@ -660,8 +662,13 @@ def kit_warnings(kit: Path, manifest: dict) -> list[str]:
     return warnings
 
 
+# The exit status of a run that found no CUDA device: a check that ran nothing on a GPU must not
+# look like one that passed.
+NOTHING_RUN = 3
+
+
 def run(kit: Path, out: Path, steps: list[str] | None = None, block=("halide", "pyopencl"),
-        budget_seconds: float = 450) -> int:
+        budget_seconds: float = 450, dry_run: bool = False) -> int:
     """Run the checks from ``kit``; logs and summary.txt in ``out``. Returns the exit status."""
     deadline = time.monotonic() + budget_seconds
     kit, out = Path(kit).resolve(), Path(out).resolve()
@@ -761,7 +768,12 @@ def run(kit: Path, out: Path, steps: list[str] | None = None, block=("halide", "
          "steps": {s.name: s.result for s in chosen}}, indent=1) + "\n")
     log("\n" + summary)
     shutil.rmtree(work, ignore_errors=True)
-    return 1 if failed else 0
+    if failed:
+        return 1
+    if cuda_reason and not dry_run:
+        log(f"no GPU: nothing run on a GPU ({cuda_reason}); --dry-run checks the kit without one")
+        return NOTHING_RUN
+    return 0
 
 
 def summarize(manifest, steps, setup, warnings, failed, seconds) -> str:
@@ -815,6 +827,9 @@ def main(argv=None) -> int:
     r.add_argument("--block", default="halide,pyopencl",
                    help="packages made unimportable for the checks (default halide,pyopencl; '' for none)")
     r.add_argument("--budget-seconds", type=float, default=450, help="all steps together (default 450)")
+    r.add_argument("--dry-run", action="store_true",
+                   help="a machine without a CUDA device is expected: exit 0 if the rest passed "
+                        "(without it, such a run exits 3: nothing ran on a GPU)")
     args = parser.parse_args(argv)
     try:
         if args.command == "prepare":
@@ -824,7 +839,8 @@ def main(argv=None) -> int:
             return 0
         out = args.out or Path(os.environ.get("OUT") or DEFAULT_OUT)
         steps = args.steps.split(",") if args.steps else None
-        return run(args.kit, out, steps, tuple(args.block.split(",")), args.budget_seconds)
+        return run(args.kit, out, steps, tuple(args.block.split(",")), args.budget_seconds,
+                   args.dry_run)
     except RuntimeError as e:
         print(f"gpu_kit {args.command}: {e}", file=sys.stderr)
         return 1

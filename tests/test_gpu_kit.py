@@ -167,7 +167,8 @@ def test_the_cuda_suite_runs_from_the_kit_without_halide_or_pyopencl(kit, tmp_pa
         pytest.skip(f"cuda-python is not installed: the CUDA tests cannot reach the driver ({reason})")
     out = tmp_path / "out"
     done = subprocess.run([sys.executable, str(KIT_SCRIPT), "run", "--kit", str(kit), "--out", str(out),
-                           "--steps", "env,cuda-tests,interop,seed-crop,host-side,bench-gpu"],
+                           "--steps", "env,cuda-tests,interop,seed-crop,host-side,bench-gpu",
+                           "--dry-run"],
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
     summary = json.loads((out / "summary.json").read_text())
@@ -187,6 +188,16 @@ def test_the_cuda_suite_runs_from_the_kit_without_halide_or_pyopencl(kit, tmp_pa
     assert steps["bench-gpu"]["status"] == "skipped"
     assert sorted(p.name for p in out.iterdir()) == ["benchmarks.log", "env.log", "manifest.json",
                                                      "summary.json", "summary.txt", "tests.log"]
+
+
+def test_a_run_that_finds_no_gpu_says_it_ran_nothing_and_fails(kit, tmp_path):
+    if cuda_backend.unavailable_reason() is None:
+        pytest.skip("this machine has a CUDA device: the run would not be empty")
+    done = subprocess.run([sys.executable, str(KIT_SCRIPT), "run", "--kit", str(kit),
+                           "--out", str(tmp_path / "out"), "--steps", "env,cuda-tests"],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == gpu_kit.NOTHING_RUN != 0, done.stdout[-3000:] + done.stderr[-2000:]
+    assert "no GPU: nothing run on a GPU" in done.stdout + done.stderr
 
 
 def test_a_step_that_hangs_is_killed_with_its_children_at_its_time_limit(tmp_path):
