@@ -1,28 +1,58 @@
-"""The command line: ``python -m shim COMMAND``.
+"""The command line: ``python -m shim COMMAND`` (or ``halide-shim COMMAND``).
 
     python -m shim info P.so
-    python -m shim run P.so --input=in.png --scale=2 --output=out.png [--iterations 10]
-    python -m shim profile P.so --input=random:640x480 [--profile trace.json]
+    python -m shim run P.so input=in.png scale=0.5 output=out.png [--benchmarks=all]
+    python -m shim profile P.so --input=random:0:[640,480] [--profile trace.json]
     python -m shim demo
 
-``run`` and ``profile`` take the pipeline's own arguments as ``--NAME=VALUE`` (or RunGen's
-``NAME=VALUE``), after the shim's options or after ``--``; see shim/runner.py for the values.
+``run`` and ``profile`` take Halide's RunGen command line: the pipeline's arguments as
+``NAME=VALUE`` (or ``--NAME=VALUE``) in RunGen's value syntax (shim/run_values.py), and
+RunGen's flags (``--benchmarks=all``, ``--output_extents=[W,H]``, ``--estimate_all``, ...)
+beside the shim's own (``--iterations``, ``--device``, ``--profile``); shim/runner.py runs it.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
-import numpy as np
-
 import shim
-from shim import runner
-from shim.devices import kinds, preferred_kind
+from shim import runner, timing
+from shim.devices import kinds
+from shim.elf import pipeline_names
+
+# RunGen's flags that are true or false: ``--quiet``, ``--quiet=true``, ``--quiet=false``.
+_SWITCHES = ("parsable_output", "describe", "estimate_all", "track_memory", "quiet", "verbose",
+             "success", "skip_bad_environment")
+# RunGen's flags whose value may be left out, and what it then is.
+_IMPLIED_VALUES = {"benchmarks": "all", "default_input_buffers": "zero:auto",
+                   "default_input_scalars": "estimate,default"}
+_RUNGEN_FLAGS = (*_SWITCHES, *_IMPLIED_VALUES, "benchmark_min_time", "output_extents", "name",
+                 "help")
+
+
+def program_name() -> str:
+    """How the user called us: the console script by its name, else ``python -m shim``."""
+    invoked = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else ""
+    return invoked if invoked.startswith("halide-shim") else "python -m shim"
+
+
+def _load(args):
+    """The pipeline the command line names; which of several is the ``--name`` flag's."""
+    try:
+        return shim.load(args.pipeline, name=args.name)
+    except shim.ArgumentError as e:
+        if e.argument != "name":
+            raise
+        names = ", ".join(pipeline_names(args.pipeline))
+        problem = "has no pipeline " + repr(args.name) if args.name else "holds several pipelines"
+        raise shim.ArgumentError("--name", f"{args.pipeline} {problem} ({names}): choose one "
+                                           f"with --name=NAME") from None
 
 
 def _info(args, parser) -> int:
-    pipeline = shim.load(args.pipeline, name=args.name)
+    pipeline = _load(args)
     print(f"{pipeline.name}  ({pipeline.path})")
     print(f"target: {pipeline.target}")
     print("arguments:")
@@ -38,139 +68,90 @@ def _demo(args, parser) -> int:
 
 
 def _run(args, parser) -> int:
-    pipeline = shim.load(args.pipeline, name=args.name)
-    values, outputs = _pipeline_values(pipeline, args)
-    device = _device(pipeline, args.device)
-    if device is not None:
-        values = {name: _on_device(value, device) for name, value in values.items()}
-    profiling = args.command == "profile" or args.profile
-    with _prepare(pipeline, values, outputs) as call:
-        _sync(call())  # warm-up: compiles kernels, allocates, uploads the inputs once
-        progress = runner.Progress(args.iterations, f"{pipeline.name}")
-        prof = shim.profile() if profiling else None
-        if prof is not None:
-            prof.start()
-        try:
-            timings = runner.time_iterations(call, _sync, args.iterations, progress)
-        finally:
-            if prof is not None:
-                prof.stop()
-        results = call()
-    print(f"{pipeline.name}: {timings.describe()}" + (f" (inputs on {device.kind})" if device else ""))
-    _report_outputs(pipeline, results, outputs)
-    if args.command == "profile":
+    if args.pipeline is None:
+        if args.help:
+            parser.print_help()
+            return 0
+        parser.error("the following arguments are required: pipeline")
+    pipeline = _load(args)
+    own = _pipeline_parser(pipeline, parser.prog)
+    if args.help:
+        parser.print_help()
         print()
-        print(prof.summary())
-    if args.profile:
-        print(f"trace: {prof.save_trace(args.profile)} (open it in https://ui.perfetto.dev)")
-    return 0
-
-
-def _prepare(pipeline, values, outputs):
+        own.print_help()
+        return 0
+    if args.describe:
+        print(runner.describe(pipeline))
+        return 0
+    if args.skip_bad_environment:
+        reason = runner.unavailable_device(pipeline)
+        if reason is not None:
+            print(f"[SKIP] {reason}")
+            return 0
+    if args.benchmarks and args.iterations is not None:
+        parser.error("--iterations and --benchmarks=all both choose the timed runs: give one")
+    if args.estimate_all:
+        args.default_input_buffers = "random:0:estimate_then_auto"
+        args.default_input_scalars = "estimate"
+        args.output_extents = "estimate"
+    args.iterations = args.iterations or 1
+    pipeline_values = [f"--{text}" if not text.startswith("-") and "=" in text else text
+                       for text in args.values]  # RunGen's NAME=VALUE
+    texts = {name: text for name, text in vars(own.parse_args(pipeline_values)).items()
+             if text is not None}
+    console = runner.Console(args.verbose)
+    if args.benchmarks and args.track_memory:
+        console.warn("--track_memory slows every allocation down: the benchmark's times are "
+                     "not representative")
     try:
-        return pipeline.prepare(**values)
-    except shim.BoundsError as e:
-        guessed = [a for a in pipeline.outputs if outputs[a.name] is None or outputs[a.name].extents is None]
-        if not guessed:
-            raise
-        sizes = ", ".join(f"{a.name} {'x'.join(map(str, reversed(values[a.name])))}" for a in guessed)
-        raise shim.ArgumentError(e.argument, f"{str(e).partition(': ')[2]} (outputs sized "
-                                 f"automatically: {sizes}; give --{guessed[0].name}=FILE:WxH... to "
-                                 f"choose)") from None
-
-
-def _pipeline_values(pipeline, args):
-    """{argument name: value} for the call, and {output name: OutputSpec}, from the command
-    line's pipeline arguments (parsed by a parser made from the pipeline's metadata)."""
-    own = argparse.ArgumentParser(prog=f"python -m shim {args.command} {args.pipeline}",
-                                  add_help=False, allow_abbrev=False,
-                                  description="arguments of " + pipeline.name)
-    for argument in pipeline.arguments:
-        own.add_argument(f"--{argument.name}", help=argument.describe(),
-                         required=argument.is_buffer and not argument.is_output,
-                         metavar=_metavar(argument))
-    texts = vars(own.parse_args([_dashed(text) for text in args.values]))
-    values, inputs, outputs = {}, [], {}
-    try:
-        for argument in pipeline.arguments:
-            text = texts[argument.name]
-            if argument.is_output:
-                outputs[argument.name] = runner.output_spec(argument, text) if text else None
-            elif argument.is_buffer:
-                values[argument.name] = runner.input_value(argument, text, pipeline.target)
-                inputs.append(values[argument.name])
-            elif text is not None:
-                values[argument.name] = _scalar(argument, text)
-        for argument in pipeline.outputs:
-            values[argument.name] = runner.output_shape(argument, outputs[argument.name], inputs)
+        return runner.run(args, pipeline, texts, console)
     except shim.ArgumentError as e:
         own.error(str(e))
-    return values, outputs
 
 
-def _dashed(text: str) -> str:
-    """RunGen's NAME=VALUE as --NAME=VALUE."""
-    if not text.startswith("-") and "=" in text:
-        return "--" + text
-    return text
+def _pipeline_parser(pipeline, prog: str) -> argparse.ArgumentParser:
+    """The parser of a pipeline's own arguments, made from its metadata."""
+    own = argparse.ArgumentParser(
+        prog=f"{prog} {pipeline.path}", add_help=False, allow_abbrev=False,
+        usage=f"{prog} {pipeline.path} NAME=VALUE ... [options]",
+        description=f"Arguments of {pipeline.name} (target {pipeline.target}), as NAME=VALUE "
+                    f"or --NAME=VALUE. Extents: [W,H,...] (x first), or MIN+EXTENT per "
+                    f"dimension: [3+1530,3+2554].")
+    for argument in pipeline.arguments:
+        own.add_argument(f"--{argument.name}", help=argument.describe(),
+                         metavar=_metavar(argument))
+    return own
 
 
 def _metavar(argument) -> str:
     if argument.is_output:
-        return "FILE[:WxH...]"
+        return "FILE|FILE:[W,H,...]|:[W,H,...]"
     if argument.is_buffer:
-        return "FILE|random:WxH...|zero:WxH..."
-    return "VALUE"
+        return ("FILE|zero:EXT|constant:V:EXT|identity:EXT|random:SEED:EXT "
+                "(EXT: [W,H,...], estimate, auto or estimate_then_auto)")
+    return "VALUE|default|estimate"
 
 
-def _scalar(argument, text: str):
-    if argument.type.dtype == np.bool_:
-        lowered = text.lower()
-        if lowered not in ("true", "false", "1", "0"):
-            raise shim.ArgumentError(argument.name, f"expected true or false, got {text!r}")
-        return lowered in ("true", "1")
-    try:
-        return float(text) if argument.type.dtype.kind == "f" else int(text, 0)
-    except ValueError:
-        raise shim.ArgumentError(argument.name, f"expected a number of type {argument.type}, "
-                                                f"got {text!r}") from None
-
-
-def _device(pipeline, kind):
-    """The device the inputs are put on before the timed runs: the one asked for, else the
-    GPU API the pipeline runs on, else none (host memory)."""
-    if kind is None:
-        kind = preferred_kind(pipeline.device_kinds)
-    return None if kind is None else shim.device(kind)
-
-
-def _on_device(value, device):
-    if not isinstance(value, np.ndarray):
-        return value
-    buf = shim.Buffer(value)
-    buf.copy_to_device(device)
-    return buf
-
-
-def _sync(results) -> None:
-    """Wait for the device to finish what the call enqueued."""
-    for result in results if isinstance(results, tuple) else (results,):
-        if isinstance(result, shim.Buffer):
-            result.device_sync()
-
-
-def _report_outputs(pipeline, results, outputs) -> None:
-    results = results if isinstance(results, tuple) else (results,)
-    for argument, result in zip(pipeline.outputs, results):
-        array = np.asarray(result)
-        line = f"{argument.name}: {array.dtype} {'x'.join(map(str, reversed(array.shape)))}"
-        spec = outputs[argument.name]
-        if spec is not None and spec.path is not None:
-            runner.save_output(argument, array, spec.path)
-            line += f" -> {spec.path}"
+def _rungen_style(values: list) -> list:
+    """RunGen's flags in argparse's spelling: ``-flag`` as ``--flag``, ``--switch=true|false``
+    as the switch or nothing, a flag without its optional value with RunGen's implied one."""
+    spelled = []
+    for text in values:
+        name, equals, value = text.lstrip("-").partition("=")
+        if text.startswith("-") and name in _RUNGEN_FLAGS:
+            if name in _SWITCHES and equals:
+                if value.lower() not in ("true", "false"):
+                    raise argparse.ArgumentTypeError(f"--{name}: expected true or false, got "
+                                                     f"{value!r}")
+                if value.lower() == "true":
+                    spelled.append(f"--{name}")
+                continue
+            if name in _IMPLIED_VALUES and not equals:
+                text = f"--{name}={_IMPLIED_VALUES[name]}"
+            spelled.append("--" + text.lstrip("-"))
         else:
-            line += f", min {array.min()}, max {array.max()}, mean {array.mean():.6g}"
-        print(line)
+            spelled.append(text)
+    return spelled
 
 
 def _positive(text: str) -> int:
@@ -183,9 +164,21 @@ def _positive(text: str) -> int:
     return value
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m shim",
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text!r}")
+    return value
+
+
+def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
+    prog = prog or program_name()
+    parser = argparse.ArgumentParser(prog=prog, allow_abbrev=False,
                                      description="Run ahead-of-time compiled Halide pipelines.")
+    parser.add_argument("--version", action="version", version=f"halide-shim {shim.__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     info = commands.add_parser("info", help="show a pipeline's name, target and arguments "
@@ -194,24 +187,74 @@ def build_parser() -> argparse.ArgumentParser:
     info.add_argument("--name", help="which pipeline, if the library holds several")
     info.set_defaults(handler=_info)
 
-    for name, text in (("run", "run a pipeline on inputs from files or random data, time it"),
+    for name, text in (("run", "run a pipeline on inputs from files or made up, time it"),
                        ("profile", "run, then show what the runtime did (summary table)")):
         run = commands.add_parser(
-            name, help=text, description=text + ". The pipeline's arguments follow as "
-            "--NAME=VALUE: inputs FILE.npy, an image, random:WxH[xC] or zero:WxH[xC]; scalars "
-            "by value (default: the pipeline's); outputs FILE[:WxH...] (default: sized from the "
-            "estimates, else like the first input). `python -m shim info P.so` lists them.")
-        run.add_argument("pipeline", help="path of the pipeline's shared library")
-        run.add_argument("--name", help="which pipeline, if the library holds several")
-        run.add_argument("--device", choices=kinds(),
-                         help="put the inputs on this device before the timed runs (default: "
-                              "the GPU API the pipeline runs on, else host memory)")
-        run.add_argument("--iterations", type=_positive, default=1, metavar="N",
-                         help="timed runs after one warm-up run (default 1); the device is "
-                              "synchronized after each")
-        run.add_argument("--profile", metavar="TRACE.json",
-                         help="save a Chrome trace of the timed runs (Perfetto opens it)")
-        run.set_defaults(handler=_run)
+            name, help=text, add_help=False, allow_abbrev=False,
+            usage=f"{prog} {name} PIPELINE.so NAME=VALUE ... [options]",
+            description=text + ", with Halide's RunGen command line. The pipeline's arguments "
+            "follow as NAME=VALUE (or --NAME=VALUE): inputs as a file (.npy, PNG, JPEG, PGM, "
+            "PPM, BMP, TIFF) or zero:[W,H,...], constant:VALUE:[W,H,...], "
+            "identity:[W,H,...], random:SEED:[W,H,...] (extents x first; a dimension may be "
+            "MIN+EXTENT; estimate, auto or estimate_then_auto in place of the extents); "
+            "scalars by value, default or estimate (the pipeline's default if not given); "
+            "outputs as FILE, FILE:[W,H,...] or :[W,H,...] (default: like the first input, else "
+            "the estimates, else like the first input less the border the pipeline reads). A file of another type or dimensionality is converted as "
+            "RunGen does, with a warning. `%(prog)s PIPELINE.so --help` lists the pipeline's "
+            "arguments.")
+        run.add_argument("pipeline", nargs="?", metavar="PIPELINE.so",
+                         help="path of the pipeline's shared library")
+        run.add_argument("-h", "--help", action="store_true",
+                         help="show this help (and the pipeline's arguments, after its path)")
+        shim_options = run.add_argument_group("the shim's options")
+        shim_options.add_argument("--name", help="which pipeline, if the library holds several")
+        shim_options.add_argument(
+            "--device", choices=kinds(),
+            help="put the inputs on this device before the runs (default: the GPU API the "
+                 "pipeline runs on, else host memory)")
+        shim_options.add_argument(
+            "--iterations", type=_positive, metavar="N",
+            help="timed runs after one warm-up run (default 1); the device is synchronized "
+                 "after each")
+        shim_options.add_argument("--profile", metavar="TRACE.json",
+                                  help="save a Chrome trace of the timed runs (Perfetto opens it)")
+        rungen = run.add_argument_group(
+            "RunGen's flags", "as Halide's RunGen takes them (also -flag; switches also "
+                              "=true or =false)")
+        rungen.add_argument("--benchmarks", choices=["all"],
+                            help="RunGen's adaptive benchmark instead of --iterations: report "
+                                 "the best time")
+        rungen.add_argument("--benchmark_min_time", type=_seconds, metavar="SECONDS",
+                            default=timing.DEFAULT_MIN_TIME,
+                            help="least time the benchmark runs for (default %(default)s)")
+        rungen.add_argument("--parsable_output", action="store_true",
+                            help="print the timings one 'PIPELINE  KEY  VALUE' per line")
+        rungen.add_argument("--describe", action="store_true",
+                            help="print the names and types of the arguments and exit")
+        rungen.add_argument("--output_extents", metavar="[W,H,...]|estimate",
+                            help="the extents of every output (a dimension may be MIN+EXTENT), "
+                                 "or their estimates")
+        rungen.add_argument("--estimate_all", action="store_true",
+                            help="estimates for everything: --default_input_buffers="
+                                 "random:0:estimate_then_auto --default_input_scalars=estimate "
+                                 "--output_extents=estimate")
+        rungen.add_argument("--default_input_buffers", metavar="VALUE",
+                            help="the value of every input buffer not given (alone: zero:auto)")
+        rungen.add_argument("--default_input_scalars", metavar="VALUE",
+                            help="the value of every scalar not given (alone: estimate,default)")
+        rungen.add_argument("--track_memory", action="store_true",
+                            help="print the most host memory the pipeline held at once "
+                                 "(halide_malloc)")
+        rungen.add_argument("--quiet", action="store_true",
+                            help="drop what the pipeline prints")
+        rungen.add_argument("--verbose", action="store_true",
+                            help="say how sizes were chosen")
+        rungen.add_argument("--success", action="store_true",
+                            help="print 'Success!' after a successful run")
+        rungen.add_argument("--skip_bad_environment", action="store_true",
+                            help="print [SKIP] and exit 0 when the pipeline's device API is "
+                                 "not available")
+        run.set_defaults(handler=_run, command_parser=run)
 
     demo = commands.add_parser("demo", help="build the sample pipelines and run them")
     demo.set_defaults(handler=_demo)
@@ -220,15 +263,29 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    command = next((text for text in argv if not text.startswith("-")), None)
+    if command in ("run", "profile"):
+        try:
+            argv = _rungen_style(argv)
+        except argparse.ArgumentTypeError as e:
+            parser.exit(2, f"{parser.prog} {command}: error: {e}\n")
     args, unknown = parser.parse_known_args(argv)
     if args.command in ("run", "profile"):
         args.values = [v for v in unknown if v != "--"]
     elif unknown:
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     try:
-        return args.handler(args, parser)
+        return args.handler(args, getattr(args, "command_parser", parser))
     except shim.ArgumentError as e:
         parser.exit(2, f"{parser.prog} {args.command}: error: {e}\n")
     except shim.ShimError as e:
         print(f"{parser.prog} {args.command}: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(f"{parser.prog} {args.command}: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        # The reader left (| head): what is left to print goes nowhere, as for other tools.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1

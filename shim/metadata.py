@@ -52,7 +52,7 @@ class Argument:
             for label, value in (("default", self.default), ("min", self.min),
                                  ("max", self.max), ("estimate", self.estimate)):
                 if value is not None:
-                    text += f", {label} {value}"
+                    text += f", {label} {_shown(self.type, value)}"
             return text
         role = "output" if self.is_output else "input"
         text = f"{self.name}: {role} buffer of {self.type}, {self.dimensions}-D"
@@ -64,6 +64,18 @@ class Argument:
             )
             text += f", estimated min+extent {ranges}"
         return text
+
+
+def _shown(htype: HalideType, value) -> str:
+    """A scalar as the value of its type it is: the shortest decimal that reads back as that
+    float16 / float32 / bfloat16 (0.1, not the double 0.10000000149011612)."""
+    if htype.code == BFLOAT and math.isfinite(value):
+        bits = int(np.array(value, np.float32).view(np.uint32)) >> 16
+        return next(text for text in (f"{value:.{digits}g}" for digits in range(1, 18))
+                    if int(np.array(float(text), np.float32).view(np.uint32)) >> 16 == bits)
+    if htype.code == FLOAT and htype.bits < 64:
+        return str(htype.dtype.type(value))
+    return str(value)
 
 
 def scalar_from_c(htype: HalideType, value):

@@ -1,212 +1,297 @@
-"""Running any pipeline from text arguments, as Halide's RunGen does: ``python -m shim run``.
-
-Values, by argument kind:
-
-- input buffers: a ``.npy`` file, an image (``.png``, ``.jpg``, ... with Pillow installed),
-  ``random:WxH[xC]`` or ``zero:WxH[xC]`` (extents in Halide order: x first);
-- scalars: the value (``true``/``false`` for bools); the pipeline's default if not given;
-- outputs: ``FILE[:WxH[xC]]`` (``.npy`` or an image) or ``:WxH[xC]`` to size without saving.
-  Without extents an output is sized from the pipeline's estimates, else like the first input.
-
-Images map to Halide's (x, y, c) layout: a W x H RGB image is a 3-D buffer of extents
-(W, H, 3), and a grayscale one a 2-D buffer.
+"""``python -m shim run`` and ``profile``: one pipeline called with values from the command
+line, as Halide's RunGen calls it (tools/RunGen.h, RunGenMain.cpp): the values are read
+(shim/run_values.py), sizes chosen where none is given (shim/run_sizes.py), every output's
+file format checked, then one warm-up run, the timed runs (``--iterations`` or RunGen's
+adaptive ``--benchmarks=all``, shim/timing.py), and the outputs saved (shim/images.py).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
-import statistics
 import sys
-import time
-from dataclasses import dataclass
 
 import numpy as np
 
-from shim.buffer import check_memory
-from shim.errors import ArgumentError
-from shim.metadata import Argument, check_extents
-
-IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff", ".pgm", ".ppm", ".webp")
-
-
-@dataclass(frozen=True)
-class OutputSpec:
-    path: str | None
-    extents: tuple | None  # Halide order
+import shim
+from shim import images, memory_tracker, run_values, timing
+from shim.buffer import Buffer, zeroed
+from shim.devices import preferred_kind
+from shim.errors import ArgumentError, BoundsError, ShimError
+from shim.metadata import check_extents
+from shim.run_sizes import Sizer
+from shim.scalars import MISSING
 
 
-def input_value(arg: Argument, text: str, target: str) -> np.ndarray:
-    """The array an input buffer argument's text names, for a pipeline built for ``target``."""
-    dtype = arg.type.dtype
-    if dtype is None:
-        raise ArgumentError(arg.name, f"the command line cannot make {arg.type} buffers")
-    kind, _, rest = text.partition(":")
-    if kind in ("random", "zero") and rest:
-        shape = _numpy_shape(arg, parse_extents(arg, rest))
-        # Refused before making it: the pipeline could not take it, or the machine hold it.
-        check_extents(arg, shape, target)
-        check_memory(shape, dtype, arg.name)
-        if kind == "zero":
-            return np.zeros(shape, dtype)
-        return _random(shape, dtype)
-    if not os.path.exists(text):
-        raise ArgumentError(arg.name, f"no such file: {text!r} (expected a .npy file, an image, "
-                                      f"random:WxH[xC] or zero:WxH[xC])")
-    if text.lower().endswith(".npy"):
-        array = np.load(text)
-    elif text.lower().endswith(IMAGE_SUFFIXES):
-        array = _read_image(arg, text)
-    else:
-        raise ArgumentError(arg.name, f"cannot read {text!r}: expected a .npy file or an image "
-                                      f"({', '.join(IMAGE_SUFFIXES)})")
-    if array.ndim != arg.dimensions:
-        raise ArgumentError(arg.name, f"{text} holds a {array.ndim}-D array; {arg.name} is "
-                                      f"{arg.dimensions}-D")
-    return array
+class Console:
+    """What a run says: results on stdout; warnings, and with ``verbose`` how sizes were
+    chosen, on stderr (as RunGen says them)."""
+
+    def __init__(self, verbose: bool):
+        self.verbose = verbose
+
+    def out(self, text: str) -> None:
+        print(text, flush=True)
+
+    def warn(self, text: str) -> None:
+        print(f"warning: {text}", file=sys.stderr, flush=True)
+
+    def log(self, text: str) -> None:
+        if self.verbose:
+            print(f"info: {text}", file=sys.stderr, flush=True)
 
 
-def output_spec(arg: Argument, text: str) -> OutputSpec:
-    path, _, extents = text.rpartition(":") if ":" in text else (text, "", "")
-    if path.lower().endswith(".npy") or path.lower().endswith(IMAGE_SUFFIXES) or not path:
-        return OutputSpec(path or None, parse_extents(arg, extents) if extents else None)
-    raise ArgumentError(arg.name, f"expected FILE.npy or an image name, optionally followed by "
-                                  f":WxH..., or :WxH... alone; got {text!r}")
+def describe(pipeline) -> str:
+    """RunGen's ``--describe``."""
+    lines = [f'Filter name: "{pipeline.name}"']
+    for a in pipeline.arguments:
+        role = "Output" if a.is_output else "Input"
+        kind = f"Buffer<{a.type}> with {a.dimensions} dimensions" if a.is_buffer else str(a.type)
+        lines.append(f'  {role} "{a.name}" is of type {kind}')
+    return "\n".join(lines)
 
 
-def output_shape(arg: Argument, spec: OutputSpec | None, inputs: list[np.ndarray]) -> tuple:
-    """The numpy shape of an output: given, else from the estimates, else like the first
-    input (RunGen's rules)."""
-    if spec is not None and spec.extents is not None:
-        return _numpy_shape(arg, spec.extents)
-    estimates = arg.buffer_estimates or ()
-    if len(estimates) == arg.dimensions and all(e is not None for _, e in estimates):
-        return _numpy_shape(arg, tuple(e for _, e in estimates))
-    if inputs and inputs[0].ndim == arg.dimensions:
-        return inputs[0].shape
-    raise ArgumentError(arg.name, "cannot tell this output's size (no estimates, no input of "
-                                  f"the same dimensionality): give --{arg.name}=FILE:WxH...")
+def unavailable_device(pipeline) -> str | None:
+    """Why the pipeline cannot run here (a device API it uses is missing), or None."""
+    for kind in sorted(pipeline.device_kinds):
+        try:
+            shim.device(kind)
+        except ShimError as e:
+            return f"this pipeline needs {kind}, which is not available: {e}"
+    return None
 
 
-def save_output(arg: Argument, array: np.ndarray, path: str) -> None:
-    if path.lower().endswith(".npy"):
-        np.save(path, array)
+def run(args, pipeline, texts: dict, console: Console) -> int:
+    """Run ``pipeline`` with the argument ``texts`` ({name: text}) and the options ``args``
+    (cli.py's), reporting through ``console``."""
+    scalars = _scalars(pipeline, texts, args.default_input_scalars)
+    arrays, specs = _inputs(pipeline, texts, args.default_input_buffers, console)
+    outputs = {a.name: run_values.parse_output(a, texts[a.name]) if texts.get(a.name)
+               else run_values.OutputSpec(None, None) for a in pipeline.outputs}
+    boxes, how = _sizes(pipeline, scalars, arrays, specs, outputs, args.output_extents, console)
+    # Every output's file is checked before anything runs.
+    plans = {a.name: images.plan_save(a.name, outputs[a.name].path,
+                                      run_values.numpy_shape(boxes[a.name]),
+                                      run_values.buffer_dtype(a), console.warn)
+             for a in pipeline.outputs if outputs[a.name].path is not None}
+    for name, spec in specs.items():
+        arrays[name] = run_values.make_input(_argument(pipeline, name), spec, boxes[name],
+                                             pipeline.target)
+    values = dict(scalars)
+    for a in pipeline.inputs:
+        if a.is_buffer:
+            values[a.name] = _buffer(arrays[a.name], a.name, boxes[a.name], written=True)
+    results = [_output_buffer(a, boxes[a.name], pipeline.target) for a in pipeline.outputs]
+    values.update((a.name, result) for a, result in zip(pipeline.outputs, results))
+    device = _device(pipeline, args.device)
+    if device is not None:
+        for a in pipeline.inputs:
+            if a.is_buffer:
+                values[a.name].copy_to_device(device)
+    with _prepare(pipeline, values, how) as call:
+        with _quiet(args.quiet):
+            timings, highwater, profile = _timed_runs(args, pipeline.name, call, results)
+    _report(args, pipeline, timings, results, device, console)
+    if highwater is not None:
+        console.out(f"Maximum Halide memory: {highwater} bytes for output of "
+                    f"{_megapixels(results):.6g} mpix.")
+    for a, result in zip(pipeline.outputs, results):
+        _save_or_describe(a.name, result, plans.get(a.name), args.parsable_output, console)
+    if args.command == "profile":
+        console.out("")
+        console.out(profile.summary())
+    if args.profile:
+        console.out(f"trace: {profile.save_trace(args.profile)} (open it in "
+                    f"https://ui.perfetto.dev)")
+    if args.success:
+        console.out("Success!")
+    return 0
+
+
+# --- values ---------------------------------------------------------------------------------
+
+def _argument(pipeline, name: str):
+    return next(a for a in pipeline.arguments if a.name == name)
+
+
+def _scalars(pipeline, texts: dict, default_text: str | None) -> dict:
+    """{scalar: value}; a scalar without text takes ``--default_input_scalars``, else the
+    pipeline's default (MISSING: checked where the value is converted)."""
+    scalars = {}
+    for a in pipeline.inputs:
+        if not a.is_buffer:
+            text = texts.get(a.name) or default_text
+            scalars[a.name] = MISSING if text is None else run_values.scalar_value(a, text)
+    return scalars
+
+
+def _inputs(pipeline, texts: dict, default_text: str | None, console: Console):
+    """({input: array} of the inputs read from files, {input: InputSpec} of the others)."""
+    arrays, specs = {}, {}
+    for a in pipeline.inputs:
+        if not a.is_buffer:
+            continue
+        text = texts.get(a.name) or default_text
+        if text is None:
+            raise ArgumentError(a.name, f"missing input: give {a.name}=FILE (or zero:[W,H,...], "
+                                        f"random:SEED:[W,H,...], ...) or --default_input_buffers")
+        spec = run_values.parse_input(a, text)
+        if spec.path is not None:
+            arrays[a.name] = run_values.read_input(a, spec, console.warn)
+        else:
+            specs[a.name] = spec
+    return arrays, specs
+
+
+def _sizes(pipeline, scalars, arrays, specs, outputs, output_extents, console):
+    """({buffer: Box} for every buffer argument, {output: how its size was chosen})."""
+    inputs = {name: tuple((0, n) for n in reversed(array.shape)) for name, array in arrays.items()}
+    auto = []
+    for name, spec in specs.items():
+        arg = _argument(pipeline, name)
+        extents = spec.extents
+        if extents in ("estimate", "estimate_then_auto"):
+            estimated = run_values.estimated_box(arg)
+            if estimated is None and extents == "estimate":
+                raise ArgumentError(name, f"{spec.text!r} asks for the estimates, but the "
+                                          f"pipeline has none for every dimension of {name}")
+            extents = estimated or "auto"
+        if extents == "auto":
+            auto.append(name)
+            inputs[name] = None
+        else:
+            inputs[name] = extents
+    given = {}
+    for a in pipeline.outputs:
+        if outputs[a.name].box is not None:
+            given[a.name] = outputs[a.name].box
+        elif output_extents == "estimate":
+            given[a.name] = run_values.estimated_box(a)
+            if given[a.name] is None:
+                raise ArgumentError("--output_extents", f"'estimate', but the pipeline has no "
+                                                        f"estimates for every dimension of {a.name}")
+        elif output_extents is not None:
+            given[a.name] = run_values.check_dimensions(
+                a, run_values.parse_box("--output_extents", output_extents), "--output_extents")
+    sizer = Sizer(pipeline, scalars, console.log)
+    boxes, how = sizer.outputs(given, inputs)
+    if auto:
+        inputs.update(sizer.derived_inputs(boxes, inputs, auto))
+    return inputs | boxes, how
+
+
+def _output_buffer(arg, box, target: str) -> Buffer:
+    shape = run_values.numpy_shape(box)
+    check_extents(arg, shape, target)  # before the memory is allocated
+    return _buffer(zeroed(shape, run_values.buffer_dtype(arg), arg.name), arg.name, box,
+                   written=False)
+
+
+def _buffer(array: np.ndarray, name: str, box, written: bool) -> Buffer:
+    """A Buffer over ``array`` at ``box``'s mins; host-dirty if the host holds its data."""
+    buf = Buffer.over_array(array, name, mins=[lo for lo, _ in box])
+    buf.set_host_dirty(written)
+    return buf
+
+
+def _device(pipeline, kind):
+    """The device the inputs are put on before the runs: the one asked for, else the GPU API
+    the pipeline runs on, else none (host memory)."""
+    if kind is None:
+        kind = preferred_kind(pipeline.device_kinds)
+    return None if kind is None else shim.device(kind)
+
+
+def _prepare(pipeline, values: dict, how: dict):
+    """The prepared call; a bounds error on an output whose size was guessed says how it was
+    guessed and how to give one."""
+    try:
+        return pipeline.prepare(**values)
+    except BoundsError as e:
+        guessed = {name: label for name, label in how.items() if label != "given"}
+        if not guessed:
+            raise
+        sizes = ", ".join(f"{name} {run_values.describe_box(values[name].box)} ({label})"
+                          for name, label in guessed.items())
+        first = next(iter(guessed))
+        raise ArgumentError(e.argument, f"{str(e).partition(': ')[2]} (outputs sized "
+                                        f"automatically: {sizes}; give --output_extents=[W,H,...] "
+                                        f"or {first}=FILE:[W,H,...] to choose)") from None
+
+
+# --- the runs -------------------------------------------------------------------------------
+
+@contextlib.contextmanager
+def _quiet(quiet: bool):
+    """RunGen's ``--quiet``: what the pipeline prints (halide_print, which the shim writes to
+    stderr) is dropped."""
+    if not quiet:
+        yield
         return
-    image = _pillow(arg).fromarray(_to_image_layout(arg, array))
-    image.save(path)
+    with open(os.devnull, "w") as devnull, contextlib.redirect_stderr(devnull):
+        yield
 
 
-def parse_extents(arg: Argument, text: str) -> tuple:
-    try:
-        extents = tuple(int(part) for part in text.lower().split("x"))
-    except ValueError:
-        extents = ()
-    if not extents or any(e <= 0 for e in extents):
-        raise ArgumentError(arg.name, f"expected extents like 640x480 or 640x480x3, got {text!r}")
-    return extents
+def _timed_runs(args, label: str, call, results: list):
+    """(Timings or Benchmark, the memory high-water mark if tracked, the Profile if one
+    was recorded) of the runs the options ask for, after one warm-up run."""
+    def run_once():
+        call()
+        for result in results:
+            result.device_sync()  # else a GPU run would time only the enqueueing
+
+    run_once()  # warm-up: compiles kernels, allocates, uploads the inputs once
+    profile = shim.profile() if args.command == "profile" or args.profile else None
+    with contextlib.ExitStack() as stack:
+        if profile is not None:
+            stack.enter_context(profile)
+        tracker = stack.enter_context(memory_tracker.track()) if args.track_memory else None
+        if args.benchmarks:
+            timings = timing.benchmark(run_once, args.benchmark_min_time)
+        else:
+            progress = timing.Progress(args.iterations, label)
+            timings = timing.time_iterations(run_once, args.iterations, progress)
+    return timings, None if tracker is None else tracker.highwater, profile
 
 
-def _numpy_shape(arg: Argument, extents: tuple) -> tuple:
-    if len(extents) != arg.dimensions:
-        raise ArgumentError(arg.name, f"{len(extents)} extents given; {arg.name} is "
-                                      f"{arg.dimensions}-D")
-    return tuple(reversed(extents))
+def _megapixels(results: list) -> float:
+    """RunGen's output size: the first two extents of each output, in units of 2^20."""
+    pixels = sum(int(np.prod(result.shape[-2:])) for result in results)
+    return pixels / 2**20
 
 
-def _random(shape: tuple, dtype: np.dtype) -> np.ndarray:
-    rng = np.random.default_rng(0)  # the same inputs every run, for comparable timings
-    if dtype.kind == "f":
-        # Made in the element type where numpy can, so that no larger array is needed on the way.
-        made = np.float64 if dtype.itemsize == 8 else np.float32
-        return rng.random(shape, dtype=made).astype(dtype, copy=False)
-    if dtype.kind == "b":
-        return rng.integers(0, 2, shape, dtype=np.uint8).astype(dtype)
-    info = np.iinfo(dtype)
-    return rng.integers(max(info.min, -(1 << 15)), min(info.max, 1 << 15), shape, dtype=dtype,
-                        endpoint=True)
+def _report(args, pipeline, timings, results, device, console: Console) -> None:
+    throughput = _megapixels(results) / timings.best
+    if args.parsable_output:
+        rows = timings.parsable() + [("THROUGHPUT_MPIX_PER_SEC", throughput),
+                                     ("HALIDE_TARGET", pipeline.target)]
+        for key, value in rows:
+            shown = f"{value:.6g}" if isinstance(value, float) else value
+            console.out(f"{pipeline.name}  {key:<24} {shown}")  # RunGen's columns
+        return
+    where = f" (inputs on {device.kind})" if device is not None else ""
+    if args.benchmarks:
+        console.out(f"Benchmark for {pipeline.name} produces {timings.describe()}{where}.")
+        console.out(f"Best output throughput is {throughput:.6g} mpix/sec.")
+    else:
+        console.out(f"{pipeline.name}: {timings.describe()}{where}")
 
 
-# --- images ----------------------------------------------------------------------------------
-
-def _pillow(arg: Argument):
-    try:
-        from PIL import Image
-    except ImportError:
-        raise ArgumentError(arg.name, "reading and writing images needs Pillow "
-                                      "(pip install pillow); .npy files work without it") from None
-    return Image
-
-
-def _read_image(arg: Argument, path: str) -> np.ndarray:
-    pixels = np.asarray(_pillow(arg).open(path))
-    if pixels.ndim == 3 and arg.dimensions == 3:
-        pixels = np.ascontiguousarray(np.moveaxis(pixels, 2, 0))  # (y, x, c) -> (c, y, x)
-    elif pixels.ndim == 3 and arg.dimensions == 2:
-        raise ArgumentError(arg.name, f"{path} has {pixels.shape[2]} channels; {arg.name} is 2-D")
-    elif pixels.ndim == 2 and arg.dimensions == 3:
-        pixels = pixels[np.newaxis]
-    dtype = arg.type.dtype
-    if dtype.kind == "f" and pixels.dtype.kind in "ui":
-        return (pixels / np.iinfo(pixels.dtype).max).astype(dtype)
-    if not np.can_cast(pixels.dtype, dtype):
-        raise ArgumentError(arg.name, f"{path} holds {pixels.dtype} pixels; {arg.name} is {dtype}")
-    return pixels.astype(dtype)
+def _save_or_describe(name: str, result: Buffer, plan, parsable: bool, console: Console):
+    array = result.numpy()
+    if plan is not None:
+        images.save(plan, array, name)
+    if parsable:
+        return
+    if plan is not None:
+        console.out(f"{name}: {_shape_text(result)} -> {plan.path}")
+    else:
+        # (str: a float32 as the float32 it is, 0.1 rather than 0.10000000149011612)
+        console.out(f"{name}: {_shape_text(result)}, min {str(array.min())}, max "
+                    f"{str(array.max())}, mean {array.mean():.6g}")
 
 
-def _to_image_layout(arg: Argument, array: np.ndarray) -> np.ndarray:
-    if array.ndim == 3:
-        array = np.moveaxis(array, 0, 2)  # (c, y, x) -> (y, x, c)
-        if array.shape[2] == 1:
-            array = array[:, :, 0]
-    if array.ndim not in (2, 3) or array.dtype not in (np.uint8, np.uint16):
-        raise ArgumentError(arg.name, f"only 2-D or 3-D uint8/uint16 outputs can be saved as "
-                                      f"images ({arg.name} is {array.ndim}-D {array.dtype}); "
-                                      f"use .npy")
-    return np.ascontiguousarray(array)
-
-
-# --- timing ----------------------------------------------------------------------------------
-
-class Progress:
-    """A progress bar on stderr, drawn only where someone watches (a terminal)."""
-
-    def __init__(self, total: int, label: str, stream=None):
-        self.total, self.label = total, label
-        self.stream = stream or sys.stderr
-        self.visible = total > 1 and self.stream.isatty()
-
-    def update(self, done: int) -> None:
-        if self.visible:
-            width = 30
-            filled = width * done // self.total
-            self.stream.write(f"\r{self.label} [{'#' * filled}{'.' * (width - filled)}] "
-                              f"{done}/{self.total}")
-            self.stream.flush()
-
-    def finish(self) -> None:
-        if self.visible:
-            self.stream.write("\n")
-            self.stream.flush()
-
-
-@dataclass(frozen=True)
-class Timings:
-    seconds: list
-
-    def describe(self) -> str:
-        ms = [s * 1e3 for s in self.seconds]
-        return (f"{len(ms)} iteration{'s' if len(ms) != 1 else ''}: min {min(ms):.3f} ms, "
-                f"median {statistics.median(ms):.3f} ms, mean {statistics.fmean(ms):.3f} ms")
-
-
-def time_iterations(run, sync, iterations: int, progress: Progress) -> Timings:
-    """Call ``run`` ``iterations`` times, each followed by ``sync`` (the device finishing its
-    work, without which a GPU iteration would only time the enqueueing)."""
-    samples = []
-    for i in range(iterations):
-        start = time.perf_counter()
-        result = run()
-        sync(result)
-        samples.append(time.perf_counter() - start)
-        progress.update(i + 1)
-    progress.finish()
-    return Timings(samples)
+def _shape_text(result: Buffer) -> str:
+    text = f"{result.dtype} {'x'.join(str(n) for _, n in result.box)}"
+    mins = [lo for lo, _ in result.box]
+    return text + (f" from ({', '.join(map(str, mins))})" if any(mins) else "")

@@ -84,15 +84,16 @@ def test_run_sizes_outputs_from_the_estimates(host_pipelines):
 
 
 def test_run_reads_and_writes_images(host_pipelines, tmp_path):
-    from PIL import Image
-
+    iio = pytest.importorskip("imageio.v3")
     gray = np.random.default_rng(1).integers(0, 256, size=(34, 50), dtype=np.uint8)
-    Image.fromarray(gray).save(tmp_path / "in.png")
+    iio.imwrite(tmp_path / "in.png", gray)
     done = run("run", str(host_pipelines["blur3x3", "bundled"]), f"--input={tmp_path / 'in.png'}",
                f"--output={tmp_path / 'out.png'}:48x32")
     assert done.returncode == 0, done.stderr
-    written = np.asarray(Image.open(tmp_path / "out.png"))
-    np.testing.assert_array_equal(written, blur_reference(gray.astype(np.uint16)))
+    # The 8-bit image is scaled to the uint16 input as Halide's image loader scales it.
+    assert "is of type uint8 but is used as uint16" in done.stderr
+    written = iio.imread(tmp_path / "out.png")
+    np.testing.assert_array_equal(written, blur_reference(gray.astype(np.uint16) * 257))
 
 
 def test_run_times_iterations_and_profile_summarizes_a_gpu_pipeline(opencl, tmp_path):
@@ -110,19 +111,115 @@ def test_run_times_iterations_and_profile_summarizes_a_gpu_pipeline(opencl, tmp_
 
 
 @pytest.mark.parametrize("arguments, message", [
-    ([], "the following arguments are required: --input"),
+    ([], "input: missing input: give input=FILE"),
     (["--input=random:64x48", "--scale=abc"], "scale: expected a number of type float32, got 'abc'"),
     (["--input=random:64x48", "--scale=30"], "scale: 30.0 is above the maximum 10.0"),
     (["--input=random:64x48", "--bogus=1"], "unrecognized arguments: --bogus=1"),
     (["--input=missing.npy"], "input: no such file: 'missing.npy'"),
-    (["--input=random:64"], "input: 1 extents given; input is 2-D"),
-    (["--input=random:64xq"], "input: expected extents like 640x480"),
-    (["--input=random:64x48", "--output=out.txt"], "output: expected FILE.npy or an image name"),
-    (["--input=random:64x48"], "outputs sized automatically: output 640x480; give --output="),
+    (["--input=random:64"], "input: 'random:64' gives 1 extents; input is 2-D"),
+    (["--input=random:64xq"], "input: expected extents like [640,480] or 640x480"),
+    (["input=random:0:[64,48"], "input: expected extents like [640,480]"),
+    (["input=random:x:[64,48]"], "input: expected an integer seed in random:SEED:EXTENTS"),
+    (["input=constant:[64,48]"], "input: expected constant:VALUE:EXTENTS"),
+    (["input=zero:estimate", "scale=estimate"], "scale: 'estimate' was asked for, but the "
+                                                 "pipeline gives scale no estimate"),
+    (["--input=random:64x48", "--output=out.txt"], "output: expected FILE (ending in .npy, .png"),
+    (["--input=random:64x48", "--output_extents=[64]"], "--output_extents gives 1 extents"),
     (["--iterations", "0", "--input=random:64x48"], "--iterations: expected a positive integer"),
+    (["--input=random:64x48", "--quiet=maybe"], "--quiet: expected true or false, got 'maybe'"),
+    (["--input=random:64x48", "--benchmarks=some"], "--benchmarks: invalid choice: 'some'"),
+    (["--input=random:64x48", "--benchmarks", "--iterations", "3"],
+     "--iterations and --benchmarks=all both choose the timed runs"),
 ])
 def test_run_argument_errors_in_argparse_style(host_pipelines, arguments, message):
     done = run("run", str(host_pipelines["brighten", "bundled"]), *arguments)
     assert done.returncode == 2
     assert message in done.stderr and "error:" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+# --- the command line itself ----------------------------------------------------------------
+
+
+def test_run_help_after_a_pipeline_lists_its_arguments(host_pipelines):
+    done = run("run", str(host_pipelines["brighten", "bundled"]), "--help")
+    assert done.returncode == 0, done.stderr
+    assert "RunGen's flags" in done.stdout and "--benchmarks {all}" in done.stdout
+    arguments = done.stdout.split("Arguments of brighten")[1]
+    assert "scale: float32 scalar, default 2.0, min 0.0, max 10.0" in arguments
+    assert "offset: float32 scalar, default 1.0" in arguments
+    assert "input: input buffer of float32, 2-D, estimated min+extent x=0+640 y=0+480" \
+        in " ".join(arguments.split())
+
+
+def test_version_and_the_programs_own_name():
+    import shim
+
+    done = run("--version")
+    assert done.returncode == 0 and done.stdout.strip() == f"halide-shim {shim.__version__}"
+    assert run("--help").stdout.startswith("usage: python -m shim ")
+    # As the console script: its own name.
+    as_script = subprocess.run(
+        [sys.executable, "-c", "import sys; sys.argv[0] = '/venv/bin/halide-shim'; "
+                               "from shim.cli import main; main(['run', '--help'])"],
+        capture_output=True, text=True)
+    assert as_script.stdout.startswith("usage: halide-shim run PIPELINE.so"), as_script.stderr
+
+
+def test_rungen_switches_take_true_false_and_one_dash(host_pipelines):
+    library = str(host_pipelines["brighten", "bundled"])
+    described = run("run", library, "-describe")
+    assert described.returncode == 0 and described.stdout.startswith('Filter name: "brighten"')
+    done = run("run", library, "input=zero:[8,4]", "--describe=false", "-success")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[-1] == "Success!"
+
+
+def test_quiet_drops_what_the_pipeline_prints(host_pipelines):
+    library = str(host_pipelines["checked_sqrt", "bundled"])
+    loud = run("run", library, "input=constant:4:[8,3]", "verbose=true")
+    assert loud.returncode == 0, loud.stderr
+    assert "row" in loud.stderr
+    quiet = run("run", library, "input=constant:4:[8,3]", "verbose=true", "--quiet")
+    assert quiet.returncode == 0, quiet.stderr
+    assert "row" not in quiet.stderr
+    assert "output: float32 8x3, min 2.0, max 2.0" in quiet.stdout
+
+
+def test_iterations_with_parsable_output(host_pipelines):
+    done = run("run", str(host_pipelines["brighten", "bundled"]), "input=zero:[16,8]",
+               "--iterations", "3", "--parsable_output")
+    assert done.returncode == 0, done.stderr
+    rows = dict(line.split(None, 2)[1:] for line in done.stdout.splitlines())
+    assert rows["ITERATIONS"] == "3" and float(rows["BEST_TIME_MSEC_PER_ITER"]) > 0
+    assert set(rows) >= {"MEDIAN_TIME_MSEC_PER_ITER", "THROUGHPUT_MPIX_PER_SEC", "HALIDE_TARGET"}
+
+
+def test_skip_bad_environment_skips_only_where_the_device_is_missing():
+    from shim.backends import cuda as cuda_backend
+
+    library = build(Build("brighten", "cuda", "no_runtime"))
+    done = run("run", str(library), "input=zero:[16,8]", "--skip_bad_environment")
+    assert done.returncode == 0, done.stderr
+    if cuda_backend.unavailable_reason():
+        assert done.stdout.startswith("[SKIP] this pipeline needs cuda, which is not available")
+    else:
+        assert "brighten: 1 iteration" in done.stdout
+
+
+def test_the_readme_command_line_example(tmp_path):
+    iio = pytest.importorskip("imageio.v3")
+    gray = np.random.default_rng(2).integers(0, 256, size=(30, 40), dtype=np.uint8)
+    iio.imwrite(tmp_path / "in.png", gray)
+    # README.md, "Command line" (tests/test_readme_examples.py runs it too; here its values
+    # are checked): brighten.so is the path the build prints.
+    built = subprocess.run([sys.executable, "-m", "shim.pipelines.build", "brighten"],
+                           capture_output=True, text=True, check=True)
+    (tmp_path / "brighten.so").symlink_to(built.stdout.splitlines()[-1])
+    done = subprocess.run([sys.executable, "-m", "shim", "run", "brighten.so", "input=in.png",
+                           "scale=0.5", "offset=0.25", "output=out.png"],
+                          capture_output=True, text=True, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    written = iio.imread(tmp_path / "out.png")
+    expected = (gray / 255 * np.float32(0.5) + np.float32(0.25)) * 65535
+    assert written.dtype == np.uint16 and np.abs(written - expected).max() <= 1
