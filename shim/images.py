@@ -247,7 +247,8 @@ def _imageio(argument: str):
         import imageio.v3 as iio
     except ImportError:
         raise ArgumentError(argument, "reading and writing images needs imageio (pip install "
-                                      "imageio); .npy files work without it") from None
+                                      "\"halide-shim[images]\"); .npy files work without it"
+                            ) from None
     return iio
 
 
@@ -255,8 +256,9 @@ def _pypng(argument: str):
     try:
         import png
     except ImportError:
-        raise ArgumentError(argument, "16-bit colour PNGs need pypng (pip install pypng): "
-                                      "Pillow reads and writes them only as 8-bit") from None
+        raise ArgumentError(argument, "16-bit colour PNGs need pypng (pip install "
+                                      "\"halide-shim[images]\"): Pillow reads and writes them "
+                                      "only as 8-bit") from None
     return png
 
 
