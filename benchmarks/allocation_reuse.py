@@ -177,7 +177,7 @@ class ShimRunner:
             malloc()
             free()
         elapsed = time.perf_counter() - start
-        if buf.has_device_allocation:
+        if buf.has_device_allocation():
             raise RuntimeError("device_malloc/free failed inside the timing loop")
         return elapsed
 

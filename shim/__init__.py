@@ -20,6 +20,7 @@ from shim.dlpack import from_dlpack
 from shim.errors import (
     ArgumentError,
     BoundsError,
+    CoordinateError,
     DeviceError,
     DeviceUnavailable,
     DirtyBufferWarning,
@@ -42,6 +43,7 @@ __all__ = [
     "ArgumentKind",
     "BoundsError",
     "Buffer",
+    "CoordinateError",
     "DeviceError",
     "DeviceUnavailable",
     "Dimension",

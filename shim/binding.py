@@ -148,7 +148,7 @@ class Signature:
         if value is MISSING:
             raise ArgumentError(arg.name, f"missing input; {self.name} takes {self._signature()}")
         if isinstance(value, Buffer):
-            _check_buffer_type(arg, value.type, value.dimensions, value.shape)
+            _check_buffer_type(arg, value.type(), value.dimensions(), value.shape)
             check_extents(arg, value.shape, self.target)
             if arg.is_output:
                 _check_writable(arg, value.writeable)
@@ -198,7 +198,7 @@ class Signature:
         except (BufferError, DeviceUnavailable) as e:
             raise ArgumentError(arg.name, f"cannot use {type(value).__name__}'s device memory: "
                                           f"{e}") from None
-        _check_buffer_type(arg, buf.type, buf.dimensions, buf.shape)
+        _check_buffer_type(arg, buf.type(), buf.dimensions(), buf.shape)
         if arg.is_output:
             if self.device_kinds and buf.device.kind not in self.device_kinds:
                 raise ArgumentError(arg.name, f"{self.name} runs on {'/'.join(sorted(self.device_kinds))}"

@@ -2,11 +2,14 @@
 
 Axis order follows halide.Buffer: Halide's dimension 0 (x, the innermost) is numpy's last
 axis, so a numpy array of shape (height, width) is a Halide buffer of extents (width, height).
+Its Python API is halide.Buffer's, so that a program written for halide.Buffer runs on it.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
+import numbers
 import operator
 import os
 import warnings
@@ -19,7 +22,7 @@ from shim.aliasing import has_allocation
 from shim.backends.base import Backend, interface_of
 from shim.bridge import runtime_call
 from shim.dlpack_capsules import host_array
-from shim.errors import ArgumentError, DirtyBufferWarning
+from shim.errors import ArgumentError, CoordinateError, DirtyBufferWarning
 from shim.families import Family
 from shim.flags import DEVICE_DIRTY, HOST_DIRTY
 from shim.metadata import dimension_label
@@ -31,12 +34,31 @@ from shim.types import INT32_MAX, HalideType
 PHYSICAL_MEMORY = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
-class Dimension(NamedTuple):
-    """One halide_dimension_t: coordinates and stride in elements."""
+class Dimension(tuple):
+    """One halide_dimension_t, as halide.Buffer's ``dim(i)`` gives it: ``min()``,
+    ``extent()``, ``stride()`` (in elements) and ``max()``. It is also the tuple
+    (min, extent, stride)."""
 
-    min: int
-    extent: int
-    stride: int
+    __slots__ = ()
+
+    def __new__(cls, min: int, extent: int, stride: int):
+        return super().__new__(cls, (min, extent, stride))
+
+    def min(self) -> int:
+        return self[0]
+
+    def extent(self) -> int:
+        return self[1]
+
+    def stride(self) -> int:
+        return self[2]
+
+    def max(self) -> int:
+        """The last coordinate: min + extent - 1."""
+        return self[0] + self[1] - 1
+
+    def __repr__(self) -> str:
+        return f"Dimension(min={self[0]}, extent={self[1]}, stride={self[2]})"
 
 
 def as_host_array(value, argument: str) -> np.ndarray:
@@ -59,57 +81,124 @@ def as_host_array(value, argument: str) -> np.ndarray:
 class Buffer(Finalized):
     """A Halide buffer over host memory, with an optional device allocation.
 
-    ``Buffer(array)`` wraps a numpy array (or any object ``as_host_array`` accepts) without
-    copying; ``Buffer(shape=..., dtype=...)`` allocates zeroed memory. Shapes are in numpy order.
-    A new Buffer is host-dirty: its host memory is the only copy of its data.
+    Its Python API is halide.Buffer's (Halide's Python bindings): the same constructors (see
+    ``__init__``) and methods of the same names and meanings (``dim(i).extent()``,
+    ``dimensions()``, ``type()``, ``host_dirty()``, ``buf[x, y]`` with x first, crops and
+    slices, ``translated``, ``transposed``, ``embedded``, ``copy()``, ``fill()``, the device
+    methods, and the in-place forms), so a program written for halide.Buffer runs on it. numpy
+    sees the host memory with the axes reversed (``np.asarray(buf)``, ``numpy()``: shape
+    (height, width)), as halide.Buffer's buffer protocol gives it; ``shape`` and ``dtype`` are
+    numpy's.
 
-    Device methods follow halide.Buffer. Reading the host data through this class
-    (``numpy()``, ``np.asarray``) copies device results back first, and dropping a Buffer frees
-    its device memory, copying unread device results back to host memory (with a warning).
+    Reading the host data through this class (``numpy()``, ``np.asarray``, ``buf[x, y]``)
+    copies device results back first, and dropping a Buffer frees its device memory, copying
+    unread device results back to host memory (with a warning).
     """
 
-    __slots__ = ("_raw", "_dims", "_array", "_type", "_family", "_box", "_exposed", "_unread",
-                 "_root_box", "_root_dims", "_keepalive", "_record", "__weakref__")
+    # The struct and what describes it: what an in-place crop or slice takes from the new view
+    # (see _replace).
+    _STRUCT = ("_raw", "_dims", "_array", "_type", "_family", "_box", "_exposed", "_unread",
+               "_root_box", "_root_dims", "_keepalive", "_record")
+    __slots__ = _STRUCT + ("_name", "_superseded", "__weakref__")
 
-    def __init__(self, data=None, *, shape=None, dtype=None):
-        if data is None:
-            if shape is None or dtype is None:
-                raise ArgumentError("shape", "Buffer() needs an array, or both shape= and dtype=")
-            data = zeroed(shape_tuple(shape, "shape"), _element_dtype(dtype), "shape")
-        elif shape is not None or dtype is not None:
-            raise ArgumentError("data", "pass either an array or shape= and dtype=, not both")
-        self._init_from_array(as_host_array(data, "data"), "data")
-        self.set_host_dirty(True)
+    def __init__(self, *args, **kwargs):
+        """halide.Buffer's constructors, by position or by name:
+
+        - ``Buffer(buffer, name="", reverse_axes=True)``: over an array (numpy's, or anything
+          with the buffer protocol or ``__dlpack__`` on the CPU), without copying; numpy's last
+          axis is x, or its first with ``reverse_axes=False``. Host-dirty, as halide.Buffer
+          makes it. Over another shim.Buffer: a view of all of it, sharing its memory and its
+          device state, with mins 0 (halide.Buffer's goes through the buffer protocol, which
+          has no mins).
+        - ``Buffer(type, sizes, name="")``, ``Buffer(type, sizes, storage_order, name="")``:
+          new memory of extents ``sizes`` (x first), its dimensions laid out from the innermost
+          to the outermost in ``storage_order``'s order (default: as listed). ``type``: a
+          halide.Type (``hl.UInt(8)``), a numpy dtype or a shim HalideType. Zeroed, and not
+          host-dirty, as halide.Buffer's (whose contents are undefined).
+
+        and the shim's ``Buffer(shape=..., dtype=...)``: new zeroed memory, shape in numpy
+        order, host-dirty (its zeros are its data). ``mins=``, in any form: the coordinates of
+        the first element, x first; dimensions it leaves out start at 0 (as ``set_min``).
+        """
+        given = _constructor_arguments(args, kwargs)
+        name = _name(given.get("name", ""))
+        dirty = True
+        if given.keys() & {"type", "sizes", "storage_order"}:
+            _check_form(given, "type", ("type", "sizes", "storage_order", "name", "mins"))
+            htype = _element_type(given.get("type"), "type")
+            if "sizes" not in given:
+                raise ArgumentError("sizes", "Buffer(type, sizes) needs the extents, x first")
+            array = _allocate(htype.dtype, given["sizes"], given.get("storage_order"))
+            argument, dirty = "sizes", False
+        elif "buffer" in given:
+            _check_form(given, "buffer", ("buffer", "name", "reverse_axes", "mins"))
+            source, argument = given["buffer"], "buffer"
+            reverse = given.get("reverse_axes", True)
+            if not isinstance(reverse, (bool, np.bool_)):
+                raise ArgumentError("reverse_axes", f"expected True or False, got {reverse!r}")
+            if isinstance(source, Buffer):
+                array = source._array if reverse else source._array.T
+                root_dims = source._root_dims if reverse else source._root_dims[::-1]
+                mins = _with_mins([0] * array.ndim, given.get("mins"), "mins")
+                self._init_as_view(source, array, mins, source._root_box, root_dims)
+                self._name = name
+                return
+            array = as_host_array(source, argument)
+            if not reverse:
+                array = array.T
+        elif given.keys() & {"shape", "dtype"}:
+            _check_form(given, "shape", ("shape", "dtype", "name", "mins"))
+            if "shape" not in given or "dtype" not in given:
+                raise ArgumentError("shape", "Buffer(shape=..., dtype=...) needs both")
+            array = zeroed(shape_tuple(given["shape"], "shape"),
+                           _element_type(given["dtype"], "dtype").dtype, "shape")
+            argument = "shape"
+        else:
+            raise ArgumentError("buffer", "Buffer() needs an array, an element type and sizes "
+                                          "(Buffer(hl.UInt(8), [width, height])), or shape= and "
+                                          "dtype=")
+        mins = _with_mins([0] * array.ndim, given.get("mins"), "mins")
+        self._init_from_array(array, argument, mins=mins)
+        self._name = name
+        if dirty:
+            self.set_host_dirty(True)
+
+    @classmethod
+    def make_scalar(cls, type, name: str = "") -> Buffer:
+        """A 0-D Buffer of one element of ``type`` (halide.Buffer.make_scalar)."""
+        return cls(type, [], name=name)
+
+    @classmethod
+    def make_interleaved(cls, type, width: int, height: int, channels: int,
+                         name: str = "") -> Buffer:
+        """A width x height x channels Buffer whose channels are innermost in memory
+        (halide.Buffer.make_interleaved)."""
+        return cls(type, [width, height, channels], [2, 0, 1], name=name)
+
+    @classmethod
+    def make_with_shape_of(cls, src: Buffer, name: str = "") -> Buffer:
+        """A new Buffer with ``src``'s mins, extents, type and order of dimensions in memory,
+        dense (halide.Buffer.make_with_shape_of). Zeroed, and not host-dirty."""
+        if not isinstance(src, Buffer):
+            raise ArgumentError("src", f"expected a shim.Buffer, got {type(src).__name__}")
+        made = cls.over_array(src._dense_like(), "src", mins=[lo for lo, _ in src._box])
+        made._name = _name(name)
+        return made
 
     def _init_from_array(self, array: np.ndarray, argument: str, mins=None,
-                         family: Family | None = None, keepalive=None) -> None:
+                         family: Family | None = None, keepalive=None,
+                         mins_argument: str = "mins") -> None:
         try:
             htype = HalideType.from_dtype(array.dtype)
         except TypeError as e:
             raise ArgumentError(argument, str(e)) from None
-        itemsize = array.dtype.itemsize
-        n = array.ndim
+        dims = _dimensions_of(array, mins, argument, mins_argument)
+        self._name, self._superseded = "", None
         self._raw = ffi.new("halide_buffer_t *")
-        self._dims = ffi.new("halide_dimension_t[]", max(n, 1))
-        mins = mins or (0,) * n
-        # (min, extent) per Halide dimension: what bounds queries compare, kept in Python.
-        self._box = tuple((mins[i], array.shape[n - 1 - i]) for i in range(n))
-        for i in range(n):
-            axis = n - 1 - i
-            extent, stride_bytes = array.shape[axis], array.strides[axis]
-            if stride_bytes % itemsize:
-                raise ArgumentError(argument, f"stride of axis {axis} ({stride_bytes} bytes) is not "
-                                              f"a multiple of the element size ({itemsize})")
-            stride = stride_bytes // itemsize
-            if extent > INT32_MAX or abs(stride) > INT32_MAX:
-                raise ArgumentError(argument, f"axis {axis} is too large for Halide's 32-bit "
-                                              f"extents and strides")
-            self._dims[i].min, self._dims[i].extent, self._dims[i].stride = mins[i], extent, stride
         raw = self._raw
         raw.host = ffi.cast("uint8_t *", array.ctypes.data)
         htype.to_c(raw.type)
-        raw.dimensions = n
-        raw.dim = self._dims
+        self._set_dims(dims)
         self._array = array
         self._type = htype
         self._family = Family() if family is None else family
@@ -117,8 +206,9 @@ class Buffer(Finalized):
         # What the C fast paths need to record calls on this Buffer (never changes either).
         self._record = families.call_record(raw, self._family, array)
         # Where this Buffer lies in its family's root (itself, unless it is a crop or slice):
-        # its box in the root's coordinates, and which root dimension each of its is.
-        self._root_box, self._root_dims = self._box, tuple(range(n))
+        # its box in the root's coordinates, and which root dimension each of its is (None for
+        # one that embedded() added).
+        self._root_box, self._root_dims = self._box, tuple(range(len(dims)))
         # Whether anyone outside the shim can see the host memory (then device results must
         # reach it before the device memory goes), and whether results a pipeline wrote here
         # have not been read by anyone yet (then dropping the Buffer is worth a warning).
@@ -127,17 +217,24 @@ class Buffer(Finalized):
         # What the memory belongs to, if not the shim (a DLPack producer's tensor).
         self._keepalive = keepalive
 
+    def _set_dims(self, dims) -> None:
+        """Give the struct ``dims``: (min, extent, stride) per Halide dimension, x first."""
+        self._dims = ffi.new("halide_dimension_t[]", [(lo, n, s, 0) for lo, n, s in dims] or 1)
+        self._raw.dim = self._dims
+        self._raw.dimensions = len(dims)  # after dim: a reader never sees more than it holds
+        # (min, extent) per Halide dimension: what bounds queries compare, kept in Python.
+        self._box = tuple((lo, n) for lo, n, _ in dims)
+
     # --- shape ---------------------------------------------------------------------------
 
-    @property
     def type(self) -> HalideType:
+        """The element type; it compares equal to halide's (``buf.type() == hl.UInt(8)``)."""
         return self._type
 
     @property
     def dtype(self) -> np.dtype:
         return self._array.dtype
 
-    @property
     def dimensions(self) -> int:
         return self._raw.dimensions
 
@@ -152,97 +249,355 @@ class Buffer(Finalized):
         a read-only mmap): such a Buffer is no pipeline output and never device-dirty."""
         return bool(self._array.flags.writeable)
 
-    def dim(self, i: int) -> Dimension:
-        """Halide's dimension ``i`` (0 is x, the innermost; numpy's last axis)."""
-        i = _integer(i, "i")
-        if not 0 <= i < self.dimensions:
-            raise ArgumentError("i", f"dimension {i} out of range for a {self.dimensions}-D buffer")
-        d = self._dims[i]
-        return Dimension(d.min, d.extent, d.stride)
+    def dim(self, dimension: int) -> Dimension:
+        """Halide's dimension ``dimension`` (0 is x, the innermost; numpy's last axis)."""
+        d = _integer(dimension, "dimension")
+        if not 0 <= d < self.dimensions():
+            raise ArgumentError("dimension", f"dimension {d} out of range for a "
+                                             f"{self.dimensions()}-D buffer")
+        dim = self._dims[d]
+        return Dimension(dim.min, dim.extent, dim.stride)
 
-    # --- crops and slices ------------------------------------------------------------------
+    def width(self) -> int:
+        """The extent of dimension 0, 1 for a Buffer without one (as halide.Buffer's);
+        ``height()`` and ``channels()`` are dimensions 1 and 2."""
+        return self._extent_or_one(0)
 
-    def cropped(self, dim_or_ranges, min: int | None = None, extent: int | None = None) -> Buffer:
-        """A Buffer over part of this one, in Halide coordinates: ``cropped(d, min, extent)``
-        crops dimension ``d``; ``cropped([(min, extent), ...])`` crops dimensions 0, 1, ... in
-        order (x first). The crop shares this Buffer's host memory and, where this Buffer has a
-        device allocation, aliases it on the device."""
-        if isinstance(dim_or_ranges, (list, tuple)):
-            if min is not None or extent is not None:
-                raise ArgumentError("min", "give either a list of (min, extent) or dim, min, extent")
-            if len(dim_or_ranges) > self.dimensions:
-                raise ArgumentError("ranges", f"expected up to {self.dimensions} (min, extent) pairs, "
-                                              f"got {dim_or_ranges!r}")
-            ranges = [_range(r) for r in dim_or_ranges] + list(self._box[len(dim_or_ranges):])
+    def height(self) -> int:
+        return self._extent_or_one(1)
+
+    def channels(self) -> int:
+        return self._extent_or_one(2)
+
+    def _extent_or_one(self, d: int) -> int:
+        return self._box[d][1] if d < len(self._box) else 1
+
+    def left(self) -> int:
+        """dim(0).min(); ``right()`` is dim(0).max(), ``top()`` and ``bottom()`` dimension 1's."""
+        return self.dim(0).min()
+
+    def right(self) -> int:
+        return self.dim(0).max()
+
+    def top(self) -> int:
+        return self.dim(1).min()
+
+    def bottom(self) -> int:
+        return self.dim(1).max()
+
+    def number_of_elements(self) -> int:
+        return math.prod(n for _, n in self._box)
+
+    def size_in_bytes(self) -> int:
+        """The bytes from the lowest-addressed element to just past the highest (0 when
+        empty), as halide.Buffer's."""
+        if not self.number_of_elements():
+            return 0
+        span = sum((n - 1) * abs(self._dims[d].stride) for d, (_, n) in enumerate(self._box))
+        return (span + 1) * self.dtype.itemsize
+
+    def contains(self, coords) -> bool:
+        """Whether ``coords`` (x first; the dimensions it leaves out are not checked) lie in
+        this Buffer."""
+        coords = _integer_list(coords, "coords")
+        if len(coords) > self.dimensions():
+            raise ArgumentError("coords", f"expected at most {self.dimensions()} coordinates, "
+                                          f"got {len(coords)}")
+        return all(lo <= c < lo + n for c, (lo, n) in zip(coords, self._box))
+
+    def name(self) -> str:
+        """The Buffer's name: the one given, else a unique one made up (b0, b1, ...), as
+        halide.Buffer's."""
+        if not self._name:
+            self._name = f"b{next(_UNNAMED)}"
+        return self._name
+
+    def set_name(self, name: str) -> None:
+        self._name = _name(name)
+
+    def defined(self) -> bool:
+        """True: there is no undefined shim.Buffer (halide.Buffer() makes one; Buffer() here
+        is an error)."""
+        return True
+
+    def same_as(self, other) -> bool:
+        """Whether ``other`` is this Buffer (a crop or a copy is another)."""
+        return other is self
+
+    # --- crops, slices and other views ---------------------------------------------------------
+    # Each makes a Buffer over the same memory, as halide.Buffer's; the in-place forms (crop,
+    # slice, translate, set_min, transpose, embed, add_dimension) change this one.
+
+    def cropped(self, dimension=None, min=None, extent=None, *, rect=None) -> Buffer:
+        """A Buffer over part of this one, in this one's coordinates: ``cropped(d, min,
+        extent)`` crops dimension ``d``; ``cropped(rect)``, a list of (min, extent), crops
+        dimensions 0, 1, ... in order (x first). The crop shares this Buffer's host memory
+        and, where this Buffer has a device allocation, aliases it on the device."""
+        ranges = self._crop_ranges(dimension, min, extent, rect)
+        index = _index_of([(lo, lo + n) for lo, n in ranges], self._box)
+        return self._view(self._array[index], [lo for lo, _ in ranges],
+                          self._root_box_of(ranges), self._root_dims)
+
+    def _crop_ranges(self, dimension, min, extent, rect) -> list:
+        """cropped()'s arguments as (min, extent) per dimension, checked."""
+        if isinstance(dimension, (list, tuple)):
+            dimension, rect = None, dimension  # cropped(rect), by position
+        if rect is not None:
+            if dimension is not None or min is not None or extent is not None:
+                raise ArgumentError("rect", "give either rect, a list of (min, extent), or "
+                                            "dimension, min and extent")
+            if not isinstance(rect, (list, tuple)) or len(rect) > self.dimensions():
+                raise ArgumentError("rect", f"expected up to {self.dimensions()} (min, extent) "
+                                            f"pairs, got {rect!r}")
+            ranges = [_range(r) for r in rect] + list(self._box[len(rect):])
+            argument = "rect"
         else:
-            d = self._dimension_index(dim_or_ranges)
+            d = self._dimension_index(dimension)
             if min is None or extent is None:
-                raise ArgumentError("extent", "cropped(dim, min, extent) needs min and extent")
+                raise ArgumentError("extent", "cropped(dimension, min, extent) needs min and "
+                                              "extent")
             ranges = list(self._box)
             ranges[d] = (_integer(min, "min"), _integer(extent, "extent"))
+            argument = "min"
         for d, ((lo, n), (have_lo, have_n)) in enumerate(zip(ranges, self._box)):
             if n < 0 or lo < have_lo or lo + n > have_lo + have_n:
-                raise ArgumentError("ranges", f"{dimension_label(d, self.dimensions)}: "
+                raise ArgumentError(argument, f"{dimension_label(d, self.dimensions())}: "
                                               f"[{lo}, {lo + n}) is not inside "
                                               f"[{have_lo}, {have_lo + have_n})")
-        # The Ellipsis keeps a 0-D result an array (a view), where numpy would give a scalar.
-        index = tuple(slice(lo - have_lo, lo - have_lo + n)
-                      for (lo, n), (have_lo, _) in zip(reversed(ranges), reversed(self._box)))
-        index += (Ellipsis,)
-        root_box = list(self._root_box)
-        for d, box in zip(self._root_dims, ranges):
-            root_box[d] = box
-        return self._view(self._array[index], [lo for lo, _ in ranges], tuple(root_box),
-                          self._root_dims)
+        return ranges
 
-    def sliced(self, dim: int, pos: int) -> Buffer:
-        """The (dimensions - 1)-D Buffer at coordinate ``pos`` of dimension ``dim``; shares
-        memory like a crop. Slicing a 1-D Buffer gives a 0-D one, a single element."""
-        d = self._dimension_index(dim)
-        pos = _integer(pos, "pos")
+    def sliced(self, dimension, pos=None) -> Buffer:
+        """The (dimensions - 1)-D Buffer at coordinate ``pos`` (default: the dimension's min)
+        of dimension ``dimension``; shares memory like a crop. Slicing a 1-D Buffer gives a
+        0-D one, a single element."""
+        d = self._dimension_index(dimension)
         lo, n = self._box[d]
+        pos = lo if pos is None else _integer(pos, "pos")
         if not lo <= pos < lo + n:
-            raise ArgumentError("pos", f"{pos} is outside {dimension_label(d, self.dimensions)}: "
+            raise ArgumentError("pos", f"{pos} is outside "
+                                       f"{dimension_label(d, self.dimensions())}: "
                                        f"[{lo}, {lo + n})")
-        index = [slice(None)] * self.dimensions + [Ellipsis]  # (Ellipsis: see cropped)
-        index[self.dimensions - 1 - d] = pos - lo
+        index = [slice(None)] * self.dimensions() + [Ellipsis]  # (Ellipsis: see _index_of)
+        index[self.dimensions() - 1 - d] = pos - lo
         mins = [m for i, (m, _) in enumerate(self._box) if i != d]
-        root_box = list(self._root_box)
-        root_box[self._root_dims[d]] = (pos, 1)
+        root_box = self._root_box_of([(pos, 1) if i == d else box
+                                      for i, box in enumerate(self._box)])
         root_dims = self._root_dims[:d] + self._root_dims[d + 1:]
-        return self._view(self._array[tuple(index)], mins, tuple(root_box), root_dims)
+        return self._view(self._array[tuple(index)], mins, root_box, root_dims)
+
+    def translated(self, dimension=None, dx=None, *, delta=None) -> Buffer:
+        """A Buffer over the same elements at other coordinates: ``translated(d, dx)`` adds
+        ``dx`` to dimension ``d``'s min, ``translated(delta)`` adds ``delta[i]`` to dimension
+        ``i``'s (x first; dimensions it leaves out keep theirs)."""
+        return self._view(self._array, self._translation(dimension, dx, delta), self._root_box,
+                          self._root_dims, "delta" if dx is None else "dx")
+
+    def transposed(self, d1=None, d2=None, *, order=None) -> Buffer:
+        """A Buffer over the same elements with its dimensions reordered, as halide.Buffer's:
+        ``transposed(d1, d2)`` swaps two; ``transposed(order)`` makes dimension ``i`` of this
+        Buffer dimension ``order[i]`` of the result."""
+        array, mins, root_dims = self._transposition(d1, d2, order)
+        return self._view(array, mins, self._root_box, root_dims)
+
+    def reverse_axes(self) -> Buffer:
+        """transposed() with the dimensions in reverse order: numpy's axis order."""
+        return self.transposed(order=list(reversed(range(self.dimensions()))))
+
+    def embedded(self, dimension, pos: int = 0) -> Buffer:
+        """A Buffer with one more dimension, of extent 1 at coordinate ``pos``, inserted as
+        dimension ``dimension`` (0 to dimensions()), over the same elements."""
+        array, mins, root_dims = self._embedding(dimension, pos)
+        return self._view(array, mins, self._root_box, root_dims, "pos")
+
+    def crop(self, dimension=None, min=None, extent=None, *, rect=None) -> None:
+        """cropped(), in place: this Buffer becomes the crop."""
+        self._replace(self.cropped(dimension, min, extent, rect=rect))
+
+    def slice(self, dimension, pos=None) -> None:
+        """sliced(), in place."""
+        self._replace(self.sliced(dimension, pos))
+
+    def translate(self, dimension=None, dx=None, *, delta=None) -> None:
+        """translated(), in place."""
+        self._reshape(self._array, self._translation(dimension, dx, delta), self._root_dims,
+                      "delta" if dx is None else "dx")
+
+    def set_min(self, mins) -> None:
+        """Place this Buffer's first element at ``mins`` (x first; dimensions it leaves out
+        keep their min), as halide.Buffer's set_min."""
+        self._reshape(self._array, _with_mins([lo for lo, _ in self._box], mins, "mins"),
+                      self._root_dims, "mins")
+
+    def transpose(self, d1=None, d2=None, *, order=None) -> None:
+        """transposed(), in place."""
+        self._reshape(*self._transposition(d1, d2, order), "order")
+
+    def embed(self, dimension, pos: int = 0) -> None:
+        """embedded(), in place."""
+        self._reshape(*self._embedding(dimension, pos), "dimension")
+
+    def add_dimension(self) -> None:
+        """Add a dimension of extent 1 at coordinate 0 after the others, in place."""
+        self.embed(self.dimensions())
 
     def _dimension_index(self, dim) -> int:
-        d = _integer(dim, "dim")
-        if not 0 <= d < self.dimensions:
-            raise ArgumentError("dim", f"expected a Halide dimension index in "
-                                       f"[0, {self.dimensions}) (0 is x, numpy's last axis), "
-                                       f"got {dim!r}")
+        d = _integer(dim, "dimension")
+        if not 0 <= d < self.dimensions():
+            raise ArgumentError("dimension", f"expected a Halide dimension index in "
+                                             f"[0, {self.dimensions()}) (0 is x, numpy's last "
+                                             f"axis), got {dim!r}")
         return d
 
-    def _view(self, array: np.ndarray, mins, root_box, root_dims) -> Buffer:
+    def _root_box_of(self, ranges) -> tuple:
+        """The box, in the family root's coordinates, of the part of this Buffer that
+        ``ranges`` ((min, extent) per dimension, in this Buffer's coordinates) covers."""
+        root_box = list(self._root_box)
+        for (lo, n), (own_lo, _), r in zip(ranges, self._box, self._root_dims):
+            if r is not None:
+                root_box[r] = (self._root_box[r][0] + lo - own_lo, n)
+            elif n == 0:
+                # An empty crop of a dimension embedded() added, which the root lacks: the
+                # part is empty all the same.
+                if not root_box:
+                    raise ArgumentError("extent", "an empty crop of a dimension added to a 0-D "
+                                                  "Buffer covers no box of it")
+                root_box[0] = (root_box[0][0], 0)
+        return tuple(root_box)
+
+    def _translation(self, dimension, dx, delta) -> list:
+        """translated()'s arguments as the new mins, checked."""
+        mins = [lo for lo, _ in self._box]
+        if isinstance(dimension, (list, tuple)):
+            dimension, delta = None, dimension  # translated(delta), by position
+        if delta is not None:
+            if dimension is not None or dx is not None:
+                raise ArgumentError("delta", "give either delta, a list of offsets, or "
+                                             "dimension and dx")
+            offsets = _integer_list(delta, "delta")
+            if len(offsets) > len(mins):
+                raise ArgumentError("delta", f"expected at most {len(mins)} offsets (x first), "
+                                             f"got {len(offsets)}")
+            return [lo + (offsets[d] if d < len(offsets) else 0) for d, lo in enumerate(mins)]
+        d = self._dimension_index(dimension)
+        if dx is None:
+            raise ArgumentError("dx", "translated(dimension, dx) needs dx")
+        mins[d] += _integer(dx, "dx")
+        return mins
+
+    def _transposition(self, d1, d2, order) -> tuple:
+        """transposed()'s arguments as the array, mins and root dimensions of the result."""
+        n = self.dimensions()
+        if isinstance(d1, (list, tuple)):
+            d1, order = None, d1  # transposed(order), by position
+        if order is not None:
+            if d1 is not None or d2 is not None:
+                raise ArgumentError("order", "give either order, a permutation of the "
+                                             "dimensions, or d1 and d2")
+            order = _integer_list(order, "order")
+            if sorted(order) != list(range(n)):
+                raise ArgumentError("order", f"expected a permutation of 0..{n - 1}, got {order}")
+            # Dimension i goes to order[i] (what halide.Buffer does): result dimension j is
+            # dimension source[j] of this one.
+            source = [0] * n
+            for i, j in enumerate(order):
+                source[j] = i
+        else:
+            if d1 is None or d2 is None:
+                raise ArgumentError("d2", "transposed(d1, d2) needs both dimensions")
+            first, second = self._dimension_index(d1), self._dimension_index(d2)
+            source = list(range(n))
+            source[first], source[second] = second, first
+        # numpy axis a is Halide dimension n - 1 - a.
+        array = self._array.transpose([n - 1 - source[n - 1 - a] for a in range(n)])
+        return (array, [self._box[s][0] for s in source],
+                tuple(self._root_dims[s] for s in source))
+
+    def _embedding(self, dimension, pos) -> tuple:
+        """embedded()'s arguments as the array, mins and root dimensions of the result."""
+        n = self.dimensions()
+        d = _integer(dimension, "dimension")
+        if not 0 <= d <= n:
+            raise ArgumentError("dimension", f"expected where the new dimension goes, in "
+                                             f"[0, {n}], got {dimension!r}")
+        pos = _integer(pos, "pos")
+        # Its stride, as halide.Buffer's add_dimension gives it: the outermost dimension's
+        # extent times its stride (1 for a 0-D Buffer). It never moves from the element.
+        stride = self._box[-1][1] * self._dims[n - 1].stride if n else 1
+        array = self._array
+        axis = n - d  # its numpy axis in the result
+        array = np.lib.stride_tricks.as_strided(
+            array, array.shape[:axis] + (1,) + array.shape[axis:],
+            array.strides[:axis] + (stride * array.itemsize,) + array.strides[axis:])
+        mins = [lo for lo, _ in self._box]
+        mins.insert(d, pos)
+        return array, mins, self._root_dims[:d] + (None,) + self._root_dims[d:]
+
+    def _view(self, array: np.ndarray, mins, root_box, root_dims,
+              mins_argument: str = "mins") -> Buffer:
         """A Buffer over ``array`` (a view of this one's memory) that joins this Buffer's
         family: it aliases the family's device allocation, or carries the proxy interface
-        until there is one (shim/aliasing.py)."""
+        until there is one (shim/aliasing.py). ``mins_argument`` names what gave ``mins``,
+        for errors."""
         view = Buffer.__new__(Buffer)
-        # (Memory a DLPack producer owns outlives every view.)
-        view._init_from_array(array, "crop", mins=mins, family=self._family,
-                              keepalive=self._keepalive)
-        view._root_box, view._root_dims = root_box, root_dims
-        buffer_operations.adopt(self._raw, self._root_box, view._raw, root_box)
+        view._init_as_view(self, array, mins, root_box, root_dims, mins_argument)
         return view
 
+    def _init_as_view(self, parent: Buffer, array: np.ndarray, mins, root_box, root_dims,
+                      mins_argument: str = "mins") -> None:
+        # (Memory a DLPack producer owns outlives every view.)
+        self._init_from_array(array, "crop", mins=mins, family=parent._family,
+                              keepalive=parent._keepalive, mins_argument=mins_argument)
+        self._root_box, self._root_dims = root_box, root_dims
+        buffer_operations.adopt(parent._raw, parent._root_box, self._raw, root_box)
+
+    def _reshape(self, array: np.ndarray, mins, root_dims, argument: str) -> None:
+        """Give this Buffer's own struct another geometry over the same elements, as
+        halide.Buffer's in-place methods do: ``array`` is a view of its memory starting at the
+        same element, ``mins`` its coordinates, ``root_dims`` which root dimension each
+        dimension is. Pipeline calls using the Buffer finish first."""
+        dims = _dimensions_of(array, mins, argument, mins_argument=argument)
+
+        def change(family: Family) -> None:
+            self._set_dims(dims)
+            self._array = array
+            if family.shared:
+                self._root_dims = root_dims
+            else:
+                # No other Buffer is placed in this one's coordinates yet: they become the
+                # family's (the root's, read when a first view shares it: Family.share).
+                self._root_box, self._root_dims = self._box, tuple(range(len(dims)))
+
+        buffer_operations.reshape(self._raw, change)
+
+    def _replace(self, view: Buffer) -> None:
+        """Make this Buffer ``view`` (a crop or slice of it), as halide.Buffer's in-place crop
+        and slice do. A struct covers the same elements for its whole life (its box in the
+        family, shim/families.py), so this Buffer takes the view's struct, and keeps its
+        previous one, still in the family, until it goes itself: a PreparedCall made with it
+        still runs on it."""
+        def swap(family: Family) -> None:
+            for slot in Buffer._STRUCT:
+                mine = getattr(self, slot)
+                setattr(self, slot, getattr(view, slot))
+                setattr(view, slot, mine)
+            view._superseded, self._superseded = self._superseded, view
+
+        buffer_operations.reshape(self._raw, swap)
+
     def raw_buffer(self) -> int:
-        """The address of this Buffer's halide_buffer_t, for native code (like halide.Buffer's
-        ``_get_raw_halide_buffer_t``). Valid while the Buffer is alive."""
+        """The address of this Buffer's halide_buffer_t, for native code (halide.Buffer's
+        ``_get_raw_halide_buffer_t``, which is here too). Valid while the Buffer is alive."""
         return int(ffi.cast("uintptr_t", self._raw))
+
+    def _get_raw_halide_buffer_t(self) -> int:
+        return self.raw_buffer()
 
     # --- host data -----------------------------------------------------------------------
 
     def numpy(self) -> np.ndarray:
         """The host memory as a numpy array, without copying; device results are copied back
         first, so what it shows is current."""
-        if self.device_dirty:
+        if self.device_dirty():
             self.copy_to_host()
         self._exposed = True
         self.mark_read()
@@ -258,6 +613,89 @@ class Buffer(Finalized):
             array = array.astype(dtype)
         return array
 
+    def __getitem__(self, pos):
+        """The element at ``pos``, Halide coordinates with x first (``buf[x, y]``; ``buf[()]``
+        for a 0-D Buffer), as a Python number. Device results are copied back first (unlike
+        halide.Buffer's, which reads stale host memory, and marks it host-dirty)."""
+        return self.numpy()[self._element_index(pos)].item()
+
+    def __setitem__(self, pos, value) -> None:
+        """Write the element at ``pos`` (see __getitem__) and mark the Buffer host-dirty.
+        ``value`` must fit the element type: floats are refused for integers, not truncated."""
+        index = self._element_index(pos)
+        self._host_for_writing("value")[index] = _element_value(value, self.dtype, "value")
+        self.set_host_dirty(True)
+
+    def fill(self, value) -> None:
+        """Set every element to ``value`` (which must fit the element type) and mark the Buffer
+        host-dirty."""
+        element = _element_value(value, self.dtype, "value")
+        self._host_for_writing("value")[...] = element
+        self.set_host_dirty(True)
+
+    def all_equal(self, value) -> bool:
+        """Whether every element equals ``value`` (True for an empty Buffer)."""
+        return bool(np.all(self.numpy() == _element_value(value, self.dtype, "value")))
+
+    def for_each_element(self, f) -> None:
+        """Call ``f(pos)`` for the coordinates of every element, ``pos`` a list, x first and
+        varying fastest, as halide.Buffer's."""
+        for coords in itertools.product(*(range(lo, lo + n) for lo, n in reversed(self._box))):
+            f(list(reversed(coords)))
+
+    def copy(self) -> Buffer:
+        """A new Buffer holding a copy of this one's elements, at the same coordinates, dense,
+        with its dimensions in the same order in memory (halide.Buffer's copy). Host-dirty;
+        device results are copied back first (halide.Buffer's copies stale host memory)."""
+        array = self._dense_like()
+        np.copyto(array, self.numpy())
+        made = Buffer.over_array(array, "copy", mins=[lo for lo, _ in self._box])
+        made.set_host_dirty(True)
+        return made
+
+    def copy_from(self, other: Buffer) -> None:
+        """Copy the elements of ``other`` at the coordinates both Buffers have into this one,
+        and mark it host-dirty. ``other`` has the same element type and dimensions."""
+        if not isinstance(other, Buffer):
+            raise ArgumentError("other", f"expected a shim.Buffer, got {type(other).__name__}")
+        if other.type() != self._type or other.dimensions() != self.dimensions():
+            raise ArgumentError("other", f"expected a {self.dimensions()}-D buffer of "
+                                         f"{self._type}, got a {other.dimensions()}-D one of "
+                                         f"{other.type()}")
+        common = [(max(a, b), min(a + m, b + n))
+                  for (a, m), (b, n) in zip(self._box, other._box)]
+        if any(lo >= hi for lo, hi in common):
+            return
+        target = self._host_for_writing("other")
+        np.copyto(target[_index_of(common, self._box)],
+                  other.numpy()[_index_of(common, other._box)])
+        self.set_host_dirty(True)
+
+    def _element_index(self, pos) -> tuple:
+        """The numpy index of the element at Halide coordinates ``pos``."""
+        coords = _integer_list(pos if isinstance(pos, (tuple, list)) else (pos,), "pos")
+        if len(coords) != self.dimensions():
+            raise ArgumentError("pos", f"expected {self.dimensions()} coordinates (x first) for "
+                                       f"a {self.dimensions()}-D buffer, got {len(coords)}")
+        for d, (c, (lo, n)) in enumerate(zip(coords, self._box)):
+            if not lo <= c < lo + n:
+                raise CoordinateError("pos", f"{c} is outside "
+                                             f"{dimension_label(d, self.dimensions())}: "
+                                             f"[{lo}, {lo + n})")
+        return tuple(c - lo for c, (lo, _) in zip(reversed(coords), reversed(self._box)))
+
+    def _host_for_writing(self, argument: str) -> np.ndarray:
+        """The host memory, current, for a write through this class of ``argument``."""
+        if not self.writeable:
+            raise ArgumentError(argument, "this Buffer's host memory is read-only")
+        return self.numpy()
+
+    def _dense_like(self) -> np.ndarray:
+        """New zeroed memory of this Buffer's shape and type, dense, its dimensions in the same
+        order in memory (halide.Buffer's make_with_shape_of)."""
+        check_memory(self.shape, self.dtype, "copy")
+        return np.zeros_like(self._array, order="K")
+
     # --- DLPack (shim/dlpack_export.py; shim.from_dlpack is shim/dlpack.py) -----------------
 
     def __dlpack__(self, *, stream=None, max_version=None, dl_device=None, copy=None):
@@ -272,77 +710,93 @@ class Buffer(Finalized):
 
     # --- dirty bits ----------------------------------------------------------------------
 
-    @property
     def host_dirty(self) -> bool:
+        """Whether the host memory holds changes the device copy lacks."""
         return bool(flags.of(self._raw) & HOST_DIRTY)
 
-    @property
     def device_dirty(self) -> bool:
+        """Whether the device copy holds changes the host memory lacks."""
         return bool(flags.of(self._raw) & DEVICE_DIRTY)
 
-    def set_host_dirty(self, value: bool = True) -> None:
+    def set_host_dirty(self, dirty: bool = True) -> None:
         """Say that the host memory holds changes the device copy lacks (or, False, not)."""
-        buffer_operations.mark_dirty(self._raw, HOST_DIRTY, value)
+        buffer_operations.mark_dirty(self._raw, HOST_DIRTY, dirty)
 
-    def set_device_dirty(self, value: bool = True) -> None:
+    def set_device_dirty(self, dirty: bool = True) -> None:
         """Say that the device copy holds changes the host memory lacks (or, False, not).
         Only a Buffer with a device allocation and writable host memory can be device-dirty:
         otherwise every later read would fail, or write into memory that must not change."""
-        if value and not self.writeable:
-            raise ArgumentError("value", "this Buffer's host memory is read-only: changes on the "
+        if dirty and not self.writeable:
+            raise ArgumentError("dirty", "this Buffer's host memory is read-only: changes on the "
                                          "device could never be copied back to it")
-        buffer_operations.mark_dirty(self._raw, DEVICE_DIRTY, value)
-        self._unread = value
+        buffer_operations.mark_dirty(self._raw, DEVICE_DIRTY, dirty)
+        self._unread = dirty
 
     # --- device --------------------------------------------------------------------------
+    # As halide.Buffer's, the methods return 0; a failure raises DeviceError (with Halide's
+    # error code) instead of returning it. A device is named as the shim names it ("opencl",
+    # shim.device(...)) or as halide.Buffer's methods take it (a halide.DeviceAPI, a
+    # halide.Target): see _requested_device.
 
-    @property
     def has_device_allocation(self) -> bool:
         return has_allocation(self._raw)
 
     @property
     def device(self) -> Backend | None:
         """The device holding this Buffer's device allocation, if any."""
-        if not self.has_device_allocation:
+        if not self.has_device_allocation():
             return None
         return devices.backend_for_interface(self._raw.device_interface)
 
-    def device_malloc(self, device=None) -> None:
-        """Allocate device memory (on ``device``: a name such as "opencl", or a device from
-        shim.device(); default: shim's default device). Does nothing if already allocated."""
-        buffer_operations.malloc_device(self._raw, interface_of(_device(device)))
+    def device_malloc(self, device=None, target=None) -> int:
+        """Allocate device memory (default: on the shim's default device). Does nothing if
+        already allocated. Unlike halide.Buffer's, it makes the host memory the newer copy:
+        the next copy_to_device uploads it (new device memory holds nothing)."""
+        buffer_operations.malloc_device(self._raw, interface_of(_device(device, target)))
+        return 0
 
-    def copy_to_device(self, device=None) -> None:
+    def copy_to_device(self, device=None, target=None) -> int:
         """Make the device allocation current: allocate it if needed, upload if host-dirty.
         A Buffer on another device moves: its data comes home, that allocation is freed, and
         the data goes up to ``device`` (Halide refuses with error -42 instead)."""
-        if device is None and self._raw.device:
+        requested = _requested_device(device, target)
+        if requested is None and self._raw.device:
             interface = ffi.NULL  # the interface it already has
         else:
-            interface = interface_of(_device(device))
-        if self.has_device_allocation and interface != ffi.NULL \
+            interface = interface_of(requested or devices.default_device())
+        if self.has_device_allocation() and interface != ffi.NULL \
                 and self._raw.device_interface != interface:
             buffer_operations.move_device(self._raw, interface)
-            return
+            return 0
         self._runtime("copy_to_device", lib.halide_copy_to_device, self._raw, interface)
+        return 0
 
-    def copy_to_host(self) -> None:
+    def copy_to_host(self) -> int:
         """Make the host memory current: download if device-dirty."""
         self._runtime("copy_to_host", lib.halide_copy_to_host, self._raw)
         self.mark_read()
+        return 0
 
-    def device_sync(self) -> None:
+    def device_sync(self) -> int:
         """Wait for the work queued on this Buffer's device to finish."""
         interface = self._raw.device_interface  # one read: another thread may free the buffer
         if interface != ffi.NULL:
             self._runtime("device_sync", lib.halide_device_sync_global, interface)
+        return 0
 
-    def device_free(self) -> None:
+    def device_free(self) -> int:
         """Free the device allocation, once pipeline calls running on it have finished. Results
         that exist only on the device are copied back to host memory first: freeing never loses
         data, and the next device use uploads it again."""
         if self._raw.device:
             buffer_operations.free_device(self._raw)
+        return 0
+
+    def device_deallocate(self) -> int:
+        """device_free(): what halide.Buffer's device_deallocate does for a Buffer that is the
+        only one holding its allocation, as every shim.Buffer is (crops hold handles of their
+        own)."""
+        return self.device_free()
 
     def _runtime(self, what, function, *args) -> None:
         with runtime_call(what) as check:
@@ -462,8 +916,43 @@ class _Dropped(NamedTuple):
                           RuntimeWarning, stacklevel=3)
 
 
-def _device(device) -> Backend:
-    return devices.default_device() if device is None else devices.device(device)
+def _device(device, target=None) -> Backend:
+    return _requested_device(device, target) or devices.default_device()
+
+
+# halide.DeviceAPI's names of the APIs the shim has backends for (Default_GPU: the target's).
+_DEVICE_APIS = {"OpenCL": "opencl", "CUDA": "cuda", "Default_GPU": None}
+# The GPU features of a halide.Target, in the order Halide picks its default device API.
+_TARGET_APIS = ("opencl", "cuda")
+
+
+def _requested_device(device, target) -> Backend | None:
+    """The device a device method names, None for the default: a kind ("opencl"), a device from
+    shim.device(), or what halide.Buffer's methods take, a halide.DeviceAPI or a halide.Target
+    (``target``; a Target with a GPU feature names that API, any other stands for the default,
+    as halide.Target() stands for the JIT target in Halide). halide is not imported for this:
+    the shim does not need it."""
+    if _is_halide(device, "DeviceAPI"):
+        if device.name not in _DEVICE_APIS:
+            raise ArgumentError("device_api", f"the shim has no backend for "
+                                              f"halide.DeviceAPI.{device.name}; it has OpenCL "
+                                              f"and CUDA")
+        kind = _DEVICE_APIS[device.name]
+        if kind is not None:
+            return devices.device(kind)
+        device = None  # Default_GPU: the target's
+    if device is None:
+        device = target
+    if _is_halide(device, "Target"):
+        features = set(device.to_string().split("-"))
+        return next((devices.device(kind) for kind in _TARGET_APIS if kind in features), None)
+    return None if device is None else devices.device(device)
+
+
+def _is_halide(value, class_name: str) -> bool:
+    """Whether ``value`` is an instance of halide's class ``class_name``."""
+    cls = type(value)
+    return cls.__name__ == class_name and cls.__module__.split(".")[0] == "halide"
 
 
 def shape_tuple(shape, argument: str) -> tuple[int, ...]:
@@ -487,23 +976,179 @@ def _integer(value, argument: str) -> int:
                                       f"({type(value).__name__})") from None
 
 
+def _integer_list(values, argument: str) -> list[int]:
+    """A list or tuple of integers (``_integer``'s), as halide.Buffer's methods take them."""
+    if not isinstance(values, (list, tuple)):
+        raise ArgumentError(argument, f"expected a list of integers, got {values!r} "
+                                      f"({type(values).__name__})")
+    return [_integer(value, argument) for value in values]
+
+
 def _range(pair) -> tuple[int, int]:
     """One (min, extent) pair of ``Buffer.cropped``'s list form."""
     try:
         lo, extent = pair
     except (TypeError, ValueError):
-        raise ArgumentError("ranges", f"expected (min, extent) pairs, got {pair!r}") from None
+        raise ArgumentError("rect", f"expected (min, extent) pairs, got {pair!r}") from None
     return _integer(lo, "min"), _integer(extent, "extent")
 
 
-def _element_dtype(dtype) -> np.dtype:
-    """Buffer's ``dtype=`` as a numpy dtype that has a Halide element type."""
-    try:
-        dtype = np.dtype(dtype)
-        HalideType.from_dtype(dtype)
-    except TypeError as e:
-        raise ArgumentError("dtype", str(e)) from None
-    return dtype
+def _index_of(ranges, box) -> tuple:
+    """The numpy index of the part ``ranges`` ((low, high) per Halide dimension) of a Buffer
+    whose box is ``box``. The Ellipsis keeps a 0-D part an array (a view), where numpy would
+    give a scalar."""
+    return tuple(slice(lo - have, hi - have)
+                 for (lo, hi), (have, _) in zip(reversed(ranges), reversed(box))) + (Ellipsis,)
+
+
+def _with_mins(current: list, mins, argument: str) -> list:
+    """``current`` with its first entries replaced by ``mins`` (x first), as halide.Buffer's
+    set_min takes them; None leaves it as it is."""
+    if mins is None:
+        return current
+    given = _integer_list(mins, argument)
+    if len(given) > len(current):
+        raise ArgumentError(argument, f"expected at most {len(current)} mins (x first), got "
+                                      f"{len(given)}")
+    return given + current[len(given):]
+
+
+def _dimensions_of(array: np.ndarray, mins, argument: str,
+                   mins_argument: str = "mins") -> list[tuple[int, int, int]]:
+    """(min, extent, stride in elements) of each Halide dimension of ``array`` (x first:
+    numpy's last axis) at ``mins`` (zeros by default), refused where halide_dimension_t's
+    32-bit fields cannot hold them."""
+    n, itemsize = array.ndim, array.dtype.itemsize
+    mins = mins or (0,) * n
+    dims = []
+    for i in range(n):
+        axis = n - 1 - i
+        extent, stride_bytes = array.shape[axis], array.strides[axis]
+        if stride_bytes % itemsize:
+            raise ArgumentError(argument, f"stride of axis {axis} ({stride_bytes} bytes) is not "
+                                          f"a multiple of the element size ({itemsize})")
+        stride = stride_bytes // itemsize
+        if extent > INT32_MAX or abs(stride) > INT32_MAX:
+            raise ArgumentError(argument, f"axis {axis} is too large for Halide's 32-bit "
+                                          f"extents and strides")
+        if not (-INT32_MAX - 1 <= mins[i] and mins[i] + max(extent, 1) - 1 <= INT32_MAX):
+            raise ArgumentError(mins_argument, f"{dimension_label(i, n)}: min {mins[i]} with "
+                                               f"extent {extent} is beyond Halide's 32-bit "
+                                               f"coordinates")
+        dims.append((mins[i], extent, stride))
+    return dims
+
+
+# The constructor's arguments by position: halide.Buffer's forms.
+_BY_POSITION = {"buffer": ("buffer", "name", "reverse_axes"),
+                "type": ("type", "sizes", "storage_order", "name")}
+_KEYWORDS = frozenset({"buffer", "name", "reverse_axes", "type", "sizes", "storage_order",
+                       "mins", "shape", "dtype"})
+
+
+def _constructor_arguments(args: tuple, kwargs: dict) -> dict:
+    """Buffer()'s arguments by name, those given by position named as halide.Buffer's
+    overloads take them (an element type first: Buffer(type, sizes, ...))."""
+    typed = "type" in kwargs or bool(args and _is_element_type(args[0]))
+    names = _BY_POSITION["type" if typed else "buffer"]
+    if typed and len(args) == 3 and isinstance(args[2], str):
+        names = ("type", "sizes", "name")  # Buffer(type, sizes, name)
+    if len(args) > len(names):
+        raise ArgumentError("args", f"expected at most {len(names)} positional arguments "
+                                    f"({', '.join(names)}), got {len(args)}")
+    given = dict(zip(names, args))
+    for key, value in kwargs.items():
+        if key not in _KEYWORDS:
+            raise ArgumentError(key, f"unknown argument; Buffer takes "
+                                     f"{', '.join(sorted(_KEYWORDS))}")
+        if key in given:
+            raise ArgumentError(key, "given both by position and by name")
+        given[key] = value
+    return given
+
+
+def _check_form(given: dict, form: str, allowed: tuple) -> None:
+    """Refuse arguments of another constructor form than the one ``form`` chose."""
+    extra = sorted(given.keys() - set(allowed))
+    if extra:
+        raise ArgumentError(extra[0], f"does not go with {form}=: Buffer({', '.join(allowed)})")
+
+
+def _name(name) -> str:
+    if not isinstance(name, str):
+        raise ArgumentError("name", f"expected a str, got {type(name).__name__}")
+    return name
+
+
+# Where the made-up names of unnamed Buffers (Buffer.name) come from.
+_UNNAMED = itertools.count()
+
+
+def _is_element_type(value) -> bool:
+    """Whether ``value`` names an element type (Buffer(type, sizes)), not an array: a
+    halide.Type, a numpy dtype or scalar type, a HalideType."""
+    return (isinstance(value, (HalideType, np.dtype)) or _is_halide(value, "Type")
+            or (isinstance(value, type) and issubclass(value, np.generic)))
+
+
+def _element_type(value, argument: str) -> HalideType:
+    """An element type given as halide.Buffer takes it (a halide.Type), as numpy does, or as a
+    HalideType; one that has a numpy dtype."""
+    if value is None:
+        raise ArgumentError(argument, "expected an element type: a halide.Type such as "
+                                      "hl.UInt(8), or a numpy dtype")
+    if _is_halide(value, "Type"):
+        htype = HalideType(int(value.code()), value.bits(), value.lanes())
+    elif isinstance(value, HalideType):
+        htype = value
+    else:
+        try:
+            htype = HalideType.from_dtype(value)
+        except TypeError as e:
+            raise ArgumentError(argument, str(e)) from None
+    if htype.dtype is None:
+        raise ArgumentError(argument, f"{htype} elements have no numpy equivalent")
+    return htype
+
+
+def _allocate(dtype: np.dtype, sizes, storage_order) -> np.ndarray:
+    """Zeroed memory of extents ``sizes`` (x first) whose dimensions lie in memory from the
+    innermost to the outermost in ``storage_order``'s order (default: as listed), as numpy
+    sees it: the axes reversed."""
+    extents = _integer_list(sizes, "sizes")
+    if any(extent < 0 for extent in extents):
+        raise ArgumentError("sizes", f"extents must be non-negative, got {extents}")
+    n = len(extents)
+    order = list(range(n)) if storage_order is None else _integer_list(storage_order,
+                                                                       "storage_order")
+    if sorted(order) != list(range(n)):
+        raise ArgumentError("storage_order", f"expected a permutation of 0..{n - 1} (the "
+                                             f"dimensions, innermost first), got {order}")
+    # Allocated outermost first: axis j holds dimension order[n - 1 - j]. numpy axis a of the
+    # result is dimension n - 1 - a.
+    memory = zeroed([extents[d] for d in reversed(order)], dtype, "sizes")
+    return memory.transpose([n - 1 - order.index(n - 1 - a) for a in range(n)])
+
+
+def _element_value(value, dtype: np.dtype, argument: str):
+    """``value`` as an element of ``dtype``, where it fits as halide.Buffer requires: numbers
+    of the element's kind in its range (an integer element takes no float, never
+    truncated)."""
+    if dtype.kind == "f":
+        if isinstance(value, numbers.Real):
+            return dtype.type(value)
+    elif dtype.kind == "b":
+        if isinstance(value, (bool, np.bool_)) or (isinstance(value, numbers.Integral)
+                                                   and value in (0, 1)):
+            return bool(value)
+    elif isinstance(value, numbers.Integral):
+        info = np.iinfo(dtype)
+        if not info.min <= value <= info.max:
+            raise ArgumentError(argument, f"{value} is out of range for {dtype} elements "
+                                          f"[{info.min}, {info.max}]")
+        return dtype.type(value)
+    raise ArgumentError(argument, f"expected a {HalideType.from_dtype(dtype)} value, got "
+                                  f"{value!r} ({type(value).__name__})")
 
 
 def check_memory(shape, dtype: np.dtype, argument: str) -> None:

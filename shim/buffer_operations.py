@@ -24,6 +24,15 @@ def adopt(parent_raw, parent_box, view_raw, view_box) -> None:
         aliasing.adopt(family, parent_raw, parent_box, view_raw, view_box)
 
 
+def reshape(raw, change) -> None:
+    """Buffer's in-place changes of geometry (set_min, translate, transpose, crop, ...):
+    ``change(family)`` rewrites what describes the struct, under the family's lock, once the
+    pipeline calls using its elements have ended, so that no call sees half of it."""
+    with locked(raw) as family:
+        await_calls(family, raw)
+        change(family)
+
+
 def mark_dirty(raw, bit: int, value: bool) -> None:
     """Buffer.set_host_dirty / set_device_dirty. Under the family's lock, so that a copy in
     progress on another thread, which clears the bit once it is done, cannot swallow a mark
@@ -33,7 +42,7 @@ def mark_dirty(raw, bit: int, value: bool) -> None:
     with locked(raw) as family:
         await_calls(family, raw, writers_only=True)
         if bit == DEVICE_DIRTY and value and not has_allocation(raw):
-            raise ArgumentError("value", "this Buffer has no device allocation (nor, for a crop, "
+            raise ArgumentError("dirty", "this Buffer has no device allocation (nor, for a crop, "
                                          "does its parent), so no device copy can hold changes; "
                                          "copy_to_device() or device_malloc() first")
         if not family.shared:

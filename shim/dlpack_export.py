@@ -41,7 +41,7 @@ def device_of(buf) -> tuple[DLDeviceType, int]:
     allocation, unless host memory holds changes the device lacks (or the device has no DLPack
     type)."""
     backend = buf.device
-    if backend is None or backend.dlpack_device_type is None or buf.host_dirty:
+    if backend is None or backend.dlpack_device_type is None or buf.host_dirty():
         return DLDeviceType.CPU, 0
     return DLDeviceType(backend.dlpack_device_type), backend.dlpack_device_id()
 
@@ -116,9 +116,9 @@ def _export_device(buf, target, stream, copy, versioned, max_version):
     except BaseException:
         unpin()
         raise
-    strides = tuple(source.dim(i).stride for i in reversed(range(source.dimensions)))
+    strides = tuple(source.dim(i).stride() for i in reversed(range(source.dimensions())))
     return make_capsule((source, unpin), data, offset, target, strides, source.shape,
-                        source.type, flags, versioned, max_version)
+                        source.type(), flags, versioned, max_version)
 
 
 def _consumer_stream(backend, stream):

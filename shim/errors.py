@@ -43,6 +43,11 @@ class ArgumentError(ShimError, ValueError):
         self.argument = argument
 
 
+class CoordinateError(ArgumentError, IndexError):
+    """Coordinates outside a Buffer (``buf[x, y]``): an ArgumentError, and the IndexError
+    halide.Buffer and numpy raise there."""
+
+
 class HalideCodeError(ShimError, RuntimeError):
     """An error that carries one of Halide's error codes (halide_error_code_t) and its text."""
 

@@ -85,7 +85,7 @@ class Runner:
         backend = lib.shim_backend_of(buf.raw.device_interface)
         if backend < 0 or self.backend_mask & (1 << backend):
             return  # on a device the pipeline uses, or one the shim does not own
-        if buf.device_dirty:
+        if buf.device_dirty():
             buf.copy_to_host()
         if self.device_kinds and backend != lib.SHIM_BACKEND_PROXY:
             buf.device_free()

@@ -42,6 +42,16 @@ class HalideType:
     def is_handle(self) -> bool:
         return self.code == HANDLE
 
+    def __eq__(self, other) -> bool:
+        if isinstance(other, HalideType):
+            return (self.code, self.bits, self.lanes) == (other.code, other.bits, other.lanes)
+        if type(other).__name__ == "Type" and type(other).__module__.startswith("halide"):
+            # halide.Type (hl.UInt(8)), so that Buffer.type() == hl.UInt(8) holds as it does
+            # for halide.Buffer. (halide's own == refuses anything but its Type.)
+            return (self.code, self.bits, self.lanes) == (int(other.code()), other.bits(),
+                                                          other.lanes())
+        return NotImplemented
+
     def __str__(self) -> str:
         if self.code == UINT and self.bits == 1:
             name = "bool"

@@ -90,6 +90,6 @@ def check_against_stock(libraries, name, work, runtimes):
         results = pipeline(**values, **{k: shape for k, (shape, _) in outputs.items()})
         results = results if isinstance(results, tuple) else (results,)
         for key, result in zip(outputs, results):
-            assert result.device_dirty  # the result stays on the device until someone reads it
+            assert result.device_dirty()  # the result stays on the device until someone reads it
             np.testing.assert_array_equal(result.numpy(), stock[key])  # bit for bit
             assert_matches_reference(result.numpy(), expected[key])

@@ -296,7 +296,7 @@ def test_reused_memory_never_shows_its_last_holders_data(opencl, cl_pipelines):
     ones = shim.Buffer(np.ones((16, 32), np.float32))
     ones.copy_to_device(opencl)
     ones.device_free()  # clean now: the host and the (gone) device agreed
-    assert not ones.host_dirty
+    assert not ones.host_dirty()
     stale = shim.Buffer(np.full((16, 32), 7, np.float32))
     stale.copy_to_device(opencl)
     stale_mem = cl_mem(stale)
@@ -506,7 +506,7 @@ class RecycledMemory(RuleBasedStateMachine):
         owners = {}
         for owner, buf in [(id(e), e[0]) for e in self.buffers] + \
                           [(id(c), c[0]) for c in self.crops]:
-            if buf.has_device_allocation:
+            if buf.has_device_allocation():
                 mem = cl_mem(buf)
                 assert owners.setdefault(mem, owner) == owner, "two families hold one cl_mem"
 

@@ -71,7 +71,7 @@ def test_crops_and_slices_share_memory_in_halide_coordinates():
     deeper = crop.cropped(0, 3, 2)  # a crop of a crop: x in [3, 5)
     np.testing.assert_array_equal(deeper.numpy(), data[:, 1:4, 3:5])
     plane = deeper.sliced(2, 1)  # a slice of a crop: channel 1
-    assert plane.dimensions == 2 and [tuple(plane.dim(i))[:2] for i in range(2)] == [(3, 2), (1, 3)]
+    assert plane.dimensions() == 2 and [tuple(plane.dim(i))[:2] for i in range(2)] == [(3, 2), (1, 3)]
     np.testing.assert_array_equal(plane.numpy(), data[1, 1:4, 3:5])
     plane.numpy()[:] = -9  # one memory: the parent sees it
     assert np.all(data[1, 1:4, 3:5] == -9)
@@ -91,9 +91,9 @@ def test_a_crop_of_a_parent_without_device_memory_carries_the_proxy(host_device)
     buf = shim.Buffer(np.zeros((8, 8), np.float32))
     crop = buf.cropped([(1, 4), (2, 4)])
     proxy = lib.shim_backend_interface(lib.SHIM_BACKEND_PROXY)
-    assert crop.raw.device_interface == proxy and not crop.has_device_allocation
+    assert crop.raw.device_interface == proxy and not crop.has_device_allocation()
     crop.copy_to_device(host_device)  # first device use: the parent is allocated, whole
-    assert buf.has_device_allocation and crop.has_device_allocation
+    assert buf.has_device_allocation() and crop.has_device_allocation()
     assert crop.raw.device == buf.raw.device + (2 * 8 + 1) * 4
     assert host_device.live_allocations >= 1
 
@@ -109,7 +109,7 @@ def gpu_libraries(gpu):
 def test_seed_repro_on_a_gpu(gpu_libraries, gpu, runtime):
     """The seed's program as it was reported (on CUDA): no set_device_dirty afterwards."""
     buf, data = run_seed(shim.load(gpu_libraries["crop_fill", runtime]))
-    assert buf.has_device_allocation  # one allocation for the parent, which both crops alias
+    assert buf.has_device_allocation()  # one allocation for the parent, which both crops alias
     downloaded = gpu.transfers.downloaded
     buf.copy_to_host()
     np.testing.assert_array_equal(data, seed_expected())
@@ -153,7 +153,7 @@ def test_device_writes_through_crops_reach_the_parent(host_device):
     right.copy_to_device(host_device)
     write_on_device(left, 7)
     write_on_device(right, 9)
-    assert parent.device_dirty  # the crops' bits reached the parent
+    assert parent.device_dirty()  # the crops' bits reached the parent
     downloaded = host_device.transfers.downloaded
     np.testing.assert_array_equal(parent.numpy()[:, :3], 7)  # a host read brings them back
     assert host_device.transfers.downloaded - downloaded == (3 * 10 + 4 * 5) * 4
@@ -161,7 +161,7 @@ def test_device_writes_through_crops_reach_the_parent(host_device):
     expected[:, :3] = 7
     expected[5:, 8:] = 9
     np.testing.assert_array_equal(data, expected)
-    assert not (parent.device_dirty or left.device_dirty or right.device_dirty)
+    assert not (parent.device_dirty() or left.device_dirty() or right.device_dirty())
 
 
 def test_many_crops_written_in_turn(libraries, host_device):
@@ -177,10 +177,10 @@ def test_many_crops_written_in_turn(libraries, host_device):
     for param in (1, 2):
         for column in columns:
             crop_fill(param=param, f=column)
-            assert column.host_dirty and parent.host_dirty and not parent.device_dirty
-        assert all(column.host_dirty for column in columns)
+            assert column.host_dirty() and parent.host_dirty() and not parent.device_dirty()
+        assert all(column.host_dirty() for column in columns)
         parent.copy_to_device()  # every column's results go up, and every bit clears
-        assert not parent.host_dirty and not any(column.host_dirty for column in columns)
+        assert not parent.host_dirty() and not any(column.host_dirty() for column in columns)
         np.testing.assert_array_equal(device_view(parent), fill(xs, ys, param))
     members = parent.family.members.values()
     assert max(len(member._known) for member in members) <= shim.families._REMEMBERED_STATES
@@ -196,7 +196,7 @@ def test_a_host_dirty_parent_is_uploaded_before_a_crop_is_used(libraries, opencl
     brighten(crop, scale=1.0, offset=0.0, output=out)  # puts the family on the device
     data[:] = 5  # the host changes, and says so on the parent, not the crop
     parent.set_host_dirty()
-    assert crop.host_dirty
+    assert crop.host_dirty()
     brighten(crop, scale=2.0, offset=0.0, output=out)
     np.testing.assert_array_equal(out.numpy(), 10)  # computed on the new data
 
@@ -220,7 +220,7 @@ def test_a_dirty_crop_that_holds_the_last_handle_brings_its_data_home(libraries,
     crop = parent.cropped([(1, 3), (1, 3)])
     crop_fill(param=4, f=crop)
     parent.device_free()  # the crop still holds the allocation
-    assert not parent.has_device_allocation and crop.has_device_allocation
+    assert not parent.has_device_allocation() and crop.has_device_allocation()
     live = opencl.live_allocations
     del crop  # the last handle: what only the device held comes home first
     gc.collect()
@@ -318,4 +318,4 @@ def test_writing_the_host_over_device_changes_is_refused(host_device):
     assert e.value.code == -37 and "copy_to_host" in str(e.value)
     parent.copy_to_host()
     parent.set_host_dirty()  # fine once they are home
-    assert crop.host_dirty
+    assert crop.host_dirty()

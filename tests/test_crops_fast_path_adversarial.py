@@ -48,7 +48,7 @@ def in_python(p: shim.Pipeline, **arguments) -> None:
 def state(*bufs) -> list:
     """What must be the same after the fast paths as after the Python run: each Buffer's dirty
     bits, its family's regions and recorded uses."""
-    return [(buf.host_dirty, buf.device_dirty, buf.family.regions, list(buf.family.uses))
+    return [(buf.host_dirty(), buf.device_dirty(), buf.family.regions, list(buf.family.uses))
             for buf in bufs]
 
 
@@ -89,7 +89,7 @@ def test_a_cpu_call_on_a_crop_the_gpu_wrote_before_brings_the_device_changes_hom
             cpu(param=3, f=right)
         worlds[world] = (parent, left, right)
     fast, python = worlds["fast"], worlds["python"]
-    assert not (fast[0].host_dirty and fast[0].device_dirty)
+    assert not (fast[0].host_dirty() and fast[0].device_dirty())
     assert state(*fast) == state(*python)
     for parent in (fast[0], python[0]):
         expected = np.zeros((4, 8), np.int32)
@@ -444,7 +444,7 @@ def test_a_family_that_keeps_reaching_new_states_matches_the_python_run():
     for world in ("fast", "python"):
         parent = shim.Buffer(np.zeros((8, 24), np.int32))
         views = [parent.cropped([(x, 3), (y, 2)]) for x in range(0, 24, 3) for y in range(0, 8, 2)]
-        views += [view.cropped([(view.dim(0).min + 1, 2), (view.dim(1).min, 1)])
+        views += [view.cropped([(view.dim(0).min() + 1, 2), (view.dim(1).min(), 1)])
                   for view in views[::3]]
         floats = shim.Buffer(np.full((4, 24), 2.0, np.float32))
         rows = [floats.sliced(1, y) for y in range(4)]  # (1-D members, written through crops)

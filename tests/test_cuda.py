@@ -66,7 +66,7 @@ def test_wrapping_device_memory(device):
     np.testing.assert_array_equal(buf.numpy(), data)
     with shim.bridge.runtime_call("detach") as check:
         check(lib.halide_cuda_detach_device_ptr(ffi.NULL, buf.raw))
-    assert not buf.has_device_allocation
+    assert not buf.has_device_allocation()
     cuda_backend._check(driver.cuMemFree(pointer), "cuMemFree")
 
 

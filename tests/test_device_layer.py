@@ -37,15 +37,15 @@ def device_contents(buf, device):
 def test_upload_then_download_round_trip(device):
     data = np.arange(48, dtype=np.int32).reshape(6, 8)
     buf = shim.Buffer(data)
-    assert buf.host_dirty and not buf.has_device_allocation
+    assert buf.host_dirty() and not buf.has_device_allocation()
     buf.copy_to_device(device)
-    assert not buf.host_dirty and buf.has_device_allocation and buf.device is device
+    assert not buf.host_dirty() and buf.has_device_allocation() and buf.device is device
     np.testing.assert_array_equal(device_contents(buf, device), data)
     data[:] = -1  # host changes, not marked dirty: the device keeps the old data
     buf.set_device_dirty()
     buf.copy_to_host()
     np.testing.assert_array_equal(data, np.arange(48).reshape(6, 8))
-    assert not buf.device_dirty
+    assert not buf.device_dirty()
 
 
 def test_device_memory_is_separate_from_host_memory(device):
@@ -74,7 +74,7 @@ def test_reading_a_device_dirty_buffer_copies_back_first(device):
     data[:] = 9  # what a kernel would not see...
     buf.set_device_dirty()  # ...and results that exist only on the device
     np.testing.assert_array_equal(np.asarray(buf), 0)
-    assert not buf.device_dirty
+    assert not buf.device_dirty()
 
 
 def test_device_free_keeps_device_results(device):
@@ -84,7 +84,7 @@ def test_device_free_keeps_device_results(device):
     data[:] = 3
     buf.set_device_dirty()
     buf.device_free()
-    assert not buf.has_device_allocation and not buf.device_dirty
+    assert not buf.has_device_allocation() and not buf.device_dirty()
     np.testing.assert_array_equal(data, 0)  # the device's version won
 
 
@@ -118,7 +118,7 @@ def test_device_sync_and_malloc_are_idempotent(device):
     buf.device_malloc(device)
     assert buf.raw.device == handle
     buf.device_sync()
-    assert buf.host_dirty  # malloc does not upload
+    assert buf.host_dirty()  # malloc does not upload
 
 
 def test_negative_strides_cannot_go_to_a_device(device):
@@ -135,9 +135,9 @@ def test_allocation_failure_is_a_device_error_with_code_and_cause(device):
         buf.copy_to_device(device)
     assert e.value.code == -16 and "injected allocation failure" in str(e.value)
     assert e.value.__cause__ is not None
-    assert not buf.has_device_allocation and buf.host_dirty
+    assert not buf.has_device_allocation() and buf.host_dirty()
     buf.copy_to_device(device)  # the next one works
-    assert not buf.host_dirty
+    assert not buf.host_dirty()
 
 
 def test_copy_failure_leaves_the_dirty_bit_set(device):
@@ -147,7 +147,7 @@ def test_copy_failure_leaves_the_dirty_bit_set(device):
     with pytest.raises(shim.DeviceError) as e:
         buf.copy_to_device(device)
     assert e.value.code == -15
-    assert buf.host_dirty  # the upload never happened, so the host is still the truth
+    assert buf.host_dirty()  # the upload never happened, so the host is still the truth
     buf.copy_to_device(device)
     np.testing.assert_array_equal(device_contents(buf, device), data)
 
@@ -164,7 +164,7 @@ def test_python_exception_inside_a_callback_is_a_device_error(device, monkeypatc
         buf.copy_to_host()
     assert e.value.code == -14
     assert isinstance(e.value.__cause__, ZeroDivisionError)
-    assert buf.device_dirty
+    assert buf.device_dirty()
     monkeypatch.undo()
     buf.copy_to_host()
 
@@ -271,7 +271,7 @@ def test_buffer_copy_device_to_device(device):
         check(lib.halide_buffer_copy(ffi.NULL, src.raw, lib.shim_backend_interface(device.index),
                                      dst.raw))
     assert device.transfers.total - copied == src_data.nbytes  # one copy, device to device
-    assert dst.device_dirty and not dst.host_dirty
+    assert dst.device_dirty() and not dst.host_dirty()
     np.testing.assert_array_equal(dst.numpy(), src_data)
 
 
@@ -287,7 +287,7 @@ def test_wrap_and_detach_native_memory(device):
     np.testing.assert_array_equal(buf.numpy(), backing)
     with shim.bridge.runtime_call("detach") as check:
         check(lib.halide_device_detach_native(ffi.NULL, buf.raw))
-    assert not buf.has_device_allocation
+    assert not buf.has_device_allocation()
     np.testing.assert_array_equal(backing, np.arange(12))  # wrapped memory is never freed
 
 
@@ -307,7 +307,7 @@ def test_cpu_pipeline_output_with_a_device_copy_becomes_host_dirty(load, device)
     out = shim.Buffer(shape=(4, 4), dtype=np.float32)
     out.copy_to_device(device)
     brighten(np.ones((4, 4), np.float32), offset=0, output=out)
-    assert out.host_dirty  # so the next device user uploads the new results
+    assert out.host_dirty()  # so the next device user uploads the new results
     out.copy_to_device()
     np.testing.assert_array_equal(device_contents(out, device), 2)
 
@@ -321,7 +321,7 @@ def test_failed_download_inside_a_pipeline_is_a_device_error(load, device):
     with pytest.raises(shim.DeviceError) as e:
         brighten(inp, output=(4, 4))
     assert e.value.code == -14
-    assert inp.device_dirty
+    assert inp.device_dirty()
     np.testing.assert_array_equal(inp.numpy(), 1)  # the data is still there to be read
 
 

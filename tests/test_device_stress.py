@@ -61,7 +61,7 @@ def test_threads_racing_to_upload_one_buffer_upload_once(device):
 
     run_threads(8, upload)
     assert device.transfers.total - copied == 32 * 32 * 4
-    assert not buf.host_dirty
+    assert not buf.host_dirty()
 
 
 def test_threads_racing_on_a_struct_the_shim_does_not_own(device):
@@ -137,7 +137,7 @@ def test_random_operations_on_shared_buffers(device):
     run_threads(8, work)
     assert max(worst) <= len(buffers), "a buffer held two allocations at once"
     for buf in buffers:
-        assert not (buf.host_dirty and buf.device_dirty)
+        assert not (buf.host_dirty() and buf.device_dirty())
         buf.device_free()
     assert device.live_allocations == baseline
 
@@ -170,7 +170,7 @@ def test_random_operations_with_injected_faults(device):
                         buf.device_free()
                 else:
                     with owners[id(buf)]:
-                        if buf.has_device_allocation and not buf.host_dirty:
+                        if buf.has_device_allocation() and not buf.host_dirty():
                             buf.set_device_dirty()  # as a kernel's results would
             except shim.DeviceError as e:
                 assert e.code in (-14, -15, -16), e  # the injected failures, nothing else
@@ -180,7 +180,7 @@ def test_random_operations_with_injected_faults(device):
     device.clear_faults()
     assert failures, "the faults were never hit"
     for buf in buffers:
-        assert not (buf.host_dirty and buf.device_dirty)
+        assert not (buf.host_dirty() and buf.device_dirty())
         buf.device_free()  # copies back whatever the device holds, then frees
-        assert not buf.has_device_allocation
+        assert not buf.has_device_allocation()
     assert device.live_allocations == baseline

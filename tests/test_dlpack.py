@@ -210,7 +210,7 @@ def test_torch_tensors_import_without_a_copy():
     buf.numpy()[2, 3] = -1
     assert tensor[2, 3].item() == -1
     transposed = shim.from_dlpack(tensor.T)  # strided, not copied
-    assert transposed.shape == (4, 3) and transposed.dim(0).stride == 4
+    assert transposed.shape == (4, 3) and transposed.dim(0).stride() == 4
     np.testing.assert_array_equal(transposed.numpy(), tensor.T.numpy())
 
 

@@ -261,7 +261,7 @@ def test_broken_tensors_are_refused_unconsumed():
 from shim.pipelines.build import Build, build
 brighten = shim.load(build(Build("brighten", "host", "no_runtime")))
 for case, fields in sorted(BROKEN.items()):
-    imports = {"obj": shim.from_dlpack, "data": shim.Buffer,
+    imports = {"obj": shim.from_dlpack, "buffer": shim.Buffer,
                "input": lambda p: brighten(p, scale=1.0, offset=0.0, output=(2, 3))}
     for argument, use in imports.items():
         producer = Hostile(**fields)

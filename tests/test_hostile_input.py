@@ -88,7 +88,7 @@ def test_a_read_only_buffer_cannot_be_marked_device_dirty():
     buf.copy_to_device(shim.device("host"))
     with pytest.raises(shim.ArgumentError, match="read-only"):
         buf.set_device_dirty()
-    assert not buf.device_dirty
+    assert not buf.device_dirty()
     buf.device_free()
 
 
@@ -127,7 +127,7 @@ def test_a_buffer_over_memory_in_the_other_byte_order_is_refused():
     # A Buffer wraps memory without copying, so it cannot convert it.
     with pytest.raises(shim.ArgumentError, match=r"newbyteorder\('='\)") as e:
         shim.Buffer(np.zeros(4, swapped(np.float32)))
-    assert e.value.argument == "data"
+    assert e.value.argument == "buffer"
     with pytest.raises(shim.ArgumentError, match="byte order") as e:
         shim.Buffer(shape=(4,), dtype=swapped(np.int32))
     assert e.value.argument == "dtype"
@@ -227,7 +227,7 @@ def test_crop_coordinates_must_be_integers():
         buf.cropped([1, 2])
     with pytest.raises(shim.ArgumentError) as e:
         buf.sliced(0.0, 1)
-    assert e.value.argument == "dim"
+    assert e.value.argument == "dimension"
     crop = buf.cropped(np.int64(0), np.int32(1), np.uint8(2))
     np.testing.assert_array_equal(crop.numpy(), np.arange(20).reshape(4, 5)[:, 1:3])
 
@@ -235,7 +235,7 @@ def test_crop_coordinates_must_be_integers():
 def test_slicing_down_to_zero_dimensions_gives_one_element():
     data = np.arange(12, dtype=np.int32).reshape(3, 4)
     element = shim.Buffer(data).sliced(1, 2).sliced(0, 3)  # y = 2, then x = 3
-    assert element.dimensions == 0 and element.shape == ()
+    assert element.dimensions() == 0 and element.shape == ()
     assert int(np.asarray(element)) == data[2, 3]
     element.numpy()[()] = -1
     assert data[2, 3] == -1  # a view, like every slice

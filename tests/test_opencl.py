@@ -113,7 +113,7 @@ def test_wrapping_a_pyopencl_buffer(device):
     np.testing.assert_array_equal(buf.numpy(), data)
     with shim.bridge.runtime_call("detach") as check:
         check(lib.halide_opencl_detach_cl_mem(ffi.NULL, buf.raw))
-    assert not buf.has_device_allocation
+    assert not buf.has_device_allocation()
 
 
 def test_selecting_a_device_that_does_not_exist(device):

@@ -234,7 +234,7 @@ def test_an_array_wrapped_in_a_buffer_is_current_after_a_read_through_the_buffer
     array = np.zeros_like(image)
     buf = shim.Buffer(array)
     brighten_on(image, scale=2.0, offset=0.0, output=buf)
-    assert buf.device_dirty and not array.any()  # the results are on the device only
+    assert buf.device_dirty() and not array.any()  # the results are on the device only
     np.asarray(buf)  # a read through the Buffer copies them back
     np.testing.assert_array_equal(array, image * 2)
 

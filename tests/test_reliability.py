@@ -163,7 +163,7 @@ def test_no_results_lost_while_other_threads_copy_crops_home(gpu):
 def test_device_free_of_an_output_given_as_a_shape_keeps_its_results(gpu):
     out = gpu["crop_fill"](param=3, f=(8, 16))
     out.device_free()
-    assert not out.has_device_allocation
+    assert not out.has_device_allocation()
     np.testing.assert_array_equal(out.numpy(), crop_fill_values(((0, 16), (0, 8)), 3))
 
 
@@ -281,7 +281,7 @@ def test_copy_to_device_of_a_proxy_crop_allocates_the_family(host_device):
     parent.set_host_dirty(False)  # clean, and so is the crop
     crop = parent.cropped([(2, 4), (2, 4)])
     crop.copy_to_device()  # no device named: the parent's default one
-    assert crop.has_device_allocation and parent.has_device_allocation
+    assert crop.has_device_allocation() and parent.has_device_allocation()
     crop.set_device_dirty()
     np.testing.assert_array_equal(crop.numpy(), np.arange(64).reshape(8, 8)[2:6, 2:6])
 
@@ -426,10 +426,10 @@ def test_an_explicit_free_whose_copy_back_fails_keeps_the_data(host_device):
     buf.set_device_dirty()
     with pytest.raises(shim.DeviceError):
         buf.device_free()
-    assert buf.has_device_allocation  # the only copy of the results is still there
+    assert buf.has_device_allocation()  # the only copy of the results is still there
     host_device.clear_faults()
     buf.device_free()
-    assert not buf.has_device_allocation
+    assert not buf.has_device_allocation()
 
 
 # --- 16. making crops is linear in the number of crops ------------------------------------------

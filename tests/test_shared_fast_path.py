@@ -106,7 +106,7 @@ class SideBySide(RuleBasedStateMachine):
         x0 = data.draw(st.integers(0, shape[1] - 1))
         h = data.draw(st.integers(1, shape[0] - y0))
         w = data.draw(st.integers(1, shape[1] - x0))
-        mins = [view.bufs["fast"].dim(d).min for d in (0, 1)]
+        mins = [view.bufs["fast"].dim(d).min() for d in (0, 1)]
         bufs = {world: buf.cropped([(mins[0] + x0, w), (mins[1] + y0, h)])
                 for world, buf in view.bufs.items()}
         rows, cols = view.index
@@ -131,7 +131,7 @@ class SideBySide(RuleBasedStateMachine):
         p, param = pipeline("crop_fill", target), self.param
         self.both(lambda world: run(world, p, param=param, f=view.bufs[world]))
         h, w = view.bufs["fast"].shape
-        x0, y0 = (view.bufs["fast"].dim(d).min for d in (0, 1))
+        x0, y0 = (view.bufs["fast"].dim(d).min() for d in (0, 1))
         xs, ys = np.meshgrid(np.arange(x0, x0 + w), np.arange(y0, y0 + h))
         self.models[view.family][view.index] = xs * 100 + ys + param * 10000
 
@@ -184,7 +184,7 @@ class SideBySide(RuleBasedStateMachine):
     def same_state(self):
         for view in self.views:
             fast, python = view.bufs["fast"], view.bufs["python"]
-            assert (fast.host_dirty, fast.device_dirty) == (python.host_dirty, python.device_dirty)
+            assert (fast.host_dirty(), fast.device_dirty()) == (python.host_dirty(), python.device_dirty())
             assert family_of(fast).uses == [] and family_of(python).uses == []
             if family_of(fast).shared:
                 assert family_of(fast).regions == family_of(python).regions

@@ -182,7 +182,7 @@ class BufferMachine(RuleBasedStateMachine):
             return  # a Buffer only an export keeps alive holds the allocation where it was
         live = [view for view in root.views if not view.dropped]
         for view in live:
-            view.holds = view.buf.has_device_allocation
+            view.holds = view.buf.has_device_allocation()
         kinds = {view.buf.device.kind for view in live if view.holds}
         assert len(kinds) <= 1, f"one family on several devices: {kinds}"
         root.device = kinds.pop() if kinds else None
@@ -299,14 +299,14 @@ class BufferMachine(RuleBasedStateMachine):
         self.views.append(view)
         if source.holds:
             view.holds = True  # "a crop ... shares ... on the device"
-            assert buf.has_device_allocation, "a crop of a Buffer on a device has no allocation"
+            assert buf.has_device_allocation(), "a crop of a Buffer on a device has no allocation"
         elif source.root.device is not None:
             # A crop of a member that gave up its handle while others keep the allocation: the
             # README says a crop of a parent "without device allocation" carries the proxy, and
             # also "one allocation, one lock": either is accepted.
-            view.holds = buf.has_device_allocation
+            view.holds = buf.has_device_allocation()
         else:
-            assert not buf.has_device_allocation, "a crop of a family without device memory has one"
+            assert not buf.has_device_allocation(), "a crop of a family without device memory has one"
 
     # --- writes ----------------------------------------------------------------------------
 
@@ -441,7 +441,7 @@ class BufferMachine(RuleBasedStateMachine):
         elif held:
             # README: if copying the results home fails, device_free "raises DeviceError and
             # keeps the allocation: the results are still there".
-            assert view.buf.has_device_allocation, "a failed device_free lost the allocation"
+            assert view.buf.has_device_allocation(), "a failed device_free lost the allocation"
 
     @precondition(lambda self: self.other_kind and not self.armed
                   and any(r.device and all(not v.dropped for v in r.views) for r in self.roots))
@@ -555,8 +555,8 @@ class BufferMachine(RuleBasedStateMachine):
     @invariant()
     def allocations_match_the_model(self):
         for view in self.views:
-            assert view.buf.has_device_allocation == view.holds, (
-                f"{view.describe()}: has_device_allocation is {view.buf.has_device_allocation}, "
+            assert view.buf.has_device_allocation() == view.holds, (
+                f"{view.describe()}: has_device_allocation is {view.buf.has_device_allocation()}, "
                 f"the model says {view.holds} (family on {view.root.device})")
             if view.holds:
                 assert view.buf.device.kind == view.root.device
