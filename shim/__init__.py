@@ -30,6 +30,7 @@ from shim.errors import (
 from shim.metadata import Argument, ArgumentKind
 from shim.pipeline import Pipeline, load
 from shim.profiler import Profile, profile
+from shim.pyopencl_interop import from_pyopencl, to_pyopencl
 from shim.running import PreparedCall
 from shim.streams import stream
 from shim.threads import num_threads, set_num_threads
@@ -59,6 +60,7 @@ __all__ = [
     "device",
     "devices",
     "from_dlpack",
+    "from_pyopencl",
     "load",
     "num_threads",
     "profile",
@@ -66,4 +68,5 @@ __all__ = [
     "reuse_device_allocations",
     "set_num_threads",
     "stream",
+    "to_pyopencl",
 ]

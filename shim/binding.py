@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from shim import dlpack
+from shim import dlpack, pyopencl_interop
 from shim.buffer import Buffer, as_host_array, check_memory, shape_tuple, zeroed
 from shim.dlpack_capsules import HOST_DEVICES, DLDeviceType, claimed_device
 from shim.errors import ArgumentError, BoundsError, DeviceUnavailable
@@ -162,8 +162,10 @@ class Signature:
                                     exposed=False)
             call.results.append(buf)
             return buf
+        if pyopencl_interop.is_array(value):
+            return self._device_argument(arg, value, call, pyopencl_interop.from_pyopencl)
         if _dlpack_device_type(value, arg.name) not in HOST_DEVICES:
-            return self._device_argument(arg, value, call)
+            return self._device_argument(arg, value, call, dlpack.to_buffer)
         array = as_host_array(value, arg.name)
         _check_buffer_type(arg, _array_type(array, arg), array.ndim, array.shape)
         check_extents(arg, array.shape, self.target)  # before any copy of it is made
@@ -190,11 +192,12 @@ class Signature:
         buf.set_host_dirty(not arg.is_output)
         return buf
 
-    def _device_argument(self, arg: Argument, value, call: Call) -> Buffer:
-        """A Buffer over another library's device memory (a CUDA tensor, an OpenCL buffer),
-        through DLPack and without copying: outputs are written where the caller's tensor is."""
+    def _device_argument(self, arg: Argument, value, call: Call, to_buffer) -> Buffer:
+        """A Buffer over another library's device memory (a CUDA tensor, an OpenCL buffer,
+        through DLPack; a pyopencl Array), made by ``to_buffer`` without copying: outputs are
+        written where the caller's tensor is."""
         try:
-            buf = dlpack.to_buffer(value, arg.name)
+            buf = to_buffer(value, arg.name)
         except (BufferError, DeviceUnavailable) as e:
             raise ArgumentError(arg.name, f"cannot use {type(value).__name__}'s device memory: "
                                           f"{e}") from None
@@ -205,7 +208,8 @@ class Signature:
                                               f" and cannot write into {buf.device.kind} memory")
             call.results.append(value)
             call.device_outputs.append(buf)
-        call.temporaries.append(buf)
+        # Not a temporary: freeing its device memory would download what it holds into the
+        # shim's staging memory, which nobody reads. Dropped with the call, it copies nothing.
         return buf
 
     def plan_entries(self) -> list[tuple]:

@@ -17,7 +17,15 @@ from typing import NamedTuple
 
 import numpy as np
 
-from shim import buffer_operations, devices, dlpack_export, families, flags, shutdown
+from shim import (
+    buffer_operations,
+    cuda_array_interface,
+    devices,
+    dlpack_export,
+    families,
+    flags,
+    shutdown,
+)
 from shim.aliasing import has_allocation
 from shim.backends.base import Backend, interface_of
 from shim.bridge import runtime_call
@@ -696,17 +704,26 @@ class Buffer(Finalized):
         check_memory(self.shape, self.dtype, "copy")
         return np.zeros_like(self._array, order="K")
 
-    # --- DLPack (shim/dlpack_export.py; shim.from_dlpack is shim/dlpack.py) -----------------
+    # --- DLPack (shim/dlpack_export.py; shim.from_dlpack is shim/dlpack.py) and the CUDA
+    # Array Interface (shim/cuda_array_interface.py) ----------------------------------------
 
     def __dlpack__(self, *, stream=None, max_version=None, dl_device=None, copy=None):
         """A DLPack capsule of this Buffer's data, as the Python array API standard specifies:
-        device memory stays on the device, ordered before ``stream``'s later work."""
+        CUDA memory stays on the device, ordered before ``stream``'s later work; OpenCL
+        results are downloaded into host memory unless ``dl_device`` asks for the device."""
         return dlpack_export.export(self, stream=stream, max_version=max_version,
                                     dl_device=dl_device, copy=copy)
 
     def __dlpack_device__(self) -> tuple:
-        """(DLPack device type, device id) of this Buffer's current data."""
+        """(DLPack device type, device id) that ``__dlpack__()`` exports to by default (the
+        rule: shim/dlpack_export.py)."""
         return dlpack_export.device_of(self)
+
+    @property
+    def __cuda_array_interface__(self) -> dict:
+        """The CUDA Array Interface (version 3) of this Buffer's CUDA memory, for Numba and
+        CuPy; AttributeError on a Buffer without a CUDA allocation."""
+        return cuda_array_interface.describe(self)
 
     # --- dirty bits ----------------------------------------------------------------------
 

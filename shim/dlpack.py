@@ -3,7 +3,8 @@ array-API library's tensor, on the CPU and on the device, without copies. As a c
 shim passes the producer the stream its own pipelines run on.
 
 The capsules themselves, read and checked, are shim/dlpack_capsules.py; a Buffer's own export
-(``__dlpack__``) is shim/dlpack_export.py.
+(``__dlpack__``) is shim/dlpack_export.py. A Buffer over device memory another library owns
+(``over_device_memory``) serves pyopencl's Arrays too (shim/pyopencl_interop.py).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from shim.dlpack_capsules import (
     ImportedTensor,
     claimed_device,
     device_name,
+    span_bytes,
 )
 from shim.errors import ArgumentError
 
@@ -69,11 +71,25 @@ def _on_device(imported: ImportedTensor, backend) -> Buffer:
             backend.check_dlpack_memory(t.data, t.byte_offset, t.nbytes)
     except BufferError as e:
         imported.refuse(f"memory the shim cannot use: {e}")
-    itemsize = t.htype.bytes
+    return over_device_memory(backend, t.data, t.byte_offset, t.shape, t.strides, t.htype,
+                              imported.argument, imported)
+
+
+def over_device_memory(backend, native: int, byte_offset: int, shape, strides, htype,
+                       argument: str, owner) -> Buffer:
+    """A Buffer whose device allocation on ``backend`` is memory someone else allocated
+    (``native``: a cl_mem, a CUdeviceptr), its first element ``byte_offset`` bytes in, laid
+    out by ``strides`` (in elements, none negative); ``owner`` (what keeps that memory alive)
+    lives as long as the Buffer and its crops. Checking the memory is the caller's job.
+
+    The Buffer is device-dirty: the data lives there. Its host memory is a staging area of
+    the shim's, which nobody else sees: dropping the Buffer copies nothing into it."""
+    itemsize = htype.bytes
+    nbytes = span_bytes(shape, strides, itemsize)
     host = np.lib.stride_tricks.as_strided(
-        np.empty(max(t.nbytes, itemsize), np.uint8).view(t.htype.dtype), t.shape,
-        tuple(s * itemsize for s in t.strides))
-    buf = Buffer.over_array(host, imported.argument, exposed=False, keepalive=imported)
-    buffer_operations.wrap_device(buf.raw, backend, t.data, t.byte_offset)
+        np.empty(max(nbytes, itemsize), np.uint8).view(htype.dtype), shape,
+        tuple(s * itemsize for s in strides))
+    buf = Buffer.over_array(host, argument, exposed=False, keepalive=owner)
+    buffer_operations.wrap_device(buf.raw, backend, native, byte_offset)
     flags.assign(buf.raw, flags.DEVICE_DIRTY, True)  # it lives there
     return buf

@@ -247,11 +247,15 @@ class _Tensor:
 
     @property
     def nbytes(self) -> int:
-        """The bytes from the first element to the end of the last (0 for no elements);
-        strides must be non-negative."""
-        if 0 in self.shape:
-            return 0
-        return (sum((e - 1) * s for e, s in zip(self.shape, self.strides)) + 1) * self.htype.bytes
+        return span_bytes(self.shape, self.strides, self.htype.bytes)
+
+
+def span_bytes(shape, strides, itemsize: int) -> int:
+    """The bytes from the first element to the end of the last (0 for no elements) of an
+    array of ``shape`` laid out by ``strides`` in elements, none negative."""
+    if 0 in shape:
+        return 0
+    return (sum((e - 1) * s for e, s in zip(shape, strides)) + 1) * itemsize
 
 
 def _read_tensor(managed, versioned: bool, refuse) -> _Tensor:

@@ -365,3 +365,114 @@ def test_stream_handles_as_the_driver_takes_them(handle, expected):
     from shim import streams
 
     assert streams.as_handle(handle) == expected
+
+
+# --- the CUDA Array Interface (version 3) ----------------------------------------------------
+
+def test_cuda_array_interface_is_the_buffers_device_memory(libraries):
+    run_child(libraries, """
+        import ctypes
+        cuda = shim.device("cuda")
+        data = np.arange(6 * 40, dtype=np.float32).reshape(6, 40)
+        buf = shim.Buffer(data.copy())
+        buf.copy_to_device(cuda)
+        cai = buf.__cuda_array_interface__
+        assert cai == {"version": 3, "shape": (6, 40), "typestr": "<f4",
+                       "data": (buf.raw.device, False), "strides": (160, 4), "stream": 1}, cai
+        # The fake driver's device memory is host memory: the pointer can be read and written.
+        memory = np.ctypeslib.as_array((ctypes.c_float * data.size).from_address(cai["data"][0]))
+        np.testing.assert_array_equal(memory.reshape(data.shape), data)
+        assert buf.device_dirty()        # the consumer may write through the pointer
+        memory[:] = -1
+        np.testing.assert_array_equal(buf.numpy(), -1)
+
+        crop = buf.cropped([(3, 10), (2, 4)])   # x in [3, 13), y in [2, 6)
+        cai = crop.__cuda_array_interface__
+        assert cai["data"][0] == buf.raw.device + (2 * 40 + 3) * 4, cai
+        assert cai["shape"] == (4, 10) and cai["strides"] == (160, 4), cai
+    """)
+
+
+def test_cuda_array_interface_only_on_cuda_buffers(libraries):
+    run_child(libraries, """
+        host = shim.Buffer(np.zeros((4, 4), np.float32))
+        assert not hasattr(host, "__cuda_array_interface__")
+        host.copy_to_device(shim.device("host"))
+        assert not hasattr(host, "__cuda_array_interface__")
+        try:
+            host.__cuda_array_interface__
+        except AttributeError as e:
+            assert "not in CUDA memory" in str(e), e
+        host.copy_to_device(shim.device("cuda"))
+        assert hasattr(host, "__cuda_array_interface__")
+    """)
+
+
+def test_cuda_array_interface_uploads_what_the_host_holds_newer(libraries):
+    run_child(libraries, """
+        import ctypes
+        buf = shim.Buffer(np.zeros(64, np.int32))
+        buf.copy_to_device(shim.device("cuda"))
+        buf.numpy()[:] = 7
+        buf.set_host_dirty()
+        start = driver.log()[-1].seq
+        pointer = buf.__cuda_array_interface__["data"][0]
+        uploads = [op for op in driver.log() if op.kind == "copy" and op.seq > start]
+        assert len(uploads) == 1, uploads
+        memory = np.ctypeslib.as_array((ctypes.c_int32 * 64).from_address(pointer))
+        np.testing.assert_array_equal(memory, 7)
+
+        read_only = np.arange(8, dtype=np.int32)
+        read_only.setflags(write=False)
+        constant = shim.Buffer(read_only)
+        constant.copy_to_device(shim.device("cuda"))
+        assert constant.__cuda_array_interface__["data"][1] is True
+        assert not constant.device_dirty()
+    """)
+
+
+def test_cuda_array_interface_stream_covers_every_stream_the_data_was_written_on(libraries):
+    run_child(libraries, """
+        brighten = shim.load(libraries["no_runtime"])
+        image = np.ones((48, 64), np.float32)
+        first, second = driver.cuStreamCreate(1)[1], driver.cuStreamCreate(1)[1]
+        parent = shim.Buffer(np.zeros((48, 64), np.float32))
+        parent.device_malloc(shim.device("cuda"))
+        with shim.stream(first):
+            brighten(image, scale=1.0, offset=0.0, output=parent.cropped(1, 0, 24))
+        with shim.stream(second):
+            brighten(image, scale=1.0, offset=0.0, output=parent.cropped(1, 24, 24))
+        driver.cuStreamDestroy(first)    # the application's streams may go: the spec's
+        driver.cuStreamDestroy(second)   # stream must outlive the object, so it is the legacy one
+        launches = [op for op in driver.log() if op.kind == "launch"]
+        assert {op.stream for op in launches} == {first, second}
+        start = driver.log()[-1].seq
+        assert parent.__cuda_array_interface__["stream"] == 1
+        waits = [op for op in driver.log() if op.kind == "wait" and op.seq > start]
+        assert waits and all(op.stream == 0 for op in waits), driver.log()
+        assert all(driver.ordered(k, w) for k in launches for w in waits), driver.log()
+        assert not driver.calls_without_context, driver.calls_without_context
+    """)
+
+
+def test_memory_a_cuda_array_interface_consumer_got_stays_until_the_buffer_goes(libraries):
+    run_child(libraries, """
+        import gc
+        cuda = shim.device("cuda")
+        buf = shim.Buffer(np.arange(1024, dtype=np.float32))
+        buf.copy_to_device(cuda)
+        pointer = buf.__cuda_array_interface__["data"][0]
+        buf.__cuda_array_interface__     # read twice: one pin
+        buf.device_free()                # the consumer holds the Buffer, not the allocation
+        others = [shim.Buffer(np.zeros(1024, np.float32)) for _ in range(4)]
+        for other in others:
+            other.copy_to_device(cuda)
+        assert pointer not in {o.raw.device for o in others}    # never handed out again
+        assert driver.allocation_of(pointer) is not None
+        assert not [op for op in driver.log() if op.kind == "free" and op.detail["address"] == pointer]
+        buf.copy_to_device(cuda)         # new memory for the Buffer
+        del buf
+        gc.collect()
+        frees = [op for op in driver.log() if op.kind == "free" and op.detail["address"] == pointer]
+        assert len(frees) == 1, driver.log()   # to the driver, not to the pool
+    """)

@@ -1,7 +1,8 @@
-"""DLPack between the shim and real CUDA libraries, PyTorch and CuPy, on the GPU: zero-copy both
-ways (the consumer's data pointer is the producer's device memory) and stream-ordered (a result
-made on one non-default stream is read correctly on another, with no device-wide
-synchronization, while the producing stream is held back by a kernel that only spins).
+"""DLPack and the CUDA Array Interface between the shim and real CUDA libraries, PyTorch and
+CuPy, on the GPU: zero-copy both ways (the consumer's data pointer is the producer's device
+memory) and stream-ordered (a result made on one non-default stream is read correctly on
+another, with no device-wide synchronization, while the producing stream is held back by a
+kernel that only spins).
 Every test skips where this machine has no CUDA device, and where torch (with CUDA) or CuPy is
 not installed. (The stream rules with a stand-in producer are in test_cuda.py.)"""
 
@@ -171,3 +172,43 @@ def test_default_streams_torch_and_cupy_in_one_chain(brighten, device, torch, cu
     y = cupy.from_dlpack(first)
     second = brighten(y, scale=0.5, offset=1.0, output=SHAPE)
     np.testing.assert_allclose(second.numpy(), image(6) + 1, rtol=2e-7, atol=0)
+
+
+# --- the CUDA Array Interface: what CuPy, Numba and torch.as_tensor read ------------------
+
+def test_cupy_reads_and_writes_a_buffer_through_the_cuda_array_interface(brighten, device, cupy):
+    data = image(7)
+    out = brighten(data, scale=2.0, offset=1.0, output=SHAPE)
+    assert hasattr(out, "__cuda_array_interface__")
+    assert not hasattr(shim.Buffer(data), "__cuda_array_interface__")  # host memory
+    y = cupy.asarray(out)  # through __cuda_array_interface__, no copy
+    assert y.data.ptr == out.raw.device and y.shape == SHAPE
+    cupy.testing.assert_allclose(y, cupy.asarray(data) * 2 + 1, rtol=2e-7, atol=0)
+    y.fill(5)
+    cupy.cuda.Device().synchronize()
+    np.testing.assert_array_equal(out.numpy(), 5)  # device-dirty since the export: downloaded
+
+
+def test_a_crop_through_the_cuda_array_interface(brighten, device, torch):
+    data = image(8)
+    out = brighten(data, scale=1.0, offset=0.0, output=SHAPE)
+    crop = out.cropped([(16, 100), (8, 50)])
+    t = torch.as_tensor(crop, device="cuda")  # torch reads __cuda_array_interface__
+    assert t.data_ptr() == out.raw.device + (8 * SHAPE[1] + 16) * 4
+    np.testing.assert_array_equal(t.cpu().numpy(), data[8:58, 16:116])
+
+
+def test_cuda_array_interface_consumer_on_another_stream_waits(brighten, device, cupy, spin):
+    data = image(9)
+    x = shim.Buffer(data)
+    x.copy_to_device(device)
+    producer = cupy.cuda.Stream(non_blocking=True)
+    consumer = cupy.cuda.Stream(non_blocking=True)
+    with producer:
+        spin(SPIN_CYCLES)
+    with shim.stream(producer.ptr):
+        out = brighten(x, scale=2.0, offset=1.0, output=SHAPE)
+    with consumer:
+        copy = cupy.asarray(out).copy()  # CuPy waits for the CAI's stream (the legacy one)
+    consumer.synchronize()
+    np.testing.assert_allclose(cupy.asnumpy(copy), data * 2 + 1, rtol=2e-7, atol=0)

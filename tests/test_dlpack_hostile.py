@@ -144,6 +144,7 @@ def brighten(host_pipelines):
 
 
 # --- 1. streams a consumer passes to an OpenCL export ----------------------------------------
+# (Each asks for the device with dl_device=: by default an OpenCL Buffer exports host memory.)
 
 def test_opencl_export_refuses_streams_that_are_not_queues_it_holds(opencl):
     out = run_isolated("""
@@ -153,7 +154,7 @@ other = cl.Context([opencl.queue.device])
 for stream in (0, 1, 2, 12345, -2, 2**64 + 1, opencl.context.int_ptr, other.int_ptr,
                cl.CommandQueue(other).int_ptr):
     try:
-        buf.__dlpack__(stream=stream)
+        buf.__dlpack__(stream=stream, dl_device=(KDL_OPENCL, 0))
     except BufferError as e:
         assert "stream" in str(e) and ("pyopencl.CommandQueue" in str(e) or "context" in str(e)), e
         print("refused")
@@ -169,7 +170,7 @@ def test_opencl_export_accepts_none_minus_one_its_queue_and_live_pyopencl_queues
     buf = on_opencl(opencl, np.arange(4, dtype=np.float32))
     consumer = cl.CommandQueue(opencl.context)
     for stream in (None, -1, opencl.queue.int_ptr, consumer.int_ptr, consumer.int_ptr):
-        buf.__dlpack__(stream=stream)  # dropped unconsumed: the capsule's destructor frees it
+        buf.__dlpack__(stream=stream, dl_device=(KDL_OPENCL, 0))  # dropped unconsumed: the capsule's destructor frees it
     np.testing.assert_array_equal(buf.numpy(), np.arange(4))
 
 
@@ -181,10 +182,10 @@ opencl = shim.device("opencl")
 buf = shim.Buffer(np.arange(4, dtype=np.float32)); buf.copy_to_device(opencl)
 consumer = cl.CommandQueue(opencl.context)
 handle = consumer.int_ptr
-buf.__dlpack__(stream=handle)
+buf.__dlpack__(stream=handle, dl_device=(KDL_OPENCL, 0))
 del consumer
 for _ in range(3):
-    buf.__dlpack__(stream=handle)
+    buf.__dlpack__(stream=handle, dl_device=(KDL_OPENCL, 0))
     cl.CommandQueue(opencl.context)  # (one may reuse the freed queue's memory)
 np.testing.assert_array_equal(buf.numpy(), np.arange(4))
 print("ok")

@@ -1,0 +1,91 @@
+"""``Buffer.__cuda_array_interface__``: a CUDA Buffer's device memory for Numba, CuPy and
+the other consumers of the CUDA Array Interface, version 3
+(https://numba.readthedocs.io/en/stable/cuda/cuda_array_interface.html). (This module sits
+under shim/buffer.py, which calls it: it uses the Buffer it is given, never the class.)
+
+Only a Buffer with a CUDA allocation has the attribute: on any other, reading it raises
+AttributeError, so that ``hasattr(buf, "__cuda_array_interface__")``, which is how Numba and
+CuPy tell a CUDA array, is False. Reading it makes the device copy current (what the host
+holds newer goes up) and, since the consumer may write through the pointer, makes the Buffer
+device-dirty (its next host read downloads), as DLPack's device export does; a read-only
+Buffer's memory is exported read-only and stays as it is.
+
+``stream``: the spec asks the producer to name a stream whose synchronization covers all
+pending work on the data, and to keep that stream alive as long as the object. The shim's
+work on an allocation may be on several streams (see shim/backends/cuda.py's fences), some
+the application's, which it may destroy; so the shim makes the legacy default stream, which
+never goes away, wait for all of them, and says ``1``.
+
+Lifetime: the spec's interface "has no slot for the owner of the data"; the consumer keeps
+the Buffer alive. The memory it was given stays allocated as long as the Buffer lives, even
+if the Buffer's device memory is freed or moves meanwhile (it is pinned, and never pooled for
+reuse): a consumer never reads memory the shim gave to someone else.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+
+from shim import buffer_operations, interrupts, shutdown
+from shim.bridge import backend_calls
+from shim.dlpack_capsules import DLDeviceType
+from shim.errors import ArgumentError
+
+VERSION = 3
+LEGACY_DEFAULT_STREAM = 1  # the spec's (and DLPack's) number for it
+
+# Buffer -> the handles pinned for its CUDA Array Interface consumers (one pin per handle).
+_pinned: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_pinned_lock = threading.Lock()  # for the dictionary only
+
+
+def describe(buf) -> dict:
+    """The ``__cuda_array_interface__`` dict of the Buffer ``buf``; AttributeError unless it
+    has a CUDA allocation (BufferError if another thread frees it meanwhile)."""
+    backend = buf.device
+    if backend is None or backend.dlpack_device_type != DLDeviceType.CUDA:
+        where = "has no device allocation" if backend is None else f"is on {backend.kind}"
+        raise AttributeError(f"__cuda_array_interface__: this Buffer {where}, not in CUDA "
+                             "memory (copy_to_device(shim.device('cuda')) first, or use DLPack)")
+    buf.copy_to_device(backend)  # what the host holds newer goes up: the export is current
+    read_only = not buf.writeable
+    if not read_only:
+        try:
+            buf.set_device_dirty(True)  # the consumer may write through the pointer
+        except ArgumentError:
+            raise BufferError("another thread freed the Buffer's device memory meanwhile") \
+                from None
+        buf.mark_read()
+    with interrupts.deferred():  # (the pin and what releases it exist together)
+        unpin, handle, memory = buffer_operations.pin_device(buf.raw, backend)
+        _keep_pinned(buf, handle, unpin)
+    with backend_calls("CUDA Array Interface"):
+        backend.make_visible(LEGACY_DEFAULT_STREAM, memory)
+    data, offset = backend.dlpack_data(handle)
+    itemsize = buf.dtype.itemsize
+    return {
+        "version": VERSION,
+        "shape": buf.shape,
+        "typestr": buf.dtype.str,
+        "data": (data + offset if 0 not in buf.shape else 0, read_only),
+        "strides": tuple(buf.dim(i).stride() * itemsize for i in reversed(range(buf.dimensions()))),
+        "stream": LEGACY_DEFAULT_STREAM,
+    }
+
+
+def _keep_pinned(buf, handle: int, unpin) -> None:
+    """Hold the pin on ``handle`` until ``buf`` is gone; one pin per handle is enough."""
+    with _pinned_lock:
+        held = _pinned.setdefault(buf, set())
+        duplicate = handle in held
+        held.add(handle)
+    if duplicate:
+        unpin()
+        return
+    weakref.finalize(buf, _release, unpin).atexit = False
+
+
+def _release(unpin) -> None:
+    if not shutdown.shut_down():  # (at exit, device memory goes with the process: shim/shutdown.py)
+        unpin()
