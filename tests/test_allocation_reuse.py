@@ -336,7 +336,7 @@ def test_memory_held_by_a_crop_or_an_export_is_never_reused(opencl, driver_alloc
 
     exported = shim.Buffer(np.ones((64, 64), np.int32))
     exported.copy_to_device(opencl)
-    capsule = exported.__dlpack__(stream=None)
+    capsule = exported.__dlpack__(stream=None, dl_device=(4, 0))  # kDLOpenCL: the device
     freed = counts(opencl)["freed"]
     pooled = opencl.pooled_allocations
     del exported

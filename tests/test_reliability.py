@@ -519,7 +519,7 @@ def test_exported_memory_outlives_a_free_and_a_move(opencl, host_device):
     before = opencl.live_allocations
     x = shim.Buffer(np.arange(64, dtype=np.float32).reshape(8, 8))
     x.copy_to_device(opencl)
-    capsule = x.__dlpack__(max_version=(1, 0))
+    capsule = x.__dlpack__(max_version=(1, 0), dl_device=(4, 0))  # kDLOpenCL: the device
     x.device_free()  # the capsule keeps the old memory
     x.copy_to_device(opencl)  # new memory for the Buffer
     x.copy_to_device(host_device)  # and a move, with the export still alive
@@ -544,7 +544,7 @@ def test_exports_racing_device_free_raise_only_buffer_errors(opencl):
         try:
             for _ in range(2000):
                 try:
-                    exports.append(x.__dlpack__(max_version=(1, 0)))
+                    exports.append(x.__dlpack__(max_version=(1, 0), dl_device=(4, 0)))
                 except BufferError:
                     pass  # freed meanwhile: the standard's error, naming the rule
                 exports.clear()
@@ -589,7 +589,7 @@ def test_ctrl_c_during_dlpack_exports_leaks_no_pins():
             try:
                 try:
                     _signal.pthread_sigmask(signal.SIG_UNBLOCK, held)
-                    capsule = x.__dlpack__(max_version=(1, 0))
+                    capsule = x.__dlpack__(max_version=(1, 0), dl_device=(4, 0))
                     del capsule
                 finally:
                     _signal.pthread_sigmask(signal.SIG_BLOCK, held)  # (then runs the handler)
@@ -628,7 +628,8 @@ def test_ctrl_c_at_the_start_of_a_dlpack_deleter_is_raised_after_it():
             # A list drops its items last to first, all in C: the destructor of the last one
             # trips SIGINT (as a Ctrl-C arriving then would), so Python's handler runs at the
             # next bytecode: the first of the deleter that the capsule's destructor calls.
-            items = [x.__dlpack__(max_version=version), capsule_new(1, None, set_interrupt)]
+            items = [x.__dlpack__(max_version=version, dl_device=(4, 0)),
+                     capsule_new(1, None, set_interrupt)]
             try:
                 items.clear()
                 outcomes.append("lost")
