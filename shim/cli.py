@@ -14,6 +14,7 @@ beside the shim's own (``--iterations``, ``--device``, ``--profile``); shim/runn
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 
@@ -95,7 +96,7 @@ def _run(args, parser) -> int:
         args.default_input_scalars = "estimate"
         args.output_extents = "estimate"
     args.iterations = args.iterations or 1
-    pipeline_values = [f"--{text}" if not text.startswith("-") and "=" in text else text
+    pipeline_values = [f"--{text}" if "=" in text and not text.startswith(("-", "=")) else text
                        for text in args.values]  # RunGen's NAME=VALUE
     texts = {name: text for name, text in vars(own.parse_args(pipeline_values)).items()
              if text is not None}
@@ -119,8 +120,20 @@ def _pipeline_parser(pipeline, prog: str) -> argparse.ArgumentParser:
                     f"dimension: [3+1530,3+2554].")
     for argument in pipeline.arguments:
         own.add_argument(f"--{argument.name}", help=argument.describe(),
-                         metavar=_metavar(argument))
+                         metavar=_metavar(argument), action=_GivenOnce)
     return own
+
+
+class _GivenOnce(argparse.Action):
+    """A pipeline's argument: one value, not empty (RunGen refuses both; an empty value is
+    often a shell variable that was not set)."""
+
+    def __call__(self, parser, namespace, value, option_string=None):
+        if getattr(namespace, self.dest) is not None:
+            raise argparse.ArgumentError(self, "given twice")
+        if not value:
+            raise argparse.ArgumentError(self, "expected a value")
+        setattr(namespace, self.dest, value)
 
 
 def _metavar(argument) -> str:
@@ -169,7 +182,7 @@ def _seconds(text: str) -> float:
         value = float(text)
     except ValueError:
         value = 0.0
-    if not value > 0:
+    if not 0 < value < math.inf:  # (nan is neither; inf would never end)
         raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text!r}")
     return value
 
@@ -288,4 +301,7 @@ def main(argv=None) -> int:
     except BrokenPipeError:
         # The reader left (| head): what is left to print goes nowhere, as for other tools.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+    except MemoryError as e:  # (the sizes fit the machine, but not what this process may take)
+        print(f"{parser.prog} {args.command}: out of memory: {e}", file=sys.stderr)
         return 1

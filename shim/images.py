@@ -64,11 +64,14 @@ def read(path: str, argument: str) -> np.ndarray:
     suffix = suffix_of(path)
     if suffix not in SUFFIXES:
         raise _unsupported(argument, path)
-    if not os.path.isfile(path):
+    if not os.path.exists(path):
         raise ArgumentError(argument, f"no such file: {path!r}")
+    if not os.path.isfile(path):  # (a FIFO would be read until someone writes to it)
+        raise ArgumentError(argument, f"{path} is a directory" if os.path.isdir(path) else
+                                      f"{path} is not a regular file")
+    if suffix == ".npy":
+        return _read_npy(path, argument)
     try:
-        if suffix == ".npy":
-            return np.load(path, allow_pickle=False)
         if suffix == ".png" and _is_16_bit_colour_png(path):
             pixels = _pypng_read(path, argument)
         else:
@@ -80,6 +83,24 @@ def read(path: str, argument: str) -> np.ndarray:
     if pixels.ndim == 3:
         pixels = np.moveaxis(pixels, 2, 0)  # (y, x, c) -> (c, y, x)
     return np.ascontiguousarray(pixels)
+
+
+def _read_npy(path: str, argument: str) -> np.ndarray:
+    magic = np.lib.format.MAGIC_PREFIX
+    try:
+        with open(path, "rb") as f:
+            is_npy = f.read(len(magic)) == magic
+            f.seek(0)
+            array = np.load(f, allow_pickle=False) if is_npy else None
+    except (OSError, ValueError) as e:
+        raise ArgumentError(argument, f"cannot read {path}: {e}") from None
+    if array is None:  # (np.load would take it for a pickle, and say to trust it)
+        raise ArgumentError(argument, f"{path} is not a .npy file")
+    if array.dtype.kind not in "biuf":  # structured, complex, text, dates: no conversion holds
+        raise ArgumentError(argument, f"cannot read {path}: its elements are {array.dtype}, not "
+                                      f"numbers (bool, integers or floats)")
+    # Halide reads this machine's byte order, and x along rows: not a Fortran-ordered array's.
+    return np.asarray(array, array.dtype.newbyteorder("="), order="C")
 
 
 def conform(array: np.ndarray, dimensions: int, dtype: np.dtype, what: str, warn) -> np.ndarray:
@@ -99,13 +120,14 @@ def _with_dimensions(array: np.ndarray, dimensions: int, what: str, warn) -> np.
     if array.ndim < dimensions:
         warn(f"{what} has {array.ndim} dimensions, but {dimensions} are needed: adding "
              f"dimensions of extent 1")
-        return array[(np.newaxis,) * (dimensions - array.ndim)]
+        # (reshape gives them real strides: np.newaxis's 0 breaks Halide's stride.0 == 1)
+        return array.reshape((1,) * (dimensions - array.ndim) + array.shape)
     if array.ndim > dimensions:
         extra = array.ndim - dimensions
         if any(extent > 1 for extent in array.shape[:extra]):
             warn(f"{what} has {array.ndim} dimensions, but only the first {dimensions} are "
                  f"used; data loss may have occurred")
-        return array[(0,) * extra]
+        return array[(0,) * extra + (...,)]  # (the ... keeps a 0-D result an array)
     return array
 
 
@@ -127,10 +149,11 @@ def plan_save(argument: str, path: str, shape: tuple, dtype: np.dtype, warn) -> 
     number), after checking that it can be written; conversions are announced through
     ``warn``. Refuses what cannot be saved there, naming the output."""
     suffix = suffix_of(path)
+    if suffix != ".npy" and suffix not in _IMAGE_FORMATS:
+        raise _unsupported(argument, path)
+    check_writable(argument, path)
     if suffix == ".npy":
         return SavePlan(path, len(shape), dtype)
-    if suffix not in _IMAGE_FORMATS:
-        raise _unsupported(argument, path)
     image_format = _IMAGE_FORMATS[suffix]
     dims = len(shape)
     # Ties go to the first in halide_image_io's order: by type code, bits, dimensions.
@@ -162,9 +185,27 @@ def plan_save(argument: str, path: str, shape: tuple, dtype: np.dtype, warn) -> 
     return SavePlan(path, best_dims, best_dtype)
 
 
+def check_writable(argument: str, path: str) -> None:
+    """Refuse a file that cannot be written (before the runs whose results it would hold)."""
+    directory = os.path.dirname(path) or "."
+    if os.path.isdir(path):
+        problem = "is a directory"
+    elif not os.path.isdir(directory):
+        problem = "no such directory"
+    elif not os.access(path if os.path.exists(path) else directory, os.W_OK):
+        problem = "permission denied"
+    else:
+        return
+    raise ArgumentError(argument, f"cannot write {path}: {problem}")
+
+
 def save(plan: SavePlan, array: np.ndarray, argument: str) -> None:
     if suffix_of(plan.path) == ".npy":
-        np.save(plan.path, array)
+        try:
+            with open(plan.path, "wb") as f:  # (np.save would add .npy to a name in .NPY)
+                np.save(f, array)
+        except OSError as e:
+            raise ArgumentError(argument, f"cannot write {plan.path}: {e}") from None
         return
     array = convert(_with_dimensions(array, plan.dimensions, "", lambda _: None), plan.dtype)
     if array.ndim == 3:
@@ -202,7 +243,10 @@ def convert(array: np.ndarray, dtype: np.dtype) -> np.ndarray:
         bits = dtype.itemsize * 8
         if bits == 64:  # through uint32, as Halide does
             return convert(convert(array, np.uint32), dtype)
-        unit = np.clip(np.nan_to_num(array, nan=0.0), 0, 1)
+        # In Halide's precision: float (float16 widened: its 65535 is infinity), double for a
+        # double or for 32 bits (float's 2^32 - 1 is 2^32, which wraps to 0).
+        work = np.float64 if bits == 32 or array.dtype.itemsize == 8 else np.float32
+        unit = np.clip(np.nan_to_num(array.astype(work, copy=False), nan=0.0), 0, 1)
         scaled = np.floor(unit * float(2**bits - 1) + 0.5)  # halves away from 0, as lround
         return scaled.astype(f"u{dtype.itemsize}").view(_same_width(dtype))
     unsigned = array.view(f"u{array.dtype.itemsize}")

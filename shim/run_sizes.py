@@ -97,7 +97,7 @@ class Sizer:
             like = {a.name: _like(known[first], a.dimensions, estimated[a.name])
                     for a in missing}
             guesses.append((f"like the first input, {first}", like))
-        if all(estimated.values()):
+        if all(box is not None for box in estimated.values()):  # (a 0-D output's is ())
             guesses.append(("from its estimates", estimated))
         if first is not None:
             guesses.append((f"like the first input, {first}, less the border the pipeline "

@@ -10,7 +10,8 @@ to 1532), as ``info`` prints estimates.
   ``estimate,default`` for the pipeline's own values, the first that exists;
 - input buffers: a file (shim/images.py: ``.npy``, PNG, JPEG, ...), or ``zero:EXTENTS``,
   ``constant:VALUE:EXTENTS``, ``identity:EXTENTS`` (1 where x == y), ``random:SEED:EXTENTS``
-  (uniform: floats in [0, 1), integers over the whole type); ``random:EXTENTS`` takes seed 0.
+  (uniform: floats in [0, 1), integers over the whole type; SEED a 32-bit int, as RunGen's);
+  ``random:EXTENTS`` takes seed 0.
   In place of EXTENTS, ``estimate`` (the pipeline's estimates), ``auto`` (what the bounds
   query asks of the input for the outputs' sizes) or ``estimate_then_auto``;
 - outputs: ``FILE``, ``FILE:EXTENTS`` or ``:EXTENTS`` (sized, not saved).
@@ -18,6 +19,7 @@ to 1532), as ``info`` prints estimates.
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 
@@ -27,6 +29,8 @@ from shim import images
 from shim.buffer import check_memory
 from shim.errors import ArgumentError
 from shim.metadata import Argument, check_extents
+from shim.scalars import ScalarArgument
+from shim.types import INT32_MAX
 
 # Halide coordinates of a buffer: (min, extent) per dimension, x first.
 Box = tuple
@@ -54,7 +58,15 @@ def parse_box(argument: str, text: str) -> Box:
             raise ArgumentError(argument, f"expected extents like [640,480] or 640x480 (each "
                                           f"positive, optionally MIN+EXTENT: [3+634,3+474]), "
                                           f"got {text!r}")
-        box.append((int(match.group(1) or 0), int(match.group(2))))
+        lo, extent = int(match.group(1) or 0), int(match.group(2))
+        # Refused here: halide_dimension_t (the bounds query's too) cannot hold more.
+        if extent > INT32_MAX:
+            raise ArgumentError(argument, f"extent {extent} is beyond Halide's 32-bit "
+                                          f"coordinates (at most {INT32_MAX}), in {text!r}")
+        if not -INT32_MAX - 1 <= lo <= INT32_MAX - extent + 1:
+            raise ArgumentError(argument, f"min {lo} with extent {extent} is beyond Halide's "
+                                          f"32-bit coordinates, in {text!r}")
+        box.append((lo, extent))
     return tuple(box)
 
 
@@ -112,9 +124,13 @@ def parse_scalar(arg: Argument, text: str):
             raise ArgumentError(arg.name, f"expected true or false, got {text!r}")
         return lowered in ("true", "1")
     try:
-        return float(text) if dtype is None or dtype.kind == "f" else int(text, 0)
+        value = float(text) if dtype is None or dtype.kind == "f" else int(text, 0)
     except ValueError:
         raise ArgumentError(arg.name, f"expected a number of type {htype}, got {text!r}") from None
+    # float() makes a finite number beyond any double infinity: only "inf" asks for that.
+    if isinstance(value, float) and math.isinf(value) and "inf" not in text.lower():
+        raise ArgumentError(arg.name, f"{text!r} does not fit in {htype}")
+    return value
 
 
 # --- input buffers ------------------------------------------------------------------------
@@ -148,14 +164,19 @@ def parse_input(arg: Argument, text: str) -> InputSpec:
     extents = parts[-1] if parts[-1] in DERIVED_EXTENTS else check_dimensions(
         arg, parse_box(arg.name, parts[-1]), repr(text))
     if kind == "constant":
-        return InputSpec(text, kind=kind, extents=extents, value=parse_scalar(arg, parts[0]))
+        value = parse_scalar(arg, parts[0])
+        ScalarArgument(arg).convert(value)  # within the element type, as a scalar of it must be
+        return InputSpec(text, kind=kind, extents=extents, value=value)
     if kind == "random" and len(parts) == 2:
         try:
             seed = int(parts[0], 0)
         except ValueError:
-            raise ArgumentError(arg.name, f"expected an integer seed in {expected}, got "
-                                          f"{parts[0]!r}") from None
-        return InputSpec(text, kind=kind, extents=extents, seed=seed)
+            seed = None
+        # RunGen's seed is an int, which its std::mt19937 takes as its 32 bits.
+        if seed is None or not -2**31 <= seed < 2**31:
+            raise ArgumentError(arg.name, f"expected an integer seed in {expected} (32-bit, "
+                                          f"as RunGen's), got {parts[0]!r}")
+        return InputSpec(text, kind=kind, extents=extents, seed=seed % 2**32)
     return InputSpec(text, kind=kind, extents=extents)
 
 

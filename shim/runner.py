@@ -69,7 +69,10 @@ def run(args, pipeline, texts: dict, console: Console) -> int:
     outputs = {a.name: run_values.parse_output(a, texts[a.name]) if texts.get(a.name)
                else run_values.OutputSpec(None, None) for a in pipeline.outputs}
     boxes, how = _sizes(pipeline, scalars, arrays, specs, outputs, args.output_extents, console)
-    # Every output's file is checked before anything runs.
+    # Every output's file is checked before anything runs, and the trace's.
+    _check_distinct(pipeline, outputs)
+    if args.profile:
+        images.check_writable("--profile", args.profile)
     plans = {a.name: images.plan_save(a.name, outputs[a.name].path,
                                       run_values.numpy_shape(boxes[a.name]),
                                       run_values.buffer_dtype(a), console.warn)
@@ -101,8 +104,11 @@ def run(args, pipeline, texts: dict, console: Console) -> int:
         console.out("")
         console.out(profile.summary())
     if args.profile:
-        console.out(f"trace: {profile.save_trace(args.profile)} (open it in "
-                    f"https://ui.perfetto.dev)")
+        try:
+            trace = profile.save_trace(args.profile)
+        except OSError as e:
+            raise ArgumentError("--profile", f"cannot write {args.profile}: {e}") from None
+        console.out(f"trace: {trace} (open it in https://ui.perfetto.dev)")
     if args.success:
         console.out("Success!")
     return 0
@@ -143,6 +149,17 @@ def _inputs(pipeline, texts: dict, default_text: str | None, console: Console):
     return arrays, specs
 
 
+def _check_distinct(pipeline, outputs: dict) -> None:
+    """Refuse two outputs saved to one file: the second would silently replace the first."""
+    saved = {}
+    for a in pipeline.outputs:
+        path = outputs[a.name].path
+        if path is not None:
+            first = saved.setdefault(os.path.realpath(path), a.name)
+            if first != a.name:
+                raise ArgumentError(a.name, f"{first} is saved to {path} too")
+
+
 def _sizes(pipeline, scalars, arrays, specs, outputs, output_extents, console):
     """({buffer: Box} for every buffer argument, {output: how its size was chosen})."""
     inputs = {name: tuple((0, n) for n in reversed(array.shape)) for name, array in arrays.items()}
@@ -155,7 +172,7 @@ def _sizes(pipeline, scalars, arrays, specs, outputs, output_extents, console):
             if estimated is None and extents == "estimate":
                 raise ArgumentError(name, f"{spec.text!r} asks for the estimates, but the "
                                           f"pipeline has none for every dimension of {name}")
-            extents = estimated or "auto"
+            extents = "auto" if estimated is None else estimated  # (a 0-D buffer's is ())
         if extents == "auto":
             auto.append(name)
             inputs[name] = None
@@ -173,6 +190,10 @@ def _sizes(pipeline, scalars, arrays, specs, outputs, output_extents, console):
         elif output_extents is not None:
             given[a.name] = run_values.check_dimensions(
                 a, run_values.parse_box("--output_extents", output_extents), "--output_extents")
+    # Refused before the bounds query, whose halide_dimension_t strides could not hold them.
+    for name, box in [*inputs.items(), *given.items()]:
+        if box is not None:
+            check_extents(_argument(pipeline, name), run_values.numpy_shape(box), pipeline.target)
     sizer = Sizer(pipeline, scalars, console.log)
     boxes, how = sizer.outputs(given, inputs)
     if auto:
@@ -286,9 +307,11 @@ def _save_or_describe(name: str, result: Buffer, plan, parsable: bool, console: 
     if plan is not None:
         console.out(f"{name}: {_shape_text(result)} -> {plan.path}")
     else:
+        with np.errstate(all="ignore"):  # (the mean of inf and -inf is nan: no warning needed)
+            mean = array.mean()
         # (str: a float32 as the float32 it is, 0.1 rather than 0.10000000149011612)
         console.out(f"{name}: {_shape_text(result)}, min {str(array.min())}, max "
-                    f"{str(array.max())}, mean {array.mean():.6g}")
+                    f"{str(array.max())}, mean {mean:.6g}")
 
 
 def _shape_text(result: Buffer) -> str:

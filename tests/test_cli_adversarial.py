@@ -1,0 +1,297 @@
+"""``python -m shim run`` against hostile command lines and files: every bad value is refused
+with an error naming the argument or flag (exit status 2, no traceback), before anything is
+allocated or run; what it accepts, it computes as numpy does."""
+
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+hl = pytest.importorskip("halide")
+
+GENERATORS = textwrap.dedent('''
+    import halide as hl
+
+    x, y = hl.vars("x y")
+
+
+    @hl.generator(name="odd_types")
+    class OddTypes:
+        """An int16 input; outputs of int16 (input + 1), float64 (input * k) and float16
+        (input / 4)."""
+        input = hl.InputBuffer(hl.Int(16), 2)
+        k = hl.InputScalar(hl.Float(64))
+        plus1 = hl.OutputBuffer(hl.Int(16), 2)
+        scaled = hl.OutputBuffer(hl.Float(64), 2)
+        quarter = hl.OutputBuffer(hl.Float(16), 2)
+
+        def generate(self):
+            self.plus1[x, y] = self.input[x, y] + 1
+            self.scaled[x, y] = hl.f64(self.input[x, y]) * self.k
+            self.quarter[x, y] = hl.cast(hl.Float(16), hl.f32(self.input[x, y]) / 4)
+            self.k.parameter().set_default_value(hl.f64(1))
+
+
+    @hl.generator(name="zero_dim")
+    class ZeroDim:
+        """0-D buffers: output = input * 2."""
+        input = hl.InputBuffer(hl.Float(32), 0)
+        output = hl.OutputBuffer(hl.Float(32), 0)
+
+        def generate(self):
+            self.output[()] = self.input[()] * 2
+
+
+    if __name__ == "__main__":
+        hl.main()
+''')
+
+
+@pytest.fixture(scope="module")
+def odd(tmp_path_factory):
+    """{name: library} of the generators above."""
+    work = tmp_path_factory.mktemp("adversarial")
+    (work / "gen.py").write_text(GENERATORS)
+    libraries = {}
+    for name in ("odd_types", "zero_dim"):
+        subprocess.run([sys.executable, str(work / "gen.py"), "-g", name, "-f", name, "-o",
+                        str(work), "-e", "object", "target=host"], check=True)
+        subprocess.run(["cc", "-shared", "-o", str(work / f"{name}.so"), str(work / f"{name}.o"),
+                        "-lpthread", "-ldl"], check=True)
+        libraries[name] = work / f"{name}.so"
+    return libraries
+
+
+def run(*args, cwd=None, **options):
+    done = subprocess.run([sys.executable, "-m", "shim", "run", *map(str, args)],
+                          capture_output=True, text=True, cwd=cwd, **options)
+    assert "Traceback" not in done.stderr, done.stderr
+    return done
+
+
+def refused(done, message):
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert message in done.stderr and "error:" in done.stderr, done.stderr
+    assert "iteration" not in done.stdout  # nothing ran
+    return done
+
+
+def succeeded(done):
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done
+
+
+# --- values ----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("pipeline, arguments, message", [
+    # A constant the element type cannot hold (numpy would raise, or make infinity).
+    ("blur3x3", ["input=constant:70000:[4,4]"], "input: 70000 does not fit in uint16 [0, 65535]"),
+    ("blur3x3", ["input=constant:-1:[4,4]"], "input: -1 does not fit in uint16"),
+    ("mix", ["a=constant:300:[4,4]", "b=zero:[4,4]"], "a: 300 does not fit in uint8"),
+    ("brighten", ["input=constant:1e39:[2,2]"], "input: 1e+39 does not fit in float32"),
+    # A finite number beyond any double is not infinity.
+    ("brighten", ["input=constant:1e400:[2,2]"], "input: '1e400' does not fit in float32"),
+    ("times_k", ["input=zero:[2,2]", "k=-1e400"], "k: '-1e400' does not fit in float32"),
+    # Extents and mins beyond Halide's 32-bit coordinates, refused before the bounds query.
+    ("brighten", ["input=random:0:[99999999999999999999,4]"], "input: extent 99999999999999999999 "
+                                                              "is beyond Halide's 32-bit"),
+    ("brighten", ["input=zero:[4,4]", "output=:[2147483647+4,4]"],
+     "output: min 2147483647 with extent 4 is beyond Halide's 32-bit"),
+    ("brighten", ["input=zero:[4,4]", "--output_extents=[-2147483649+4,4]"],
+     "--output_extents: min -2147483649 with extent 4 is beyond Halide's 32-bit"),
+    # Terabytes: refused before the bounds query or any allocation.
+    ("plane_sum", ["input=zero:[100000,100000,100000]"], "input: shape (100000, 100000, 100000) "
+                                                         "has 1000000000000000 elements"),
+    # RunGen's seed is an int.
+    ("brighten", ["input=random:2147483648:[4,4]"], "input: expected an integer seed"),
+    # Given twice, or given empty: RunGen refuses both.
+    ("brighten", ["input=zero:[4,4]", "input=zero:[8,8]"], "--input: given twice"),
+    ("brighten", ["input=zero:[4,4]", "output="], "--output: expected a value"),
+    ("brighten", ["input=zero:[4,4]", "=5"], "unrecognized arguments: =5"),
+    ("brighten", ["input=zero:[4,4]", "--benchmarks", "--benchmark_min_time=inf"],
+     "--benchmark_min_time: expected a positive number of seconds, got 'inf'"),
+])
+def test_hostile_values_are_refused_naming_the_argument(host_pipelines, pipeline, arguments,
+                                                        message):
+    refused(run(host_pipelines[pipeline, "bundled"], *arguments), message)
+
+
+@pytest.mark.parametrize("arguments, message", [
+    (["input=random:abc:[1,2]"], "input: expected an integer seed in random:SEED:EXTENTS"),
+    (["input=random:0:[1,,2]"], "input: expected extents like [640,480]"),
+    (["input=random:0:[-5,3]"], "input: expected extents like [640,480]"),
+    (["input=random:0:[0,0]"], "input: expected extents like [640,480]"),
+    (["input=random:0:[3+-5,4]"], "input: expected extents like [640,480]"),
+    (["input=random:0:[+3,4]"], "input: expected extents like [640,480]"),
+    (["input=constant:nan:[2,2]", "scale=1e39"], "scale: 1e+39 does not fit in float32"),
+    (["input=zero:[4,4]", "--output_extents=[4,4,4]"], "--output_extents gives 3 extents"),
+    (["input=zero:[4,4]", "--benchmarks", "--benchmark_min_time=-1"],
+     "--benchmark_min_time: expected a positive number of seconds"),
+    (["input=zero:[4,4]", "--benchmarks", "--benchmark_min_time=nan"],
+     "--benchmark_min_time: expected a positive number of seconds"),
+])
+def test_what_was_already_refused(host_pipelines, arguments, message):
+    refused(run(host_pipelines["brighten", "bundled"], *arguments), message)
+
+
+def test_infinity_and_nan_are_accepted_where_asked_for(host_pipelines):
+    done = succeeded(run(host_pipelines["brighten", "bundled"], "input=constant:inf:[2,2]"))
+    assert "output: float32 2x2, min inf, max inf" in done.stdout
+    done = succeeded(run(host_pipelines["brighten", "bundled"], "input=constant:nan:[2,2]"))
+    assert "min nan, max nan" in done.stdout
+
+
+def test_negative_seeds_are_seeds(host_pipelines, tmp_path):
+    library = host_pipelines["brighten", "bundled"]
+    for name in ("a", "b"):
+        succeeded(run(library, "input=random:-1:[16,8]", f"output={tmp_path / name}.npy"))
+    a, b = np.load(tmp_path / "a.npy"), np.load(tmp_path / "b.npy")
+    np.testing.assert_array_equal(a, b)
+    assert a.std() > 0.1
+
+
+def test_no_numpy_warnings_among_the_results(odd):
+    # -inf, inf and nan in one output: its summary says so without numpy's RuntimeWarnings.
+    done = succeeded(run(odd["odd_types"], "input=random:3:[8,4]", "k=inf"))
+    assert "scaled: float64 8x4, min -inf, max inf, mean nan" in done.stdout
+    assert "Warning" not in done.stderr
+
+
+# --- input files -----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("array, what", [
+    (np.zeros((4, 5), dtype=[("a", "<f4"), ("b", "<i4")]), "[('a', '<f4'), ('b', '<i4')]"),
+    (np.ones((4, 5), np.complex64), "complex64"),
+    (np.array([["ab", "cd"]]), "<U2"),
+    (np.array([["2020-01-01"]], dtype="datetime64[D]"), "datetime64[D]"),
+])
+def test_npy_files_of_things_other_than_numbers_are_refused(host_pipelines, tmp_path, array, what):
+    np.save(tmp_path / "in.npy", array)
+    refused(run(host_pipelines["brighten", "bundled"], f"input={tmp_path / 'in.npy'}"),
+            f"input: cannot read {tmp_path / 'in.npy'}: its elements are {what}, not numbers")
+
+
+def test_npy_in_the_other_byte_order(odd, host_pipelines, tmp_path):
+    values = np.array([[-3, -1, 0, 1], [2, 300, -32768, 32766]], np.int16)
+    np.save(tmp_path / "big.npy", values.astype(">i2"))
+    done = succeeded(run(odd["odd_types"], f"input={tmp_path / 'big.npy'}",
+                         f"plus1={tmp_path / 'out.npy'}"))
+    np.testing.assert_array_equal(np.load(tmp_path / "out.npy"), values + 1)
+    assert "warning" not in done.stderr  # the same type, stored the other way round
+    image = np.random.default_rng(0).random((4, 5), dtype=np.float32)
+    np.save(tmp_path / "big.npy", image.astype(">f4"))
+    done = succeeded(run(host_pipelines["brighten", "bundled"], f"input={tmp_path / 'big.npy'}",
+                         "scale=2", "offset=1", f"output={tmp_path / 'out.npy'}"))
+    np.testing.assert_array_equal(np.load(tmp_path / "out.npy"), image * np.float32(2) + 1)
+    assert "warning" not in done.stderr
+
+
+def test_fortran_ordered_and_0_d_npy_files(host_pipelines, tmp_path):
+    image = np.arange(20, dtype=np.float32).reshape(4, 5)
+    np.save(tmp_path / "fortran.npy", np.asfortranarray(image))
+    library = host_pipelines["brighten", "bundled"]
+    succeeded(run(library, f"input={tmp_path / 'fortran.npy'}", "scale=2", "offset=1",
+                  f"output={tmp_path / 'out.npy'}"))
+    np.testing.assert_array_equal(np.load(tmp_path / "out.npy"), image * 2 + 1)
+    np.save(tmp_path / "scalar.npy", np.array(3.5, np.float32))
+    done = succeeded(run(library, f"input={tmp_path / 'scalar.npy'}", "scale=2", "offset=1",
+                         f"output={tmp_path / 'out.npy'}"))
+    assert "has 0 dimensions, but 2 are needed" in done.stderr
+    np.testing.assert_array_equal(np.load(tmp_path / "out.npy"), [[8.0]])
+
+
+def test_0_d_buffers(odd, tmp_path):
+    library = odd["zero_dim"]
+    np.save(tmp_path / "two_d.npy", np.array([[1.5, 7], [9, 9]], np.float32))
+    done = succeeded(run(library, f"input={tmp_path / 'two_d.npy'}", f"output={tmp_path / 'o.npy'}"))
+    assert "has 2 dimensions, but only the first 0 are used" in done.stderr
+    assert np.load(tmp_path / "o.npy") == np.float32(3)
+    for extents in ("estimate", "auto", "[]"):
+        done = succeeded(run(library, f"input=constant:4:{extents}", f"output={tmp_path / 'o.npy'}"))
+        assert np.load(tmp_path / "o.npy") == np.float32(8)
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda path: path.write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(64)), "is not a .npy file"),
+    (lambda path: path.write_text("hello\n"), "is not a .npy file"),
+    (lambda path: path.mkdir(), "is a directory"),
+])
+def test_input_files_that_are_not_what_they_say(host_pipelines, tmp_path, make, message):
+    make(tmp_path / "in.npy")
+    done = refused(run(host_pipelines["brighten", "bundled"], f"input={tmp_path / 'in.npy'}"),
+                   f"input: {tmp_path / 'in.npy'} {message}")
+    assert "pickle" not in done.stderr
+
+
+# --- outputs ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name, message", [
+    ("missing/out.npy", "no such directory"),
+    ("missing/out.png", "no such directory"),
+    ("a_directory.npy", "is a directory"),
+])
+def test_an_output_that_cannot_be_written_is_refused_before_any_run(host_pipelines, tmp_path,
+                                                                    name, message):
+    (tmp_path / "a_directory.npy").mkdir()
+    refused(run(host_pipelines["brighten", "bundled"], "input=zero:[4,4]",
+                f"output={tmp_path / name}"), f"output: cannot write {tmp_path / name}: {message}")
+
+
+def test_an_upper_case_suffix_is_written_where_it_says(host_pipelines, tmp_path):
+    done = succeeded(run(host_pipelines["brighten", "bundled"], "input=constant:1:[4,3]",
+                         "output=OUT.NPY", cwd=tmp_path))
+    assert "-> OUT.NPY" in done.stdout
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["OUT.NPY"]
+    np.testing.assert_array_equal(np.load(tmp_path / "OUT.NPY"), np.full((3, 4), 3, np.float32))
+
+
+def test_two_outputs_to_one_file_are_refused(host_pipelines, tmp_path):
+    refused(run(host_pipelines["sum_diff", "bundled"], "a=zero:[4,4]", "b=zero:[4,4]",
+                f"sum={tmp_path / 'x.npy'}", f"diff={tmp_path / 'x.npy'}"),
+            f"diff: sum is saved to {tmp_path / 'x.npy'} too")
+
+
+def test_a_profile_that_cannot_be_written_is_refused_before_any_run(host_pipelines, tmp_path):
+    refused(run(host_pipelines["brighten", "bundled"], "input=zero:[4,4]",
+                f"--profile={tmp_path / 'missing' / 't.json'}"),
+            f"--profile: cannot write {tmp_path / 'missing' / 't.json'}: no such directory")
+
+
+def test_a_float16_output_saved_as_png(odd, tmp_path):
+    iio = pytest.importorskip("imageio.v3")
+    succeeded(run(odd["odd_types"], "input=constant:2:[4,3]", f"quarter={tmp_path / 'q.png'}"))
+    written = iio.imread(tmp_path / "q.png")
+    assert written.dtype == np.uint16
+    assert (written == 32768).all()  # 0.5 of 65535, rounded
+
+
+@pytest.mark.parametrize("values, dtype, expected", [
+    (np.array([0.0, 0.5, 1.0], np.float16), np.uint16, [0, 32768, 65535]),
+    (np.array([0.0, 0.5, 1.0], np.float16), np.uint8, [0, 128, 255]),
+    # Halide converts to 32 bits in double precision: 1.0 is 2^32 - 1, not 0.
+    (np.array([0.0, 0.5, 1.0], np.float32), np.uint32, [0, 2147483648, 4294967295]),
+    (np.array([1.0], np.float32), np.int32, [-1]),
+])
+def test_float_conversions_do_not_overflow(values, dtype, expected):
+    from shim.images import convert
+
+    with np.errstate(all="raise"):
+        converted = convert(values, dtype)
+    assert converted.dtype == np.dtype(dtype)
+    np.testing.assert_array_equal(converted, np.array(expected, dtype))
+
+
+# --- the process -----------------------------------------------------------------------------
+
+def test_out_of_memory_is_an_error_not_a_traceback(host_pipelines):
+    resource = pytest.importorskip("resource")
+
+    def limit():  # 3 GiB of address space; the input needs 3.35 GiB
+        resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30))
+
+    done = run(host_pipelines["brighten", "bundled"], "input=zero:[30000,30000]",
+               preexec_fn=limit)
+    assert done.returncode != 0
+    assert "out of memory" in done.stderr or "this machine has" in done.stderr, done.stderr
