@@ -200,24 +200,24 @@ def check_writable(argument: str, path: str) -> None:
 
 
 def save(plan: SavePlan, array: np.ndarray, argument: str) -> None:
-    if suffix_of(plan.path) == ".npy":
-        try:
-            with open(plan.path, "wb") as f:  # (np.save would add .npy to a name in .NPY)
-                np.save(f, array)
-        except OSError as e:
-            raise ArgumentError(argument, f"cannot write {plan.path}: {e}") from None
-        return
-    array = convert(_with_dimensions(array, plan.dimensions, "", lambda _: None), plan.dtype)
-    if array.ndim == 3:
-        array = np.moveaxis(array, 0, 2)  # (c, y, x) -> (y, x, c)
-        if array.shape[2] == 1:
-            array = array[:, :, 0]
-    array = np.ascontiguousarray(array)
+    suffix = suffix_of(plan.path)
+    if suffix != ".npy":
+        array = convert(_with_dimensions(array, plan.dimensions, "", lambda _: None), plan.dtype)
+        if array.ndim == 3:
+            array = np.moveaxis(array, 0, 2)  # (c, y, x) -> (y, x, c)
+            if array.shape[2] == 1:
+                array = array[:, :, 0]
+        array = np.ascontiguousarray(array)
     try:
-        if array.ndim == 3 and array.dtype == _U16 and suffix_of(plan.path) == ".png":
-            _pypng_write(plan.path, array, argument)
-        else:
-            _imageio(argument).imwrite(plan.path, array)
+        # Into a file of our own: np.save would add .npy to a name in .NPY, and imageio's own
+        # file, failing to close (a full disk), fails again when collected, with a traceback.
+        with open(plan.path, "wb") as f:
+            if suffix == ".npy":
+                np.save(f, array)
+            elif array.ndim == 3 and array.dtype == _U16 and suffix == ".png":
+                _pypng_write(f, array, argument)
+            else:
+                _imageio(argument).imwrite(f, array, extension=suffix)
     except (OSError, ValueError) as e:
         raise ArgumentError(argument, f"cannot write {plan.path}: {e}") from None
 
@@ -320,9 +320,8 @@ def _pypng_read(path: str, argument: str) -> np.ndarray:
     return pixels.reshape(height, width, info["planes"])
 
 
-def _pypng_write(path: str, pixels: np.ndarray, argument: str) -> None:
+def _pypng_write(file, pixels: np.ndarray, argument: str) -> None:
     height, width, planes = pixels.shape
     writer = _pypng(argument).Writer(width=width, height=height, bitdepth=16,
                                      greyscale=planes < 3, alpha=planes in (2, 4))
-    with open(path, "wb") as f:
-        writer.write(f, pixels.reshape(height, width * planes))
+    writer.write(file, pixels.reshape(height, width * planes))

@@ -2,6 +2,7 @@
 with an error naming the argument or flag (exit status 2, no traceback), before anything is
 allocated or run; what it accepts, it computes as numpy does."""
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -245,6 +246,18 @@ def test_an_upper_case_suffix_is_written_where_it_says(host_pipelines, tmp_path)
     assert "-> OUT.NPY" in done.stdout
     assert sorted(p.name for p in tmp_path.iterdir()) == ["OUT.NPY"]
     np.testing.assert_array_equal(np.load(tmp_path / "OUT.NPY"), np.full((3, 4), 3, np.float32))
+
+
+@pytest.mark.parametrize("name", ["out.png", "out.npy"])
+def test_a_full_disk_is_an_error_naming_the_output(host_pipelines, tmp_path, name):
+    if not os.path.exists("/dev/full"):
+        pytest.skip("no /dev/full here")
+    (tmp_path / name).symlink_to("/dev/full")
+    done = run(host_pipelines["brighten", "bundled"], "input=zero:[4,4]",
+               f"output={tmp_path / name}")
+    assert done.returncode == 2
+    assert f"output: cannot write {tmp_path / name}: [Errno 28] No space left" in done.stderr
+    assert "Exception ignored" not in done.stderr
 
 
 def test_two_outputs_to_one_file_are_refused(host_pipelines, tmp_path):
