@@ -819,6 +819,29 @@ class Buffer(Finalized):
         with runtime_call(what) as check:
             check(function(ffi.NULL, *args))
 
+    # --- pickling --------------------------------------------------------------------------
+
+    def __reduce__(self):
+        """A Buffer pickles as its host data (device results copied back first) and its mins,
+        name and writeability; it unpickles as a new host Buffer over memory of its own (dense:
+        numpy pickles elements, not strides), with no device allocation, host-dirty as a
+        ``copy()`` is. A crop or slice carries its own elements only, not its parent's."""
+        return Buffer._from_pickle, (self.numpy(), [lo for lo, _ in self._box], self._name,
+                                     self.writeable)
+
+    @classmethod
+    def _from_pickle(cls, array: np.ndarray, mins, name: str, writeable: bool) -> Buffer:
+        # numpy's own rule differs by protocol and transport (protocol 5 over bytes, or Dask's
+        # out-of-band frames, gives read-only arrays): the Buffer's writeability decides.
+        if writeable and not array.flags.writeable:
+            array = array.copy()
+        elif not writeable:
+            array.flags.writeable = False
+        made = cls.over_array(array, "buffer", mins=mins)
+        made._name = name
+        made.set_host_dirty(True)
+        return made
+
     # --- for the shim's own modules, not the public API ------------------------------------
     # What pipeline calls (shim/binding.py, shim/running.py) and DLPack (shim/dlpack*.py) need
     # of a Buffer, so that they never reach into its attributes. (The C fast paths read and

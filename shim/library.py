@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import hashlib
 import os
 
 from shim.elf import NotELF, architecture, pipeline_names
@@ -31,6 +32,10 @@ class Library:
                                         f"bytes or os.PathLike), got {type(path).__name__}") from None
         self.name = _choose_name(self.path, name)
         self._handle = _open_library(self.path)  # (closing it would unload the code)
+        # The file's bytes, read as it is loaded: what a pickled Pipeline carries
+        # (shim/pipeline_pickle.py). Read now rather than at the first pickle so that a file
+        # deleted or rebuilt after loading still pickles the code this process runs.
+        self.data = _read(self.path)
         self.argv_address = _symbol_address(self._handle, self.name + "_argv")
         self.argv_fn = ffi.cast("int (*)(void **)", self.argv_address)
         metadata_fn = ffi.cast("const struct halide_filter_metadata_t *(*)(void)",
@@ -42,6 +47,12 @@ class Library:
         if md_name != self.name:
             raise ArgumentError("path", f"{self.path}: metadata names the pipeline {md_name!r}, "
                                         f"exported as {self.name!r}")
+
+    @functools.cached_property
+    def digest(self) -> str:
+        """The sha256 of ``data`` (hex): what names the library in pickles and the cache of
+        unpickled libraries. Computed at the first pickle, which most libraries never see."""
+        return hashlib.sha256(self.data).hexdigest()
 
 
 def _open_library(path: str):
@@ -55,6 +66,14 @@ def _open_library(path: str):
             hint = (" (a no_runtime pipeline needs every runtime function it calls; this one "
                     "calls a function the shim does not provide)")
         raise ArgumentError("path", f"cannot load {path}: {e}{hint}") from None
+
+
+def _read(path: str) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError as e:
+        raise ArgumentError("path", f"cannot read {path}: {e}") from None
 
 
 def _choose_name(path: str, name: str | None) -> str:

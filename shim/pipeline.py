@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from shim import call_uses
+from shim import call_uses, pipeline_pickle
 from shim.binding import Signature, bounds_query, check_bounds, free_temporaries
 from shim.buffer import Buffer
 from shim.families import FamilyLock
@@ -72,6 +72,18 @@ class Pipeline(CallPlan):
 
     def __repr__(self) -> str:
         return f"<shim.Pipeline {self.name} target={self.target} from {self.path}>"
+
+    # --- pickling (shim/pipeline_pickle.py) ---------------------------------------------------
+
+    def __reduce__(self):
+        """A Pipeline pickles as its library's bytes as loaded (even if the file has since been
+        deleted or rebuilt), their sha256 and its name; it unpickles, in any process, as the
+        same pipeline: the one that process already has, else loaded from a cache folder."""
+        return Pipeline._from_pickle, pipeline_pickle.state(self, self._library)
+
+    @classmethod
+    def _from_pickle(cls, digest: str, name: str, data: bytes) -> Pipeline:
+        return pipeline_pickle.restore(digest, name, data, cls)
 
     # Calling a Pipeline (CallPlan's __call__) takes the fast path, which declines before
     # anything has run whatever it cannot take exactly as the general path would; then:
