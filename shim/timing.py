@@ -106,7 +106,9 @@ def benchmark(run, min_time: float = DEFAULT_MIN_TIME) -> Benchmark:
         elif times[0] * _MIN_SAMPLES * per_sample >= min_time:
             break
         else:
-            per_sample = int(max(min_time / (times[0] * _MIN_SAMPLES), per_sample * 2.0) + 0.5)
+            # (Capped here, not only below: a huge min_time over a fast run is beyond any float.)
+            per_sample = int(min(max(min_time / (times[0] * _MIN_SAMPLES), per_sample * 2.0),
+                                 _MAX_ITERATIONS_PER_SAMPLE) + 0.5)
         if per_sample >= _MAX_ITERATIONS_PER_SAMPLE:
             per_sample = _MAX_ITERATIONS_PER_SAMPLE
             break

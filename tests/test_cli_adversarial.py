@@ -308,3 +308,22 @@ def test_out_of_memory_is_an_error_not_a_traceback(host_pipelines):
                preexec_fn=limit)
     assert done.returncode != 0
     assert "out of memory" in done.stderr or "this machine has" in done.stderr, done.stderr
+
+
+def test_a_huge_benchmark_min_time_caps_the_iterations_per_sample(monkeypatch):
+    from types import SimpleNamespace
+
+    from shim import timing
+
+    # A clock on which the first three samples take a microsecond, and each later one an age.
+    steps = iter([1e-6] * 6 + [1e306] * 2)
+    now = [0.0]
+
+    def clock():
+        now[0] += next(steps)
+        return now[0]
+
+    monkeypatch.setattr(timing, "time", SimpleNamespace(perf_counter=clock))
+    result = timing.benchmark(lambda: None, 1e305)  # min_time / 3e-6 is beyond any float
+    assert result.best == pytest.approx(1e-6)
+    assert (result.samples, result.iterations) == (4, 3 + 1_000_000)
