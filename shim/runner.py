@@ -31,7 +31,12 @@ class Console:
         self.verbose = verbose
 
     def out(self, text: str) -> None:
-        print(text, flush=True)
+        try:
+            print(text, flush=True)
+        except BrokenPipeError:
+            # The reader left (| head): the rest goes nowhere, and the run goes on to save its
+            # outputs (RunGen's buffered stdout lets it).
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
     def warn(self, text: str) -> None:
         print(f"warning: {text}", file=sys.stderr, flush=True)

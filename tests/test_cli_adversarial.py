@@ -65,9 +65,9 @@ def odd(tmp_path_factory):
     return libraries
 
 
-def run(*args, cwd=None, **options):
-    done = subprocess.run([sys.executable, "-m", "shim", "run", *map(str, args)],
-                          capture_output=True, text=True, cwd=cwd, **options)
+def run(*args, cwd=None, stdout=subprocess.PIPE, **options):
+    done = subprocess.run([sys.executable, "-m", "shim", "run", *map(str, args)], stdout=stdout,
+                          stderr=subprocess.PIPE, text=True, cwd=cwd, **options)
     assert "Traceback" not in done.stderr, done.stderr
     return done
 
@@ -327,3 +327,17 @@ def test_a_huge_benchmark_min_time_caps_the_iterations_per_sample(monkeypatch):
     result = timing.benchmark(lambda: None, 1e305)  # min_time / 3e-6 is beyond any float
     assert result.best == pytest.approx(1e-6)
     assert (result.samples, result.iterations) == (4, 3 + 1_000_000)
+
+
+def test_a_closed_stdout_still_saves_the_outputs(host_pipelines, tmp_path):
+    # (| head -1: the reader leaves before the run has said everything)
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        done = run(host_pipelines["brighten", "bundled"], "input=constant:1:[4,3]",
+                   f"output={tmp_path / 'out.npy'}", "--success", stdout=write_end)
+    finally:
+        os.close(write_end)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == ""
+    np.testing.assert_array_equal(np.load(tmp_path / "out.npy"), np.full((3, 4), 3, np.float32))
