@@ -17,7 +17,7 @@ import shim
 from shim import images, memory_tracker, run_values, timing
 from shim.buffer import Buffer, zeroed
 from shim.devices import preferred_kind
-from shim.errors import ArgumentError, BoundsError, ShimError
+from shim.errors import ArgumentError, BoundsError, DeviceUnavailable, ShimError
 from shim.metadata import check_extents
 from shim.run_sizes import Sizer
 from shim.scalars import MISSING
@@ -225,7 +225,11 @@ def _device(pipeline, kind):
     the pipeline runs on, else none (host memory)."""
     if kind is None:
         kind = preferred_kind(pipeline.device_kinds)
-    return None if kind is None else shim.device(kind)
+        return None if kind is None else shim.device(kind)
+    try:
+        return shim.device(kind)
+    except DeviceUnavailable as e:  # (asked for on the command line: the flag is named)
+        raise ArgumentError("--device", str(e)) from None
 
 
 def _prepare(pipeline, values: dict, how: dict):

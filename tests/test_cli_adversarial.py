@@ -341,3 +341,12 @@ def test_a_closed_stdout_still_saves_the_outputs(host_pipelines, tmp_path):
     assert done.returncode == 0, done.stderr
     assert done.stderr == ""
     np.testing.assert_array_equal(np.load(tmp_path / "out.npy"), np.full((3, 4), 3, np.float32))
+
+
+def test_a_device_that_is_not_here_is_an_error_naming_the_flag(host_pipelines):
+    from shim.backends import cuda as cuda_backend
+
+    if not cuda_backend.unavailable_reason():
+        pytest.skip("this machine has CUDA")
+    refused(run(host_pipelines["brighten", "bundled"], "input=zero:[4,4]", "--device=cuda"),
+            "error: --device: ")
