@@ -15,11 +15,13 @@ import numpy as np
 from shim import call_uses, pipeline_pickle
 from shim.binding import Signature, bounds_query, check_bounds, free_temporaries
 from shim.buffer import Buffer
+from shim.errors import ArgumentError
 from shim.families import FamilyLock
 from shim.library import Library
-from shim.metadata import Argument
+from shim.metadata import USER_CONTEXT, Argument
 from shim.native import CallPlan, ffi
 from shim.running import PreparedCall, Runner
+from shim.scalars import MISSING, ScalarArgument
 
 # Target features that make a pipeline run code on a device.
 DEVICE_FEATURES = {"opencl", "cuda", "metal", "vulkan", "d3d12compute", "webgpu"}
@@ -115,3 +117,72 @@ class Pipeline(CallPlan):
         self._runner.run_query(query_argv)
         check_bounds(queries)
         self._remember(argv_address)
+
+    # --- the bounds query, as a question: what does computing these regions read? ---
+
+    def required_regions(self, outputs: dict, inputs: dict | None = None, /,
+                         **scalars) -> dict[str, tuple]:
+        """Ask the pipeline's bounds query which regions computing ``outputs`` takes:
+        {buffer name: ((min, extent) per dimension, x first)} for every input buffer (the
+        region it reads) and output (the region it writes: the one given, unless the pipeline
+        pins it elsewhere). ``outputs``: {output name: box}, in Halide's coordinates.
+        ``inputs``: {input name: box} of the whole inputs, which a boundary condition such as
+        ``repeat_edge`` clamps its reads to (an input left out has no size yet). Scalars by
+        name, defaults where omitted. Nothing is allocated and nothing runs but the query, so
+        this costs microseconds whatever the size (shim.dask plans each chunk with it)."""
+        inputs = inputs or {}
+        keep, queried = [], {}
+        argv = ffi.new("void *[]", max(len(self._library.arguments), 1))
+        unknown = set(outputs) - {a.name for a in self.outputs}
+        unknown |= set(inputs) - {a.name for a in self.inputs if a.is_buffer}
+        unknown |= set(scalars) - {a.name for a in self.inputs if not a.is_buffer}
+        if unknown:
+            raise ArgumentError(sorted(unknown)[0], f"{self.name} has no such buffer (or scalar, "
+                                                    f"for a keyword)")
+        for i, arg in enumerate(self._library.arguments):
+            if arg.name == USER_CONTEXT:
+                argv[i] = _kept(keep, ffi.new("void **"))
+            elif not arg.is_buffer:
+                argv[i] = _kept(keep, ScalarArgument(arg).convert(scalars.get(arg.name, MISSING)))
+            else:
+                if arg.is_output and arg.name not in outputs:
+                    raise ArgumentError(arg.name, "the output's box is missing: give one for "
+                                                  "every output")
+                given = outputs[arg.name] if arg.is_output else inputs.get(arg.name)
+                box = () if given is None else _checked_box(arg, given)
+                argv[i] = queried[arg.name] = _kept(keep, _query_buffer(arg, box, keep))
+        self._runner.run_query(argv)
+        return {name: tuple((raw.dim[d].min, raw.dim[d].extent) for d in range(raw.dimensions))
+                for name, raw in queried.items()}
+
+
+def _kept(keep: list, pointer):
+    keep.append(pointer)
+    return pointer
+
+
+def _checked_box(arg: Argument, box) -> tuple:
+    try:
+        box = tuple((int(lo), int(extent)) for lo, extent in box)
+    except (TypeError, ValueError):
+        raise ArgumentError(arg.name, f"expected a box, (min, extent) per dimension, x first; "
+                                      f"got {box!r}") from None
+    if len(box) != arg.dimensions or any(extent < 1 for _, extent in box):
+        raise ArgumentError(arg.name, f"expected {arg.dimensions} (min, extent) pairs with "
+                                      f"extents of at least 1, x first; got {box!r}")
+    return box
+
+
+def _query_buffer(arg: Argument, box: tuple, keep: list):
+    """A halide_buffer_t with no memory (Halide's bounds-query form) over ``box`` (empty:
+    extents 0), densely strided; an input's, the query overwrites with the region it reads."""
+    raw = ffi.new("halide_buffer_t *")
+    dims = _kept(keep, ffi.new("halide_dimension_t[]", max(arg.dimensions, 1)))
+    stride = 1
+    for d, (lo, extent) in enumerate(box):
+        dims[d].min, dims[d].extent, dims[d].stride = lo, extent, stride
+        stride *= extent
+    arg.type.to_c(raw.type)
+    raw.dimensions = arg.dimensions
+    raw.dim = dims
+    return raw

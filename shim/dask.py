@@ -1,0 +1,280 @@
+"""A pipeline over chunked dask arrays: ``map_pipeline`` builds a dask graph with one task per
+output chunk, each fed exactly the input region the pipeline's bounds query says that chunk
+reads.
+
+Why not ``da.map_overlap``: its halo is symmetric and the same for every chunk, while a
+pipeline's footprint may be asymmetric, depend on the scalars, or be clamped at the image's
+edges (a ``repeat_edge`` boundary reads no further than the edge). Halide knows each region
+exactly, so the graph is planned chunk by chunk at build time (a query costs microseconds),
+and each task gets the blocks its region spans, which it cuts and joins into one array that
+it gives the pipeline as a Buffer at the region's true mins: the pipeline sees Halide's
+coordinates, real neighbours inside the image and the image's real edges at its borders.
+
+Needs the ``dask`` extra (``dask[array]``, ``distributed``); ``import shim`` does not import it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import operator
+
+import dask.array as da
+import numpy as np
+# The task spec: a task's references to blocks are TaskRefs, which dask's graph optimizations
+# (fusing a block's getter into its one consumer) rename consistently; references inside
+# legacy tuple tasks' nested lists are lost there.
+from dask._task_spec import Task, TaskRef
+from dask.base import tokenize
+from dask.highlevelgraph import HighLevelGraph
+
+from shim.buffer import Buffer
+from shim.devices import device as shim_device
+from shim.errors import ArgumentError, BoundsError
+
+
+def map_pipeline(pipeline, *arrays, output_dtype=None, chunks=None, shape=None, device=None,
+                 **scalars):
+    """Run ``pipeline`` over dask arrays, chunk by chunk; returns its output as a dask array
+    (a tuple of them for several outputs), computed when dask computes it.
+
+    ``arrays``: the pipeline's input buffers in order (dask arrays, or anything
+    ``da.asarray`` takes), numpy order (x last), at mins 0 as numpy arrays given to a call are.
+    ``scalars``: by name, the same for every chunk. ``output_dtype``: checked against the
+    pipeline's (a dtype, or one per output). ``shape``: the outputs' shape in numpy order;
+    without it, sized as a call sizes an omitted output (like the first input, else from the
+    estimates). ``chunks``: the outputs' chunks (dask's forms); by default the first input's.
+    ``device``: a device kind (``"opencl"``) the pipeline was built for: each task uploads its
+    inputs to its worker's device and downloads its results.
+
+    Raises, before any task runs, what one call over the whole arrays would raise for
+    arguments that do not fit (a BoundsError for an input too small for the outputs).
+    """
+    buffer_inputs = [a for a in pipeline.inputs if a.is_buffer]
+    if len(arrays) != len(buffer_inputs):
+        raise ArgumentError("arrays", f"{pipeline.name} takes {len(buffer_inputs)} input "
+                                      f"buffers ({', '.join(a.name for a in buffer_inputs)}), "
+                                      f"got {len(arrays)} arrays")
+    inputs = {arg.name: _dask_input(arg, array) for arg, array in zip(buffer_inputs, arrays)}
+    outputs = pipeline.outputs
+    if not outputs:
+        raise ArgumentError("pipeline", f"{pipeline.name} has no output to map")
+    dtypes = _output_dtypes(outputs, output_dtype)
+    device = _checked_device(pipeline, device)
+    box = _output_box(pipeline, inputs, shape, scalars)
+    _check_whole_call(pipeline, inputs, box, scalars)
+    out_shape = tuple(extent for _, extent in reversed(box))
+    out_chunks = _output_chunks(chunks, out_shape, next(iter(inputs.values()), None), dtypes[0])
+
+    token = tokenize(str(pipeline.path), pipeline.name, [a.name for a in inputs.values()], box,
+                     out_chunks, sorted(scalars.items()), device)
+    name = f"shim-{pipeline.name}-{token}"
+    pipeline_key = f"shim-pipeline-{token}"
+    whole = {name: _box_of(array.shape) for name, array in inputs.items()}
+    dsk = {pipeline_key: pipeline}
+    origins = [np.cumsum((0,) + c[:-1]) for c in out_chunks]
+    for index in itertools.product(*(range(len(c)) for c in out_chunks)):
+        starts = [int(origins[axis][i]) for axis, i in enumerate(index)]
+        sizes = [out_chunks[axis][i] for axis, i in enumerate(index)]
+        chunk_box = tuple((lo + starts[-1 - d], sizes[-1 - d]) for d, (lo, _) in enumerate(box))
+        needed = pipeline.required_regions({o.name: chunk_box for o in outputs}, whole, **scalars)
+        sources = [_source(name_, inputs[name_], needed[name_]) for name_ in inputs]
+        plan = (chunk_box, [(region, starts) for region, _, starts in sources], scalars, device,
+                [o.name for o in outputs], dtypes)
+        blocks = [TaskRef(key) for _, keys, _ in sources for key in keys]
+        dsk[(name, *index)] = Task((name, *index), _run_chunk, TaskRef(pipeline_key), plan,
+                                   *blocks)
+    if len(outputs) == 1:
+        graph = HighLevelGraph.from_collections(name, dsk, dependencies=list(inputs.values()))
+        return da.Array(graph, name, out_chunks, dtype=dtypes[0])
+    results = []
+    for k, dtype in enumerate(dtypes):
+        part = f"{name}-{k}"
+        layer = dict(dsk)
+        layer.update({(part, *key[1:]): Task((part, *key[1:]), operator.getitem, TaskRef(key), k)
+                      for key in list(dsk) if isinstance(key, tuple)})
+        graph = HighLevelGraph.from_collections(part, layer, dependencies=list(inputs.values()))
+        results.append(da.Array(graph, part, out_chunks, dtype=dtype))
+    return tuple(results)
+
+
+def _dask_input(arg, array):
+    array = array if isinstance(array, da.Array) else da.asarray(array)
+    if array.ndim != arg.dimensions:
+        raise ArgumentError(arg.name, f"expected a {arg.dimensions}-D array, got "
+                                      f"{array.ndim}-D with shape {array.shape}")
+    if arg.type.dtype is None or array.dtype != arg.type.dtype:
+        raise ArgumentError(arg.name, f"expected {arg.type} elements, got dtype {array.dtype}")
+    return array
+
+
+def _output_dtypes(outputs, output_dtype) -> list:
+    dtypes = [o.type.dtype for o in outputs]
+    if output_dtype is None:
+        return dtypes
+    given = output_dtype if isinstance(output_dtype, (tuple, list)) else [output_dtype]
+    if len(given) != len(outputs) or any(np.dtype(g) != d for g, d in zip(given, dtypes)):
+        raise ArgumentError("output_dtype", f"the pipeline's outputs are "
+                                            f"{', '.join(f'{o.name}: {d}' for o, d in zip(outputs, dtypes))};"
+                                            f" got {output_dtype!r}")
+    return dtypes
+
+
+def _checked_device(pipeline, device):
+    if device is None:
+        return None
+    if device not in pipeline.device_kinds:
+        raise ArgumentError("device", f"{pipeline.name} runs on "
+                                      f"{', '.join(sorted(pipeline.device_kinds)) or 'the CPU only'}"
+                                      f" (target {pipeline.target}), not on {device!r}: build it "
+                                      f"for that device")
+    return device
+
+
+def _output_box(pipeline, inputs: dict, shape, scalars) -> tuple:
+    """The outputs' box, x first: ``shape`` at mins 0, else the first of the call's guesses
+    (like the first input, else the estimates) whose needs the inputs cover; an output the
+    pipeline pins elsewhere gets the box it asks for. None fits: None (the whole call's check
+    then refuses, as a call sizing its outputs would)."""
+    outputs = pipeline.outputs
+    if shape is not None:
+        shape = (shape,) if isinstance(shape, int) else tuple(shape)
+        return _box_of([int(extent) for extent in shape])
+    guesses = []
+    first = next(iter(inputs.values()), None)
+    estimates = outputs[0].buffer_estimates
+    estimated = (None if not estimates or any(e is None for _, e in estimates)
+                 else tuple((lo or 0, extent) for lo, extent in estimates))
+    if first is not None:
+        like = _box_of(first.shape)[:outputs[0].dimensions]
+        like += (estimated or ())[len(like):]
+        if len(like) == outputs[0].dimensions:
+            guesses.append(like)
+    if estimated is not None:
+        guesses.append(estimated)
+    if not guesses:
+        raise ArgumentError("shape", f"cannot tell the size of {outputs[0].name}: the pipeline "
+                                     "has no estimates for it and there is no input to size it "
+                                     "like; pass shape= (numpy order)")
+    for guess in guesses:
+        try:
+            needed = pipeline.required_regions({o.name: guess for o in outputs},
+                                               {n: _box_of(a.shape) for n, a in inputs.items()},
+                                               **scalars)
+        except BoundsError:
+            continue
+        box = needed[outputs[0].name]
+        if all(_covers(array.shape, needed[name]) for name, array in inputs.items()):
+            return box
+    return None
+
+
+def _box_of(shape) -> tuple:
+    """The box, x first, of an array of ``shape`` (numpy order) at mins 0."""
+    return tuple((0, extent) for extent in reversed(shape))
+
+
+def _covers(shape, box) -> bool:
+    return all(0 <= lo and lo + extent <= size for (lo, extent), size in zip(box, reversed(shape)))
+
+
+def _check_whole_call(pipeline, inputs: dict, box, scalars) -> None:
+    """Marshal and bounds-check one call over the whole arrays, as the pipeline would, without
+    their memory: every array stands in as one row broadcast to its shape (the query reads
+    shapes only, and nothing runs). Raises that call's error; with ``box`` None, outputs are
+    left for the call to size, which fails (before allocating) saying how it guessed."""
+    values = {name: _stand_in(array.shape, array.dtype, writeable=False)
+              for name, array in inputs.items()}
+    if box is not None:
+        out_shape = tuple(extent for _, extent in reversed(box))
+        mins = [lo for lo, _ in box]
+        for o in pipeline.outputs:
+            values[o.name] = Buffer(_stand_in(out_shape, o.type.dtype, writeable=True), mins=mins)
+    with pipeline.prepare(**values, **scalars):
+        if box is None:
+            raise BoundsError(pipeline.outputs[0].name, "no size fits the inputs: pass shape=")
+
+
+def _stand_in(shape, dtype, writeable: bool) -> np.ndarray:
+    row = np.zeros(shape[-1:] or (1,), dtype)
+    strides = (0,) * (len(shape) - 1) + (row.itemsize,) if shape else ()
+    return np.lib.stride_tricks.as_strided(row, shape, strides, writeable=writeable)
+
+
+def _output_chunks(chunks, shape, first, dtype) -> tuple:
+    if chunks is None:
+        if first is not None and first.shape == shape:
+            return first.chunks
+        chunks = (tuple(c[0] for c in first.chunks) if first is not None
+                  and first.ndim == len(shape) else "auto")
+    try:
+        return da.core.normalize_chunks(chunks, shape, dtype=dtype)
+    except (ValueError, TypeError) as e:
+        raise ArgumentError("chunks", f"{e} (output shape {shape})") from None
+
+
+def _source(name: str, array, box) -> tuple:
+    """What a task needs of one input: the region (Halide's box, x first), and the keys and
+    numpy-order origins of the input's blocks that it spans."""
+    lows = [lo for lo, _ in reversed(box)]
+    highs = [lo + extent for lo, extent in reversed(box)]
+    if not _covers(array.shape, box):
+        raise BoundsError(name, f"a chunk reads {box} (x first), outside the array of shape "
+                                f"{array.shape}")
+    spans, origins = [], []
+    for axis, chunk in enumerate(array.chunks):
+        edges = np.cumsum((0,) + chunk)
+        first = int(np.searchsorted(edges, lows[axis], side="right")) - 1
+        last = int(np.searchsorted(edges, highs[axis], side="left"))
+        spans.append(range(first, last))
+        origins.append(edges)
+    keys, starts = [], []
+    for index in itertools.product(*spans):
+        keys.append((array.name, *index))
+        starts.append(tuple(int(origins[axis][i]) for axis, i in enumerate(index)))
+    return box, keys, starts
+
+
+def _run_chunk(pipeline, plan, *blocks):
+    """One task: the output chunk over the plan's box from its inputs' regions (``blocks``:
+    those of every input in turn, as many as the plan's ``starts`` of each)."""
+    box, sources, scalars, device, output_names, dtypes = plan
+    kind = shim_device(device) if device else None
+    arguments = {}
+    blocks = iter(blocks)
+    for name, (region, starts) in zip(_input_names(pipeline), sources):
+        spanned = list(itertools.islice(blocks, len(starts)))
+        buf = Buffer(_assemble(region, spanned, starts), mins=[lo for lo, _ in region])
+        if kind is not None:
+            buf.copy_to_device(kind)
+        arguments[name] = buf
+    shape = tuple(extent for _, extent in reversed(box))
+    mins = [lo for lo, _ in box]
+    outs = [Buffer(np.empty(shape, dtype), mins=mins) for dtype in dtypes]
+    pipeline(**arguments, **dict(zip(output_names, outs)), **scalars)
+    results = tuple(np.asarray(out) for out in outs)  # (downloads device results)
+    return results[0] if len(results) == 1 else results
+
+
+def _input_names(pipeline) -> list:
+    return [a.name for a in pipeline.inputs if a.is_buffer]
+
+
+def _assemble(region, blocks, starts) -> np.ndarray:
+    """The ``region`` (x first) of an input, from the blocks it spans at their numpy-order
+    ``starts``: a view where one block holds it all, else a copy of each block's part."""
+    lows = [lo for lo, _ in reversed(region)]
+    shape = tuple(extent for _, extent in reversed(region))
+    parts = []
+    for block, start in zip(blocks, starts):
+        block = np.asarray(block)
+        inside = tuple(slice(max(lo - s, 0), min(lo + n - s, size))
+                       for lo, n, s, size in zip(lows, shape, start, block.shape))
+        at = tuple(slice(s + part.start - lo, s + part.stop - lo)
+                   for part, s, lo in zip(inside, start, lows))
+        parts.append((block[inside], at))
+    if len(parts) == 1:
+        return parts[0][0]
+    region_array = np.empty(shape, parts[0][0].dtype)
+    for part, at in parts:
+        region_array[at] = part
+    return region_array

@@ -1,0 +1,219 @@
+"""shim.dask.map_pipeline on a LocalCluster of 2 worker processes: chunked results bit-identical
+to one call over the whole array, whatever the chunking (chunks smaller than the halo too),
+because every chunk gets exactly the region the bounds query asks for, at its true mins."""
+
+import subprocess
+
+import numpy as np
+import pytest
+
+import shim
+
+da = pytest.importorskip("dask.array")
+distributed = pytest.importorskip("distributed")
+from shim.dask import map_pipeline  # noqa: E402
+
+CHUNKINGS = [(64, 64), (9, 6), (1, 150), (50, 37), (120, 150)]  # (9, 6): inside the halo
+
+
+@pytest.fixture(scope="module")
+def client():
+    """One cluster for the module: starting worker processes costs seconds."""
+    with distributed.LocalCluster(processes=True, n_workers=2, threads_per_worker=2,
+                                  dashboard_address=None) as cluster:
+        with distributed.Client(cluster) as c:
+            yield c
+
+
+@pytest.fixture(scope="module")
+def compiled(tmp_path_factory):
+    """compiled(name, target="host") -> path of a test pipeline's library:
+    'edge_blur' (a 5x5 box blur of uint16 with a repeat_edge boundary), 'footprint' (reads
+    its input 17 to the right and 5 up, and a two-level pyramid of it: a large, asymmetric
+    footprint, repeat_edge too), 'shifted' (reads 3 left of x, no boundary) and 'two' (two
+    inputs, each read with its own offsets)."""
+    hl = pytest.importorskip("halide", reason="compiling test pipelines needs halide")
+    work = tmp_path_factory.mktemp("dask_pipelines")
+    x, y = hl.Var("x"), hl.Var("y")
+    u16, i32 = hl.UInt(16), hl.Int(32)
+
+    def edge_blur(gpu):
+        src = hl.ImageParam(u16, 2, "src")
+        edge = hl.BoundaryConditions.repeat_edge(src)
+        r = hl.RDom([(-2, 5), (-2, 5)])
+        out = hl.Func("edge_blur")
+        out[x, y] = hl.cast(u16, hl.sum(hl.cast(i32, edge[x + r.x, y + r.y])) / 25)
+        if gpu:
+            xo, yo, xi, yi = hl.vars("xo yo xi yi")
+            out.gpu_tile(x, y, xo, yo, xi, yi, 8, 8, hl.TailStrategy.GuardWithIf)
+        return out, [src]
+
+    def footprint(gpu):
+        src = hl.ImageParam(u16, 2, "src")
+        edge = hl.BoundaryConditions.repeat_edge(src)
+        down1, down2, out = hl.Func("down1"), hl.Func("down2"), hl.Func("footprint")
+        down1[x, y] = (hl.cast(i32, edge[2 * x, 2 * y]) + edge[2 * x + 1, 2 * y + 1]) // 2
+        down2[x, y] = (down1[2 * x, 2 * y] + down1[2 * x + 1, 2 * y]) // 2
+        out[x, y] = edge[x + 17, y - 5] * 3 + down2[x // 4 + 3, y // 4 - 2]
+        down1.compute_root()
+        down2.compute_root()
+        return out, [src]
+
+    def shifted(gpu):
+        src = hl.ImageParam(u16, 2, "src")
+        out = hl.Func("shifted")
+        out[x, y] = src[x - 3, y]
+        return out, [src]
+
+    def two(gpu):
+        a, b = hl.ImageParam(u16, 2, "a"), hl.ImageParam(i32, 2, "b")
+        ea, eb = hl.BoundaryConditions.repeat_edge(a), hl.BoundaryConditions.repeat_edge(b)
+        out = hl.Func("two")
+        out[x, y] = ea[x - 7, y + 2] + eb[x + 1, y - 11] * 2
+        return out, [a, b]
+
+    makers = {"edge_blur": edge_blur, "footprint": footprint, "shifted": shifted, "two": two}
+    built = {}
+
+    def get(name, target="host"):
+        if (name, target) not in built:
+            func, args = makers[name](gpu=target != "host")
+            stem = work / f"{name}-{target}"
+            halide_target = hl.Target("host" if target == "host" else f"host-{target}-no_runtime")
+            func.compile_to({hl.OutputFileType.object: f"{stem}.o"}, args, name, halide_target)
+            subprocess.run(["cc", "-shared", "-o", f"{stem}.so", f"{stem}.o", "-lpthread", "-ldl"],
+                           check=True)
+            built[name, target] = f"{stem}.so"
+        return built[name, target]
+
+    return get
+
+
+def image(shape, dtype=np.uint16, seed=0):
+    return np.random.default_rng(seed).integers(0, 3000, shape).astype(dtype)
+
+
+@pytest.mark.parametrize("name", ["edge_blur", "footprint"])
+@pytest.mark.parametrize("chunks", CHUNKINGS, ids=str)
+def test_chunked_results_equal_one_whole_call(client, compiled, name, chunks):
+    pipeline = shim.load(compiled(name))
+    src = image((120, 150))
+    whole = np.asarray(pipeline(src))
+    result = map_pipeline(pipeline, da.from_array(src, chunks=chunks))
+    assert result.chunks == da.from_array(src, chunks=chunks).chunks
+    got = result.compute()
+    assert got.dtype == whole.dtype
+    np.testing.assert_array_equal(got, whole)
+
+
+def test_chunks_smaller_than_the_halo_read_several_blocks(compiled):
+    # The footprint reaches 17 columns right: each 2x2 chunk's region spans many blocks.
+    pipeline = shim.load(compiled("footprint"))
+    src = image((40, 60))
+    result = map_pipeline(pipeline, da.from_array(src, chunks=(7, 9)), chunks=(2, 2))
+    np.testing.assert_array_equal(result.compute(scheduler="threads"), np.asarray(pipeline(src)))
+
+
+def test_two_inputs_with_different_chunkings(client, compiled):
+    pipeline = shim.load(compiled("two"))
+    a, b = image((120, 90)), image((120, 90), np.int32, seed=1)
+    whole = np.asarray(pipeline(a, b))
+    result = map_pipeline(pipeline, da.from_array(a, chunks=(50, 20)),
+                          da.from_array(b, chunks=(13, 90)))
+    assert result.chunks == ((50, 50, 20), (20, 20, 20, 20, 10))
+    np.testing.assert_array_equal(result.compute(), whole)
+
+
+def test_output_chunks_and_shape_on_request(compiled):
+    pipeline = shim.load(compiled("edge_blur"))
+    src = image((50, 70))
+    result = map_pipeline(pipeline, da.from_array(src, chunks=10), chunks=(25, 35),
+                          shape=(40, 60))
+    assert result.chunks == ((25, 15), (35, 25))
+    expected = np.asarray(pipeline(src, np.empty((40, 60), np.uint16)))
+    np.testing.assert_array_equal(result.compute(scheduler="threads"), expected)
+
+
+def test_several_outputs_and_broadcast_scalars(client, host_pipelines):
+    sum_diff = shim.load(host_pipelines["sum_diff", "bundled"])
+    a = image((30, 40), np.int32)
+    b = image((30, 40), np.int32, seed=3)
+    total, diff = map_pipeline(sum_diff, da.from_array(a, chunks=7), da.from_array(b, chunks=11))
+    got_total, got_diff = client.compute([total, diff], sync=True)
+    np.testing.assert_array_equal(got_total, a + b)
+    np.testing.assert_array_equal(got_diff, a - b)
+    brighten = shim.load(host_pipelines["brighten", "bundled"])
+    f = np.random.default_rng(4).random((30, 40), dtype=np.float32)
+    out = map_pipeline(brighten, da.from_array(f, chunks=8), scale=2.0, offset=1.0).compute()
+    np.testing.assert_array_equal(out, np.asarray(brighten(f, scale=2.0, offset=1.0)))
+
+
+def test_an_input_too_small_for_the_whole_output_is_the_calls_own_error(compiled):
+    pipeline = shim.load(compiled("shifted"))
+    src = image((20, 30))
+    with pytest.raises(shim.BoundsError) as whole:
+        pipeline(src, np.empty((20, 30), np.uint16))
+    with pytest.raises(shim.BoundsError) as mapped:
+        map_pipeline(pipeline, da.from_array(src, chunks=5), shape=(20, 30))
+    assert str(mapped.value) == str(whole.value) and mapped.value.argument == "src"
+
+
+def test_bad_arguments_name_the_argument(compiled):
+    pipeline = shim.load(compiled("edge_blur"))
+    src = da.from_array(image((20, 30)), chunks=10)
+    with pytest.raises(shim.ArgumentError, match="arrays"):
+        map_pipeline(pipeline, src, src)
+    with pytest.raises(shim.ArgumentError, match="src: expected uint16"):
+        map_pipeline(pipeline, src.astype(np.float32))
+    with pytest.raises(shim.ArgumentError, match="output_dtype"):
+        map_pipeline(pipeline, src, output_dtype=np.float32)
+    with pytest.raises(shim.ArgumentError, match="device"):
+        map_pipeline(pipeline, src, device="opencl")
+
+
+def test_required_regions_answers_the_bounds_query(compiled):
+    pipeline = shim.load(compiled("footprint"))
+    image_box = ((0, 400), (0, 300))
+    needed = pipeline.required_regions({"footprint": ((100, 10), (50, 4))}, {"src": image_box})
+    assert needed["footprint"] == ((100, 10), (50, 4))
+    (x_lo, x_extent), (y_lo, y_extent) = needed["src"]
+    assert x_lo == 112 and x_lo + x_extent >= 127 and y_lo <= 45  # right of x only
+    # repeat_edge clamps to the input's box: near the edge it reads no further.
+    (x_lo, x_extent), _ = pipeline.required_regions({"footprint": ((390, 10), (0, 4))},
+                                                    {"src": image_box})["src"]
+    assert x_lo + x_extent == 400
+    with pytest.raises(shim.ArgumentError, match="footprint"):
+        pipeline.required_regions({"footprint": ((0, 1),)})
+
+
+def test_progress_bar_sees_every_task(compiled, capsys):
+    from dask.diagnostics import ProgressBar
+
+    pipeline = shim.load(compiled("edge_blur"))
+    result = map_pipeline(pipeline, da.from_array(image((64, 64)), chunks=16))
+    with ProgressBar(out=None) as bar:
+        result.compute(scheduler="threads")
+    assert bar.last_duration > 0  # it ran over these tasks, to the end
+
+
+def test_opencl_on_the_workers(client, compiled):
+    try:
+        shim.device("opencl")
+    except shim.DeviceUnavailable as e:
+        pytest.skip(f"no OpenCL device: {e}")
+    cpu = shim.load(compiled("edge_blur"))
+    gpu = shim.load(compiled("edge_blur", "opencl"))
+    src = image((96, 130))
+    result = map_pipeline(gpu, da.from_array(src, chunks=(40, 50)), device="opencl")
+    np.testing.assert_array_equal(result.compute(), np.asarray(cpu(src)))
+
+
+def test_a_pickled_pipeline_runs_on_workers_that_never_saw_its_file(client, compiled, tmp_path):
+    path = tmp_path / "gone.so"
+    path.write_bytes(open(compiled("edge_blur"), "rb").read())
+    pipeline = shim.load(path)
+    src = image((60, 80))
+    expected = np.asarray(pipeline(src))
+    path.unlink()  # no worker can load it from there now
+    result = map_pipeline(pipeline, da.from_array(src, chunks=25))
+    np.testing.assert_array_equal(result.compute(), expected)
