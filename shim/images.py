@@ -92,7 +92,7 @@ def _read_npy(path: str, argument: str) -> np.ndarray:
             is_npy = f.read(len(magic)) == magic
             f.seek(0)
             array = np.load(f, allow_pickle=False) if is_npy else None
-    except (OSError, ValueError) as e:
+    except (OSError, ValueError, MemoryError) as e:  # (the header's shape is allocated first)
         raise ArgumentError(argument, f"cannot read {path}: {e}") from None
     if array is None:  # (np.load would take it for a pickle, and say to trust it)
         raise ArgumentError(argument, f"{path} is not a .npy file")

@@ -226,6 +226,15 @@ def test_input_files_that_are_not_what_they_say(host_pipelines, tmp_path, make, 
     assert "pickle" not in done.stderr
 
 
+def test_an_npy_header_that_claims_petabytes(host_pipelines, tmp_path):
+    with open(tmp_path / "liar.npy", "wb") as f:
+        np.lib.format.write_array_header_1_0(f, {"descr": "<f4", "fortran_order": False,
+                                                 "shape": (100000, 100000, 100000)})
+        f.write(bytes(64))
+    refused(run(host_pipelines["brighten", "bundled"], f"input={tmp_path / 'liar.npy'}"),
+            f"input: cannot read {tmp_path / 'liar.npy'}: Unable to allocate")
+
+
 # --- outputs ---------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("name, message", [
