@@ -14,6 +14,7 @@ image given to a uint16 input is scaled by 257, a float output saved to PNG is s
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass
 
 import numpy as np
@@ -76,7 +77,7 @@ def read(path: str, argument: str) -> np.ndarray:
             pixels = _pypng_read(path, argument)
         else:
             pixels = _imageio(argument).imread(path)
-    except (OSError, ValueError) as e:
+    except (OSError, ValueError, *_decoder_errors()) as e:
         raise ArgumentError(argument, f"cannot read {path}: {e}") from None
     if suffix in (".pgm", ".ppm") and pixels.dtype == np.int32:
         pixels = pixels.astype(np.uint16)  # Pillow reads 16-bit PNM files as 32-bit integers
@@ -304,6 +305,15 @@ def _pypng(argument: str):
                                       "\"halide-shim[images]\"): Pillow reads and writes them "
                                       "only as 8-bit") from None
     return png
+
+
+def _decoder_errors() -> tuple:
+    """The image libraries' own refusals, neither OSError nor ValueError: Pillow's of an image
+    too large to be real (a decompression bomb), pypng's of a malformed file. Looked up as an
+    except clause is matched: a library not imported by then raised nothing."""
+    found = (getattr(sys.modules.get(module), name, None)
+             for module, name in (("PIL.Image", "DecompressionBombError"), ("png", "Error")))
+    return tuple(error for error in found if error is not None)
 
 
 def _is_16_bit_colour_png(path: str) -> bool:

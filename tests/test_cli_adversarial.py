@@ -235,6 +235,35 @@ def test_an_npy_header_that_claims_petabytes(host_pipelines, tmp_path):
             f"input: cannot read {tmp_path / 'liar.npy'}: Unable to allocate")
 
 
+def _png(width, height, bits, colour):
+    """A PNG's bytes: this header, and a hundred zero bytes of pixels."""
+    import struct
+    import zlib
+
+    def chunk(kind, data):
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    header = struct.pack(">IIBBBBB", width, height, bits, colour, 0, 0, 0)
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(bytes(100)))
+            + chunk(b"IEND", b""))
+
+
+@pytest.mark.parametrize("library, contents, message", [
+    # Ten billion pixels: Pillow's decompression-bomb refusal (8-bit gray).
+    ("PIL", _png(100000, 100000, 8, 0), "Image size (10000000000 pixels) exceeds limit"),
+    # 16-bit RGB, which pypng reads: too little data, cut short, a damaged header.
+    ("png", _png(10, 10, 16, 2), "Wrong size for decompressed IDAT chunk"),
+    ("png", _png(10, 10, 16, 2)[:40], "End of file whilst reading chunk"),
+    ("png", _png(10, 10, 16, 2)[:30] + b"\xff" + _png(10, 10, 16, 2)[31:], "Checksum error in IHDR"),
+], ids=["bomb", "short_data", "cut", "bad_checksum"])
+def test_malformed_png_files(host_pipelines, tmp_path, library, contents, message):
+    pytest.importorskip(library)
+    (tmp_path / "in.png").write_bytes(contents)
+    done = refused(run(host_pipelines["brighten", "bundled"], f"input={tmp_path / 'in.png'}"),
+                   f"input: cannot read {tmp_path / 'in.png'}: ")
+    assert message in done.stderr
+
+
 # --- outputs ---------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("name, message", [
