@@ -14,7 +14,6 @@ image given to a uint16 input is scaled by 257, a float output saved to PNG is s
 from __future__ import annotations
 
 import os
-import sys
 from dataclasses import dataclass
 
 import numpy as np
@@ -77,8 +76,11 @@ def read(path: str, argument: str) -> np.ndarray:
             pixels = _pypng_read(path, argument)
         else:
             pixels = _imageio(argument).imread(path)
-    except (OSError, ValueError, *_decoder_errors()) as e:
+    except (OSError, ValueError) as e:
         raise ArgumentError(argument, f"cannot read {path}: {e}") from None
+    except Exception as e:  # Pillow and pypng raise what they meet in a damaged file
+        raise ArgumentError(argument, f"cannot read {path}: damaged, or not a {suffix} image "
+                                      f"({type(e).__name__}: {e})") from None
     if suffix in (".pgm", ".ppm") and pixels.dtype == np.int32:
         pixels = pixels.astype(np.uint16)  # Pillow reads 16-bit PNM files as 32-bit integers
     if pixels.ndim == 3:
@@ -305,15 +307,6 @@ def _pypng(argument: str):
                                       "\"halide-shim[images]\"): Pillow reads and writes them "
                                       "only as 8-bit") from None
     return png
-
-
-def _decoder_errors() -> tuple:
-    """The image libraries' own refusals, neither OSError nor ValueError: Pillow's of an image
-    too large to be real (a decompression bomb), pypng's of a malformed file. Looked up as an
-    except clause is matched: a library not imported by then raised nothing."""
-    found = (getattr(sys.modules.get(module), name, None)
-             for module, name in (("PIL.Image", "DecompressionBombError"), ("png", "Error")))
-    return tuple(error for error in found if error is not None)
 
 
 def _is_16_bit_colour_png(path: str) -> bool:

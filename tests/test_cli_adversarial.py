@@ -264,6 +264,22 @@ def test_malformed_png_files(host_pipelines, tmp_path, library, contents, messag
     assert message in done.stderr
 
 
+@pytest.mark.parametrize("suffix, length", [
+    (".png", 0), (".png", 1), (".png", 8), (".jpg", 1), (".jpg", 3), (".pgm", 1), (".tif", 8),
+    (".tif", 9),
+])
+def test_image_files_cut_short(host_pipelines, tmp_path, suffix, length):
+    # Pillow raises what it meets on a damaged file: struct.error, SyntaxError, IndexError...
+    iio = pytest.importorskip("imageio.v3")
+    rng = np.random.default_rng(0)
+    image = rng.random((8, 9), dtype=np.float32) if suffix == ".tif" else \
+        rng.integers(0, 256, (8, 9), dtype=np.uint8)
+    iio.imwrite(tmp_path / f"whole{suffix}", image)
+    (tmp_path / f"in{suffix}").write_bytes((tmp_path / f"whole{suffix}").read_bytes()[:length])
+    refused(run(host_pipelines["brighten", "bundled"], f"input={tmp_path / f'in{suffix}'}"),
+            f"input: cannot read {tmp_path / f'in{suffix}'}: ")
+
+
 # --- outputs ---------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("name, message", [
