@@ -97,6 +97,9 @@ def _read_npy(path: str, argument: str) -> np.ndarray:
             array = np.load(f, allow_pickle=False) if is_npy else None
     except (OSError, ValueError, MemoryError) as e:  # (the header's shape is allocated first)
         raise ArgumentError(argument, f"cannot read {path}: {e}") from None
+    except Exception as e:  # np.load's header parser raises what it meets (tokenize's errors)
+        raise ArgumentError(argument, f"cannot read {path}: a damaged .npy header "
+                                      f"({type(e).__name__}: {e})") from None
     if array is None:  # (np.load would take it for a pickle, and say to trust it)
         raise ArgumentError(argument, f"{path} is not a .npy file")
     if array.dtype.kind not in "biuf":  # structured, complex, text, dates: no conversion holds

@@ -226,6 +226,14 @@ def test_input_files_that_are_not_what_they_say(host_pipelines, tmp_path, make, 
     assert "pickle" not in done.stderr
 
 
+def test_an_npy_header_cut_open(host_pipelines, tmp_path):
+    np.save(tmp_path / "in.npy", np.zeros((4, 5), np.float32))
+    header = (tmp_path / "in.npy").read_bytes()
+    (tmp_path / "in.npy").write_bytes(header.replace(b"}", b"(", 1))  # np.load: TokenError
+    refused(run(host_pipelines["brighten", "bundled"], f"input={tmp_path / 'in.npy'}"),
+            f"input: cannot read {tmp_path / 'in.npy'}: ")
+
+
 def test_an_npy_header_that_claims_petabytes(host_pipelines, tmp_path):
     with open(tmp_path / "liar.npy", "wb") as f:
         np.lib.format.write_array_header_1_0(f, {"descr": "<f4", "fortran_order": False,
