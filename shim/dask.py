@@ -18,12 +18,9 @@ from __future__ import annotations
 import itertools
 import operator
 
+import dask
 import dask.array as da
 import numpy as np
-# The task spec: a task's references to blocks are TaskRefs, which dask's graph optimizations
-# (fusing a block's getter into its one consumer) rename consistently; references inside
-# legacy tuple tasks' nested lists are lost there.
-from dask._task_spec import Task, TaskRef
 from dask.base import tokenize
 from dask.highlevelgraph import HighLevelGraph
 
@@ -67,34 +64,53 @@ def map_pipeline(pipeline, *arrays, output_dtype=None, chunks=None, shape=None, 
 
     token = tokenize(str(pipeline.path), pipeline.name, [a.name for a in inputs.values()], box,
                      out_chunks, sorted(scalars.items()), device)
+    # dask's public API only: each chunk's task comes from a delayed call taking the Pipeline
+    # (in the graph once) and, as Delayed arguments, the input blocks its region spans, so it
+    # depends on those blocks alone and dask's optimizations rename them as they fuse. The tasks
+    # then go into one layer of the output: one layer per chunk (da.from_delayed and da.block)
+    # makes every compute's graph culling quadratic in the chunks (11 s for 4096 of them).
     name = f"shim-{pipeline.name}-{token}"
-    pipeline_key = f"shim-pipeline-{token}"
-    whole = {name: _box_of(array.shape) for name, array in inputs.items()}
-    dsk = {pipeline_key: pipeline}
+    runner = dask.delayed(pipeline, name=f"shim-pipeline-{token}")
+    run_chunk, pick = dask.delayed(_run_chunk), dask.delayed(operator.getitem)
+    blocks_of = {arg: array.to_delayed(optimize_graph=False) for arg, array in inputs.items()}
+    whole = {arg: _box_of(array.shape) for arg, array in inputs.items()}
+    names = [o.name for o in outputs]
     origins = [np.cumsum((0,) + c[:-1]) for c in out_chunks]
+    calls = {}
     for index in itertools.product(*(range(len(c)) for c in out_chunks)):
         starts = [int(origins[axis][i]) for axis, i in enumerate(index)]
         sizes = [out_chunks[axis][i] for axis, i in enumerate(index)]
         chunk_box = tuple((lo + starts[-1 - d], sizes[-1 - d]) for d, (lo, _) in enumerate(box))
-        needed = pipeline.required_regions({o.name: chunk_box for o in outputs}, whole, **scalars)
-        sources = [_source(name_, inputs[name_], needed[name_]) for name_ in inputs]
+        needed = pipeline.required_regions({n: chunk_box for n in names}, whole, **scalars)
+        sources = [_source(arg, inputs[arg], needed[arg]) for arg in inputs]
         plan = (chunk_box, [(region, starts) for region, _, starts in sources], scalars, device,
-                [o.name for o in outputs], dtypes)
-        blocks = [TaskRef(key) for _, keys, _ in sources for key in keys]
-        dsk[(name, *index)] = Task((name, *index), _run_chunk, TaskRef(pipeline_key), plan,
-                                   *blocks)
+                names, dtypes)
+        blocks = [blocks_of[arg][spanned] for arg, (_, spans, _) in zip(inputs, sources)
+                  for spanned in spans]
+        calls[index] = run_chunk(runner, plan, *blocks, dask_key_name=(name, *index))
+    layer = _tasks_of(calls.values())
+    dependencies = [*inputs.values(), runner]
     if len(outputs) == 1:
-        graph = HighLevelGraph.from_collections(name, dsk, dependencies=list(inputs.values()))
+        graph = HighLevelGraph.from_collections(name, layer, dependencies=dependencies)
         return da.Array(graph, name, out_chunks, dtype=dtypes[0])
     results = []
     for k, dtype in enumerate(dtypes):
         part = f"{name}-{k}"
-        layer = dict(dsk)
-        layer.update({(part, *key[1:]): Task((part, *key[1:]), operator.getitem, TaskRef(key), k)
-                      for key in list(dsk) if isinstance(key, tuple)})
-        graph = HighLevelGraph.from_collections(part, layer, dependencies=list(inputs.values()))
+        picks = _tasks_of(pick(call, k, dask_key_name=(part, *index))
+                          for index, call in calls.items())
+        graph = HighLevelGraph.from_collections(part, {**layer, **picks},
+                                                dependencies=dependencies)
         results.append(da.Array(graph, part, out_chunks, dtype=dtype))
     return tuple(results)
+
+
+def _tasks_of(calls) -> dict:
+    """{key: task} of delayed calls: each one's own layer, without its arguments' graphs."""
+    tasks = {}
+    for call in calls:
+        (layer_name,) = call.__dask_layers__()
+        tasks.update(call.__dask_graph__().layers[layer_name])
+    return tasks
 
 
 def _dask_input(arg, array):
@@ -213,7 +229,7 @@ def _output_chunks(chunks, shape, first, dtype) -> tuple:
 
 
 def _source(name: str, array, box) -> tuple:
-    """What a task needs of one input: the region (Halide's box, x first), and the keys and
+    """What a task needs of one input: the region (Halide's box, x first), and the indices and
     numpy-order origins of the input's blocks that it spans."""
     lows = [lo for lo, _ in reversed(box)]
     highs = [lo + extent for lo, extent in reversed(box)]
@@ -227,11 +243,9 @@ def _source(name: str, array, box) -> tuple:
         last = int(np.searchsorted(edges, highs[axis], side="left"))
         spans.append(range(first, last))
         origins.append(edges)
-    keys, starts = [], []
-    for index in itertools.product(*spans):
-        keys.append((array.name, *index))
-        starts.append(tuple(int(origins[axis][i]) for axis, i in enumerate(index)))
-    return box, keys, starts
+    indices = list(itertools.product(*spans))
+    starts = [tuple(int(origins[axis][i]) for axis, i in enumerate(index)) for index in indices]
+    return box, indices, starts
 
 
 def _run_chunk(pipeline, plan, *blocks):

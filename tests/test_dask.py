@@ -114,6 +114,43 @@ def test_chunks_smaller_than_the_halo_read_several_blocks(compiled):
     np.testing.assert_array_equal(result.compute(scheduler="threads"), np.asarray(pipeline(src)))
 
 
+def test_each_task_depends_on_just_the_blocks_its_region_spans(compiled):
+    # Planning reads no data (the counting blocks stay untouched until the compute, which
+    # computes each block some chunk reads, once) and gives each chunk's task only the blocks
+    # the bounds query names.
+    from dask.core import get_dependencies
+
+    pipeline = shim.load(compiled("footprint"))
+    src = image((40, 60))
+    touched = []
+
+    def count(block):
+        touched.append(block.shape)
+        return block
+
+    blocks = da.from_array(src, chunks=(7, 9)).map_blocks(count, meta=np.empty((0, 0), src.dtype))
+    result = map_pipeline(pipeline, blocks, chunks=(10, 12))
+    assert touched == []
+    graph = dict(result.__dask_graph__())
+    in_edges = [np.cumsum((0,) + c) for c in blocks.chunks]
+    out_edges = [np.cumsum((0,) + c) for c in result.chunks]
+    read = set()
+    for row, col in np.ndindex(result.numblocks):
+        (y0, y1), (x0, x1) = ((edges[i], edges[i + 1]) for edges, i in zip(out_edges, (row, col)))
+        needed = pipeline.required_regions({"footprint": ((x0, x1 - x0), (y0, y1 - y0))},
+                                           {"src": ((0, 60), (0, 40))})["src"]
+        spans = [[i for i in range(len(edges) - 1) if edges[i] < lo + extent and edges[i + 1] > lo]
+                 for edges, (lo, extent) in zip(in_edges, reversed(needed))]
+        spanned = {(blocks.name, r, c) for r in spans[0] for c in spans[1]}
+        dependencies = get_dependencies(graph, (result.name, row, col))
+        assert {d for d in dependencies if isinstance(d, tuple)} == spanned
+        assert len(dependencies) == len(spanned) + 1  # and the Pipeline
+        assert len(spanned) < blocks.npartitions
+        read |= spanned
+    np.testing.assert_array_equal(result.compute(scheduler="threads"), np.asarray(pipeline(src)))
+    assert len(touched) == len(read)
+
+
 def test_two_inputs_with_different_chunkings(client, compiled):
     pipeline = shim.load(compiled("two"))
     a, b = image((120, 90)), image((120, 90), np.int32, seed=1)
