@@ -287,7 +287,12 @@ def _assemble(region, blocks, starts) -> np.ndarray:
                    for part, s, lo in zip(inside, start, lows))
         parts.append((block[inside], at))
     if len(parts) == 1:
-        return parts[0][0]
+        view = parts[0][0]
+        # Halide pipelines require x to be dense by default (stride 1); a block dask made by
+        # broadcasting (da.zeros, da.full) has stride 0, and a view of it would be refused.
+        if view.ndim and view.shape[-1] > 1 and view.strides[-1] != view.itemsize:
+            return np.ascontiguousarray(view)
+        return view
     region_array = np.empty(shape, parts[0][0].dtype)
     for part, at in parts:
         region_array[at] = part

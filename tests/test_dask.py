@@ -114,6 +114,14 @@ def test_chunks_smaller_than_the_halo_read_several_blocks(compiled):
     np.testing.assert_array_equal(result.compute(scheduler="threads"), np.asarray(pipeline(src)))
 
 
+def test_broadcast_blocks_are_made_dense_for_the_pipeline(compiled):
+    # da.full's blocks have stride 0, which a pipeline requiring a dense x refuses.
+    pipeline = shim.load(compiled("edge_blur"))
+    src = da.full((40, 60), 7, dtype=image((1, 1)).dtype, chunks=(20, 30))
+    np.testing.assert_array_equal(map_pipeline(pipeline, src).compute(scheduler="threads"),
+                                  np.asarray(pipeline(np.full((40, 60), 7, src.dtype))))
+
+
 def test_each_task_depends_on_just_the_blocks_its_region_spans(compiled):
     # Planning reads no data (the counting blocks stay untouched until the compute, which
     # computes each block some chunk reads, once) and gives each chunk's task only the blocks
