@@ -116,7 +116,7 @@ def conform(array: np.ndarray, dimensions: int, dtype: np.dtype, what: str, warn
     if array.dtype != dtype:
         warn(f"{what} is of type {_type_name(array.dtype)} but is used as {_type_name(dtype)}; "
              f"data loss may have occurred")
-        array = convert(array, dtype)
+        array = np.asarray(convert(array, dtype))  # (numpy's arithmetic makes 0-D a scalar)
     return array
 
 

@@ -209,6 +209,12 @@ def test_0_d_buffers(odd, tmp_path):
     done = succeeded(run(library, f"input={tmp_path / 'two_d.npy'}", f"output={tmp_path / 'o.npy'}"))
     assert "has 2 dimensions, but only the first 0 are used" in done.stderr
     assert np.load(tmp_path / "o.npy") == np.float32(3)
+    # An 8-bit image into it: its first pixel, converted (numpy's arithmetic on a 0-D array
+    # gives a scalar, which no Buffer takes).
+    iio = pytest.importorskip("imageio.v3")
+    iio.imwrite(tmp_path / "gray.png", np.array([[51, 255], [0, 0]], np.uint8))
+    succeeded(run(library, f"input={tmp_path / 'gray.png'}", f"output={tmp_path / 'o.npy'}"))
+    assert np.load(tmp_path / "o.npy") == np.float32(0.4)
     for extents in ("estimate", "auto", "[]"):
         done = succeeded(run(library, f"input=constant:4:{extents}", f"output={tmp_path / 'o.npy'}"))
         assert np.load(tmp_path / "o.npy") == np.float32(8)
