@@ -144,10 +144,15 @@ class Sizer:
             box = outputs.get(a.name) if a.is_output else inputs.get(a.name)
             boxes[a.name] = box if box is not None else ((0, 0),) * a.dimensions
         try:
-            return self._query.ask(self._scalars, boxes)
+            needed = self._query.ask(self._scalars, boxes)
         except HalideCodeError as e:  # (a bad scalar is the caller's error, raised as it is)
             self._log(f"the bounds query failed: {e}")
             return None
+        # Near 2^31 its 32-bit arithmetic overflows (rounding up to whole vectors): no answer.
+        if any(extent < 0 for box in needed.values() for _, extent in box):
+            self._log("the bounds query overflowed Halide's 32-bit coordinates")
+            return None
+        return needed
 
     def _without_border(self, outputs: dict, known: dict) -> dict | None:
         """``outputs`` shrunk, dimension by dimension, by as much as the bounds query says

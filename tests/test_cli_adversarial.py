@@ -120,6 +120,16 @@ def test_hostile_values_are_refused_naming_the_argument(host_pipelines, pipeline
 
 
 @pytest.mark.parametrize("arguments, message", [
+    (["input=zero:auto", "output=:[2147483647,1]"], "input: the bounds query found no size for it"),
+    (["input=zero:[1+2147483647,1]"], "output: "),
+])
+def test_a_bounds_query_that_overflows_is_no_size(host_pipelines, arguments, message):
+    # Near 2^31 the generated bounds query's 32-bit arithmetic overflows (rounding up to whole
+    # vectors): its negative extents must not become the sizes of buffers.
+    refused(run(host_pipelines["brighten", "bundled"], *arguments), message)
+
+
+@pytest.mark.parametrize("arguments, message", [
     (["input=random:abc:[1,2]"], "input: expected an integer seed in random:SEED:EXTENTS"),
     (["input=random:0:[1,,2]"], "input: expected extents like [640,480]"),
     (["input=random:0:[-5,3]"], "input: expected extents like [640,480]"),
