@@ -121,7 +121,8 @@ def test_hostile_values_are_refused_naming_the_argument(host_pipelines, pipeline
 
 @pytest.mark.parametrize("arguments, message", [
     (["input=zero:auto", "output=:[2147483647,1]"], "input: the bounds query found no size for it"),
-    (["input=zero:[1+2147483647,1]"], "output: "),
+    # (the output's error, or, where 8 GiB is more than the machine has, the input's)
+    (["input=zero:[1+2147483647,1]"], ": error: "),
 ])
 def test_a_bounds_query_that_overflows_is_no_size(host_pipelines, arguments, message):
     # Near 2^31 the generated bounds query's 32-bit arithmetic overflows (rounding up to whole
