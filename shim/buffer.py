@@ -908,8 +908,8 @@ class Buffer(Finalized):
     # would leave the struct registered and its device memory allocated for good).
     def _finalize(self):
         raw = getattr(self, "_raw", None)
-        if raw is None:
-            return  # construction failed before the struct existed
+        if raw is None or getattr(self, "_family", None) is None:
+            return  # construction failed before the struct joined a family: nothing to release
         if shutdown.shut_down():
             return  # the interpreter is exiting: device memory goes with the process
         if self._family.lock.held_by_current_thread():
