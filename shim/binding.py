@@ -387,7 +387,7 @@ def _query_with(call: Call, omitted: list, boxes: list, run_query) -> tuple[list
         query_argv[i] = keep[-1][0]
     mine = []
     for (i, arg), box in zip(omitted, boxes):
-        mine.append(_box_query_buffer(arg, box))
+        mine.append(box_query_buffer(arg, box))
         query_argv[i] = mine[-1][0]
     run_query(query_argv)
     return [_answer(raw) for raw, _ in mine], [_answer(raw) for raw, _ in keep]
@@ -398,16 +398,19 @@ def _answer(raw) -> tuple:
     return tuple((raw.dim[d].min, raw.dim[d].extent) for d in range(raw.dimensions))
 
 
-def _box_query_buffer(arg: Argument, box):
-    """A bounds-query buffer (no memory) for ``arg`` over ``box``, densely strided."""
+def box_query_buffer(arg: Argument, box):
+    """A halide_buffer_t with no memory (Halide's bounds-query form) for ``arg`` over ``box``
+    ((min, extent) per dimension, x first; empty: extents 0), densely strided; the query
+    overwrites an input's with the region it reads. Returns (the struct, its dimensions),
+    both to be kept alive while the query runs."""
     query = ffi.new("halide_buffer_t *")
-    dims = ffi.new("halide_dimension_t[]", max(len(box), 1))
+    dims = ffi.new("halide_dimension_t[]", max(arg.dimensions, 1))
     stride = 1
     for d, (lo, extent) in enumerate(box):
         dims[d].min, dims[d].extent, dims[d].stride = lo, extent, stride
-        stride *= extent
+        stride *= max(extent, 1)
     arg.type.to_c(query.type)
-    query.dimensions = len(box)
+    query.dimensions = arg.dimensions
     query.dim = dims
     return query, dims
 

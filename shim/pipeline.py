@@ -13,7 +13,8 @@ from __future__ import annotations
 import numpy as np
 
 from shim import call_uses, pipeline_pickle
-from shim.binding import Signature, bounds_query, check_bounds, free_temporaries
+from shim.binding import (Signature, bounds_query, box_query_buffer, check_bounds,
+                          free_temporaries)
 from shim.buffer import Buffer
 from shim.errors import ArgumentError
 from shim.families import FamilyLock
@@ -150,7 +151,9 @@ class Pipeline(CallPlan):
                                                   "every output")
                 given = outputs[arg.name] if arg.is_output else inputs.get(arg.name)
                 box = () if given is None else _checked_box(arg, given)
-                argv[i] = queried[arg.name] = _kept(keep, _query_buffer(arg, box, keep))
+                query, dims = box_query_buffer(arg, box)
+                keep.append(dims)
+                argv[i] = queried[arg.name] = _kept(keep, query)
         self._runner.run_query(argv)
         return {name: tuple((raw.dim[d].min, raw.dim[d].extent) for d in range(raw.dimensions))
                 for name, raw in queried.items()}
@@ -171,18 +174,3 @@ def _checked_box(arg: Argument, box) -> tuple:
         raise ArgumentError(arg.name, f"expected {arg.dimensions} (min, extent) pairs with "
                                       f"extents of at least 1, x first; got {box!r}")
     return box
-
-
-def _query_buffer(arg: Argument, box: tuple, keep: list):
-    """A halide_buffer_t with no memory (Halide's bounds-query form) over ``box`` (empty:
-    extents 0), densely strided; an input's, the query overwrites with the region it reads."""
-    raw = ffi.new("halide_buffer_t *")
-    dims = _kept(keep, ffi.new("halide_dimension_t[]", max(arg.dimensions, 1)))
-    stride = 1
-    for d, (lo, extent) in enumerate(box):
-        dims[d].min, dims[d].extent, dims[d].stride = lo, extent, stride
-        stride *= extent
-    arg.type.to_c(raw.type)
-    raw.dimensions = arg.dimensions
-    raw.dim = dims
-    return raw

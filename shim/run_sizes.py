@@ -15,9 +15,10 @@ None covered: the first guess stays, and the call's bounds check reports what it
 
 from __future__ import annotations
 
+from shim.binding import box_query_buffer
 from shim.errors import ArgumentError, HalideCodeError
 from shim.library import Library
-from shim.metadata import USER_CONTEXT, Argument
+from shim.metadata import USER_CONTEXT
 from shim.native import ffi
 from shim.run_values import Box, describe_box, estimated_box
 from shim.running import Runner
@@ -42,8 +43,9 @@ class BoundsQuery:
             if arg.name == USER_CONTEXT:
                 argv[i] = keep_pointer(keep, ffi.new("void **"))
             elif arg.is_buffer:
-                argv[i] = queried[arg.name] = keep_pointer(keep, _query_buffer(arg, boxes[arg.name],
-                                                                               keep))
+                query, dims = box_query_buffer(arg, boxes[arg.name])
+                keep.append(dims)
+                argv[i] = queried[arg.name] = keep_pointer(keep, query)
             else:
                 argv[i] = keep_pointer(keep, ScalarArgument(arg).convert(scalars[arg.name]))
         self._runner.run_query(argv)
@@ -54,20 +56,6 @@ class BoundsQuery:
 def keep_pointer(keep: list, pointer):
     keep.append(pointer)
     return pointer
-
-
-def _query_buffer(arg: Argument, box: Box, keep: list):
-    """A halide_buffer_t of ``box`` with no memory (Halide's bounds-query form), dense."""
-    raw = ffi.new("halide_buffer_t *")
-    dims = keep_pointer(keep, ffi.new("halide_dimension_t[]", max(arg.dimensions, 1)))
-    stride = 1
-    for d, (lo, extent) in enumerate(box):
-        dims[d].min, dims[d].extent, dims[d].stride = lo, extent, stride
-        stride *= max(extent, 1)
-    arg.type.to_c(raw.type)
-    raw.dimensions = arg.dimensions
-    raw.dim = dims
-    return raw
 
 
 class Sizer:
