@@ -101,11 +101,17 @@ def _run(args, parser) -> int:
     texts = {name: text for name, text in vars(own.parse_args(pipeline_values)).items()
              if text is not None}
     console = runner.Console(args.verbose)
+    if args.chunks is not None or args.scheduler is not None:
+        from shim import run_chunked  # (its dask is an optional extra)
+
+        run = run_chunked.run
+    else:
+        run = runner.run
     if args.benchmarks and args.track_memory:
         console.warn("--track_memory slows every allocation down: the benchmark's times are "
                      "not representative")
     try:
-        return runner.run(args, pipeline, texts, console)
+        return run(args, pipeline, texts, console)
     except shim.ArgumentError as e:
         own.error(str(e))
 
@@ -177,6 +183,15 @@ def _positive(text: str) -> int:
     return value
 
 
+def _chunk_extents(text: str) -> tuple:
+    """--chunks' extents, x first: ``512x512``."""
+    parts = text.lower().split("x")
+    if not all(part.isdigit() and int(part) > 0 for part in parts):
+        raise argparse.ArgumentTypeError(f"expected chunk extents WxH (x first), each a "
+                                         f"positive integer, got {text!r}")
+    return tuple(int(part) for part in parts)
+
+
 def _seconds(text: str) -> float:
     try:
         value = float(text)
@@ -231,6 +246,15 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
                  "after each")
         shim_options.add_argument("--profile", metavar="TRACE.json",
                                   help="save a Chrome trace of the timed runs (Perfetto opens it)")
+        shim_options.add_argument(
+            "--chunks", type=_chunk_extents, metavar="WxH",
+            help="run once over the inputs in chunks of W x H (x first, like the extents; "
+                 "dimensions left out whole) through dask, with a progress bar: .npy inputs and "
+                 "outputs stream through memory maps (needs the dask extra)")
+        shim_options.add_argument(
+            "--scheduler", metavar="ADDRESS",
+            help="with --chunks: the distributed scheduler to run on (tcp://HOST:PORT; "
+                 "default: dask's threads here)")
         rungen = run.add_argument_group(
             "RunGen's flags", "as Halide's RunGen takes them (also -flag; switches also "
                               "=true or =false)")
