@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from shim import call_uses, pipeline_pickle
+from shim import call_uses, halide_profiler, pipeline_pickle
 from shim.binding import (Signature, bounds_query, box_query_buffer, check_bounds,
                           free_temporaries)
 from shim.buffer import Buffer
@@ -58,6 +58,7 @@ class Pipeline(CallPlan):
                                     self.device_kinds)
         self.arguments = self._signature.arguments
         self._runner = Runner(self.name, self._library.argv_fn, self.device_kinds)
+        halide_profiler.register(self.name, self.target)  # (a -profile build: its Func figures)
         # The fast path and the cache of argument shapes that passed the bounds query: CallPlan,
         # in C (native_stubs/fastcall.c), whose __call__ is the Pipeline's.
         runner = self._runner

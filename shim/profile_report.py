@@ -28,6 +28,7 @@ def summary(profile) -> str:
         _function_table(profile),
         _kernel_table(profile),
         _pipeline_table(profile),
+        *_stage_tables(profile),
         _buffer_table(profile),
     ]
     return "\n\n".join(s for s in sections if s)
@@ -79,6 +80,45 @@ def _pipeline_table(profile) -> str:
             for name, records in sorted(by_name.items())]
     return _table("Pipeline calls", ["pipeline", "calls", "total ms", "mean us", "p50 us",
                                      "p99 us", "errors"], rows)
+
+
+def _stage_tables(profile) -> list[str]:
+    """Per pipeline built with Halide's profiler: its Funcs over the profile's calls, as
+    Halide's profiler saw them (shim/halide_profiler.py)."""
+    by_name = defaultdict(list)
+    for record, stages in profile.stages:
+        by_name[record.name].append(stages)
+    tables = []
+    for name, calls in sorted(by_name.items()):
+        total = sum(c.time_ns for c in calls)
+        funcs: dict[int, list] = {}
+        for call in calls:
+            for stage in call.funcs():
+                funcs.setdefault(stage.index, []).append(stage)
+        rows = []
+        for index in sorted(funcs):
+            stages = funcs[index]
+            time_ns = sum(s.time_ns for s in stages)
+            samples = sum(s.samples for s in stages)
+            threads = (sum(s.threads * s.samples for s in stages if s.threads is not None)
+                       / samples if samples else None)
+            allocs = sum(s.num_allocs for s in stages)
+            memory = sum(s.memory_total for s in stages)
+            rows.append([stages[0].name, f"{time_ns / 1e6:.3f}",
+                         f"{time_ns / len(calls) / 1e3:.1f}",
+                         f"{100 * time_ns / total:.1f}%" if total else "-",
+                         f"{threads:.2f}" if threads is not None else "-",
+                         _bytes(max(s.memory_peak for s in stages)), _bytes(memory), allocs,
+                         _bytes(memory // allocs) if allocs else "-",
+                         _bytes(max(s.stack_peak for s in stages))])
+        samples = sum(c.samples for c in calls)
+        tables.append(_table(
+            f"Stages of {name} (Halide's profiler: {_plural(len(calls), 'call')}, "
+            f"{total / 1e6:.3f} ms, {_plural(samples, 'sample')}, peak heap "
+            f"{_bytes(max(c.memory_peak for c in calls))})",
+            ["func", "total ms", "mean us", "share", "threads", "peak mem", "total mem",
+             "allocs", "avg alloc", "stack peak"], rows))
+    return tables
 
 
 def _buffer_table(profile) -> str:
@@ -196,6 +236,14 @@ def _slice(record, pid: int, tid: int, start_ns: int, duration_ns: int) -> dict:
         args["device ns"] = record.device_ns
     if record.result != 0:
         args["result"] = f"{record.result} ({error_name(record.result)})"
+    if record.stages is not None:
+        calls = record.stages
+        args["halide profiler"] = {
+            "time ns": calls.time_ns, "samples": calls.samples, "peak heap": calls.memory_peak,
+            "stages": {s.name: {"time ns": s.time_ns, "share": round(calls.share(s), 4),
+                                "threads": s.threads, "memory peak": s.memory_peak,
+                                "memory total": s.memory_total, "allocs": s.num_allocs,
+                                "stack peak": s.stack_peak} for s in calls.funcs()}}
     return {"ph": "X", "name": record.name, "cat": record.kind, "pid": pid, "tid": tid,
             "ts": _us(start_ns), "dur": _us(duration_ns), "args": args}
 

@@ -28,6 +28,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from shim import halide_profiler
 from shim.devices import backend_for_interface, kind_of_index
 from shim.errors import ShimError
 from shim.native import ffi, lib
@@ -77,6 +78,10 @@ class Record:
     device_start_ns: int | None = None
     device_ns: int | None = None
     markers: object = field(default=None, repr=False)
+    #: A pipeline call of a build with Halide's profiler (``-profile``): that call's per-Func
+    #: figures, a shim.halide_profiler.CallStages (None where Halide recorded no run).
+    stages: object = None
+    _snapshot: object = field(default=None, repr=False)
 
 
 def profile() -> Profile:
@@ -157,6 +162,12 @@ class Profile:
     def calls(self, name: str) -> list[Record]:
         """The records of runtime function (or kernel, or pipeline) ``name``."""
         return [r for r in self.records if r.name == name]
+
+    @property
+    def stages(self) -> list:
+        """[(pipeline call Record, CallStages)] for the calls of pipelines built with Halide's
+        profiler, in call order."""
+        return [(r, r.stages) for r in self.records if r.kind == "pipeline" and r.stages is not None]
 
     def count(self, function: str) -> int:
         """How many calls of a runtime function reached the shim: recorded plus decided in C."""
@@ -277,13 +288,30 @@ def begin_pipeline(name: str, call_id: int) -> tuple | None:
     profile = _active
     if profile is None:
         return None
-    return profile, profile._begin("pipeline", name, None, None, call_id=call_id)
+    # A build with Halide's profiler: its calls take turns while profiled (the lock is taken
+    # before the record starts, so waiting for it is not the call's time).
+    snapshot = halide_profiler.begin(name)
+    try:
+        record = profile._begin("pipeline", name, None, None, call_id=call_id)
+    except BaseException:
+        halide_profiler.end(snapshot)
+        raise
+    record._snapshot = snapshot
+    return profile, record
 
 
 def end(token, result: int = 0) -> None:
     if token is not None:
         profile, record = token
-        profile._end(record, result)
+        snapshot = record._snapshot
+        if snapshot is not None:
+            record._snapshot = None
+            try:
+                profile._end(record, result)
+            finally:
+                record.stages = halide_profiler.end(snapshot)
+        else:
+            profile._end(record, result)
 
 
 class timed_copy:

@@ -23,6 +23,16 @@ STRUCTS = {
                                         "scalar_min", "scalar_max", "scalar_estimate",
                                         "buffer_estimates"],
     "struct halide_scalar_value_t": ["u"],
+    # Halide's profiler state (abi/halide_profiler.h)
+    "struct halide_profiler_func_stats": [
+        "time", "memory_current", "memory_peak", "memory_total", "stack_peak",
+        "active_threads_numerator", "active_threads_denominator", "name", "num_allocs"],
+    "struct halide_profiler_pipeline_stats": [
+        "time", "memory_current", "memory_peak", "memory_total", "active_threads_numerator",
+        "active_threads_denominator", "name", "funcs", "next", "num_funcs", "runs", "samples",
+        "num_allocs"],
+    "struct halide_profiler_state": ["lock", "pipelines", "sampling_thread", "instances",
+                                     "get_remote_profiler_state", "sleep_time", "shutdown"],
 }
 
 
