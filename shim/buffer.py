@@ -831,6 +831,14 @@ class Buffer(Finalized):
 
     @classmethod
     def _from_pickle(cls, array: np.ndarray, mins, name: str, writeable: bool) -> Buffer:
+        # A pickle the shim never made (or another version's) is checked as the constructor's
+        # arguments are: mins padded with zeros, at most one per dimension, all integers.
+        if not isinstance(array, np.ndarray):
+            raise ArgumentError("buffer", f"a pickled Buffer holds a numpy array, got "
+                                          f"{type(array).__name__}")
+        if not isinstance(name, str):
+            raise ArgumentError("name", f"expected a str, got {type(name).__name__}")
+        mins = _with_mins([0] * array.ndim, mins, "mins")
         # numpy's own rule differs by protocol and transport (protocol 5 over bytes, or Dask's
         # out-of-band frames, gives read-only arrays): the Buffer's writeability decides.
         if writeable and not array.flags.writeable:
