@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import re
 import sys
 
 import shim
@@ -186,7 +187,8 @@ def _positive(text: str) -> int:
 def _chunk_extents(text: str) -> tuple:
     """--chunks' extents, x first: ``512x512``."""
     parts = text.lower().split("x")
-    if not all(part.isdigit() and int(part) > 0 for part in parts):
+    # (ASCII digits: str.isdigit takes '²', which int() refuses)
+    if not all(re.fullmatch(r"[0-9]+", part) and int(part) > 0 for part in parts):
         raise argparse.ArgumentTypeError(f"expected chunk extents WxH (x first), each a "
                                          f"positive integer, got {text!r}")
     return tuple(int(part) for part in parts)

@@ -92,7 +92,7 @@ def test_without_dask_chunks_names_the_extra_to_install(blur, tmp_path):
     assert "Traceback" not in done.stderr
 
 
-@pytest.mark.parametrize("chunks", ["0x5", "abc", "5", "5x-1", "5x5x5"])
+@pytest.mark.parametrize("chunks", ["0x5", "abc", "5", "5x-1", "5x5x5", "5x\u00b2"])
 def test_bad_chunks_are_refused_naming_the_flag(blur, image, tmp_path, chunks):
     done = run("run", blur, f"input={tmp_path / 'in.npy'}", f"output={tmp_path / 'out.npy'}",
                f"--chunks={chunks}")
