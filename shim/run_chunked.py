@@ -22,7 +22,7 @@ import numpy as np
 
 from shim import images, run_values
 from shim.errors import ArgumentError
-from shim.runner import _check_distinct, _scalars, _sizes
+from shim.runner import check_distinct, input_scalars, output_sizes
 from shim.scalars import MISSING
 
 _EXTRA = "pip install 'halide-shim[dask]'"
@@ -32,8 +32,8 @@ def run(args, pipeline, texts: dict, console) -> int:
     """The chunked run of ``pipeline`` (cli.py's ``args``; ``texts``: {argument: text})."""
     _check_options(args)
     da, map_pipeline = _dask(args.scheduler)
-    scalars = {name: value for name, value in _scalars(pipeline, texts,
-                                                       args.default_input_scalars).items()
+    scalars = {name: value for name, value in input_scalars(pipeline, texts,
+                                                            args.default_input_scalars).items()
                if value is not MISSING}  # (left out, a scalar takes its default)
     arrays = {a.name: _input(da, a, texts.get(a.name) or args.default_input_buffers,
                              args.chunks, console)
@@ -44,8 +44,8 @@ def run(args, pipeline, texts: dict, console) -> int:
         if outputs[a.name].path is None:
             raise ArgumentError(a.name, "--chunks saves every output to a file: give "
                                         f"{a.name}=FILE (.npy streams to disk)")
-    _check_distinct(pipeline, outputs)
-    boxes, _ = _sizes(pipeline, scalars, arrays, {}, outputs, args.output_extents, console)
+    check_distinct(pipeline, outputs)
+    boxes, _ = output_sizes(pipeline, scalars, arrays, {}, outputs, args.output_extents, console)
     box = _output_box(pipeline, boxes)
     shape = run_values.numpy_shape(box)
     chunks = _chunk_shape(args.chunks, shape, pipeline.outputs[0].dimensions)

@@ -69,13 +69,14 @@ def unavailable_device(pipeline) -> str | None:
 def run(args, pipeline, texts: dict, console: Console) -> int:
     """Run ``pipeline`` with the argument ``texts`` ({name: text}) and the options ``args``
     (cli.py's), reporting through ``console``."""
-    scalars = _scalars(pipeline, texts, args.default_input_scalars)
+    scalars = input_scalars(pipeline, texts, args.default_input_scalars)
     arrays, specs = _inputs(pipeline, texts, args.default_input_buffers, console)
     outputs = {a.name: run_values.parse_output(a, texts[a.name]) if texts.get(a.name)
                else run_values.OutputSpec(None, None) for a in pipeline.outputs}
-    boxes, how = _sizes(pipeline, scalars, arrays, specs, outputs, args.output_extents, console)
+    boxes, how = output_sizes(pipeline, scalars, arrays, specs, outputs, args.output_extents,
+                              console)
     # Every output's file is checked before anything runs, and the trace's.
-    _check_distinct(pipeline, outputs)
+    check_distinct(pipeline, outputs)
     if args.profile:
         images.check_writable("--profile", args.profile)
     plans = {a.name: images.plan_save(a.name, outputs[a.name].path,
@@ -125,7 +126,7 @@ def _argument(pipeline, name: str):
     return next(a for a in pipeline.arguments if a.name == name)
 
 
-def _scalars(pipeline, texts: dict, default_text: str | None) -> dict:
+def input_scalars(pipeline, texts: dict, default_text: str | None) -> dict:
     """{scalar: value}; a scalar without text takes ``--default_input_scalars``, else the
     pipeline's default (MISSING: checked where the value is converted)."""
     scalars = {}
@@ -154,7 +155,7 @@ def _inputs(pipeline, texts: dict, default_text: str | None, console: Console):
     return arrays, specs
 
 
-def _check_distinct(pipeline, outputs: dict) -> None:
+def check_distinct(pipeline, outputs: dict) -> None:
     """Refuse two outputs saved to one file: the second would silently replace the first."""
     saved = {}
     for a in pipeline.outputs:
@@ -165,7 +166,7 @@ def _check_distinct(pipeline, outputs: dict) -> None:
                 raise ArgumentError(a.name, f"{first} is saved to {path} too")
 
 
-def _sizes(pipeline, scalars, arrays, specs, outputs, output_extents, console):
+def output_sizes(pipeline, scalars, arrays, specs, outputs, output_extents, console):
     """({buffer: Box} for every buffer argument, {output: how its size was chosen})."""
     inputs = {name: tuple((0, n) for n in reversed(array.shape)) for name, array in arrays.items()}
     auto = []
