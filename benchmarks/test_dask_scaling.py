@@ -9,10 +9,9 @@ For MPixels/s and the overhead per chunk, run the script itself.
 import numpy as np
 import pytest
 
-import dask_scaling
-
 distributed = pytest.importorskip("distributed")
 da = pytest.importorskip("dask.array")
+import dask_scaling  # noqa: E402  (it imports dask: only once dask is known to be there)
 SIZE, CHUNK = 2048, 512
 
 

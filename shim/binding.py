@@ -390,10 +390,10 @@ def _query_with(call: Call, omitted: list, boxes: list, run_query) -> tuple[list
         mine.append(box_query_buffer(arg, box))
         query_argv[i] = mine[-1][0]
     run_query(query_argv)
-    return [_answer(raw) for raw, _ in mine], [_answer(raw) for raw, _ in keep]
+    return [query_answer(raw) for raw, _ in mine], [query_answer(raw) for raw, _ in keep]
 
 
-def _answer(raw) -> tuple:
+def query_answer(raw) -> tuple:
     """(min, extent) per dimension of a bounds-query buffer after the query."""
     return tuple((raw.dim[d].min, raw.dim[d].extent) for d in range(raw.dimensions))
 

@@ -29,7 +29,7 @@ from shim import (
 from shim.aliasing import has_allocation
 from shim.backends.base import Backend, interface_of
 from shim.bridge import runtime_call
-from shim.dlpack_capsules import host_array
+from shim.dlpack_capsules import host_array, span_bytes
 from shim.errors import ArgumentError, CoordinateError, DirtyBufferWarning
 from shim.families import Family
 from shim.flags import DEVICE_DIRTY, HOST_DIRTY
@@ -299,10 +299,9 @@ class Buffer(Finalized):
     def size_in_bytes(self) -> int:
         """The bytes from the lowest-addressed element to just past the highest (0 when
         empty), as halide.Buffer's."""
-        if not self.number_of_elements():
-            return 0
-        span = sum((n - 1) * abs(self._dims[d].stride) for d, (_, n) in enumerate(self._box))
-        return (span + 1) * self.dtype.itemsize
+        return span_bytes([n for _, n in self._box],
+                          [abs(self._dims[d].stride) for d in range(len(self._box))],
+                          self.dtype.itemsize)
 
     def contains(self, coords) -> bool:
         """Whether ``coords`` (x first; the dimensions it leaves out are not checked) lie in
@@ -836,8 +835,7 @@ class Buffer(Finalized):
         if not isinstance(array, np.ndarray):
             raise ArgumentError("buffer", f"a pickled Buffer holds a numpy array, got "
                                           f"{type(array).__name__}")
-        if not isinstance(name, str):
-            raise ArgumentError("name", f"expected a str, got {type(name).__name__}")
+        name = _name(name)
         mins = _with_mins([0] * array.ndim, mins, "mins")
         # numpy's own rule differs by protocol and transport (protocol 5 over bytes, or Dask's
         # out-of-band frames, gives read-only arrays): the Buffer's writeability decides.

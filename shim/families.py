@@ -230,8 +230,7 @@ class Family(FamilyState):
         return self.members[address_of(raw)]
 
     def root_box(self) -> tuple:
-        layout = self.root_layout
-        return tuple(zip(layout.mins, layout.extents))
+        return self.root_layout.box
 
     def in_use(self, address: int) -> bool:
         return any(use.address == address for use in self.uses)

@@ -73,10 +73,6 @@ class StageStats:
     threads: float | None
     samples: int
 
-    @property
-    def memory_average(self) -> int:
-        return self.memory_total // self.num_allocs if self.num_allocs else 0
-
 
 @dataclass(frozen=True, slots=True)
 class CallStages:

@@ -14,7 +14,7 @@ import numpy as np
 
 from shim import call_uses, halide_profiler, pipeline_pickle
 from shim.binding import (Signature, bounds_query, box_query_buffer, check_bounds,
-                          free_temporaries)
+                          free_temporaries, query_answer)
 from shim.buffer import Buffer
 from shim.errors import ArgumentError
 from shim.families import FamilyLock
@@ -156,8 +156,7 @@ class Pipeline(CallPlan):
                 keep.append(dims)
                 argv[i] = queried[arg.name] = _kept(keep, query)
         self._runner.run_query(argv)
-        return {name: tuple((raw.dim[d].min, raw.dim[d].extent) for d in range(raw.dimensions))
-                for name, raw in queried.items()}
+        return {name: query_answer(raw) for name, raw in queried.items()}
 
 
 def _kept(keep: list, pointer):

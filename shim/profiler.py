@@ -303,15 +303,12 @@ def begin_pipeline(name: str, call_id: int) -> tuple | None:
 def end(token, result: int = 0) -> None:
     if token is not None:
         profile, record = token
-        snapshot = record._snapshot
-        if snapshot is not None:
-            record._snapshot = None
-            try:
-                profile._end(record, result)
-            finally:
-                record.stages = halide_profiler.end(snapshot)
-        else:
+        snapshot, record._snapshot = record._snapshot, None
+        try:
             profile._end(record, result)
+        finally:
+            if snapshot is not None:
+                record.stages = halide_profiler.end(snapshot)
 
 
 class timed_copy:

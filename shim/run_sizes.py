@@ -15,7 +15,7 @@ None covered: the first guess stays, and the call's bounds check reports what it
 
 from __future__ import annotations
 
-from shim.binding import box_query_buffer
+from shim.binding import box_query_buffer, query_answer
 from shim.errors import ArgumentError, HalideCodeError
 from shim.library import Library
 from shim.metadata import USER_CONTEXT
@@ -49,8 +49,7 @@ class BoundsQuery:
             else:
                 argv[i] = keep_pointer(keep, ScalarArgument(arg).convert(scalars[arg.name]))
         self._runner.run_query(argv)
-        return {name: tuple((raw.dim[d].min, raw.dim[d].extent) for d in range(raw.dimensions))
-                for name, raw in queried.items()}
+        return {name: query_answer(raw) for name, raw in queried.items()}
 
 
 def keep_pointer(keep: list, pointer):

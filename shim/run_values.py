@@ -148,10 +148,6 @@ class InputSpec:
     value: object = None
     seed: int = 0
 
-    @property
-    def derived(self) -> bool:
-        return self.extents in DERIVED_EXTENTS
-
 
 def parse_input(arg: Argument, text: str) -> InputSpec:
     kind, *parts = text.split(":")

@@ -93,7 +93,7 @@ def device_and_host_free(uc, raw, interface):
         if raw.host != ffi.NULL:
             lib.halide_free(uc, raw.host)
             raw.host = ffi.NULL
-        flags.assign(raw, HOST_DIRTY | DEVICE_DIRTY, False)
+        flags.assign(raw, flags.DIRTY, False)
 
 
 def wrap_native(uc, raw, native, interface):
@@ -214,8 +214,7 @@ def allocate(raw, interface, family: Family | None) -> Family:
                 aliasing.allocate(family, backend, raw)
             except (BackendError, NegativeStrides) as e:
                 raise Failure(E.halide_error_code_device_malloc_failed, str(e)) from e
-            finally:
-                profiler.memory_changed(backend)
+            profiler.memory_changed(backend)
         elif family.backend is not backend:
             raise Failure(E.halide_error_code_incompatible_device_interface,
                           f"the buffer's parent lives on {family.backend.name}")
@@ -227,8 +226,7 @@ def allocate(raw, interface, family: Family | None) -> Family:
         memory = backend.allocate(nbytes)
     except BackendError as e:
         raise Failure(E.halide_error_code_device_malloc_failed, str(e)) from e
-    finally:
-        profiler.memory_changed(backend)
+    profiler.memory_changed(backend)
     if family is None:
         family = families.family_for(raw, backend)
     family.backend, family.memory = backend, memory
@@ -346,10 +344,10 @@ def _memory_went(backend) -> None:
 
 def release_unused(backend) -> int:
     """Give the backend's pooled allocations back to the driver; how many there were."""
-    try:
-        return backend.release_unused()
-    finally:
+    released = backend.release_unused()
+    if released:
         profiler.memory_changed(backend)
+    return released
 
 
 def set_device(raw, handle: int, interface) -> None:
