@@ -25,6 +25,7 @@
 #include "shim_fast_paths.h"
 #include "shim_dlpack.h"
 #include "shim_profile.h"
+#include "shim_trace.h"
 #include "shim_callbacks.h"
 
 /* Forks (fork.c): the process a backend binds in, which it passes to shim_refuse_after_fork

@@ -29,6 +29,9 @@ def summary(profile) -> str:
         _kernel_table(profile),
         _pipeline_table(profile),
         *_stage_tables(profile),
+        *_span_tables(profile),
+        _access_table(profile),
+        _trace_dropped(profile),
         _buffer_table(profile),
     ]
     return "\n\n".join(s for s in sections if s)
@@ -121,6 +124,64 @@ def _stage_tables(profile) -> list[str]:
     return tables
 
 
+# How a span of Halide's tracing is labelled in the trace: "realize blur_x", "produce blur_x".
+_SPAN_LABELS = {"realization": "realize", "production": "produce", "consumption": "consume",
+                "halide pipeline": "pipeline"}
+
+
+def _span_tables(profile) -> list[str]:
+    """Per pipeline built with Halide's tracing: its Funcs' realizations and productions
+    (shim/halide_trace.py)."""
+    calls = {r.id: r.name for r in profile.records if r.kind == "pipeline"}
+    by_pipeline = defaultdict(lambda: defaultdict(list))
+    for record in profile.records:
+        if record.kind in ("realization", "production"):
+            by_pipeline[calls.get(record.call, "(outside a pipeline call)")][record.name].append(record)
+    tables = []
+    for pipeline, funcs in sorted(by_pipeline.items()):
+        rows = []
+        for func, records in funcs.items():
+            realized = [r for r in records if r.kind == "realization"]
+            produced = [r.duration_ns for r in records if r.kind == "production"]
+            largest = max(records, key=lambda r: _elements(r.box))
+            rows.append([func, len(realized), len(produced),
+                         f"{sum(produced) / 1e6:.3f}" if produced else "-",
+                         f"{sum(produced) / len(produced) / 1e3:.1f}" if produced else "-",
+                         _box_text(largest.box)])
+        rows.sort(key=lambda row: min(r.start_ns for r in funcs[row[0]]))
+        tables.append(_table(f"Realizations of {pipeline} (Halide's tracing)",
+                             ["func", "realizations", "productions", "produce ms",
+                              "mean us", "largest box"], rows))
+    return tables
+
+
+def _access_table(profile) -> str:
+    rows = [[func, c.loads, c.stores, c.loaded_values, c.stored_values]
+            for func, c in sorted(profile.accesses.items())]
+    sampled = f", every {profile.sample_accesses}th kept" if profile.sample_accesses else ""
+    return _table(f"Loads and stores (Halide's tracing, counted per Func{sampled})",
+                  ["func", "loads", "stores", "values loaded", "values stored"], rows)
+
+
+def _trace_dropped(profile) -> str:
+    if not profile.trace_dropped:
+        return ""
+    return (f"Halide's tracing: {profile.trace_dropped} begin events or samples were left out "
+            f"of the trace (trace_limit={profile.trace_limit} events; pass a larger one to "
+            f"shim.profile)")
+
+
+def _elements(box) -> int:
+    n = 1
+    for _, extent in box or ():
+        n *= extent
+    return n
+
+
+def _box_text(box) -> str:
+    return " x ".join(f"[{lo}, {lo + extent})" for lo, extent in box) if box else "-"
+
+
 def _buffer_table(profile) -> str:
     copies = defaultdict(list)  # runtime record id -> its copies
     for record in profile.records:
@@ -209,11 +270,22 @@ def chrome_trace(profile) -> dict:
                        "pid": HOST_PID, "tid": record.thread, "ts": _us(record.start_ns)})
         events.append({"ph": "f", "bp": "e", "id": record.id, "name": "enqueue", "cat": "flow",
                        "pid": DEVICE_PID, "tid": track, "ts": _us(record.device_start_ns)})
+    for sample in profile.samples:
+        events.append({"ph": "i", "s": "t", "name": f"{sample.kind} {sample.func}",
+                       "cat": "halide access", "pid": HOST_PID, "tid": sample.thread,
+                       "ts": _us(sample.time_ns),
+                       "args": {"coordinates": list(sample.coordinates), "value": sample.value}})
     for ns, backend, live, pooled in profile.memory:
         events.append({"ph": "C", "name": f"live device memory ({backend})", "pid": DEVICE_PID,
                        "tid": 0, "ts": _us(ns), "args": {"bytes": live, "pooled bytes": pooled}})
-    return {"traceEvents": events, "displayTimeUnit": "ns",
-            "otherData": {"producer": "halide-shim", "records": len(profile.records)}}
+    other = {"producer": "halide-shim", "records": len(profile.records)}
+    if profile.accesses:
+        other["halide loads and stores"] = {
+            func: {"loads": c.loads, "stores": c.stores, "values loaded": c.loaded_values,
+                   "values stored": c.stored_values} for func, c in profile.accesses.items()}
+    if profile.trace_dropped:
+        other["halide trace events left out"] = profile.trace_dropped
+    return {"traceEvents": events, "displayTimeUnit": "ns", "otherData": other}
 
 
 def _slice(record, pid: int, tid: int, start_ns: int, duration_ns: int) -> dict:
@@ -236,6 +308,8 @@ def _slice(record, pid: int, tid: int, start_ns: int, duration_ns: int) -> dict:
         args["device ns"] = record.device_ns
     if record.result != 0:
         args["result"] = f"{record.result} ({error_name(record.result)})"
+    if record.box is not None:
+        args["box"] = [list(d) for d in record.box]
     if record.stages is not None:
         calls = record.stages
         args["halide profiler"] = {
@@ -244,7 +318,9 @@ def _slice(record, pid: int, tid: int, start_ns: int, duration_ns: int) -> dict:
                                 "threads": s.threads, "memory peak": s.memory_peak,
                                 "memory total": s.memory_total, "allocs": s.num_allocs,
                                 "stack peak": s.stack_peak} for s in calls.funcs()}}
-    return {"ph": "X", "name": record.name, "cat": record.kind, "pid": pid, "tid": tid,
+    name = f"{_SPAN_LABELS[record.kind]} {record.name}" if record.kind in _SPAN_LABELS \
+        else record.name
+    return {"ph": "X", "name": name, "cat": record.kind, "pid": pid, "tid": tid,
             "ts": _us(start_ns), "dur": _us(duration_ns), "args": args}
 
 

@@ -26,11 +26,11 @@ from __future__ import annotations
 import itertools
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
-from shim import halide_profiler
+from shim import halide_profiler, halide_trace
 from shim.devices import backend_for_interface, kind_of_index
-from shim.errors import ShimError
+from shim.errors import ArgumentError, ShimError
 from shim.native import ffi, lib
 from shim.types import HalideType
 
@@ -81,18 +81,35 @@ class Record:
     #: A pipeline call of a build with Halide's profiler (``-profile``): that call's per-Func
     #: figures, a shim.halide_profiler.CallStages (None where Halide recorded no run).
     stages: object = None
+    #: A span of Halide's tracing (kinds "realization", "production", "consumption",
+    #: "halide pipeline"): the box Halide passed, ((min, extent), ...) per dimension.
+    box: tuple | None = None
     _snapshot: object = field(default=None, repr=False)
 
 
-def profile() -> Profile:
-    """A new profile; it records inside ``with`` or between ``start()`` and ``stop()``."""
-    return Profile()
+def profile(*, trace_limit: int = halide_trace.DEFAULT_LIMIT,
+            sample_accesses: int = 0) -> Profile:
+    """A new profile; it records inside ``with`` or between ``start()`` and ``stop()``.
+
+    For pipelines built with Halide's tracing (shim/halide_trace.py): at most ``trace_limit``
+    begin/end events are kept (the rest are counted in ``trace_dropped``); loads and stores are
+    counted per Func, and every ``sample_accesses``th one is kept as well where it is not 0."""
+    return Profile(trace_limit=trace_limit, sample_accesses=sample_accesses)
+
+
+def _count(argument: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**31:
+        raise ArgumentError(argument, f"expected an int from 0 to 2**31 - 1, got {value!r}")
+    return value
 
 
 class Profile:
     """Records what the runtime does between ``start()`` and ``stop()``; see the module."""
 
-    def __init__(self):
+    def __init__(self, *, trace_limit: int = halide_trace.DEFAULT_LIMIT,
+                 sample_accesses: int = 0):
+        self.trace_limit = _count("trace_limit", trace_limit)
+        self.sample_accesses = _count("sample_accesses", sample_accesses)
         self.records: list[Record] = []
         #: {function: {"noop": n, "foreign": n, "refused": n}}: calls decided in C.
         self.decided_in_c: dict[str, dict[str, int]] = {}
@@ -100,6 +117,11 @@ class Profile:
         #: each change: held by Buffers, and kept idle for reuse (shim/backends/pool.py).
         self.memory: list[tuple[int, str, int, int]] = []
         self.thread_names: dict[int, str] = {}
+        #: Halide's tracing: {Func: halide_trace.AccessCounts}, the sampled loads and stores
+        #: (halide_trace.Access), and how many events the trace limit left out.
+        self.accesses: dict = {}
+        self.samples: list = []
+        self.trace_dropped = 0
         self.duration_ns = 0
         self._origin = 0
         self._ids = 0
@@ -118,6 +140,7 @@ class Profile:
                 raise ShimError("another profile is recording; stop it first")
             if self._recording or self.duration_ns:
                 raise ShimError("this profile has already recorded; make a new one")
+            halide_trace.start(self.trace_limit, self.sample_accesses)
             self._origin = time.perf_counter_ns()
             lib.shim_profile_reset()
             self._recording = True
@@ -131,9 +154,11 @@ class Profile:
             if _active is not self:
                 raise ShimError("this profile is not recording")
             lib.shim_profile_enable(False)
+            halide_trace.stop()
             _active = None
             self._recording = False
         self.duration_ns = time.perf_counter_ns() - self._origin
+        self._read_trace()
         self._read_c_counts()
         self._read_device_times()
         return self
@@ -242,6 +267,35 @@ class Profile:
             counts = {key: lib.shim_profile_count(value, outcome) for key, outcome in outcomes.items()}
             if any(counts.values()):
                 self.decided_in_c[name] = counts
+
+    def _read_trace(self) -> None:
+        """Halide's trace events become records on the thread each span ran on, in the
+        pipeline call it ran under. A span's parent is the innermost span enclosing it on its
+        thread, else the one Halide names (a realization's pipeline), else its call."""
+        trace = halide_trace.read()
+        self.accesses, self.trace_dropped = trace.accesses, trace.dropped
+        # (times from the profile's start, like the records')
+        self.samples = [replace(a, time_ns=a.time_ns - self._origin) for a in trace.samples]
+        for access in self.samples:
+            self.thread_names.setdefault(access.thread, f"thread {access.thread}")
+        by_halide_id: dict[int, Record] = {}
+        open_spans: dict[int, list[Record]] = {}  # thread -> spans enclosing the next start
+        for span in trace.spans:  # (in order of start)
+            self._ids += 1
+            end_ns = span.end_ns if span.end_ns is not None else self._origin + self.duration_ns
+            record = Record(self._ids, span.kind, span.func, span.thread,
+                            span.start_ns - self._origin, end_ns - span.start_ns, box=span.box)
+            record.call = self._calls.get(span.call) if span.call else None
+            stack = open_spans.setdefault(span.thread, [])
+            while stack and stack[-1].start_ns + stack[-1].duration_ns <= record.start_ns:
+                stack.pop()
+            named = by_halide_id.get(span.parent_id)
+            record.parent = (stack[-1].id if stack else named.id if named is not None
+                             else record.call)
+            stack.append(record)
+            by_halide_id[span.halide_id] = record
+            self.thread_names.setdefault(span.thread, f"thread {span.thread}")
+            self.records.append(record)
 
     def _read_device_times(self) -> None:
         """Turn the markers into device times (the device finishes its work first), then lay

@@ -1,0 +1,149 @@
+"""Halide's tracing, read while ``shim.profile()`` records.
+
+A pipeline built with ``-trace_realizations``, ``-trace_pipeline``, ``-trace_loads``,
+``-trace_stores`` or ``-trace_all`` (or with ``Func.trace_*`` in its schedule) reports events
+through ``halide_trace``. The native library's handler (native_stubs/tracing.c) hands them to
+Halide's own handler while nothing records, so Halide's printing (or ``HL_TRACE_FILE``) is
+untouched. While a profile records it keeps, without entering Python:
+
+- begin and end events of realizations, productions, consumptions and pipelines, with the
+  thread, the pipeline call and the box, in a buffer of at most ``limit`` events (a begin is
+  kept only with room for its end, so what is kept nests);
+- per Func, the number of loads and stores (and values, counting vector lanes); every
+  ``sample_every``th access is kept as an event too where that is asked for.
+
+``read()`` pairs the kept events into ``Span``s and returns them with the counts, once the
+profile has stopped.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from shim.errors import ShimError
+from shim.native import ffi, lib
+
+# halide_trace_event_code_t: begin event -> (its end event, what a span of it is called)
+SPAN_KINDS = {2: (3, "realization"), 4: (5, "production"), 6: (7, "consumption"),
+              8: (9, "halide pipeline")}
+ACCESS_KINDS = {0: "load", 1: "store"}
+_ENDS = {end for end, _ in SPAN_KINDS.values()}
+_DTYPES = {(0, 8): np.int8, (0, 16): np.int16, (0, 32): np.int32, (0, 64): np.int64,
+           (1, 1): np.bool_, (1, 8): np.uint8, (1, 16): np.uint16, (1, 32): np.uint32,
+           (1, 64): np.uint64, (2, 16): np.float16, (2, 32): np.float32, (2, 64): np.float64}
+
+DEFAULT_LIMIT = 20_000  # events kept per profile: at most 10,000 spans, a trace of a few MB
+
+
+@dataclass(frozen=True, slots=True)
+class Span:
+    """One realization, production, consumption or traced pipeline run: from its begin event
+    to its end (``end_ns`` None: the end came after the profile stopped). ``box`` is
+    ((min, extent), ...) per dimension as Halide passed it; ``call`` the native call id it ran
+    under (0: none); ``halide_id``/``parent_id`` Halide's trace ids (the parent of a
+    realization is its pipeline's id, of a production its realization's)."""
+
+    kind: str
+    func: str
+    thread: int
+    start_ns: int
+    end_ns: int | None
+    call: int
+    box: tuple
+    value_index: int
+    halide_id: int
+    parent_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class Access:
+    """A sampled load or store: the element's coordinates (a vector access: each lane's, in
+    turn) and the first lane's value."""
+
+    kind: str
+    func: str
+    thread: int
+    time_ns: int
+    call: int
+    coordinates: tuple
+    value: object
+
+
+@dataclass(frozen=True, slots=True)
+class AccessCounts:
+    loads: int
+    stores: int
+    loaded_values: int
+    stored_values: int
+
+
+@dataclass(frozen=True, slots=True)
+class Trace:
+    spans: list
+    samples: list
+    accesses: dict  # Func name -> AccessCounts (Funcs with at least one load or store)
+    dropped: int    # begin events and samples left out: the limit was reached
+
+
+def start(limit: int, sample_every: int) -> None:
+    if lib.shim_trace_start(limit, sample_every) != 0:
+        raise ShimError(f"no memory for a trace of {limit} events; pass a smaller trace_limit")
+
+
+def stop() -> None:
+    lib.shim_trace_stop()
+
+
+def read() -> Trace:
+    """What was recorded since ``start``; call after ``stop``."""
+    names = _func_names()
+    begins: dict[int, object] = {}
+    spans, samples = [], []
+    events = lib.shim_trace_events()
+    for i in range(lib.shim_trace_count()):
+        e = events[i]
+        if e.event in SPAN_KINDS:
+            begins[e.id] = e
+        elif e.event in _ENDS:
+            begin = begins.pop(e.parent_id, None)
+            if begin is not None:
+                spans.append(_span(begin, e.time_ns, names))
+        elif e.event in ACCESS_KINDS:
+            samples.append(_access(e, names))
+    spans.extend(_span(b, None, names) for b in begins.values())
+    spans.sort(key=lambda s: s.start_ns)
+    table = lib.shim_trace_func_table()
+    accesses = {}
+    for slot, name in names.items():
+        f = table[slot]
+        if f.loads or f.stores:
+            accesses[name] = AccessCounts(f.loads, f.stores, f.loaded_values, f.stored_values)
+    return Trace(spans, samples, accesses, lib.shim_trace_dropped())
+
+
+def _func_names() -> dict[int, str]:
+    table = lib.shim_trace_func_table()
+    return {slot: ffi.string(table[slot].name).decode("utf-8", "replace")
+            for slot in range(lib.SHIM_TRACE_FUNCS) if table[slot].name != ffi.NULL}
+
+
+def _coordinates(e) -> tuple:
+    return tuple(e.coordinates[0:min(e.dimensions, lib.SHIM_TRACE_COORDINATES)])
+
+
+def _span(begin, end_ns, names) -> Span:
+    c = _coordinates(begin)
+    box = tuple((c[i], c[i + 1]) for i in range(0, len(c) - 1, 2))
+    return Span(SPAN_KINDS[begin.event][1], names.get(begin.func, "?"), begin.thread,
+                begin.time_ns, end_ns, begin.call, box, begin.value_index,
+                begin.id & lib.SHIM_TRACE_ID_MASK, begin.parent_id & lib.SHIM_TRACE_ID_MASK)
+
+
+def _access(e, names) -> Access:
+    dtype = _DTYPES.get((e.type_code, e.type_bits))
+    value = None if dtype is None else \
+        np.frombuffer(bytes(ffi.buffer(e.value, 8)), dtype, count=1)[0].item()
+    return Access(ACCESS_KINDS[e.event], names.get(e.func, "?"), e.thread, e.time_ns, e.call,
+                  _coordinates(e), value)
