@@ -87,17 +87,23 @@ def _pipeline_table(profile) -> str:
 
 def _stage_tables(profile) -> list[str]:
     """Per pipeline built with Halide's profiler: its Funcs over the profile's calls, as
-    Halide's profiler saw them (shim/halide_profiler.py)."""
+    Halide's profiler saw them (shim/halide_profiler.py), and the kernels each launched."""
     by_name = defaultdict(list)
     for record, stages in profile.stages:
         by_name[record.name].append(stages)
+    calls = {r.id: r.name for r, _ in profile.stages}
+    launches = defaultdict(list)  # (pipeline, stage) -> its kernel launches
+    for record in profile.records:
+        if record.kind == "launch" and record.stage is not None:
+            launches[calls[record.call], record.stage].append(record)
     tables = []
-    for name, calls in sorted(by_name.items()):
-        total = sum(c.time_ns for c in calls)
+    for name, calls_stages in sorted(by_name.items()):
+        total = sum(c.time_ns for c in calls_stages)
         funcs: dict[int, list] = {}
-        for call in calls:
+        for call in calls_stages:
             for stage in call.funcs():
                 funcs.setdefault(stage.index, []).append(stage)
+        on_device = any(pipeline == name for pipeline, _ in launches)
         rows = []
         for index in sorted(funcs):
             stages = funcs[index]
@@ -107,20 +113,26 @@ def _stage_tables(profile) -> list[str]:
                        / samples if samples else None)
             allocs = sum(s.num_allocs for s in stages)
             memory = sum(s.memory_total for s in stages)
-            rows.append([stages[0].name, f"{time_ns / 1e6:.3f}",
-                         f"{time_ns / len(calls) / 1e3:.1f}",
-                         f"{100 * time_ns / total:.1f}%" if total else "-",
-                         f"{threads:.2f}" if threads is not None else "-",
-                         _bytes(max(s.memory_peak for s in stages)), _bytes(memory), allocs,
-                         _bytes(memory // allocs) if allocs else "-",
-                         _bytes(max(s.stack_peak for s in stages))])
-        samples = sum(c.samples for c in calls)
+            row = [stages[0].name, f"{time_ns / 1e6:.3f}",
+                   f"{time_ns / len(calls_stages) / 1e3:.1f}",
+                   f"{100 * time_ns / total:.1f}%" if total else "-",
+                   f"{threads:.2f}" if threads is not None else "-",
+                   _bytes(max(s.memory_peak for s in stages)), _bytes(memory), allocs,
+                   _bytes(memory // allocs) if allocs else "-",
+                   _bytes(max(s.stack_peak for s in stages))]
+            if on_device:
+                kernels = launches.get((name, stages[0].name), [])
+                device = [r.device_ns for r in kernels if r.device_ns is not None]
+                row += [len(kernels), f"{sum(device) / 1e6:.3f}" if device else "-"]
+            rows.append(row)
+        samples = sum(c.samples for c in calls_stages)
         tables.append(_table(
-            f"Stages of {name} (Halide's profiler: {_plural(len(calls), 'call')}, "
+            f"Stages of {name} (Halide's profiler: {_plural(len(calls_stages), 'call')}, "
             f"{total / 1e6:.3f} ms, {_plural(samples, 'sample')}, peak heap "
-            f"{_bytes(max(c.memory_peak for c in calls))})",
+            f"{_bytes(max(c.memory_peak for c in calls_stages))})",
             ["func", "total ms", "mean us", "share", "threads", "peak mem", "total mem",
-             "allocs", "avg alloc", "stack peak"], rows))
+             "allocs", "avg alloc", "stack peak"]
+            + (["launches", "device ms"] if on_device else []), rows))
     return tables
 
 
@@ -310,6 +322,8 @@ def _slice(record, pid: int, tid: int, start_ns: int, duration_ns: int) -> dict:
         args["result"] = f"{record.result} ({error_name(record.result)})"
     if record.box is not None:
         args["box"] = [list(d) for d in record.box]
+    if record.stage is not None:
+        args["stage"] = record.stage
     if record.stages is not None:
         calls = record.stages
         args["halide profiler"] = {

@@ -24,6 +24,7 @@ One profile records at a time. With none recording, the hooks below cost one glo
 from __future__ import annotations
 
 import itertools
+import re
 import threading
 import time
 from dataclasses import dataclass, field, replace
@@ -38,6 +39,8 @@ from shim.types import HalideType
 C_FUNCTIONS = {value: name.removeprefix("SHIM_FN_").lower()
                for value, name in ffi.typeof("enum shim_function").elements.items()
                if name != "SHIM_FN_COUNT"}
+
+_NOT_IN_C_NAMES = re.compile(r"\W")
 
 _active: Profile | None = None
 _start_lock = threading.Lock()
@@ -84,6 +87,9 @@ class Record:
     #: A span of Halide's tracing (kinds "realization", "production", "consumption",
     #: "halide pipeline"): the box Halide passed, ((min, extent), ...) per dimension.
     box: tuple | None = None
+    #: A kernel launch in a call of a build with Halide's profiler: the Func (stage) whose
+    #: kernel it is, from the kernel's name (Halide names it after the Func's loop).
+    stage: str | None = None
     _snapshot: object = field(default=None, repr=False)
 
 
@@ -161,6 +167,7 @@ class Profile:
         self._read_trace()
         self._read_c_counts()
         self._read_device_times()
+        self._attribute_launches()
         return self
 
     def __enter__(self) -> Profile:
@@ -296,6 +303,19 @@ class Profile:
             by_halide_id[span.halide_id] = record
             self.thread_names.setdefault(span.thread, f"thread {span.thread}")
             self.records.append(record)
+
+    def _attribute_launches(self) -> None:
+        """Name the stage of each kernel launched by a profiled call: Halide names a kernel
+        "_kernel_" + the Func's loop, with every character other than letters, digits and
+        "_" replaced by "_" (the longest matching Func wins: blur_x over blur)."""
+        calls = {r.id: r for r in self.records if r.kind == "pipeline" and r.stages is not None}
+        for record in self.records:
+            call = calls.get(record.call) if record.kind == "launch" else None
+            if call is None:
+                continue
+            matches = [s.name for s in call.stages.stages if record.name.startswith(
+                "_kernel_" + _NOT_IN_C_NAMES.sub("_", s.name) + "_s")]
+            record.stage = max(matches, key=len, default=None)
 
     def _read_device_times(self) -> None:
         """Turn the markers into device times (the device finishes its work first), then lay

@@ -211,3 +211,90 @@ def test_the_report_at_exit_can_be_silenced_or_sent_to_a_file(built, tmp_path, s
         assert f"{NAME}\n total time:" in text and "runs: 1" in text and "blur_x" in text
     else:
         assert not report.exists()
+
+
+GPU_NAME = "hp_gpu_stages"
+GPU_SOURCE = """
+import subprocess, sys
+import halide as hl
+x, y = hl.Var("x"), hl.Var("y")
+xo, yo, xi, yi = hl.Var("xo"), hl.Var("yo"), hl.Var("xi"), hl.Var("yi")
+inp = hl.ImageParam(hl.Float(32), 2, "inp")
+blur_x, blur_y, out = hl.Func("blur_x"), hl.Func("blur_y"), hl.Func("out")
+blur_x[x, y] = (inp[x, y] + inp[x + 1, y] + inp[x + 2, y]) / 3
+blur_y[x, y] = (blur_x[x, y] + blur_x[x, y + 1] + blur_x[x, y + 2]) / 3
+out[x, y] = blur_y[x, y] + 1
+for f in (blur_x, blur_y, out):
+    if f is not out:
+        f.compute_root()
+    f.gpu_tile(x, y, xo, yo, xi, yi, 8, 8)
+obj, lib, features = sys.argv[1:]
+out.compile_to({hl.OutputFileType.object: obj}, [inp], "%s", hl.Target("host-opencl-" + features))
+subprocess.run(["cc", "-shared", "-o", lib, obj, "-lpthread", "-ldl"], check=True)
+""" % GPU_NAME
+GPU_FUNCS = ("blur_x", "blur_y", "out")
+
+
+@pytest.fixture(scope="module", params=["profile", "profile-trace_realizations"])
+def gpu_built(request, opencl, tmp_path_factory):
+    """An OpenCL build of the blur, every Func a kernel, with Halide's profiler (and, in the
+    second, its tracing too)."""
+    pytest.importorskip("halide", reason="compiling test pipelines needs halide")
+    work = tmp_path_factory.mktemp("hp_gpu")
+    path = work / f"{GPU_NAME}.so"
+    subprocess.run([sys.executable, "-c", GPU_SOURCE, str(work / "p.o"), str(path),
+                    request.param], check=True)
+    return request.param, shim.load(path)
+
+
+def _inside(inner: dict, outer: dict) -> bool:
+    return outer["ts"] <= inner["ts"] and inner["ts"] + inner["dur"] <= outer["ts"] + outer["dur"]
+
+
+def test_an_opencl_build_shows_device_stages_and_their_launches_on_one_timeline(gpu_built,
+                                                                               tmp_path):
+    features, pipeline = gpu_built
+    width, height = 256, 128
+    inp = np.random.default_rng(1).random((height + 2, width + 2), dtype=np.float32)
+    blur_x = (inp[:, :-2] + inp[:, 1:-1] + inp[:, 2:]) / 3
+    expected = (blur_x[:-2] + blur_x[1:-1] + blur_x[2:]) / 3 + 1
+    pipeline(inp, out=np.empty((height, width), np.float32))  # (kernels compiled)
+    with shim.profile() as prof:
+        results = [pipeline(inp, out=np.empty((height, width), np.float32)) for _ in range(2)]
+    for result in results:
+        np.testing.assert_allclose(result, expected, rtol=1e-5)
+    assert len(prof.stages) == 2
+    for record, stages in prof.stages:
+        assert set(GPU_FUNCS) <= {s.name for s in stages.funcs()}
+        launches = [r for r in prof.records if r.kind == "launch" and r.call == record.id]
+        # one kernel per Func per call, each named after the Func it computes
+        assert sorted(r.stage for r in launches) == sorted(GPU_FUNCS)
+        for launch in launches:
+            assert launch.name.startswith(f"_kernel_{launch.stage}_s0")
+            assert launch.device_ns is not None and launch.device_ns > 0
+            assert record.start_ns <= launch.start_ns
+            assert launch.start_ns + launch.duration_ns <= record.start_ns + record.duration_ns
+    table = prof.summary().split(f"Stages of {GPU_NAME}")[1].split("\n\n")[0]
+    assert "launches" in table.splitlines()[1] and "device ms" in table.splitlines()[1]
+    for name in GPU_FUNCS:
+        [row] = [line for line in table.splitlines() if line.split("  ")[0] == name]
+        assert row.split()[-2] == "2"  # launches: one per call
+
+    events = json.loads(open(prof.save_trace(tmp_path / "gpu.json")).read())["traceEvents"]
+    calls = [e for e in events if e.get("cat") == "pipeline" and e["name"] == GPU_NAME]
+    assert len(calls) == 2
+    for call in calls:
+        assert set(GPU_FUNCS) <= set(call["args"]["halide profiler"]["stages"])
+        host = [e for e in events if e.get("cat") == "launch" and e["pid"] == call["pid"]
+                and e["args"].get("call") == call["args"]["record"]]
+        device = [e for e in events if e.get("cat") == "launch" and e["pid"] != call["pid"]
+                  and e["args"].get("call") == call["args"]["record"]]
+        assert sorted(e["args"]["stage"] for e in host) == sorted(GPU_FUNCS)
+        assert sorted(e["args"]["stage"] for e in device) == sorted(GPU_FUNCS)
+        assert all(e["tid"] == call["tid"] and _inside(e, call) for e in host)
+        if "trace_realizations" in features:
+            # each kernel runs inside its Func's production, on the calling thread
+            produce = {e["name"]: e for e in events if e.get("cat") == "production"
+                       and e["args"].get("call") == call["args"]["record"]}
+            for launch in host:
+                assert _inside(launch, produce[f"produce {launch['args']['stage']}"])
