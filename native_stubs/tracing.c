@@ -16,6 +16,7 @@
  * frees the buffer: a handler increments in_flight before it checks `recording`, and the stop
  * clears `recording` before it checks in_flight (both sequentially consistent), so either the
  * handler sees the stop or the stop sees the handler. */
+#include <pthread.h>
 #include <sched.h>
 #include <stdlib.h>
 #include <string.h>
@@ -178,8 +179,15 @@ static int32_t shim_trace_handler(void *user_context, const struct halide_trace_
     return id;
 }
 
+/* A child of fork has only the forking thread: handlers other threads were in do not exist
+ * there, and a stop must not wait for them. */
+static void forget_other_threads(void) {
+    __atomic_store_n(&in_flight, 0, __ATOMIC_SEQ_CST);
+}
+
 __attribute__((constructor)) static void install_handler(void) {
     previous_handler = halide_set_custom_trace(shim_trace_handler);
+    pthread_atfork(NULL, NULL, forget_other_threads);
 }
 
 int shim_trace_start(int32_t new_capacity, uint64_t every) {
