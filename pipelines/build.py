@@ -2,13 +2,16 @@
 
     python -m shim.pipelines.build                 # every pipeline, host target, both runtimes
     python -m shim.pipelines.build blur3x3 --target opencl --runtime no_runtime
+    python -m shim.pipelines.build blur3x3 --feature profile      # Halide's profiler built in
     python -m shim.pipelines.build --list
 
-Each (pipeline, target, runtime) becomes one .so in the cache directory
+Each (pipeline, target, runtime, features) becomes one .so in the cache directory
 ($HALIDE_SHIM_PIPELINES, default ~/.cache/halide-shim/pipelines), named after a hash of the
 generator's source, the target, the runtime choice and the halide version, so a build is
 reused until one of them changes. ``runtime`` is "bundled" (Halide's default: the runtime
 is compiled into the .so) or "no_runtime" (the .so needs the shim's runtime to load).
+``features`` are Halide target features added to the target (``profile``,
+``trace_realizations``, ...): such a build is named NAME-TARGET-FEATURE...-RUNTIME-HASH.so.
 
 Prebuilt libraries are found without halide: each build records the halide version it used
 in the directory (a ``HALIDE_VERSION`` file), and where halide is not installed the cache
@@ -24,6 +27,7 @@ import ast
 import hashlib
 import importlib.util
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -161,13 +165,27 @@ def record_halide_version(directory: Path, version: str) -> None:
 
 @dataclass(frozen=True)
 class Build:
-    """One shared library to build: a generator for a target, with or without its runtime."""
+    """One shared library to build: a generator for a target, with or without its runtime,
+    with Halide target features added (``features``: names such as "profile" or
+    "trace_realizations", or one string "profile-trace_realizations"; kept sorted)."""
 
     name: str
     target: str = "host"
     runtime: str = "bundled"
+    features: tuple[str, ...] = ()
 
     def __post_init__(self):
+        features = self.features
+        if isinstance(features, str):
+            features = features.split("-") if features else ()
+        features = tuple(sorted(set(features)))
+        for feature in features:
+            if not isinstance(feature, str) or not _FEATURE.fullmatch(feature):
+                raise ValueError(f"bad target feature {feature!r}: expected a Halide target "
+                                 "feature's name, such as profile or trace_realizations")
+            if feature == "no_runtime":
+                raise ValueError("no_runtime is a runtime choice: pass runtime='no_runtime'")
+        object.__setattr__(self, "features", features)
         if self.name not in generator_names():
             raise ValueError(f"unknown pipeline {self.name!r}; known: {', '.join(generator_names())}")
         if self.target not in TARGETS:
@@ -177,8 +195,13 @@ class Build:
 
     @property
     def halide_target(self) -> str:
-        target = TARGETS[self.target]
+        target = "-".join((TARGETS[self.target], *self.features))
         return f"{target}-no_runtime" if self.runtime == "no_runtime" else target
+
+    @property
+    def variant(self) -> str:
+        """The target and its added features, as the file name has them: host-profile."""
+        return "-".join((self.target, *self.features))
 
     @property
     def module(self) -> str:
@@ -196,15 +219,19 @@ class Build:
 
     def path(self, directory: Path | None = None, version: str | None = None) -> Path:
         directory = cache_dir() if directory is None else Path(directory)
-        return directory / f"{self.name}-{self.target}-{self.runtime}-{self.key(directory, version)}.so"
+        return directory / f"{self.name}-{self.variant}-{self.runtime}-{self.key(directory, version)}.so"
+
+
+# A Halide target feature's name (Target::Feature's spelling in target strings).
+_FEATURE = re.compile(r"[a-z][a-z0-9_]*")
 
 
 def _missing(spec: Build, out: Path) -> MissingLibrary:
-    others = sorted(p.name for p in out.parent.glob(f"{spec.name}-{spec.target}-{spec.runtime}-*.so"))
+    others = sorted(p.name for p in out.parent.glob(f"{spec.name}-{spec.variant}-{spec.runtime}-*.so"))
     hint = (f" ({', '.join(others)} there was built from other generator source or for another "
             "halide version)" if others else "")
     return MissingLibrary(
-        f"pipeline library {out.name} ({spec.name}, target {spec.target}, runtime {spec.runtime}) "
+        f"pipeline library {out.name} ({spec.name}, target {spec.variant}, runtime {spec.runtime}) "
         f"is not in {out.parent}{hint}, and halide is not installed: building it needs halide "
         f"({GET_HALIDE}), or bring it prebuilt (benchmarks/gpu_kit.py prepare)")
 
@@ -255,7 +282,7 @@ def build_all(specs, directory=None, jobs=None, progress=print) -> dict[Build, P
         error = _missing(todo[0], todo[0].path(directory))
         if len(todo) > 1:
             error.args = (f"{error} (and {len(todo) - 1} more: "
-                          f"{', '.join(f'{s.name}/{s.target}/{s.runtime}' for s in todo[1:])})",)
+                          f"{', '.join(f'{s.name}/{s.variant}/{s.runtime}' for s in todo[1:])})",)
         raise error
     if installed is not None and results:
         # Directories filled before versions were recorded get their stamp here.
@@ -269,7 +296,7 @@ def build_all(specs, directory=None, jobs=None, progress=print) -> dict[Build, P
             spec = futures[future]
             results[spec] = future.result()
             if progress:
-                progress(f"[{done}/{len(todo)}] built {spec.name} ({spec.target}, {spec.runtime}) "
+                progress(f"[{done}/{len(todo)}] built {spec.name} ({spec.variant}, {spec.runtime}) "
                          f"at {time.monotonic() - started:.1f}s")
     return results
 
@@ -283,6 +310,9 @@ def main(argv=None) -> int:
                         help="target to build for; repeatable (default: host)")
     parser.add_argument("--runtime", action="append", choices=RUNTIMES,
                         help="bundled runtime or no_runtime; repeatable (default: both)")
+    parser.add_argument("--feature", action="append", default=[], metavar="FEATURE",
+                        help="Halide target feature to add to every build (profile, "
+                             "trace_realizations, ...); repeatable")
     parser.add_argument("--out", type=Path, help="output directory (default: the cache directory)")
     parser.add_argument("-j", "--jobs", type=int, help="parallel builds (default: one per core)")
     parser.add_argument("--list", action="store_true", help="list the pipelines and exit")
@@ -293,10 +323,13 @@ def main(argv=None) -> int:
     unknown = sorted(set(args.names) - set(generator_names()))
     if unknown:
         parser.error(f"unknown pipeline(s): {', '.join(unknown)}")
-    specs = [Build(n, t, r)
-             for n in (args.names or generator_names())
-             for t in (args.target or ["host"])
-             for r in (args.runtime or list(RUNTIMES))]
+    try:
+        specs = [Build(n, t, r, tuple(args.feature))
+                 for n in (args.names or generator_names())
+                 for t in (args.target or ["host"])
+                 for r in (args.runtime or list(RUNTIMES))]
+    except ValueError as e:
+        parser.error(str(e))
     try:
         results = build_all(specs, args.out, args.jobs)
     except RuntimeError as e:

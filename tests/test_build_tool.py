@@ -108,3 +108,34 @@ def test_without_halide_or_a_version_stamp_the_error_says_so(tmp_path, monkeypat
         build_module.build(Build("brighten"), tmp_path)
     with pytest.raises(build_module.MissingLibrary, match="halide is not installed"):
         build_module.build_all([Build("brighten")], tmp_path / "elsewhere")
+
+
+def test_target_features_get_their_own_builds():
+    plain = Build("blur3x3")
+    profiled = Build("blur3x3", features=("profile",))
+    assert profiled.halide_target == "host-profile"
+    assert Build("blur3x3", runtime="no_runtime", features="trace_realizations-profile").halide_target \
+        == "host-profile-trace_realizations-no_runtime"
+    # kept sorted and once each: one build whichever order they are given in
+    assert Build("blur3x3", features=["trace_realizations", "profile", "profile"]) == \
+        Build("blur3x3", features=("profile", "trace_realizations"))
+    assert len({plain.key(), profiled.key(), Build("blur3x3", features=("trace_realizations",)).key()}) == 3
+    assert profiled.path().name.startswith("blur3x3-host-profile-bundled-")
+    assert plain.path().name.startswith("blur3x3-host-bundled-")  # (names of existing builds kept)
+    for bad in ("Profile", "no_runtime", "", "a b"):
+        with pytest.raises(ValueError):
+            Build("blur3x3", features=(bad,))
+
+
+def test_command_line_adds_target_features(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "shim.pipelines.build", "brighten", "--runtime", "no_runtime",
+                           "--feature", "profile", "--out", str(tmp_path)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    library = Path(done.stdout.splitlines()[-1])
+    assert library.name.startswith("brighten-host-profile-no_runtime-") and library.exists()
+    import shim
+
+    assert "profile" in shim.load(library).target.split("-")
+    done = subprocess.run([sys.executable, "-m", "shim.pipelines.build", "brighten", "--feature", "Bad"],
+                          capture_output=True, text=True)
+    assert done.returncode == 2 and "bad target feature 'Bad'" in done.stderr
