@@ -20,7 +20,7 @@ import re
 import sys
 
 import shim
-from shim import runner, timing
+from shim import halide_profiler, runner, timing
 from shim.devices import kinds
 from shim.elf import pipeline_names
 
@@ -66,7 +66,16 @@ def _info(args, parser) -> int:
 def _demo(args, parser) -> int:
     from shim import demo
 
+    _no_halide_exit_report()
     return demo.run()
+
+
+def _no_halide_exit_report() -> None:
+    """For the commands that print a profile's summary (profile, demo): its Stages tables show
+    Halide's profiler figures, and Halide's own report at exit (on stderr) would repeat them.
+    It stays where HALIDE_SHIM_PROFILER_REPORT names a destination (a file, /dev/stderr)."""
+    if not os.environ.get(halide_profiler.ENV_VAR, "").strip():
+        halide_profiler.set_exit_report("off")
 
 
 def _run(args, parser) -> int:
@@ -102,6 +111,8 @@ def _run(args, parser) -> int:
     texts = {name: text for name, text in vars(own.parse_args(pipeline_values)).items()
              if text is not None}
     console = runner.Console(args.verbose)
+    if args.command == "profile":
+        _no_halide_exit_report()
     if args.chunks is not None or args.scheduler is not None:
         from shim import run_chunked  # (its dask is an optional extra)
 
