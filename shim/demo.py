@@ -1,5 +1,11 @@
 """``python -m shim demo``: build the sample pipelines if needed, run them through the shim,
-check every result against numpy, and say what happened."""
+check every result against numpy, and say what happened.
+
+The 3x3 blur is also built with Halide's profiler (target feature ``profile``) and with its
+tracing (``trace_realizations``), and run on a larger image: the profile at the end then has
+a "Stages of blur3x3" table (Halide's per-Func figures) and a "Realizations of blur3x3" table,
+and its timeline has the figures on each call of the first and the realize/produce slices of
+the second."""
 
 from __future__ import annotations
 
@@ -33,6 +39,12 @@ def _blur_reference(image: np.ndarray) -> np.ndarray:
 
 TRACE_PATH = os.path.join(tempfile.gettempdir(), "halide-shim-demo-trace.json")
 
+# Builds of the blur with Halide's profiler and with its tracing. They run on a larger image:
+# Halide's profiler samples every millisecond, and the small image's calls would mostly fall
+# between two samples.
+HALIDE_FEATURES = ("profile", "trace_realizations")
+LARGE = (1922, 2562)
+
 
 def run(say=print) -> int:
     try:
@@ -48,14 +60,18 @@ def _demo(say) -> int:
     specs = [Build(name, "host", runtime)
              for name in ("brighten", "blur3x3", "histogram", "sum_diff")
              for runtime in ("bundled", "no_runtime")]
+    specs += [Build("blur3x3", "host", "bundled", (feature,)) for feature in HALIDE_FEATURES]
     say(f"building {len(specs)} pipeline libraries (cached after the first run) ...")
     paths = build_all(specs, progress=lambda line: say("  " + line))
     with shim.profile() as prof:
         failures = _run_all(say, specs, paths)
     say("")
-    say("What the runtime did during the demo (shim.profile):")
+    say("What the runtime did during the demo (shim.profile; the blur's -profile build adds "
+        "Halide's per-Func figures, its -trace_realizations build Halide's realizations):")
     say(prof.summary())
-    say(f"timeline: {prof.save_trace(TRACE_PATH)} (open it in https://ui.perfetto.dev)")
+    say(f"timeline: {prof.save_trace(TRACE_PATH)} (open it in https://ui.perfetto.dev; the "
+        "-profile build's calls carry Halide's figures, the -trace_realizations build's calls "
+        "hold realize and produce slices)")
     say("all results match numpy" if not failures else f"{failures} result(s) differ from numpy")
     return 1 if failures else 0
 
@@ -67,11 +83,18 @@ def _run_all(say, specs, paths) -> int:
     gray = rng.integers(0, 256, size=(480, 640), dtype=np.uint8)
     a = rng.integers(-1000, 1000, size=(480, 640), dtype=np.int32)
     b = rng.integers(-1000, 1000, size=(480, 640), dtype=np.int32)
+    large = rng.integers(0, 1 << 16, size=LARGE, dtype=np.uint16)
 
     failures = 0
+    width = max(len(_build_label(spec)) for spec in specs)
     for spec in specs:
         pipeline = shim.load(paths[spec])
-        if spec.name == "brighten":
+        if spec.name == "blur3x3" and spec.features:
+            (h, w) = (n - 2 for n in large.shape)
+            result, ms = _timed(lambda: pipeline(large, output=(h, w)))
+            ok = np.array_equal(result.numpy(), _blur_reference(large))
+            what = f"3x3 blur {w + 2}x{h + 2} -> {w}x{h} uint16"
+        elif spec.name == "brighten":
             result, ms = _timed(lambda: pipeline(photo, scale=1.5, output=photo.shape))
             ok = np.allclose(result.numpy(), photo * 1.5 + 1.0)
             what = "brighten 640x480 float32 (scale=1.5)"
@@ -89,7 +112,7 @@ def _run_all(say, specs, paths) -> int:
             what = "sum and difference, two outputs"
         failures += not ok
         verdict = "matches numpy" if ok else "DIFFERS FROM NUMPY"
-        say(f"  {what:<40} {spec.runtime:<10} {ms:7.3f} ms/call  {verdict}")
+        say(f"  {what:<40} {_build_label(spec):<{width}} {ms:7.3f} ms/call  {verdict}")
 
     try:
         shim.load(paths[specs[0]])(photo, scale=20.0, output=photo.shape)
@@ -100,6 +123,11 @@ def _run_all(say, specs, paths) -> int:
     say(f"DLPack: np.from_dlpack(result) shares the Buffer's memory: "
         f"{np.shares_memory(view, result.numpy())}")
     return failures + _gpu_chain(say, photo)
+
+
+def _build_label(spec: Build) -> str:
+    """How the demo names a build: its runtime, and the Halide target features it adds."""
+    return " ".join([spec.runtime, *(f"-{feature}" for feature in spec.features)])
 
 
 def _gpu_chain(say, image: np.ndarray) -> int:

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from gpu_cases import blur_reference
+from support.summary_tables import table
 from shim.pipelines.build import Build, build
 
 
@@ -49,9 +50,31 @@ def test_demo_runs_checks_its_results_and_ends_with_a_profile():
     assert done.returncode == 0, done.stdout + done.stderr
     assert "all results match numpy" in done.stdout
     assert "Runtime calls" in done.stdout and "Pipeline calls" in done.stdout
-    trace = next(line.split()[1] for line in done.stdout.splitlines() if line.startswith("timeline: "))
+    lines = done.stdout.splitlines()
+    # the blur built with Halide's profiler and with its tracing, checked against numpy too
+    for feature in ("-profile", "-trace_realizations"):
+        assert any(f"bundled {feature} " in line and line.endswith("matches numpy") for line in lines)
+    # their tables: the Stages of the -profile build's 21 calls (blur_x and the output, each
+    # sampled), the realizations of the -trace_realizations build's
+    title, stages = table(done.stdout, "Stages of blur3x3 ")
+    assert "(Halide's profiler: 21 calls, " in title
+    stages = {row["func"]: row for row in stages}
+    assert {"blur_x", "output"} <= set(stages)
+    assert all(float(stages[f]["total ms"]) > 0 for f in ("blur_x", "output")), stages
+    assert stages["blur_x"]["allocs"] == "21"
+    _, realizations = table(done.stdout, "Realizations of blur3x3 (Halide's tracing)")
+    assert {(r["func"], r["realizations"], r["productions"]) for r in realizations} == \
+        {("blur_x", "21", "21"), ("output", "21", "21")}
+    # Halide's profiler report at exit would repeat the Stages table: the demo leaves it out
+    assert "total time:" not in done.stderr, done.stderr
+    trace = next(line.split()[1] for line in lines if line.startswith("timeline: "))
     events = json.loads(open(trace).read())["traceEvents"]
-    assert any(e["ph"] == "X" and e["name"] == "blur3x3" for e in events)
+    blur = [e for e in events if e["ph"] == "X" and e["name"] == "blur3x3"]
+    profiled = [e["args"]["halide profiler"] for e in blur if "halide profiler" in e["args"]]
+    assert len(profiled) == 21
+    assert all({"blur_x", "output"} <= set(p["stages"]) for p in profiled)
+    for slice_name in ("realize blur_x", "produce blur_x", "realize output", "produce output"):
+        assert sum(e["ph"] == "X" and e["name"] == slice_name for e in events) == 21
 
 
 # --- run and profile ------------------------------------------------------------------------

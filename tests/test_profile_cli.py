@@ -11,6 +11,7 @@ import sys
 import pytest
 
 from shim import halide_profiler
+from support.summary_tables import table
 
 NAME = "pcli_blur"
 FUNCS = ("blur_x", "blur_y", "out")
@@ -64,26 +65,6 @@ def shim_cli(*args, env=None):
 
 def _sizes(width, height):
     return f"inp=random:0:[{width + 2},{height + 2}]", f"out=:[{width},{height}]"
-
-
-def table(text: str, title: str) -> tuple[str, list[dict]]:
-    """The summary table whose title starts with ``title``: (its title line, its rows as
-    {column: cell}), cut by the dashes under the header (cells may hold spaces; the columns
-    are two spaces apart)."""
-    lines = text.splitlines()
-    start = next(i for i, line in enumerate(lines) if line.startswith(title))
-    header, dashes = lines[start + 1], lines[start + 2]
-    spans, at = [], 0
-    for dash in dashes.split("  "):
-        spans.append((at, at + len(dash)))
-        at += len(dash) + 2
-    names = [header[a:b].strip() for a, b in spans]
-    rows = []
-    for line in lines[start + 3:]:
-        if not line.strip() or any(line[b:b + 2].strip() for _, b in spans[:-1]):
-            break  # the table's end: a blank line, or a line not in its columns
-        rows.append({name: line[a:b].strip() for name, (a, b) in zip(names, spans)})
-    return lines[start], rows
 
 
 def test_profile_shows_every_func_of_a_profile_build_with_a_time(built, tmp_path):
