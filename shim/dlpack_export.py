@@ -68,7 +68,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from shim import buffer_operations, interrupts
+from shim import device_export, interrupts
 from shim.bridge import backend_calls
 from shim.dlpack_capsules import (
     IS_COPIED,
@@ -79,7 +79,7 @@ from shim.dlpack_capsules import (
     make_capsule,
     version_tuple,
 )
-from shim.errors import ArgumentError, DeviceError
+from shim.errors import DeviceError
 from shim.native import lib
 from shim.types import HalideType
 
@@ -158,36 +158,20 @@ def _export_device(buf, target, stream, copy, versioned, max_version):
         raise BufferError(f"cannot export this buffer to {device_name(target)}: it has {where}; "
                           "copy_to_device() it there first")
     consumer = _consumer_stream(backend, stream)
-    buf.copy_to_device(backend)  # what the host holds newer goes up: the export is current
-    source, flags = buf, 0
-    if copy is True:
-        source, flags = buf.copy_on_device(backend), IS_COPIED
-    elif not buf.writeable:
-        # Memory the program cannot write (a read-only array's Buffer) is exported read-only:
-        # no consumer's writes would ever reach it.
-        if not versioned:
-            raise BufferError("this buffer's memory is read-only, which only a versioned "
-                              "capsule (max_version >= (1, 0)) can say")
-        flags = READ_ONLY
-    else:
-        # The consumer may write through the tensor: from now on the device copy is the truth.
-        try:
-            source.set_device_dirty(True)
-        except (ArgumentError, DeviceError):
-            raise BufferError("another thread freed this buffer's device memory, or wrote its "
-                              "host memory, during the export") from None
-        source.mark_read()
-    unpin, handle, memory = buffer_operations.pin_device(source.raw, backend)
-    try:
-        with backend_calls("DLPack export"):
-            backend.make_visible(consumer, memory)
-        data, offset = backend.dlpack_data(handle)
-    except BaseException:
-        unpin()
-        raise
-    strides = tuple(source.dim(i).stride() for i in reversed(range(source.dimensions())))
-    return make_capsule((source, unpin), data, offset, target, strides, source.shape,
-                        source.type(), flags, versioned, max_version)
+    copy = copy is True
+    if not copy and not buf.writeable and not versioned:
+        # Memory the program cannot write (a read-only array's Buffer) is exported read-only.
+        raise BufferError("this buffer's memory is read-only, which only a versioned "
+                          "capsule (max_version >= (1, 0)) can say")
+
+    def capsule(exported, unpin):
+        flags = (IS_COPIED if copy else 0) | (READ_ONLY if exported.read_only else 0)
+        return make_capsule((exported.source, unpin), exported.data, exported.offset, target,
+                            exported.strides, exported.shape, exported.source.type(), flags,
+                            versioned, max_version)
+
+    return device_export.share(buf, backend, consumer, capsule, what="DLPack export",
+                               copy=copy)
 
 
 def _consumer_stream(backend, stream):
