@@ -27,10 +27,8 @@ from __future__ import annotations
 import threading
 import weakref
 
-from shim import buffer_operations, interrupts, shutdown
-from shim.bridge import backend_calls
+from shim import device_export, shutdown
 from shim.dlpack_capsules import DLDeviceType
-from shim.errors import ArgumentError
 
 VERSION = 3
 LEGACY_DEFAULT_STREAM = 1  # the spec's (and DLPack's) number for it
@@ -42,34 +40,27 @@ _pinned_lock = threading.Lock()  # for the dictionary only
 
 def describe(buf) -> dict:
     """The ``__cuda_array_interface__`` dict of the Buffer ``buf``; AttributeError unless it
-    has a CUDA allocation (BufferError if another thread frees it meanwhile)."""
+    has a CUDA allocation (BufferError if another thread frees or moves it, or writes its host
+    memory, meanwhile: the steps and the races are shim/device_export.py's)."""
     backend = buf.device
     if backend is None or backend.dlpack_device_type != DLDeviceType.CUDA:
         where = "has no device allocation" if backend is None else f"is on {backend.kind}"
         raise AttributeError(f"__cuda_array_interface__: this Buffer {where}, not in CUDA "
                              "memory (copy_to_device(shim.device('cuda')) first, or use DLPack)")
-    buf.copy_to_device(backend)  # what the host holds newer goes up: the export is current
-    read_only = not buf.writeable
-    if not read_only:
-        try:
-            buf.set_device_dirty(True)  # the consumer may write through the pointer
-        except ArgumentError:
-            raise BufferError("another thread freed the Buffer's device memory meanwhile") \
-                from None
-        buf.mark_read()
-    with interrupts.deferred():  # (the pin and what releases it exist together)
-        unpin, handle, memory = buffer_operations.pin_device(buf.raw, backend)
-        _keep_pinned(buf, handle, unpin)
-    with backend_calls("CUDA Array Interface"):
-        backend.make_visible(LEGACY_DEFAULT_STREAM, memory)
-    data, offset = backend.dlpack_data(handle)
-    itemsize = buf.dtype.itemsize
+
+    def keep(exported, unpin):
+        _keep_pinned(buf, exported.handle, unpin)
+        return exported
+
+    exported = device_export.share(buf, backend, LEGACY_DEFAULT_STREAM, keep,
+                                   what="__cuda_array_interface__")
     return {
         "version": VERSION,
-        "shape": buf.shape,
+        "shape": exported.shape,
         "typestr": buf.dtype.str,
-        "data": (data + offset if 0 not in buf.shape else 0, read_only),
-        "strides": tuple(buf.dim(i).stride() * itemsize for i in reversed(range(buf.dimensions()))),
+        "data": (exported.data + exported.offset if 0 not in exported.shape else 0,
+                 exported.read_only),
+        "strides": exported.byte_strides,
         "stream": LEGACY_DEFAULT_STREAM,
     }
 

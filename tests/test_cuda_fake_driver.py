@@ -476,3 +476,61 @@ def test_memory_a_cuda_array_interface_consumer_got_stays_until_the_buffer_goes(
         frees = [op for op in driver.log() if op.kind == "free" and op.detail["address"] == pointer]
         assert len(frees) == 1, driver.log()   # to the driver, not to the pool
     """)
+
+
+def test_cuda_array_interface_meets_a_racing_host_write_with_a_buffer_error(libraries):
+    # Another thread writes the host memory between the upload and the device-dirty mark
+    # (DLPack's device export and to_pyopencl meet it alike: tests/test_device_export.py).
+    run_child(libraries, """
+        import threading
+        from support.hooks import OnEntry
+        buf = shim.Buffer(np.zeros(64, np.float32))
+        buf.copy_to_device(shim.device("cuda"))
+
+        def write():
+            buf.numpy()[:] = 5
+            buf.set_host_dirty()
+
+        def on_another_thread():
+            writer = threading.Thread(target=write)
+            writer.start()
+            writer.join()
+
+        with OnEntry(shim.Buffer.set_device_dirty.__code__, on_another_thread):
+            try:
+                buf.__cuda_array_interface__
+            except BufferError as e:
+                assert "during the export" in str(e) and repr(buf) in str(e), e
+            else:
+                raise AssertionError("the export succeeded")
+        assert buf.host_dirty() and not buf.device_dirty()   # the write stands
+        pointer = buf.__cuda_array_interface__["data"][0]    # and goes up with the next one
+        assert buf.device_dirty()
+        np.testing.assert_array_equal(np.ctypeslib.as_array(
+            (ctypes.c_float * 64).from_address(pointer)), 5)
+    """.replace("import threading", "import ctypes, threading"))
+
+
+def test_a_cuda_array_interface_that_fails_holds_no_pin(libraries):
+    # Ordering the legacy stream after the kernel that wrote the Buffer fails: the read is a
+    # DeviceError, and the allocation, which no consumer got, is not kept for one: freeing
+    # the Buffer's device memory gives it back to the driver at once.
+    run_child(libraries, """
+        brighten = shim.load(libraries["no_runtime"])
+        stream = driver.cuStreamCreate(1)[1]
+        buf = shim.Buffer(np.zeros((8, 16), np.float32))
+        buf.device_malloc(shim.device("cuda"))
+        with shim.stream(stream):
+            brighten(np.ones((8, 16), np.float32), scale=1.0, offset=0.0, output=buf)
+        pointer = buf.raw.device
+        driver.fail_next("cuStreamWaitEvent")
+        try:
+            buf.__cuda_array_interface__
+        except shim.DeviceError as e:
+            assert "cuStreamWaitEvent" in str(e), e
+        else:
+            raise AssertionError("the export succeeded")
+        buf.device_free()
+        frees = [op for op in driver.log() if op.kind == "free" and op.detail["address"] == pointer]
+        assert len(frees) == 1, driver.log()
+    """)
