@@ -11,7 +11,7 @@ queue waits for the work enqueued on it so far; after a pipeline wrote into it, 
 must wait for the shim's before reading (``shim.device("opencl").queue.finish()``, or a
 marker), since the shim cannot know when the Array's queue will next use it.
 
-Dirty bits follow DLPack's device export (shim/dlpack_export.py): the Array may be written,
+Dirty bits follow DLPack's device export (shim/device_export.py): the Array may be written,
 so the Buffer is device-dirty after ``to_pyopencl`` (its next host read downloads); a Buffer
 made by ``from_pyopencl`` is device-dirty, its data living in the Array's memory.
 """
@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import sys
 
-from shim import buffer_operations, interrupts, shutdown
+from shim import device_export, shutdown
 from shim.buffer import Buffer
 from shim.devices import device as get_device
 from shim.dlpack import over_device_memory
@@ -46,7 +46,8 @@ def to_pyopencl(buf: Buffer):
     (pyopencl's own operations refuse those; kernels can take them). The memory stays
     allocated, and is never reused for anything else, as long as any Array over it lives, even
     if the Buffer is dropped or its device memory freed first. (BufferError if another thread
-    frees or moves the Buffer's device memory meanwhile.)"""
+    frees or moves the Buffer's device memory, or writes its host memory, meanwhile: the steps
+    and the races are shim/device_export.py's.)"""
     if not isinstance(buf, Buffer):
         raise ArgumentError("buf", f"expected a shim.Buffer, got {type(buf).__name__}")
     if not buf.writeable:
@@ -55,24 +56,18 @@ def to_pyopencl(buf: Buffer):
                                    "writable copy of the array instead)")
     backend = get_device("opencl")
     cl = _pyopencl()
-    buf.copy_to_device(backend)
-    with interrupts.deferred():  # (the pin and what releases it exist together)
-        _mark_device_dirty(buf)  # pyopencl may write through the Array
-        unpin, handle, _ = buffer_operations.pin_device(buf.raw, backend)
-        try:
-            native, offset = backend.dlpack_data(handle)
-            # The Array's own reference to the cl_mem (OpenCL's reference count keeps it
-            # alive), holding the pin until the last Array or view over it goes. (pyopencl's
-            # memory objects take attributes but no weak references.)
-            memory = cl.Buffer.from_int_ptr(native, retain=True)
-        except BaseException:
-            unpin()
-            raise
+
+    def array(exported, unpin):
+        # The Array's own reference to the cl_mem (OpenCL's reference count keeps it alive),
+        # holding the pin until the last Array or view over it goes. (pyopencl's memory
+        # objects take attributes but no weak references.)
+        memory = cl.Buffer.from_int_ptr(exported.data, retain=True)
         memory.shim_export = _Export(buf, unpin)
-    itemsize = buf.dtype.itemsize
-    strides = tuple(buf.dim(i).stride() * itemsize for i in reversed(range(buf.dimensions())))
-    return cl.array.Array(backend.queue, buf.shape, buf.dtype, data=memory, offset=offset,
-                          strides=strides)
+        return cl.array.Array(backend.queue, exported.shape, buf.dtype, data=memory,
+                              offset=exported.offset, strides=exported.byte_strides)
+
+    # The Array's queue is the shim's own, in order: it follows the shim's work as enqueued.
+    return device_export.share(buf, backend, backend.queue, array, what="to_pyopencl(buf)")
 
 
 def from_pyopencl(array, argument: str = "array") -> Buffer:
@@ -111,15 +106,6 @@ def from_pyopencl(array, argument: str = "array") -> Buffer:
         queue.flush()
     return over_device_memory(backend, memory.int_ptr, array.offset, array.shape, strides,
                               htype, argument, array)
-
-
-def _mark_device_dirty(buf: Buffer) -> None:
-    try:
-        buf.set_device_dirty(True)
-    except ArgumentError:
-        raise BufferError("another thread freed the Buffer's device memory during the export") \
-            from None
-    buf.mark_read()
 
 
 class _Export(Finalized):
