@@ -760,9 +760,13 @@ class Buffer(Finalized):
     @property
     def device(self) -> Backend | None:
         """The device holding this Buffer's device allocation, if any."""
-        if not self.has_device_allocation():
+        # The interface is read once, before the check: another thread freeing the memory in
+        # between leaves a stale answer (which the caller's next device step refuses cleanly),
+        # never a null interface to look up.
+        interface = self._raw.device_interface
+        if interface == ffi.NULL or not self.has_device_allocation():
             return None
-        return devices.backend_for_interface(self._raw.device_interface)
+        return devices.backend_for_interface(interface)
 
     def device_malloc(self, device=None, target=None) -> int:
         """Allocate device memory (default: on the shim's default device). Does nothing if
