@@ -139,8 +139,9 @@ def needs(code: str) -> str | None:
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory, host_pipelines):
     """A folder with the sample pipelines under the README's names: NAME.so (host, runtime
-    bundled), NAME-opencl.so (where there is an OpenCL device), P.so (brighten), and an image
-    in.png for the command line's examples."""
+    bundled), NAME-opencl.so (where there is an OpenCL device), NAME-FEATURES.so (host, built
+    with Halide's profile or trace_* target features), P.so (brighten), and an image in.png
+    for the command line's examples."""
     work = tmp_path_factory.mktemp("readme")
     for name in generator_names():
         (work / f"{name}.so").symlink_to(host_pipelines[name, "bundled"])
@@ -151,6 +152,13 @@ def workdir(tmp_path_factory, host_pipelines):
         built = build_all([Build(name, "opencl", "bundled") for name in opencl_names], progress=None)
         for spec, path in built.items():
             (work / f"{spec.name}-opencl.so").symlink_to(path)
+    featured = {(name, features) for name, features
+                in re.findall(r"\b(\w+)-((?:profile|trace)[\w-]*)\.so", README.read_text())
+                if name in generator_names()}
+    built = build_all([Build(name, features=features) for name, features in featured],
+                      progress=None)
+    for spec, path in built.items():
+        (work / f"{spec.name}-{'-'.join(spec.features)}.so").symlink_to(path)
     if importlib.util.find_spec("PIL") is not None:
         from PIL import Image
 
