@@ -16,7 +16,9 @@ before the snapshot to after the read); each call's figures are then its own. Ca
 run outside the profile (begun before it started) would still be counted into the call in
 flight. Outside a profile nothing here runs: Halide's behaviour is untouched.
 
-At exit Halide prints its report to stderr (a destructor in its runtime).
+At exit Halide prints its report through halide_print (a destructor in its runtime); the
+stock runtime prints to stdout, the shim to stderr (where shim/running.py writes what a call
+prints, and native_stubs/call_context.c what is printed outside any call).
 ``HALIDE_SHIM_PROFILER_REPORT=off`` drops it, ``=PATH`` writes it to PATH instead (appending);
 ``set_exit_report()`` does the same from Python.
 """
@@ -221,11 +223,11 @@ def _difference(p, pfields: dict, funcs: list) -> CallStages:
 
 # --- Halide's report at exit --------------------------------------------------------------------
 
-_exit_report: str | None = None  # None: Halide's own (stderr); "off"; or a path
+_exit_report: str | None = None  # None: Halide's own (printed); "off"; or a path
 
 
 def set_exit_report(where: str | os.PathLike | None) -> None:
-    """Where Halide's profiler report goes at exit: None (stderr, as Halide does), "off", or
+    """Where Halide's profiler report goes at exit: None (printed, as Halide does), "off", or
     a file path (appended to). Overrides HALIDE_SHIM_PROFILER_REPORT."""
     global _exit_report
     _exit_report = None if where is None else os.fspath(where)
