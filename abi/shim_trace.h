@@ -21,7 +21,7 @@ typedef struct shim_trace_event {
     int64_t thread;   /* the kernel's thread id, as threading.get_native_id() */
     int32_t func;     /* its Func's slot in the table (shim_trace_func_table) */
     int32_t event;    /* halide_trace_event_code_t */
-    int32_t id;       /* the id the handler returned for it */
+    int32_t id;       /* a begin event's: the id the handler returned for it (others: 0) */
     int32_t parent_id; /* as Halide passed it: an end event's is its begin's id */
     int32_t value_index;
     int32_t dimensions; /* how many coordinates Halide passed */

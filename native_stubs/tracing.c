@@ -8,9 +8,15 @@
  * once recording has stopped.
  *
  * Nesting survives a full buffer: a begin event is recorded only if there is room for it and
- * for its end (two slots are reserved at once), and its id carries SHIM_TRACE_RECORDED, so
- * that its end, which Halide passes that id as parent_id, is recorded exactly when its begin
- * was.
+ * for its end (two slots are reserved at once), and its id carries SHIM_TRACE_RECORDED and a
+ * count of the begins kept, so that its end, which Halide passes that id as parent_id, is
+ * recorded exactly when its begin was kept by this recording (an end whose begin an earlier
+ * recording kept takes no room: it would take its slot from a begin of this one).
+ *
+ * A span belongs to whoever saw its begin: the end of a span Halide's own handler printed (or
+ * wrote to HL_TRACE_FILE) goes to that handler even while a profile records, and the end of a
+ * span a profile recorded (or left out: its id is 0) never does, so that what Halide prints of
+ * a call a profile started or stopped in the middle of stays whole.
  *
  * Stopping waits for the handlers that saw recording on (in_flight) before anyone reads or
  * frees the buffer: a handler increments in_flight before it checks `recording`, and the stop
@@ -38,7 +44,10 @@ static int64_t reserved; /* slots promised: a begin takes two, for itself and it
 static int32_t written;  /* slots taken */
 static uint64_t dropped;
 static uint64_t sample_every, accesses_seen;
-static int32_t next_id;
+/* Begins kept, ever (an id is SHIM_TRACE_RECORDED | the count masked); first_id: the count
+ * when this recording started. Loads, stores, tags and left-out begins get id 0: nothing
+ * descends from a load or store, and Halide's own handler never hands out 0. */
+static uint32_t next_id, first_id;
 
 /* Funcs by the address of the name Halide passes (a constant in the pipeline's library); the
  * name is copied when a slot is claimed, so it outlives the library. */
@@ -77,14 +86,44 @@ static int32_t func_slot(const char *name) {
     return 0; /* the table is crowded: counted among "other Funcs" */
 }
 
+/* Takes `slots` of the buffer's room, or none where fewer are left (a refused begin leaves
+ * the last slot to a sample). */
 static bool reserve(int64_t slots) {
-    return __atomic_add_fetch(&reserved, slots, __ATOMIC_RELAXED) <= capacity;
+    int64_t taken = __atomic_load_n(&reserved, __ATOMIC_RELAXED);
+    do {
+        if (taken + slots > capacity) {
+            return false;
+        }
+    } while (!__atomic_compare_exchange_n(&reserved, &taken, taken + slots, true,
+                                          __ATOMIC_RELAXED, __ATOMIC_RELAXED));
+    return true;
+}
+
+/* Whether `id` (an end event's parent_id) is that of a begin this recording kept. Its begin
+ * happened before its end, so next_id already counts it here. */
+static bool kept_by_this_recording(int32_t id) {
+    if (!(id & SHIM_TRACE_RECORDED)) {
+        return false;
+    }
+    uint32_t kept = __atomic_load_n(&next_id, __ATOMIC_RELAXED) - first_id;
+    uint32_t age = ((uint32_t)id - first_id - 1) & SHIM_TRACE_ID_MASK;
+    return age < kept;
+}
+
+/* Whether the begin of an end event went to Halide's own handler: its ids count from 1 and
+ * never carry SHIM_TRACE_RECORDED (not within 2**30 events); ours are 0 or carry it. */
+static bool halides_own(int32_t parent_id) {
+    return parent_id != 0 && !(parent_id & SHIM_TRACE_RECORDED);
+}
+
+static bool is_end(int32_t event) {
+    return event == halide_trace_end_realization || event == halide_trace_end_produce ||
+           event == halide_trace_end_consume || event == halide_trace_end_pipeline;
 }
 
 static void write_event(const struct halide_trace_event_t *e, int32_t id, int32_t func) {
     int32_t slot = __atomic_fetch_add(&written, 1, __ATOMIC_RELAXED);
-    if (slot >= capacity) { /* an end whose begin was reserved in an earlier recording */
-        __atomic_fetch_add(&dropped, 1, __ATOMIC_RELAXED);
+    if (slot >= capacity) { /* (not reached: every write was reserved) */
         return;
     }
     shim_trace_event *out = &events[slot];
@@ -114,7 +153,7 @@ static void write_event(const struct halide_trace_event_t *e, int32_t id, int32_
     }
 }
 
-static void count_access(const struct halide_trace_event_t *e, int32_t id, int32_t func) {
+static void count_access(const struct halide_trace_event_t *e, int32_t func) {
     uint64_t lanes = e->type.lanes > 0 ? e->type.lanes : 1;
     if (e->event == halide_trace_load) {
         __atomic_fetch_add(&funcs[func].loads, 1, __ATOMIC_RELAXED);
@@ -126,57 +165,64 @@ static void count_access(const struct halide_trace_event_t *e, int32_t id, int32
     if (sample_every != 0 &&
         __atomic_fetch_add(&accesses_seen, 1, __ATOMIC_RELAXED) % sample_every == 0) {
         if (reserve(1)) {
-            write_event(e, id, func);
+            write_event(e, 0, func);
         } else {
             __atomic_fetch_add(&dropped, 1, __ATOMIC_RELAXED);
         }
     }
 }
 
-static int32_t record(const struct halide_trace_event_t *e) {
-    int32_t id = __atomic_add_fetch(&next_id, 1, __ATOMIC_RELAXED) & SHIM_TRACE_ID_MASK;
-    int32_t func = func_slot(e->func != NULL ? e->func : "");
+/* What the handler does with an event while recording: the id for Halide; *forward is set
+ * where Halide's own handler is to have the event too (the end of a span it began). */
+static int32_t record(const struct halide_trace_event_t *e, bool *forward) {
     switch (e->event) {
     case halide_trace_load:
     case halide_trace_store:
-        count_access(e, id, func);
-        return id;
+        count_access(e, func_slot(e->func != NULL ? e->func : ""));
+        return 0;
     case halide_trace_begin_realization:
     case halide_trace_produce:
     case halide_trace_consume:
-    case halide_trace_begin_pipeline:
-        if (reserve(2)) {
-            id |= SHIM_TRACE_RECORDED;
-            write_event(e, id, func);
-        } else {
+    case halide_trace_begin_pipeline: {
+        if (!reserve(2)) {
             __atomic_fetch_add(&dropped, 1, __ATOMIC_RELAXED);
+            return 0;
         }
+        uint32_t n = __atomic_add_fetch(&next_id, 1, __ATOMIC_RELAXED);
+        int32_t id = (int32_t)(n & SHIM_TRACE_ID_MASK) | SHIM_TRACE_RECORDED;
+        write_event(e, id, func_slot(e->func != NULL ? e->func : ""));
         return id;
+    }
     case halide_trace_end_realization:
     case halide_trace_end_produce:
     case halide_trace_end_consume:
     case halide_trace_end_pipeline:
-        if (e->parent_id & SHIM_TRACE_RECORDED) {
-            write_event(e, id, func);
+        if (kept_by_this_recording(e->parent_id)) {
+            write_event(e, 0, func_slot(e->func != NULL ? e->func : ""));
+        } else {
+            *forward = halides_own(e->parent_id);
         }
-        return id;
+        return 0;
     default: /* tags: Halide's hints for its visualizer */
-        return id;
+        return 0;
     }
 }
 
 static int32_t shim_trace_handler(void *user_context, const struct halide_trace_event_t *e) {
-    if (!__atomic_load_n(&recording, __ATOMIC_ACQUIRE)) {
-        return previous_handler(user_context, e);
-    }
-    __atomic_fetch_add(&in_flight, 1, __ATOMIC_SEQ_CST);
-    if (!__atomic_load_n(&recording, __ATOMIC_SEQ_CST)) {
+    if (__atomic_load_n(&recording, __ATOMIC_ACQUIRE)) {
+        __atomic_fetch_add(&in_flight, 1, __ATOMIC_SEQ_CST);
+        if (__atomic_load_n(&recording, __ATOMIC_SEQ_CST)) {
+            bool forward = false;
+            int32_t id = record(e, &forward);
+            __atomic_fetch_sub(&in_flight, 1, __ATOMIC_RELEASE);
+            return forward ? previous_handler(user_context, e) : id;
+        }
         __atomic_fetch_sub(&in_flight, 1, __ATOMIC_SEQ_CST);
-        return previous_handler(user_context, e);
     }
-    int32_t id = record(e);
-    __atomic_fetch_sub(&in_flight, 1, __ATOMIC_RELEASE);
-    return id;
+    if (is_end(e->event) && !halides_own(e->parent_id)) {
+        return 0; /* its begin was recorded (or left out) by a profile: Halide never saw it */
+    }
+    return previous_handler(user_context, e);
 }
 
 /* A child of fork has only the forking thread: handlers other threads were in do not exist
@@ -206,6 +252,7 @@ int shim_trace_start(int32_t new_capacity, uint64_t every) {
     capacity = new_capacity;
     reserved = 0;
     written = 0;
+    first_id = __atomic_load_n(&next_id, __ATOMIC_RELAXED);
     dropped = 0;
     sample_every = every;
     accesses_seen = 0;
