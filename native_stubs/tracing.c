@@ -226,9 +226,10 @@ static int32_t shim_trace_handler(void *user_context, const struct halide_trace_
 }
 
 /* A child of fork has only the forking thread: handlers other threads were in do not exist
- * there, and a stop must not wait for them. */
+ * there, and a stop must not wait for them; and that thread has a new kernel thread id. */
 static void forget_other_threads(void) {
     __atomic_store_n(&in_flight, 0, __ATOMIC_SEQ_CST);
+    own_thread_id = 0;
 }
 
 __attribute__((constructor)) static void install_handler(void) {
