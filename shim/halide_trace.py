@@ -13,11 +13,14 @@ untouched. While a profile records it keeps, without entering Python:
   ``sample_every``th access is kept as an event too where that is asked for.
 
 ``read()`` pairs the kept events into ``Span``s and returns them with the counts, once the
-profile has stopped.
+profile has stopped, on the thread that stopped it. A profile started meanwhile on another
+thread does not take them away: ``start()`` first reads what a ``stop()`` left unread, for the
+thread that stopped.
 """
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 
 import numpy as np
@@ -35,6 +38,10 @@ _DTYPES = {(0, 8): np.int8, (0, 16): np.int16, (0, 32): np.int32, (0, 64): np.in
            (1, 64): np.uint64, (2, 16): np.float16, (2, 32): np.float32, (2, 64): np.float64}
 
 DEFAULT_LIMIT = 20_000  # events kept per profile: at most 10,000 spans, a trace of a few MB
+
+_lock = threading.Lock()  # around the native buffers: reading them, resetting them
+_unread_by: int | None = None  # the thread whose stop() has not read the buffers yet
+_kept: dict[int, Trace] = {}  # thread -> its trace, read by a start() before it could
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,16 +95,37 @@ class Trace:
 
 
 def start(limit: int, sample_every: int) -> None:
-    if lib.shim_trace_start(limit, sample_every) != 0:
-        raise ShimError(f"no memory for a trace of {limit} events; pass a smaller trace_limit")
+    global _unread_by
+    with _lock:
+        if _unread_by is not None:  # (a profile stopped on another thread, not read yet)
+            _kept[_unread_by] = _read_native()
+            _unread_by = None
+        if lib.shim_trace_start(limit, sample_every) != 0:
+            raise ShimError(f"no memory for a trace of {limit} events; pass a smaller "
+                            f"trace_limit")
 
 
 def stop() -> None:
-    lib.shim_trace_stop()
+    global _unread_by
+    with _lock:
+        lib.shim_trace_stop()
+        _unread_by = threading.get_ident()
 
 
 def read() -> Trace:
-    """What was recorded since ``start``; call after ``stop``."""
+    """What was recorded between ``start`` and the ``stop`` this thread made last."""
+    global _unread_by
+    me = threading.get_ident()
+    with _lock:
+        trace = _kept.pop(me, None)
+        if trace is not None:
+            return trace
+        if _unread_by == me:
+            _unread_by = None
+        return _read_native()
+
+
+def _read_native() -> Trace:
     names = _func_names()
     begins: dict[int, object] = {}
     spans, samples = [], []
