@@ -127,28 +127,33 @@ def read() -> Trace:
 
 def _read_native() -> Trace:
     names = _func_names()
-    begins: dict[int, object] = {}
+    begins: dict[int, tuple] = {}
     spans, samples = [], []
     events = lib.shim_trace_events()
     for i in range(lib.shim_trace_count()):
         e = events[i]
         if e.event in SPAN_KINDS:
-            begins[e.id] = e
+            begins[e.id] = (i, e)
         elif e.event in _ENDS:
             begin = begins.pop(e.parent_id, None)
             if begin is not None:
-                spans.append(_span(begin, e.time_ns, names))
+                spans.append((begin[0], _span(begin[1], e.time_ns, names)))
         elif e.event in ACCESS_KINDS:
             samples.append(_access(e, names))
-    spans.extend(_span(b, None, names) for b in begins.values())
-    spans.sort(key=lambda s: s.start_ns)
+    spans.extend((i, _span(b, None, names)) for i, b in begins.values())
+    # by start; on one thread a begin's place in the buffer breaks a tie in the clock
+    spans.sort(key=lambda item: (item[1].start_ns, item[0]))
     table = lib.shim_trace_func_table()
     accesses = {}
     for slot, name in names.items():
         f = table[slot]
         if f.loads or f.stores:
-            accesses[name] = AccessCounts(f.loads, f.stores, f.loaded_values, f.stored_values)
-    return Trace(spans, samples, accesses, lib.shim_trace_dropped())
+            # (one name may hold several slots: the same Func name in two pipelines)
+            before = accesses.get(name, AccessCounts(0, 0, 0, 0))
+            accesses[name] = AccessCounts(before.loads + f.loads, before.stores + f.stores,
+                                          before.loaded_values + f.loaded_values,
+                                          before.stored_values + f.stored_values)
+    return Trace([span for _, span in spans], samples, accesses, lib.shim_trace_dropped())
 
 
 def _func_names() -> dict[int, str]:
