@@ -20,6 +20,7 @@ thread that stopped.
 
 from __future__ import annotations
 
+import os
 import threading
 from dataclasses import dataclass
 
@@ -38,6 +39,7 @@ _DTYPES = {(0, 8): np.int8, (0, 16): np.int16, (0, 32): np.int32, (0, 64): np.in
            (1, 64): np.uint64, (2, 16): np.float16, (2, 32): np.float32, (2, 64): np.float64}
 
 DEFAULT_LIMIT = 20_000  # events kept per profile: at most 10,000 spans, a trace of a few MB
+EVENT_BYTES = ffi.sizeof("shim_trace_event")  # the buffer holds trace_limit of these
 
 _lock = threading.Lock()  # around the native buffers: reading them, resetting them
 _unread_by: int | None = None  # the thread whose stop() has not read the buffers yet
@@ -95,14 +97,27 @@ class Trace:
 
 
 def start(limit: int, sample_every: int) -> None:
+    needed = limit * EVENT_BYTES
+    memory = _physical_memory()
+    if memory is not None and needed > memory:
+        raise ShimError(f"a trace of {limit} events needs {needed / 2**30:.1f} GiB, more memory "
+                        f"than this machine has ({memory / 2**30:.1f} GiB); pass a smaller "
+                        f"trace_limit")
     global _unread_by
     with _lock:
         if _unread_by is not None:  # (a profile stopped on another thread, not read yet)
             _kept[_unread_by] = _read_native()
             _unread_by = None
         if lib.shim_trace_start(limit, sample_every) != 0:
-            raise ShimError(f"no memory for a trace of {limit} events; pass a smaller "
-                            f"trace_limit")
+            raise ShimError(f"no memory for a trace of {limit} events ({needed / 2**30:.1f} "
+                            f"GiB); pass a smaller trace_limit")
+
+
+def _physical_memory() -> int | None:
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError):
+        return None
 
 
 def stop() -> None:
