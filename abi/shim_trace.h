@@ -9,7 +9,8 @@
  * Func (every Nth one kept where asked). No Python runs in the handler. */
 
 enum {
-    SHIM_TRACE_COORDINATES = 16, /* coordinates kept per event (the first ones Halide passes) */
+    SHIM_TRACE_COORDINATES = 16, /* coordinates kept per event: a box's first ones; a load's or
+                                    store's first lane's, one a dimension */
     SHIM_TRACE_FUNCS = 1024,     /* Func table slots; slot 0 counts the Funcs that did not fit */
     SHIM_TRACE_ID_MASK = 0x3FFFFFFF,   /* the handler's ids are counted in these bits */
     SHIM_TRACE_RECORDED = 0x40000000   /* set in the ids of the begin events it recorded */
@@ -24,7 +25,7 @@ typedef struct shim_trace_event {
     int32_t id;       /* a begin event's: the id the handler returned for it (others: 0) */
     int32_t parent_id; /* as Halide passed it: an end event's is its begin's id */
     int32_t value_index;
-    int32_t dimensions; /* how many coordinates Halide passed */
+    int32_t dimensions; /* how many coordinates Halide passed (a vector access: for each lane) */
     int32_t coordinates[16];
     uint8_t type_code, type_bits;
     uint16_t type_lanes;

@@ -139,9 +139,16 @@ static void write_event(const struct halide_trace_event_t *e, int32_t id, int32_
     out->parent_id = e->parent_id;
     out->value_index = e->value_index;
     out->dimensions = e->dimensions;
-    int kept = e->dimensions < SHIM_TRACE_COORDINATES ? e->dimensions : SHIM_TRACE_COORDINATES;
-    if (kept > 0 && e->coordinates != NULL) {
-        memcpy(out->coordinates, e->coordinates, (size_t)kept * sizeof(int32_t));
+    /* A vector load or store passes each dimension's coordinates for every lane in turn
+     * (x of each lane, then y of each lane...): its first lane's are kept, one a dimension. */
+    int lanes = (e->event == halide_trace_load || e->event == halide_trace_store) &&
+                        e->type.lanes > 1 ? e->type.lanes : 1;
+    int count = e->dimensions / lanes;
+    int kept = count < SHIM_TRACE_COORDINATES ? count : SHIM_TRACE_COORDINATES;
+    if (e->coordinates != NULL) {
+        for (int d = 0; d < kept; d++) {
+            out->coordinates[d] = e->coordinates[d * lanes];
+        }
     }
     out->type_code = e->type.code;
     out->type_bits = e->type.bits;

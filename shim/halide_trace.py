@@ -68,8 +68,9 @@ class Span:
 
 @dataclass(frozen=True, slots=True)
 class Access:
-    """A sampled load or store: the element's coordinates (a vector access: each lane's, in
-    turn) and the first lane's value."""
+    """A sampled load or store: the element's coordinates, one per dimension (of a vector
+    access: its first lane's; at most 16), its value (the first lane's), how many ``lanes``
+    the access had, and for a Tuple-valued Func which element (``value_index``)."""
 
     kind: str
     func: str
@@ -78,6 +79,8 @@ class Access:
     call: int
     coordinates: tuple
     value: object
+    lanes: int = 1
+    value_index: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,8 +180,8 @@ def _func_names() -> dict[int, str]:
             for slot in range(lib.SHIM_TRACE_FUNCS) if table[slot].name != ffi.NULL}
 
 
-def _coordinates(e) -> tuple:
-    return tuple(e.coordinates[0:min(e.dimensions, lib.SHIM_TRACE_COORDINATES)])
+def _coordinates(e, lanes: int = 1) -> tuple:
+    return tuple(e.coordinates[0:min(e.dimensions // lanes, lib.SHIM_TRACE_COORDINATES)])
 
 
 def _span(begin, end_ns, names) -> Span:
@@ -193,5 +196,6 @@ def _access(e, names) -> Access:
     dtype = _DTYPES.get((e.type_code, e.type_bits))
     value = None if dtype is None else \
         np.frombuffer(bytes(ffi.buffer(e.value, 8)), dtype, count=1)[0].item()
+    lanes = max(e.type_lanes, 1)
     return Access(ACCESS_KINDS[e.event], names.get(e.func, "?"), e.thread, e.time_ns, e.call,
-                  _coordinates(e), value)
+                  _coordinates(e, lanes), value, lanes, e.value_index)

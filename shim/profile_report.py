@@ -283,10 +283,17 @@ def chrome_trace(profile) -> dict:
         events.append({"ph": "f", "bp": "e", "id": record.id, "name": "enqueue", "cat": "flow",
                        "pid": DEVICE_PID, "tid": track, "ts": _us(record.device_start_ns)})
     for sample in profile.samples:
+        value = sample.value  # (inf and nan as text: JSON has no such numbers)
+        if isinstance(value, float) and not abs(value) < float("inf"):
+            value = str(value)
+        args = {"coordinates": list(sample.coordinates), "value": value}
+        if sample.lanes > 1:
+            args["lanes"] = sample.lanes
+        if sample.value_index:
+            args["value index"] = sample.value_index
         events.append({"ph": "i", "s": "t", "name": f"{sample.kind} {sample.func}",
                        "cat": "halide access", "pid": HOST_PID, "tid": sample.thread,
-                       "ts": _us(sample.time_ns),
-                       "args": {"coordinates": list(sample.coordinates), "value": sample.value}})
+                       "ts": _us(sample.time_ns), "args": args})
     for ns, backend, live, pooled in profile.memory:
         events.append({"ph": "C", "name": f"live device memory ({backend})", "pid": DEVICE_PID,
                        "tid": 0, "ts": _us(ns), "args": {"bytes": live, "pooled bytes": pooled}})
