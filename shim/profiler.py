@@ -297,8 +297,10 @@ class Profile:
             while stack and stack[-1].start_ns + stack[-1].duration_ns <= record.start_ns:
                 stack.pop()
             named = by_halide_id.get(span.parent_id)
-            record.parent = (stack[-1].id if stack else named.id if named is not None
-                             else record.call)
+            # (a thread waiting in a parallel loop may run another call's tasks meanwhile)
+            enclosing = next((r for r in reversed(stack) if r.call == record.call), None)
+            record.parent = (enclosing.id if enclosing is not None else named.id
+                             if named is not None else record.call)
             stack.append(record)
             by_halide_id[span.halide_id] = record
             self.thread_names.setdefault(span.thread, f"thread {span.thread}")
