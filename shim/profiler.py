@@ -287,12 +287,18 @@ class Profile:
             self.thread_names.setdefault(access.thread, f"thread {access.thread}")
         by_halide_id: dict[int, Record] = {}
         open_spans: dict[int, list[Record]] = {}  # thread -> spans enclosing the next start
+        calls = {r.id: r for r in self.records if r.kind == "pipeline"}
         for span in trace.spans:  # (in order of start)
             self._ids += 1
             end_ns = span.end_ns if span.end_ns is not None else self._origin + self.duration_ns
             record = Record(self._ids, span.kind, span.func, span.thread,
                             span.start_ns - self._origin, end_ns - span.start_ns, box=span.box)
             record.call = self._calls.get(span.call) if span.call else None
+            call = calls.get(record.call)
+            if span.end_ns is None and call is not None and call.duration_ns:
+                # (its end came after the stop, but before its call's: drawn to the earlier)
+                record.duration_ns = min(record.duration_ns,
+                                         call.start_ns + call.duration_ns - record.start_ns)
             stack = open_spans.setdefault(span.thread, [])
             while stack and stack[-1].start_ns + stack[-1].duration_ns <= record.start_ns:
                 stack.pop()
