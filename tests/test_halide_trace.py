@@ -729,6 +729,14 @@ def test_trace_limits_of_zero_and_one(load, tmp_path):
     assert prof.samples[0].kind == "load" and prof.samples[0].func == "inp"
 
 
+@pytest.mark.parametrize("every", [1, 2, 3, 1000])
+def test_the_summary_says_how_many_accesses_were_kept(load, every):
+    with shim.profile(sample_accesses=every) as prof:
+        _run_blur(load("tr_all"), _input(16, TILE))
+    title = prof.summary().split("Loads and stores (Halide's tracing, counted per Func")[1].split("\n")[0]
+    assert f"1 in {every} kept" in title and "th kept" not in title
+
+
 def test_ten_dimensions_and_a_very_long_name(load, tmp_path):
     a = np.arange(20, dtype=np.int16) * 3
     with shim.profile(sample_accesses=1) as prof:
