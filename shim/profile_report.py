@@ -170,7 +170,7 @@ def _span_tables(profile) -> list[str]:
 def _access_table(profile) -> str:
     rows = [[func, c.loads, c.stores, c.loaded_values, c.stored_values]
             for func, c in sorted(profile.accesses.items())]
-    sampled = f", every {profile.sample_accesses}th kept" if profile.sample_accesses else ""
+    sampled = f", 1 in {profile.sample_accesses} kept" if profile.sample_accesses else ""
     return _table(f"Loads and stores (Halide's tracing, counted per Func{sampled})",
                   ["func", "loads", "stores", "values loaded", "values stored"], rows)
 
