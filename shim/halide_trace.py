@@ -12,16 +12,12 @@ untouched. While a profile records it keeps, without entering Python:
 - per Func, the number of loads and stores (and values, counting vector lanes); every
   ``sample_every``th access is kept as an event too where that is asked for.
 
-``read()`` pairs the kept events into ``Span``s and returns them with the counts, once the
-profile has stopped, on the thread that stopped it. A profile started meanwhile on another
-thread does not take them away: ``start()`` first reads what a ``stop()`` left unread, for the
-thread that stopped.
+``stop()`` pairs the kept events into ``Span``s and returns them with the counts.
 """
 
 from __future__ import annotations
 
 import os
-import threading
 from dataclasses import dataclass
 
 import numpy as np
@@ -41,9 +37,6 @@ _DTYPES = {(0, 8): np.int8, (0, 16): np.int16, (0, 32): np.int32, (0, 64): np.in
 DEFAULT_LIMIT = 20_000  # events kept per profile: at most 10,000 spans, a trace of a few MB
 EVENT_BYTES = ffi.sizeof("shim_trace_event")  # the buffer holds trace_limit of these
 
-_lock = threading.Lock()  # around the native buffers: reading them, resetting them
-_unread_by: int | None = None  # the thread whose stop() has not read the buffers yet
-_kept: dict[int, Trace] = {}  # thread -> its trace, read by a start() before it could
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,14 +99,9 @@ def start(limit: int, sample_every: int) -> None:
         raise ShimError(f"a trace of {limit} events needs {needed / 2**30:.1f} GiB, more memory "
                         f"than this machine has ({memory / 2**30:.1f} GiB); pass a smaller "
                         f"trace_limit")
-    global _unread_by
-    with _lock:
-        if _unread_by is not None:  # (a profile stopped on another thread, not read yet)
-            _kept[_unread_by] = _read_native()
-            _unread_by = None
-        if lib.shim_trace_start(limit, sample_every) != 0:
-            raise ShimError(f"no memory for a trace of {limit} events ({needed / 2**30:.1f} "
-                            f"GiB); pass a smaller trace_limit")
+    if lib.shim_trace_start(limit, sample_every) != 0:
+        raise ShimError(f"no memory for a trace of {limit} events ({needed / 2**30:.1f} GiB); "
+                        f"pass a smaller trace_limit")
 
 
 def _physical_memory() -> int | None:
@@ -123,27 +111,15 @@ def _physical_memory() -> int | None:
         return None
 
 
-def stop() -> None:
-    global _unread_by
-    with _lock:
-        lib.shim_trace_stop()
-        _unread_by = threading.get_ident()
+def stop() -> Trace:
+    """Stop recording (once no handler is still writing) and read what was recorded. The
+    caller keeps the next ``start`` out until this returns (shim/profiler.py: under its start
+    lock), since a start resets the buffers."""
+    lib.shim_trace_stop()
+    return _read()
 
 
-def read() -> Trace:
-    """What was recorded between ``start`` and the ``stop`` this thread made last."""
-    global _unread_by
-    me = threading.get_ident()
-    with _lock:
-        trace = _kept.pop(me, None)
-        if trace is not None:
-            return trace
-        if _unread_by == me:
-            _unread_by = None
-        return _read_native()
-
-
-def _read_native() -> Trace:
+def _read() -> Trace:
     names = _func_names()
     begins: dict[int, tuple] = {}
     spans, samples = [], []

@@ -146,8 +146,8 @@ class Profile:
                 raise ShimError("another profile is recording; stop it first")
             if self._recording or self.duration_ns:
                 raise ShimError("this profile has already recorded; make a new one")
+            self._origin = time.perf_counter_ns()  # (before any span can begin)
             halide_trace.start(self.trace_limit, self.sample_accesses)
-            self._origin = time.perf_counter_ns()
             lib.shim_profile_reset()
             self._recording = True
             _active = self
@@ -160,11 +160,11 @@ class Profile:
             if _active is not self:
                 raise ShimError("this profile is not recording")
             lib.shim_profile_enable(False)
-            halide_trace.stop()
+            trace = halide_trace.stop()  # (read before another profile's start resets it)
             _active = None
             self._recording = False
         self.duration_ns = time.perf_counter_ns() - self._origin
-        self._read_trace()
+        self._read_trace(trace)
         self._read_c_counts()
         self._read_device_times()
         self._attribute_launches()
@@ -275,11 +275,10 @@ class Profile:
             if any(counts.values()):
                 self.decided_in_c[name] = counts
 
-    def _read_trace(self) -> None:
+    def _read_trace(self, trace) -> None:
         """Halide's trace events become records on the thread each span ran on, in the
         pipeline call it ran under. A span's parent is the innermost span enclosing it on its
         thread, else the one Halide names (a realization's pipeline), else its call."""
-        trace = halide_trace.read()
         self.accesses, self.trace_dropped = trace.accesses, trace.dropped
         # (times from the profile's start, like the records')
         self.samples = [replace(a, time_ns=a.time_ns - self._origin) for a in trace.samples]
