@@ -24,16 +24,6 @@ from shim import halide_profiler, runner, timing
 from shim.devices import kinds
 from shim.elf import pipeline_names
 
-# RunGen's flags that are true or false: ``--quiet``, ``--quiet=true``, ``--quiet=false``.
-_SWITCHES = ("parsable_output", "describe", "estimate_all", "track_memory", "quiet", "verbose",
-             "success", "skip_bad_environment")
-# RunGen's flags whose value may be left out, and what it then is.
-_IMPLIED_VALUES = {"benchmarks": "all", "default_input_buffers": "zero:auto",
-                   "default_input_scalars": "estimate,default"}
-_RUNGEN_FLAGS = (*_SWITCHES, *_IMPLIED_VALUES, "benchmark_min_time", "output_extents", "name",
-                 "help")
-
-
 def program_name() -> str:
     """How the user called us: the console script by its name, else ``python -m shim``."""
     invoked = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else ""
@@ -215,6 +205,50 @@ def _seconds(text: str) -> float:
     return value
 
 
+# RunGen's flags, in the order --help lists them: argparse's keywords for each. A switch
+# (store_true) is true or false: ``--quiet``, ``--quiet=true``, ``--quiet=false``; ``implied``
+# is the value of a flag given without one.
+_RUNGEN = {
+    "benchmarks": dict(choices=["all"], implied="all",
+                       help="RunGen's adaptive benchmark instead of --iterations: report the "
+                            "best time"),
+    "benchmark_min_time": dict(type=_seconds, metavar="SECONDS",
+                               default=timing.DEFAULT_MIN_TIME,
+                               help="least time the benchmark runs for (default %(default)s)"),
+    "parsable_output": dict(action="store_true",
+                            help="print the timings one 'PIPELINE  KEY  VALUE' per line"),
+    "describe": dict(action="store_true",
+                     help="print the names and types of the arguments and exit"),
+    "output_extents": dict(metavar="[W,H,...]|estimate",
+                           help="the extents of every output (a dimension may be MIN+EXTENT), "
+                                "or their estimates"),
+    "estimate_all": dict(action="store_true",
+                         help="estimates for everything: --default_input_buffers="
+                              "random:0:estimate_then_auto --default_input_scalars=estimate "
+                              "--output_extents=estimate"),
+    "default_input_buffers": dict(metavar="VALUE", implied="zero:auto",
+                                  help="the value of every input buffer not given "
+                                       "(alone: zero:auto)"),
+    "default_input_scalars": dict(metavar="VALUE", implied="estimate,default",
+                                  help="the value of every scalar not given "
+                                       "(alone: estimate,default)"),
+    "track_memory": dict(action="store_true",
+                         help="print the most host memory the pipeline held at once "
+                              "(halide_malloc)"),
+    "quiet": dict(action="store_true", help="drop what the pipeline prints"),
+    "verbose": dict(action="store_true", help="say how sizes were chosen"),
+    "success": dict(action="store_true", help="print 'Success!' after a successful run"),
+    "skip_bad_environment": dict(action="store_true",
+                                 help="print [SKIP] and exit 0 when the pipeline's device API "
+                                      "is not available"),
+}
+_SWITCHES = {name for name, options in _RUNGEN.items() if options.get("action") == "store_true"}
+_IMPLIED_VALUES = {name: options["implied"] for name, options in _RUNGEN.items()
+                   if "implied" in options}
+# (--name and --help are the shim's, spelled as RunGen spells its own)
+_RUNGEN_FLAGS = {*_RUNGEN, "name", "help"}
+
+
 def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     prog = prog or program_name()
     parser = argparse.ArgumentParser(prog=prog, allow_abbrev=False,
@@ -271,39 +305,9 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
         rungen = run.add_argument_group(
             "RunGen's flags", "as Halide's RunGen takes them (also -flag; switches also "
                               "=true or =false)")
-        rungen.add_argument("--benchmarks", choices=["all"],
-                            help="RunGen's adaptive benchmark instead of --iterations: report "
-                                 "the best time")
-        rungen.add_argument("--benchmark_min_time", type=_seconds, metavar="SECONDS",
-                            default=timing.DEFAULT_MIN_TIME,
-                            help="least time the benchmark runs for (default %(default)s)")
-        rungen.add_argument("--parsable_output", action="store_true",
-                            help="print the timings one 'PIPELINE  KEY  VALUE' per line")
-        rungen.add_argument("--describe", action="store_true",
-                            help="print the names and types of the arguments and exit")
-        rungen.add_argument("--output_extents", metavar="[W,H,...]|estimate",
-                            help="the extents of every output (a dimension may be MIN+EXTENT), "
-                                 "or their estimates")
-        rungen.add_argument("--estimate_all", action="store_true",
-                            help="estimates for everything: --default_input_buffers="
-                                 "random:0:estimate_then_auto --default_input_scalars=estimate "
-                                 "--output_extents=estimate")
-        rungen.add_argument("--default_input_buffers", metavar="VALUE",
-                            help="the value of every input buffer not given (alone: zero:auto)")
-        rungen.add_argument("--default_input_scalars", metavar="VALUE",
-                            help="the value of every scalar not given (alone: estimate,default)")
-        rungen.add_argument("--track_memory", action="store_true",
-                            help="print the most host memory the pipeline held at once "
-                                 "(halide_malloc)")
-        rungen.add_argument("--quiet", action="store_true",
-                            help="drop what the pipeline prints")
-        rungen.add_argument("--verbose", action="store_true",
-                            help="say how sizes were chosen")
-        rungen.add_argument("--success", action="store_true",
-                            help="print 'Success!' after a successful run")
-        rungen.add_argument("--skip_bad_environment", action="store_true",
-                            help="print [SKIP] and exit 0 when the pipeline's device API is "
-                                 "not available")
+        for name, options in _RUNGEN.items():
+            options = {key: value for key, value in options.items() if key != "implied"}
+            rungen.add_argument(f"--{name}", **options)
         run.set_defaults(handler=_run, command_parser=run)
 
     demo = commands.add_parser("demo", help="build the sample pipelines and run them")
