@@ -325,17 +325,24 @@ def _addressable_copy(arg: Argument, array: np.ndarray) -> np.ndarray:
 
 
 def _size_guesses(omitted: list, call: Call) -> list[tuple[str, list]]:
-    """(how, a box per omitted output) for each way to size the ``omitted`` outputs that
-    applies, in the order they are tried (see Signature._size_omitted)."""
+    """size_guesses for the ``omitted`` outputs of ``call`` (see Signature._size_omitted)."""
+    first = next(((arg.name, buf.box) for arg, buf in _given(call) if not arg.is_output), None)
+    return size_guesses([arg for _, arg in omitted], first)
+
+
+def size_guesses(outputs: list, first_input: tuple | None) -> list[tuple[str, list]]:
+    """(how, a box per output) for each way to size ``outputs`` (Arguments) that applies, in
+    the order a call tries them: like ``first_input`` ((name, box) of the first input buffer,
+    or None), dimensions it lacks from the estimates; then the pipeline's estimates. Shared by
+    calls that leave outputs out and by shim.dask, which sizes a whole graph's output."""
     guesses = []
-    estimated = [_estimated_box(arg) for _, arg in omitted]
-    first = next(((arg, buf) for arg, buf in _given(call) if not arg.is_output), None)
-    if first is not None:
-        arg, buf = first
-        like = [buf.box[:output.dimensions] + (estimate or ())[len(buf.box):]
-                for (_, output), estimate in zip(omitted, estimated)]
-        if all(len(box) == output.dimensions for box, (_, output) in zip(like, omitted)):
-            guesses.append((f"like the first input, {arg.name}", like))
+    estimated = [_estimated_box(arg) for arg in outputs]
+    if first_input is not None:
+        name, box = first_input
+        like = [box[:output.dimensions] + (estimate or ())[len(box):]
+                for output, estimate in zip(outputs, estimated)]
+        if all(len(guess) == output.dimensions for guess, output in zip(like, outputs)):
+            guesses.append((f"like the first input, {name}", like))
     if None not in estimated and (not guesses or estimated != guesses[0][1]):
         guesses.append(("from the pipeline's estimates", estimated))
     return guesses

@@ -24,6 +24,7 @@ import numpy as np
 from dask.base import tokenize
 from dask.highlevelgraph import HighLevelGraph
 
+from shim.binding import size_guesses
 from shim.buffer import Buffer
 from shim.devices import device as shim_device
 from shim.errors import ArgumentError, BoundsError
@@ -155,18 +156,9 @@ def _output_box(pipeline, inputs: dict, shape, scalars) -> tuple:
     if shape is not None:
         shape = (shape,) if isinstance(shape, int) else tuple(shape)
         return _box_of([int(extent) for extent in shape])
-    guesses = []
-    first = next(iter(inputs.values()), None)
-    estimates = outputs[0].buffer_estimates
-    estimated = (None if not estimates or any(e is None for _, e in estimates)
-                 else tuple((lo or 0, extent) for lo, extent in estimates))
-    if first is not None:
-        like = _box_of(first.shape)[:outputs[0].dimensions]
-        like += (estimated or ())[len(like):]
-        if len(like) == outputs[0].dimensions:
-            guesses.append(like)
-    if estimated is not None:
-        guesses.append(estimated)
+    first = next(iter(inputs.items()), None)
+    guesses = [boxes[0] for _, boxes in size_guesses(
+        [outputs[0]], None if first is None else (first[0], _box_of(first[1].shape)))]
     if not guesses:
         raise ArgumentError("shape", f"cannot tell the size of {outputs[0].name}: the pipeline "
                                      "has no estimates for it and there is no input to size it "
