@@ -35,7 +35,26 @@ struct halide_profiler_pipeline_stats {
     int num_allocs;
 };
 
-struct halide_profiler_instance_state;
+/* One running call of a pipeline, on the stack of the calling thread; listed in the state's
+ * `instances` from the call's start to its end, when its figures are added to its pipeline's
+ * stats (read by shim/halide_profiler.py: which pipelines have calls in flight). */
+struct halide_profiler_instance_state {
+    uint64_t billed_time;
+    uint64_t start_time;
+    uint64_t memory_current;
+    uint64_t memory_peak;
+    uint64_t memory_total;
+    uint64_t active_threads_numerator, active_threads_denominator;
+    struct halide_profiler_instance_state *next;
+    struct halide_profiler_instance_state **prev_next;
+    struct halide_profiler_pipeline_stats *pipeline_stats;
+    struct halide_profiler_func_stats *funcs;
+    int current_func;
+    int active_threads;
+    int samples;
+    int num_allocs;
+    int should_collect_statistics;
+};
 
 struct halide_profiler_state {
     struct halide_mutex lock;

@@ -10,26 +10,40 @@ on the pipeline call's ``Record.stages``). Halide keeps peaks (memory, stack) as
 no difference recovers: they are zeroed before the call and, after it is read, set back to the
 larger of the old and the new value, so Halide's own report stays as it would have been.
 
-Concurrency: the counters are shared by every call of a pipeline of that name, so inside a
-profile the calls of one such pipeline run one at a time (a lock per pipeline name, held from
-before the snapshot to after the read); each call's figures are then its own. Calls of it that
-run outside the profile (begun before it started) would still be counted into the call in
-flight. Outside a profile nothing here runs: Halide's behaviour is untouched.
+Concurrency: the counters are shared by every call of a pipeline of that name, and Halide adds
+a call's figures to them as the call ends. So inside a profile the calls of one such pipeline
+run one at a time (a lock per pipeline name, held from before the snapshot to after the read),
+and a profiled call first waits for the calls of it still running from before the profile
+(Halide lists the calls in flight); each call's figures are then its own. A call run outside
+the profile that ends during a profiled one (begun after the profile stopped, while the
+profiled call was still running) would add its figures too: the profiled call then gets none
+(``None``: more than one run was added). Waits for a turn give way to Ctrl-C
+(shim/interrupts.py). Outside a profile nothing here runs: Halide's behaviour is untouched.
 
 At exit Halide prints its report through halide_print (a destructor in its runtime); the
 stock runtime prints to stdout, the shim to stderr (where shim/running.py writes what a call
 prints, and native_stubs/call_context.c what is printed outside any call).
-``HALIDE_SHIM_PROFILER_REPORT=off`` drops it, ``=PATH`` writes it to PATH instead (appending);
-``set_exit_report()`` does the same from Python.
+``HALIDE_SHIM_PROFILER_REPORT=off`` drops it, ``=PATH`` writes it to PATH instead (appending;
+a relative PATH is taken from the working directory the shim was imported in);
+``set_exit_report()`` does the same from Python. Halide's destructor waits for every profiled
+call still running; calls the shim stopped waiting for at exit (shim/shutdown.py) would keep
+the process from ending, so then the report is written here and Halide's shutdown skipped.
+
+Fork: a child has none of its parent's other threads, so it starts with Halide's profiler lock
+free, no calls in flight and no sampling thread (its first profiled call starts one), and the
+per-name locks new.
 """
 
 from __future__ import annotations
 
 import atexit
 import os
+import sys
 import threading
+import time
 from dataclasses import dataclass
 
+from shim import interrupts
 from shim.native import CallContext, ffi, lib
 
 # Target features that build Halide's profiler into a pipeline.
@@ -43,6 +57,9 @@ ENV_VAR = "HALIDE_SHIM_PROFILER_REPORT"
 _profiled_names: set[str] = set()
 _locks: dict[str, threading.RLock] = {}
 _locks_lock = threading.Lock()
+# How often a profiled call waiting for its turn looks again (and for a Ctrl-C).
+_TURN_POLL_S = 0.05
+_IN_FLIGHT_POLL_S = 0.001
 
 
 def builds_profile(target: str) -> bool:
@@ -140,54 +157,95 @@ class _Snapshot:
 
 def begin(name: str) -> _Snapshot | None:
     """Before a call of pipeline ``name`` inside a profile: None unless it was built with
-    Halide's profiler. Takes the pipeline's lock (released by ``end``)."""
+    Halide's profiler. Takes the pipeline's turn (released by ``end``): its lock, then waits
+    for the calls of it still running from outside the profile."""
     if name not in _profiled_names:
         return None
     with _locks_lock:
         lock = _locks.setdefault(name, threading.RLock())
-    lock.acquire()
-    snapshot = _Snapshot(name, lock)
+    _wait_for(lock)
     try:
+        snapshot = _Snapshot(name, lock)
+        encoded = name.encode()
+        # Inside a pipeline call on this thread (an extern stage calling back into Python),
+        # the call in flight may be this thread's own, which cannot end first.
+        call = lib.shim_current_call()
+        nested = call != ffi.NULL and lib.shim_call_in_pipeline(call)
         state = lib.halide_profiler_get_state()
-        lib.halide_profiler_lock(state)
-        try:
-            for p in _entries(name.encode()):
-                funcs = []
-                for i in range(p.num_funcs):
-                    f = p.funcs[i]
-                    funcs.append(({k: getattr(f, k) for k in _FUNC_FIELDS},
-                                  f.memory_peak, f.stack_peak))
-                    f.memory_peak = f.stack_peak = 0
-                snapshot.before[_key(p)] = ({k: getattr(p, k) for k in _PIPELINE_FIELDS},
-                                            p.memory_peak, funcs)
-                p.memory_peak = 0
-        finally:
-            lib.halide_profiler_unlock(state)
+        while True:
+            lib.halide_profiler_lock(state)
+            try:
+                if nested or not _in_flight(state, encoded):
+                    _take(snapshot, state, encoded)
+                    return snapshot
+            finally:
+                lib.halide_profiler_unlock(state)
+            _pause(_IN_FLIGHT_POLL_S)
     except BaseException:
         lock.release()
         raise
-    return snapshot
+
+
+def _wait_for(lock) -> None:
+    while not lock.acquire(timeout=_TURN_POLL_S):
+        if interrupts.take_pending():
+            raise KeyboardInterrupt
+
+
+def _pause(seconds: float) -> None:
+    if interrupts.take_pending():
+        raise KeyboardInterrupt
+    time.sleep(seconds)
+
+
+def _in_flight(state, name: bytes) -> bool:
+    """Whether a call of a pipeline called ``name`` is running (caller holds the profiler
+    lock): Halide lists each call from its start to its end, when it adds its figures."""
+    instance = state.instances
+    while instance != ffi.NULL:
+        p = instance.pipeline_stats
+        if p != ffi.NULL and ffi.string(p.name) == name:
+            return True
+        instance = instance.next
+    return False
+
+
+def _take(snapshot: _Snapshot, state, name: bytes) -> None:
+    """Note the entries' figures and zero their peaks (caller holds the profiler lock)."""
+    for p in _entries(name):
+        funcs = []
+        for i in range(p.num_funcs):
+            f = p.funcs[i]
+            funcs.append(({k: getattr(f, k) for k in _FUNC_FIELDS}, f.memory_peak, f.stack_peak))
+            f.memory_peak = f.stack_peak = 0
+        snapshot.before[_key(p)] = ({k: getattr(p, k) for k in _PIPELINE_FIELDS},
+                                    p.memory_peak, funcs)
+        p.memory_peak = 0
 
 
 def end(snapshot: _Snapshot | None) -> CallStages | None:
-    """After the call: its figures (None where Halide recorded no run of it, e.g. a failed or
-    bounds-query call), and the pipeline's lock released."""
+    """After the call: its figures (None where Halide recorded no run of it, e.g. a bounds
+    query, or where the difference holds more than one run: another call of the pipeline,
+    run outside the profile, ended meanwhile), and the pipeline's turn given back."""
     if snapshot is None:
         return None
     try:
         state = lib.halide_profiler_get_state()
         lib.halide_profiler_lock(state)
         try:
-            result = None
+            entries = []
             for p in _entries(snapshot.name.encode()):
                 before = snapshot.before.get(_key(p))
-                if before is None:  # created by this call: Halide started it at zero
-                    pfields, ppeak = dict.fromkeys(_PIPELINE_FIELDS, 0), 0
-                    funcs = [(dict.fromkeys(_FUNC_FIELDS, 0), 0, 0)] * p.num_funcs
-                else:
-                    pfields, ppeak, funcs = before
-                if p.runs != pfields["runs"] and result is None:
-                    result = _difference(p, pfields, funcs)
+                if before is None:  # created during the call: Halide started it at zero
+                    before = (dict.fromkeys(_PIPELINE_FIELDS, 0), 0,
+                              [(dict.fromkeys(_FUNC_FIELDS, 0), 0, 0)] * p.num_funcs)
+                entries.append((p, before))
+            ran = [(p, before) for p, before in entries if p.runs != before[0]["runs"]]
+            result = None
+            if len(ran) == 1 and ran[0][0].runs - ran[0][1][0]["runs"] == 1:
+                p, (pfields, _, funcs) = ran[0]
+                result = _difference(p, pfields, funcs)
+            for p, (_, ppeak, funcs) in entries:  # Halide's peaks, as without the shim
                 p.memory_peak = max(p.memory_peak, ppeak)
                 for i, (_, mpeak, speak) in enumerate(funcs):
                     f = p.funcs[i]
@@ -226,11 +284,32 @@ def _difference(p, pfields: dict, funcs: list) -> CallStages:
 _exit_report: str | None = None  # None: Halide's own (printed); "off"; or a path
 
 
+def _resolved(where: str) -> str:
+    """A destination as given: "off", "" (Halide's own), or a path, made absolute (a relative
+    one is taken from the working directory now)."""
+    where = where.strip()
+    return where if not where or where.lower() == "off" else os.path.abspath(where)
+
+
+# The variable as the shim was imported: a relative path names a file in that directory, even
+# if the program changes directory before it exits.
+_env_given = os.environ.get(ENV_VAR, "")
+_env_resolved = _resolved(_env_given)
+
+
 def set_exit_report(where: str | os.PathLike | None) -> None:
     """Where Halide's profiler report goes at exit: None (printed, as Halide does), "off", or
-    a file path (appended to). Overrides HALIDE_SHIM_PROFILER_REPORT."""
+    a file path (appended to; a relative one from the working directory now). Overrides
+    HALIDE_SHIM_PROFILER_REPORT."""
     global _exit_report
-    _exit_report = None if where is None else os.fspath(where)
+    _exit_report = None if where is None else _resolved(os.fsdecode(where))
+
+
+def _destination() -> str:
+    if _exit_report is not None:
+        return _exit_report
+    given = os.environ.get(ENV_VAR, "")
+    return _env_resolved if given == _env_given else _resolved(given)
 
 
 def report_text() -> str:
@@ -244,31 +323,67 @@ def report_text() -> str:
     return context.prints()
 
 
-def _forget_all() -> None:
+def _forget_all(let_go: bool = False) -> None:
     """Unlink Halide's stats so that its exit report has nothing to print. The entries are left
-    allocated: a call still running keeps a pointer to its own."""
+    allocated: a call still running keeps a pointer to its own. ``let_go``: calls are still
+    running, and Halide's shutdown (its runtime's destructor) would wait for them: forget the
+    sampling thread too, which makes it return at once (the thread ends with the process)."""
     state = lib.halide_profiler_get_state()
     lib.halide_profiler_lock(state)
     try:
         state.pipelines = ffi.NULL
+        if let_go:
+            state.sampling_thread = ffi.NULL
     finally:
         lib.halide_profiler_unlock(state)
 
 
+def _print(text: str) -> None:
+    if sys.stderr is not None:
+        sys.stderr.write(text)
+        sys.stderr.flush()
+
+
 @atexit.register
 def _at_exit() -> None:
-    where = _exit_report if _exit_report is not None else os.environ.get(ENV_VAR, "").strip()
-    if not where or lib.halide_profiler_get_state().pipelines == ffi.NULL:
-        return
-    if where.lower() != "off":
+    """(Registered before shim/shutdown.py's, so it runs after: by then new calls are refused
+    and the calls still running waited for.)"""
+    where = _destination()
+    state = lib.halide_profiler_get_state()
+    lib.halide_profiler_lock(state)
+    try:
+        running = state.instances != ffi.NULL
+        recorded = state.pipelines != ffi.NULL
+    finally:
+        lib.halide_profiler_unlock(state)
+    if not running and (not where or not recorded):
+        return  # Halide prints its report as the process ends (or has nothing to report)
+    if recorded and where.lower() != "off":
         text = report_text()
-        try:
-            with open(where, "a") as f:
-                f.write(text)
-        except OSError as e:
-            import sys
+        if not where:
+            _print(text)  # what Halide would print, were it not kept from waiting
+        else:
+            try:
+                with open(where, "a") as f:
+                    f.write(text)
+            except OSError as e:
+                _print(f"halide-shim: cannot write Halide's profiler report to {where}: {e}\n")
+                if not running:
+                    return  # Halide prints it, as without a destination
+                _print(text)
+    _forget_all(let_go=running)
 
-            print(f"halide-shim: cannot write Halide's profiler report to {where}: {e}",
-                  file=sys.stderr)
-            return
-    _forget_all()
+
+def _after_fork_in_child() -> None:
+    """The child has only the thread that forked: whatever the others held is let go."""
+    global _locks, _locks_lock
+    _locks, _locks_lock = {}, threading.Lock()
+    state = lib.halide_profiler_get_state()
+    state.lock._private[0] = 0  # (a thread that held it is gone: unlocked, nobody waiting)
+    # Calls in flight on other threads never end here, and their records (on those threads'
+    # stacks) may be reused; the sampling thread is gone too: the next call starts one.
+    state.instances = ffi.NULL
+    state.sampling_thread = ffi.NULL
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
