@@ -24,10 +24,12 @@ At exit Halide prints its report through halide_print (a destructor in its runti
 stock runtime prints to stdout, the shim to stderr (where shim/running.py writes what a call
 prints, and native_stubs/call_context.c what is printed outside any call).
 ``HALIDE_SHIM_PROFILER_REPORT=off`` drops it, ``=PATH`` writes it to PATH instead (appending;
-a relative PATH is taken from the working directory the shim was imported in);
-``set_exit_report()`` does the same from Python. Halide's destructor waits for every profiled
-call still running; calls the shim stopped waiting for at exit (shim/shutdown.py) would keep
-the process from ending, so then the report is written here and Halide's shutdown skipped.
+a relative PATH is taken from the working directory the shim was imported in, or, for a value
+the program sets later, the one at exit); ``set_exit_report()`` does the same from Python (a
+relative path from the working directory as it is called). Halide's destructor waits for every
+profiled call still running; calls the shim stopped waiting for at exit (shim/shutdown.py)
+would keep the process from ending, so then the report is written here and Halide's shutdown
+skipped.
 
 Fork: a child has none of its parent's other threads, so it starts with Halide's profiler lock
 free, no calls in flight and no sampling thread (its first profiled call starts one), and the

@@ -8,6 +8,7 @@ Reference figures come from the schedules, never from the code under test: in ``
 ``gate`` (an extern stage, compute_root) one float, one heap allocation each. ``gate`` lets a
 test hold a call in flight: with the scalar ``gate_id`` k > 0 it waits until the test opens
 gate k (``hpa_gate_open``, exported by the pipeline's own library), with k < 0 it sleeps -k ms.
+With k >= 64 it calls the function given to ``hpa_set_callback``.
 ``fail`` = 1 makes ``out`` fail a ``require`` once blur_x and blur_y are computed.
 
 Tests that fork, interrupt or exit run in a child process (a hang there fails the test through
@@ -46,9 +47,13 @@ GATE_C = r"""
 #include <unistd.h>
 #include "HalideRuntime.h"
 static int gates[64], entered[64];
+static int (*callback)(int);
 int hpa_wait(int32_t id, halide_buffer_t *out) {
     if (out->host == NULL) return 0; /* a bounds query */
-    if (id > 0) {
+    if (id >= 64) {
+        int result = callback ? callback(id) : 0;
+        if (result) return result;
+    } else if (id > 0) {
         __atomic_add_fetch(&entered[id], 1, __ATOMIC_SEQ_CST);
         while (!__atomic_load_n(&gates[id], __ATOMIC_SEQ_CST)) usleep(200);
     } else if (id < 0) {
@@ -57,6 +62,7 @@ int hpa_wait(int32_t id, halide_buffer_t *out) {
     for (int i = 0; i < out->dim[0].extent; i++) ((float *)out->host)[i] = 0.0f;
     return 0;
 }
+void hpa_set_callback(int (*f)(int)) { callback = f; }
 void hpa_gate_open(int id) { __atomic_store_n(&gates[id], 1, __ATOMIC_SEQ_CST); }
 int hpa_gate_entered(int id) { return __atomic_load_n(&entered[id], __ATOMIC_SEQ_CST); }
 """
@@ -323,6 +329,51 @@ def test_a_new_profile_while_the_last_ones_call_is_in_flight_takes_turns_without
     [new_record] = _pipeline_calls(new)
     _check_blur_call(old_record.stages, 300, 200)
     _check_blur_call(new_record.stages, 100, 80)
+
+
+@pytest.mark.parametrize("outer_profiled", [True, False])
+def test_a_call_made_from_inside_a_call_of_the_same_pipeline_does_not_wait_for_it(gated,
+                                                                                  outer_profiled):
+    """An extern stage calls back into Python, which calls the same pipeline on the same
+    thread: the inner call cannot wait for the outer one to end (it never would). Its figures
+    are its own; the outer call's hold both runs, so it has none."""
+    go = threading.Event()
+    inner = []
+
+    @ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int)
+    def callback(_):
+        go.wait()
+        try:
+            gated.run(30, 20)
+        except BaseException as e:  # noqa: BLE001 - the test looks at it
+            inner.append(e)
+            return -1
+        inner.append("done")
+        return 0
+
+    gated._gates.hpa_set_callback(callback)
+    try:
+        prof = shim.profile()
+        if outer_profiled:
+            prof.start()
+        outer = _thread(gated.run, 150, 100, 64)
+        if not outer_profiled:
+            time.sleep(0.2)  # (the outer call in flight, unprofiled)
+            prof.start()
+        go.set()
+        _join(outer)
+        prof.stop()
+    finally:
+        gated._gates.hpa_set_callback(None)
+    assert inner == ["done"]
+    records = _pipeline_calls(prof)
+    inner_record = next(r for r in records if r.stages is not None
+                        and _is_blur_call(r.stages, 30, 20))
+    assert inner_record.result == 0
+    for record in records:
+        if record is not inner_record:
+            assert record.stages is None or _is_blur_call(record.stages, 150, 100)
+    assert len(records) == (2 if outer_profiled else 1)
 
 
 # --- one name, two libraries -------------------------------------------------------------------
@@ -668,6 +719,30 @@ def wait_entered(gate):
 
 report = {}
 run(8, 8)
+# 0. Ctrl-C while the main thread waits for a call of the pipeline in flight from before the
+# profile
+early = threading.Thread(target=run, args=(90, 60, 3))
+early.start()
+wait_entered(3)
+with shim.profile() as first:
+    def interrupt_then_open_3():
+        time.sleep(0.3)
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(30)  # (only a main thread that cannot be interrupted waits this long)
+        open_gate(3)
+
+    threading.Thread(target=interrupt_then_open_3, daemon=True).start()
+    try:
+        run(50, 40)
+        report["in flight"] = "not interrupted"
+    except KeyboardInterrupt:
+        report["in flight"] = "interrupted while the other call ran" if 3 not in opened else \
+            "interrupted only after the other call"
+    open_gate(3)
+    early.join()
+    run(20, 10)  # the pipeline's turn was given back
+report["first"] = [figures(r) for r in first.records if r.kind == "pipeline"
+                   and r.name == "hpa_gate"]
 with shim.profile() as prof:
     # 1. Ctrl-C while the main thread waits for another thread's profiled call of the pipeline
     other = threading.Thread(target=run, args=(100, 80, 1))
@@ -722,12 +797,15 @@ def test_ctrl_c_while_waiting_for_the_pipelines_turn_or_inside_a_profiled_call(g
                           env=dict(os.environ, **{halide_profiler.ENV_VAR: "off"}))
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout.splitlines()[-1])
+    assert report["in flight"] == "interrupted while the other call ran"
     assert report["waiting"] == "interrupted while the other call ran"
     assert report["inside"] == "interrupted"
 
     def blur(w, h):
         return [w * (h + 2) * 4, w * h * 4]
 
+    # (the interrupted waits made no call)
+    assert report["first"] == [blur(20, 10)]
     # the other thread's call, the interrupted call of the main thread (completed), the last
     assert report["calls"] == [blur(100, 80), blur(70, 60), blur(30, 20)]
 
@@ -847,9 +925,10 @@ elif mode == "thread":
     t.start()
     t.join()
     os.chdir(sys.argv[5])
-elif mode == "stuck":  # a profiled call that never ends, on a daemon thread
+elif mode.startswith("stuck"):  # a call that never ends, on a daemon thread
     shim.shutdown.CALLS_TIMEOUT = 0.2
-    shim.profile().start()
+    if mode == "stuck profiled":
+        shim.profile().start()
     threading.Thread(target=run, args=(100, 80, 1), daemon=True).start()
     while gates.hpa_gate_entered(1) < 1:
         time.sleep(0.001)
@@ -904,12 +983,14 @@ def test_set_exit_report_from_a_thread_with_a_relative_path(gated, tmp_path):
 
 
 @pytest.mark.parametrize("setting", [None, "off", "file"])
-def test_exit_with_a_profiled_call_stuck_on_a_daemon_thread_does_not_hang(gated, tmp_path,
-                                                                          setting):
+@pytest.mark.parametrize("profiled", [True, False])
+def test_exit_with_a_call_stuck_on_a_daemon_thread_does_not_hang(gated, tmp_path, setting,
+                                                                profiled):
     """The shim stops waiting for calls still running at exit (shim/shutdown.py); Halide's
     profiler must not wait for them either, and the report still goes where it is sent."""
     report = tmp_path / "report.txt"
-    done = _exit_run(gated, "stuck", str(report) if setting == "file" else setting)
+    mode = "stuck profiled" if profiled else "stuck"
+    done = _exit_run(gated, mode, str(report) if setting == "file" else setting)
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("done")
     if setting is None:
