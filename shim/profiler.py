@@ -82,7 +82,8 @@ class Record:
     device_ns: int | None = None
     markers: object = field(default=None, repr=False)
     #: A pipeline call of a build with Halide's profiler (``-profile``): that call's per-Func
-    #: figures, a shim.halide_profiler.CallStages (None where Halide recorded no run).
+    #: figures, a shim.halide_profiler.CallStages (None where Halide recorded no run of it,
+    #: or where a call of it run outside the profile ended meanwhile and mixed in).
     stages: object = None
     #: A span of Halide's tracing (kinds "realization", "production", "consumption",
     #: "halide pipeline"): the box Halide passed, ((min, extent), ...) per dimension.
