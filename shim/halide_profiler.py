@@ -56,7 +56,6 @@ _RUNTIME_SLOTS = 4
 
 ENV_VAR = "HALIDE_SHIM_PROFILER_REPORT"
 
-_profiled_names: set[str] = set()
 _locks: dict[str, threading.RLock] = {}
 _locks_lock = threading.Lock()
 # How often a profiled call waiting for its turn looks again (and for a Ctrl-C).
@@ -66,16 +65,6 @@ _IN_FLIGHT_POLL_S = 0.001
 
 def builds_profile(target: str) -> bool:
     return bool(PROFILE_FEATURES & set(target.split("-")))
-
-
-def register(name: str, target: str) -> None:
-    """A pipeline called ``name`` built for ``target`` was loaded (shim/pipeline.py)."""
-    if builds_profile(target):
-        _profiled_names.add(name)
-
-
-def is_profiled(name: str) -> bool:
-    return name in _profiled_names
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,11 +147,9 @@ class _Snapshot:
 
 
 def begin(name: str) -> _Snapshot | None:
-    """Before a call of pipeline ``name`` inside a profile: None unless it was built with
-    Halide's profiler. Takes the pipeline's turn (released by ``end``): its lock, then waits
-    for the calls of it still running from outside the profile."""
-    if name not in _profiled_names:
-        return None
+    """Before a call of pipeline ``name``, built with Halide's profiler, inside a profile. Takes
+    the pipeline's turn (released by ``end``): its lock, then waits for the calls of it still
+    running from outside the profile."""
     with _locks_lock:
         lock = _locks.setdefault(name, threading.RLock())
     _wait_for(lock)

@@ -57,8 +57,8 @@ class Pipeline(CallPlan):
         self._signature = Signature(self.name, self.target, self._library.arguments,
                                     self.device_kinds)
         self.arguments = self._signature.arguments
-        self._runner = Runner(self.name, self._library.argv_fn, self.device_kinds)
-        halide_profiler.register(self.name, self.target)  # (a -profile build: its Func figures)
+        self._runner = Runner(self.name, self._library.argv_fn, self.device_kinds,
+                              halide_profiler.builds_profile(self.target))
         # The fast path and the cache of argument shapes that passed the bounds query: CallPlan,
         # in C (native_stubs/fastcall.c), whose __call__ is the Pipeline's.
         runner = self._runner

@@ -366,13 +366,14 @@ def begin_call(operation, args) -> tuple | None:
     return profile, profile._begin("runtime", operation.__name__, raw, backend)
 
 
-def begin_pipeline(name: str, call_id: int) -> tuple | None:
+def begin_pipeline(name: str, call_id: int, halide_profiled: bool = False) -> tuple | None:
+    """A pipeline call starts; ``halide_profiled``: it was built with Halide's profiler."""
     profile = _active
     if profile is None:
         return None
-    # A build with Halide's profiler: its calls take turns while profiled (the lock is taken
+    # A build with Halide's profiler: its calls take turns while profiled (the turn is taken
     # before the record starts, so waiting for it is not the call's time).
-    snapshot = halide_profiler.begin(name)
+    snapshot = halide_profiler.begin(name) if halide_profiled else None
     try:
         record = profile._begin("pipeline", name, None, None, call_id=call_id)
     except BaseException:

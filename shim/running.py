@@ -26,8 +26,11 @@ class Runner:
     """What running one pipeline takes: its entry point, the devices it runs on, and the
     report of each run."""
 
-    def __init__(self, name: str, argv_fn, device_kinds: frozenset):
+    def __init__(self, name: str, argv_fn, device_kinds: frozenset,
+                 halide_profiled: bool = False):
         self.name, self.argv_fn = name, argv_fn
+        # Built with Halide's profiler: inside a profile, its calls get their per-Func figures.
+        self.halide_profiled = halide_profiled
         # The device APIs the pipeline's code uses (none: it computes on the CPU only).
         self.device_kinds = device_kinds
         # A CPU pipeline writes its outputs on the host.
@@ -149,7 +152,7 @@ class PreparedCall(PreparedRun):
             buf.set_host_dirty(True)  # the caller may have written to the array since
         context = CallContext.begin(reset=False)
         try:
-            profiled = profiler.begin_pipeline(runner.name, context.id)
+            profiled = profiler.begin_pipeline(runner.name, context.id, runner.halide_profiled)
             result = -1
             try:
                 for _ in range(_PREPARATION_ATTEMPTS):

@@ -75,7 +75,6 @@ def _check_memory(stages, width, height):
 def test_the_target_feature_marks_the_pipeline(built):
     _, pipeline = built
     assert halide_profiler.builds_profile(pipeline.target)
-    assert halide_profiler.is_profiled(NAME)
     assert not halide_profiler.builds_profile("x86-64-linux-avx2")
 
 
