@@ -148,7 +148,7 @@ def _span_tables(profile) -> list[str]:
     by_pipeline = defaultdict(lambda: defaultdict(list))
     for record in profile.records:
         if record.kind in ("realization", "production"):
-            by_pipeline[calls.get(record.call, "(outside a pipeline call)")][record.name].append(record)
+            by_pipeline[calls.get(record.call, "(calls begun before the profile)")][record.name].append(record)
     tables = []
     for pipeline, funcs in sorted(by_pipeline.items()):
         rows = []

@@ -24,12 +24,13 @@ One profile records at a time. With none recording, the hooks below cost one glo
 from __future__ import annotations
 
 import itertools
+import os
 import re
 import threading
 import time
 from dataclasses import dataclass, field, replace
 
-from shim import halide_profiler, halide_trace
+from shim import halide_profiler, halide_trace, interrupts
 from shim.devices import backend_for_interface, kind_of_index
 from shim.errors import ArgumentError, ShimError
 from shim.native import ffi, lib
@@ -104,7 +105,7 @@ def profile(*, trace_limit: int = halide_trace.DEFAULT_LIMIT,
     return Profile(trace_limit=trace_limit, sample_accesses=sample_accesses)
 
 
-def _count(argument: str, value) -> int:
+def _event_count(argument: str, value) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**31:
         raise ArgumentError(argument, f"expected an int from 0 to 2**31 - 1, got {value!r}")
     return value
@@ -115,8 +116,8 @@ class Profile:
 
     def __init__(self, *, trace_limit: int = halide_trace.DEFAULT_LIMIT,
                  sample_accesses: int = 0):
-        self.trace_limit = _count("trace_limit", trace_limit)
-        self.sample_accesses = _count("sample_accesses", sample_accesses)
+        self.trace_limit = _event_count("trace_limit", trace_limit)
+        self.sample_accesses = _event_count("sample_accesses", sample_accesses)
         self.records: list[Record] = []
         #: {function: {"noop": n, "foreign": n, "refused": n}}: calls decided in C.
         self.decided_in_c: dict[str, dict[str, int]] = {}
@@ -142,22 +143,28 @@ class Profile:
 
     def start(self) -> Profile:
         global _active
-        with _start_lock:
+        # (Ctrl-C waits: the native trace must not be left recording with no profile active)
+        with interrupts.deferred(), _start_lock:
             if _active is not None:
                 raise ShimError("another profile is recording; stop it first")
             if self._recording or self.duration_ns:
                 raise ShimError("this profile has already recorded; make a new one")
             self._origin = time.perf_counter_ns()  # (before any span can begin)
             halide_trace.start(self.trace_limit, self.sample_accesses)
-            lib.shim_profile_reset()
-            self._recording = True
-            _active = self
-            lib.shim_profile_enable(True)
+            try:
+                lib.shim_profile_reset()
+                self._recording = True
+                _active = self
+                lib.shim_profile_enable(True)
+            except BaseException:
+                halide_trace.stop()
+                _active, self._recording = None, False
+                raise
         return self
 
     def stop(self) -> Profile:
         global _active
-        with _start_lock:
+        with interrupts.deferred(), _start_lock:
             if _active is not self:
                 raise ShimError("this profile is not recording")
             lib.shim_profile_enable(False)
@@ -277,40 +284,36 @@ class Profile:
                 self.decided_in_c[name] = counts
 
     def _read_trace(self, trace) -> None:
-        """Halide's trace events become records on the thread each span ran on, in the
-        pipeline call it ran under. A span's parent is the innermost span enclosing it on its
-        thread, else the one Halide names (a realization's pipeline), else its call."""
+        """Halide's trace (shim/halide_trace.py) into the profile: spans become records on the
+        thread each ran on, in the pipeline call it ran under."""
         self.accesses, self.trace_dropped = trace.accesses, trace.dropped
         # (times from the profile's start, like the records')
         self.samples = [replace(a, time_ns=a.time_ns - self._origin) for a in trace.samples]
-        for access in self.samples:
-            self.thread_names.setdefault(access.thread, f"thread {access.thread}")
+        calls = {r.id: r for r in self.records if r.kind == "pipeline"}
         by_halide_id: dict[int, Record] = {}
         open_spans: dict[int, list[Record]] = {}  # thread -> spans enclosing the next start
-        calls = {r.id: r for r in self.records if r.kind == "pipeline"}
         for span in trace.spans:  # (in order of start)
-            self._ids += 1
-            end_ns = span.end_ns if span.end_ns is not None else self._origin + self.duration_ns
-            record = Record(self._ids, span.kind, span.func, span.thread,
-                            span.start_ns - self._origin, end_ns - span.start_ns, box=span.box)
-            record.call = self._calls.get(span.call) if span.call else None
-            call = calls.get(record.call)
-            if span.end_ns is None and call is not None and call.duration_ns:
-                # (its end came after the stop, but before its call's: drawn to the earlier)
-                record.duration_ns = min(record.duration_ns,
-                                         call.start_ns + call.duration_ns - record.start_ns)
-            stack = open_spans.setdefault(span.thread, [])
-            while stack and stack[-1].start_ns + stack[-1].duration_ns <= record.start_ns:
-                stack.pop()
-            named = by_halide_id.get(span.parent_id)
-            # (a thread waiting in a parallel loop may run another call's tasks meanwhile)
-            enclosing = next((r for r in reversed(stack) if r.call == record.call), None)
-            record.parent = (enclosing.id if enclosing is not None else named.id
-                             if named is not None else record.call)
-            stack.append(record)
+            record = self._span_record(span, calls)
+            record.parent = _span_parent(record, open_spans.setdefault(span.thread, []),
+                                         by_halide_id.get(span.parent_id))
             by_halide_id[span.halide_id] = record
-            self.thread_names.setdefault(span.thread, f"thread {span.thread}")
             self.records.append(record)
+        for thread in {s.thread for s in trace.spans} | {a.thread for a in self.samples}:
+            self.thread_names.setdefault(thread, f"thread {thread}")
+
+    def _span_record(self, span, calls: dict) -> Record:
+        """A span as a record. One whose end came after the stop ends at the profile's end,
+        or at its call's where that came first."""
+        self._ids += 1
+        end_ns = span.end_ns if span.end_ns is not None else self._origin + self.duration_ns
+        record = Record(self._ids, span.kind, span.func, span.thread,
+                        span.start_ns - self._origin, end_ns - span.start_ns, box=span.box)
+        record.call = self._calls.get(span.call) if span.call else None
+        call = calls.get(record.call)
+        if span.end_ns is None and call is not None and call.duration_ns:
+            record.duration_ns = min(record.duration_ns,
+                                     call.start_ns + call.duration_ns - record.start_ns)
+        return record
 
     def _attribute_launches(self) -> None:
         """Name the stage of each kernel launched by a profiled call: Halide names a kernel
@@ -348,11 +351,37 @@ class Profile:
             end_of_track[record.device_track] = start + record.device_ns
 
 
+def _span_parent(record: Record, stack: list, named: Record | None) -> int | None:
+    """The parent of a span's record: the innermost span enclosing it on its thread in the
+    same call (a thread waiting in a parallel loop may run another call's tasks meanwhile),
+    else the span Halide names as its parent (a realization's pipeline), else its call.
+    ``stack``: the spans still open on its thread, brought up to the record's start; the
+    record is pushed."""
+    while stack and stack[-1].start_ns + stack[-1].duration_ns <= record.start_ns:
+        stack.pop()
+    enclosing = next((r for r in reversed(stack) if r.call == record.call), None)
+    stack.append(record)
+    if enclosing is not None:
+        return enclosing.id
+    return named.id if named is not None else record.call
+
+
 def _stack() -> list:
     stack = getattr(_local, "stack", None)
     if stack is None:
         stack = _local.stack = []
     return stack
+
+
+def _after_fork_in_child() -> None:
+    """The child has only the thread that forked: locks other threads held are let go."""
+    global _start_lock
+    _start_lock = threading.Lock()
+    if _active is not None:
+        _active._lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 # --- hooks: each costs one global read while nothing records -------------------------------

@@ -207,3 +207,71 @@ def test_calls_without_a_buffer_are_recorded(host_device):
         buf.device_sync()  # halide_device_sync_global: the backend's sync, no buffer
     [sync] = prof.calls("device_sync")
     assert sync.buffer is None and sync.backend == "host" and sync.result == 0
+
+
+@pytest.fixture(scope="module")
+def traced_blur():
+    """The sample 3x3 blur built with Halide's trace_realizations feature."""
+    return shim.load(build(Build("blur3x3", features=("trace_realizations",))))
+
+
+def _blur_once(pipeline):
+    return pipeline(np.zeros((18, 18), np.uint16), output=(16, 16))
+
+
+def test_a_start_that_fails_leaves_halides_tracing_as_it_was(traced_blur, monkeypatch, capfd):
+    from shim import profiler
+
+    class Failing:
+        """The native library, but resetting the profile's counts fails."""
+
+        def __getattr__(self, name):
+            return getattr(lib, name)
+
+        def shim_profile_reset(self):
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(profiler, "lib", Failing())
+    failed = shim.profile()
+    with pytest.raises(KeyboardInterrupt):
+        failed.start()
+    monkeypatch.undo()
+    capfd.readouterr()
+    _blur_once(traced_blur)  # outside any profile: Halide prints its trace, as before
+    printed = capfd.readouterr().err
+    assert "Begin realization blur_x" in printed and "End realization blur_x" in printed
+    with shim.profile() as prof:  # and the next profile starts and records
+        _blur_once(traced_blur)
+    assert [r.name for r in prof.records if r.kind == "realization"].count("blur_x") == 1
+    with pytest.raises(shim.ShimError):
+        failed.stop()  # (it never recorded)
+
+
+def test_a_child_forked_while_another_thread_stops_a_profile_can_profile(traced_blur):
+    import os
+
+    from shim import profiler
+
+    held = threading.Event()
+    release = threading.Event()
+
+    def hold_the_start_lock():
+        with profiler._start_lock:
+            held.set()
+            release.wait()
+
+    holder = threading.Thread(target=hold_the_start_lock)
+    holder.start()
+    held.wait()
+    pid = os.fork()
+    if pid == 0:  # the child: the lock's holder does not exist here
+        try:
+            with shim.profile() as prof:
+                _blur_once(traced_blur)
+            os._exit(0 if any(r.kind == "realization" for r in prof.records) else 1)
+        except BaseException:
+            os._exit(2)
+    release.set()
+    holder.join()
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
