@@ -175,12 +175,16 @@ class Build:
     features: tuple[str, ...] = ()
 
     def __post_init__(self):
-        features = self.features
-        if isinstance(features, str):
-            features = features.split("-") if features else ()
-        features = tuple(sorted(set(features)))
+        given = self.features
+        if isinstance(given, str):
+            given = (given,) if given else ()
+        if not isinstance(given, (tuple, list, set, frozenset)) or \
+                not all(isinstance(f, str) for f in given):
+            raise ValueError(f"features: expected a str or a sequence of str, got {given!r}")
+        # ("profile-trace_all" and ("profile", "trace_all") alike, here and on the command line)
+        features = tuple(sorted({f for text in given for f in text.split("-")}))
         for feature in features:
-            if not isinstance(feature, str) or not _FEATURE.fullmatch(feature):
+            if not _FEATURE.fullmatch(feature):
                 raise ValueError(f"bad target feature {feature!r}: expected a Halide target "
                                  "feature's name, such as profile or trace_realizations")
             if feature == "no_runtime":

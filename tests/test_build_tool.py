@@ -122,9 +122,14 @@ def test_target_features_get_their_own_builds():
     assert len({plain.key(), profiled.key(), Build("blur3x3", features=("trace_realizations",)).key()}) == 3
     assert profiled.path().name.startswith("blur3x3-host-profile-bundled-")
     assert plain.path().name.startswith("blur3x3-host-bundled-")  # (names of existing builds kept)
-    for bad in ("Profile", "no_runtime", "", "a b"):
+    for bad in ("Profile", "no_runtime", "", "a b", "profile--trace_all"):
         with pytest.raises(ValueError):
             Build("blur3x3", features=(bad,))
+    for bad in (None, (1, "profile"), 5):  # named, not a TypeError from deep inside
+        with pytest.raises(ValueError, match="features: expected a str or a sequence of str"):
+            Build("blur3x3", features=bad)
+    # one syntax everywhere: "profile-trace_all" inside a sequence too (--feature gives that)
+    assert Build("blur3x3", features=("profile-trace_all",)).features == ("profile", "trace_all")
 
 
 def test_command_line_adds_target_features(tmp_path):
