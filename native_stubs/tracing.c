@@ -16,7 +16,12 @@
  * A span belongs to whoever saw its begin: the end of a span Halide's own handler printed (or
  * wrote to HL_TRACE_FILE) goes to that handler even while a profile records, and the end of a
  * span a profile recorded (or left out: its id is 0) never does, so that what Halide prints of
- * a call a profile started or stopped in the middle of stays whole.
+ * a call a profile started or stopped in the middle of stays whole. Who saw a begin is not
+ * told by its id: Halide's handler takes an id for every event, loads and stores included, so
+ * its ids reach SHIM_TRACE_RECORDED after 2**30 events (some 2000 calls of a -trace_all blur).
+ * Begin and end events come in pairs on one thread, properly nested, so each thread keeps a
+ * stack of its open spans and who owns each; an end is routed by the entry of its begin. Only
+ * where the stack has lost it (nested deeper than it holds) does the id decide.
  *
  * Stopping waits for the handlers that saw recording on (in_flight) before anyone reads or
  * frees the buffer: a handler increments in_flight before it checks `recording`, and the stop
@@ -55,6 +60,46 @@ static const char *func_keys[SHIM_TRACE_FUNCS];
 static shim_trace_func funcs[SHIM_TRACE_FUNCS];
 
 static __thread int64_t own_thread_id;
+
+/* The spans open on this thread, innermost last: a ring that drops its oldest entry when full
+ * (that span's end then falls back on its id's bits). Entries above the one an end closes are
+ * stale, the begins of a call that failed midway and never emitted their ends: the end pops
+ * them too. The id is the one the begin's handler returned, which Halide passes as the end's
+ * parent_id. */
+enum { OPEN_SPANS = 128 };
+enum span_owner { OWNER_HALIDE, OWNER_KEPT, OWNER_LEFT_OUT };
+typedef struct {
+    int32_t id;
+    uint8_t owner;       /* enum span_owner */
+    uint32_t generation; /* OWNER_KEPT: the recording that kept it */
+} open_span;
+static __thread open_span open_spans[OPEN_SPANS];
+static __thread uint32_t open_top, open_bottom; /* entries open_bottom..open_top-1, mod the size */
+
+/* Recordings started, ever: a kept span is recorded by the one that kept its begin. */
+static uint32_t generation;
+
+static void push_span(int32_t id, enum span_owner owner, uint32_t kept_by) {
+    if (open_top - open_bottom == OPEN_SPANS) {
+        open_bottom++;
+    }
+    open_spans[open_top % OPEN_SPANS] = (open_span){id, (uint8_t)owner, kept_by};
+    open_top++;
+}
+
+/* The entry of the begin `id` is the end of, popped with the stale ones above it; false where
+ * this thread has none (nothing popped). */
+static bool pop_span(int32_t id, open_span *found) {
+    for (uint32_t i = open_top; i != open_bottom; i--) {
+        open_span *s = &open_spans[(i - 1) % OPEN_SPANS];
+        if (s->id == id) {
+            *found = *s;
+            open_top = i - 1;
+            return true;
+        }
+    }
+    return false;
+}
 
 static int64_t thread_id(void) {
     if (own_thread_id == 0) {
@@ -99,8 +144,9 @@ static bool reserve(int64_t slots) {
     return true;
 }
 
-/* Whether `id` (an end event's parent_id) is that of a begin this recording kept. Its begin
- * happened before its end, so next_id already counts it here. */
+/* Whether `id` (an end event's parent_id) is that of a begin this recording kept, by the id
+ * alone (an end whose begin the thread's stack lost). Its begin happened before its end, so
+ * next_id already counts it here. */
 static bool kept_by_this_recording(int32_t id) {
     if (!(id & SHIM_TRACE_RECORDED)) {
         return false;
@@ -110,15 +156,10 @@ static bool kept_by_this_recording(int32_t id) {
     return age < kept;
 }
 
-/* Whether the begin of an end event went to Halide's own handler: its ids count from 1 and
- * never carry SHIM_TRACE_RECORDED (not within 2**30 events); ours are 0 or carry it. */
+/* Whether the begin of an end event went to Halide's own handler, by the id alone: its ids
+ * count from 1 and carry no SHIM_TRACE_RECORDED for their first 2**30; ours are 0 or carry it. */
 static bool halides_own(int32_t parent_id) {
     return parent_id != 0 && !(parent_id & SHIM_TRACE_RECORDED);
-}
-
-static bool is_end(int32_t event) {
-    return event == halide_trace_end_realization || event == halide_trace_end_produce ||
-           event == halide_trace_end_consume || event == halide_trace_end_pipeline;
 }
 
 static void write_event(const struct halide_trace_event_t *e, int32_t id, int32_t func) {
@@ -179,55 +220,110 @@ static void count_access(const struct halide_trace_event_t *e, int32_t func) {
     }
 }
 
-/* What the handler does with an event while recording: the id for Halide; *forward is set
- * where Halide's own handler is to have the event too (the end of a span it began). */
-static int32_t record(const struct halide_trace_event_t *e, bool *forward) {
-    switch (e->event) {
-    case halide_trace_load:
-    case halide_trace_store:
-        count_access(e, func_slot(e->func != NULL ? e->func : ""));
+static const char *func_name(const struct halide_trace_event_t *e) {
+    return e->func != NULL ? e->func : "";
+}
+
+/* A begin event while recording: the id for Halide (0: left out, the buffer is full). */
+static int32_t record_begin(const struct halide_trace_event_t *e) {
+    if (!reserve(2)) {
+        __atomic_fetch_add(&dropped, 1, __ATOMIC_RELAXED);
         return 0;
-    case halide_trace_begin_realization:
-    case halide_trace_produce:
-    case halide_trace_consume:
-    case halide_trace_begin_pipeline: {
-        if (!reserve(2)) {
-            __atomic_fetch_add(&dropped, 1, __ATOMIC_RELAXED);
-            return 0;
-        }
-        uint32_t n = __atomic_add_fetch(&next_id, 1, __ATOMIC_RELAXED);
-        int32_t id = (int32_t)(n & SHIM_TRACE_ID_MASK) | SHIM_TRACE_RECORDED;
-        write_event(e, id, func_slot(e->func != NULL ? e->func : ""));
+    }
+    uint32_t n = __atomic_add_fetch(&next_id, 1, __ATOMIC_RELAXED);
+    int32_t id = (int32_t)(n & SHIM_TRACE_ID_MASK) | SHIM_TRACE_RECORDED;
+    write_event(e, id, func_slot(func_name(e)));
+    return id;
+}
+
+/* Whether a recording is on. Where it is, the caller is one of the handlers a stop waits for
+ * until it calls leave(): it increments in_flight before it checks `recording` (see the top of
+ * the file). */
+static bool enter(void) {
+    if (!__atomic_load_n(&recording, __ATOMIC_ACQUIRE)) {
+        return false;
+    }
+    __atomic_fetch_add(&in_flight, 1, __ATOMIC_SEQ_CST);
+    if (__atomic_load_n(&recording, __ATOMIC_SEQ_CST)) {
+        return true;
+    }
+    __atomic_fetch_sub(&in_flight, 1, __ATOMIC_SEQ_CST);
+    return false;
+}
+
+static void leave(void) {
+    __atomic_fetch_sub(&in_flight, 1, __ATOMIC_RELEASE);
+}
+
+static int32_t begin_event(void *user_context, const struct halide_trace_event_t *e) {
+    if (enter()) {
+        int32_t id = record_begin(e);
+        uint32_t kept_by = __atomic_load_n(&generation, __ATOMIC_RELAXED);
+        leave();
+        push_span(id, id != 0 ? OWNER_KEPT : OWNER_LEFT_OUT, kept_by);
         return id;
     }
-    case halide_trace_end_realization:
-    case halide_trace_end_produce:
-    case halide_trace_end_consume:
-    case halide_trace_end_pipeline:
-        if (kept_by_this_recording(e->parent_id)) {
-            write_event(e, 0, func_slot(e->func != NULL ? e->func : ""));
-        } else {
-            *forward = halides_own(e->parent_id);
+    int32_t id = previous_handler(user_context, e);
+    push_span(id, OWNER_HALIDE, 0);
+    return id;
+}
+
+static int32_t end_event(void *user_context, const struct halide_trace_event_t *e) {
+    open_span begin;
+    if (!pop_span(e->parent_id, &begin)) {
+        /* Lost by this thread's stack (nested deeper than it holds, or begun on another
+         * thread): the id's bits decide. */
+        if (enter()) {
+            bool kept = kept_by_this_recording(e->parent_id);
+            if (kept) {
+                write_event(e, 0, func_slot(func_name(e)));
+            }
+            leave();
+            if (kept) {
+                return 0;
+            }
+        }
+        return halides_own(e->parent_id) ? previous_handler(user_context, e) : 0;
+    }
+    switch (begin.owner) {
+    case OWNER_HALIDE: /* (even while a profile records: Halide's log stays whole) */
+        return previous_handler(user_context, e);
+    case OWNER_KEPT:
+        /* recorded by the recording that kept its begin, if it still records (the begin
+         * reserved the end's slot); an older one's is swallowed */
+        if (enter()) {
+            if (begin.generation == __atomic_load_n(&generation, __ATOMIC_RELAXED)) {
+                write_event(e, 0, func_slot(func_name(e)));
+            }
+            leave();
         }
         return 0;
-    default: /* tags: Halide's hints for its visualizer */
+    default: /* left out: nobody saw its begin */
         return 0;
     }
 }
 
 static int32_t shim_trace_handler(void *user_context, const struct halide_trace_event_t *e) {
-    if (__atomic_load_n(&recording, __ATOMIC_ACQUIRE)) {
-        __atomic_fetch_add(&in_flight, 1, __ATOMIC_SEQ_CST);
-        if (__atomic_load_n(&recording, __ATOMIC_SEQ_CST)) {
-            bool forward = false;
-            int32_t id = record(e, &forward);
-            __atomic_fetch_sub(&in_flight, 1, __ATOMIC_RELEASE);
-            return forward ? previous_handler(user_context, e) : id;
-        }
-        __atomic_fetch_sub(&in_flight, 1, __ATOMIC_SEQ_CST);
+    switch (e->event) {
+    case halide_trace_begin_realization:
+    case halide_trace_produce:
+    case halide_trace_consume:
+    case halide_trace_begin_pipeline:
+        return begin_event(user_context, e);
+    case halide_trace_end_realization:
+    case halide_trace_end_produce:
+    case halide_trace_end_consume:
+    case halide_trace_end_pipeline:
+        return end_event(user_context, e);
+    default:
+        break;
     }
-    if (is_end(e->event) && !halides_own(e->parent_id)) {
-        return 0; /* its begin was recorded (or left out) by a profile: Halide never saw it */
+    if (enter()) {
+        if (e->event == halide_trace_load || e->event == halide_trace_store) {
+            count_access(e, func_slot(func_name(e)));
+        } /* (tags, Halide's hints for its visualizer, are left out) */
+        leave();
+        return 0;
     }
     return previous_handler(user_context, e);
 }
@@ -261,6 +357,7 @@ int shim_trace_start(int32_t new_capacity, uint64_t every) {
     reserved = 0;
     written = 0;
     first_id = __atomic_load_n(&next_id, __ATOMIC_RELAXED);
+    __atomic_store_n(&generation, generation + 1, __ATOMIC_RELAXED);
     dropped = 0;
     sample_every = every;
     accesses_seen = 0;

@@ -957,3 +957,215 @@ sys.exit(os.waitstatus_to_exitcode(status))
 
 def test_spans_in_a_forked_child_are_on_the_childs_thread(libs):
     _child(FORK, libs["tr_blur"])
+
+
+# --- whose end is it: crafted events through halide_trace ---------------------------------------
+
+# A child process's preamble: halide_trace called through ctypes with crafted events, as a
+# pipeline calls it, and the counter from which Halide's own handler hands out ids (a local
+# static of halide_default_trace in shim._native, found through the library's symbol table),
+# so that a test can have Halide hand out the ids it reaches after 2**30 events.
+CRAFT = r'''
+import ctypes, subprocess, sys, threading
+import shim
+from shim import _native, halide_trace
+
+so = ctypes.CDLL(_native.__file__)
+
+
+class HalideType(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
+
+
+class Event(ctypes.Structure):  # struct halide_trace_event_t
+    _fields_ = [("func", ctypes.c_char_p), ("value", ctypes.c_void_p),
+                ("coordinates", ctypes.POINTER(ctypes.c_int32)), ("trace_tag", ctypes.c_char_p),
+                ("type", HalideType), ("event", ctypes.c_int), ("parent_id", ctypes.c_int32),
+                ("value_index", ctypes.c_int32), ("dimensions", ctypes.c_int32)]
+
+
+so.halide_trace.argtypes = [ctypes.c_void_p, ctypes.POINTER(Event)]
+so.halide_trace.restype = ctypes.c_int32
+(LOAD, STORE, BEGIN, END, PRODUCE, END_PRODUCE, CONSUME, END_CONSUME, BEGIN_PIPELINE,
+ END_PIPELINE) = range(10)
+
+symbols = {}
+for line in subprocess.run(["nm", _native.__file__], capture_output=True, text=True,
+                           check=True).stdout.splitlines():
+    fields = line.split()
+    if len(fields) == 3:
+        symbols[fields[2]] = int(fields[0], 16)
+base = ctypes.cast(so.halide_default_trace, ctypes.c_void_p).value - symbols["halide_default_trace"]
+halide_ids = ctypes.c_int32.from_address(base + symbols["_ZZ20halide_default_traceE3ids"])
+BOX = (ctypes.c_int32 * 2)(0, 10)
+VALUE = ctypes.c_float(1.5)
+
+
+NAMES = {}  # (a Func is known by its name's address, a constant in a pipeline's library)
+
+
+def trace(event, parent_id=0, func="f"):
+    """halide_trace as a pipeline calls it; returns the id it gives back."""
+    access = event in (LOAD, STORE)
+    pipeline = event in (BEGIN_PIPELINE, END_PIPELINE)
+    e = Event(NAMES.setdefault(func, func.encode()), ctypes.cast(ctypes.byref(VALUE), ctypes.c_void_p) if access else None,
+              None if pipeline else BOX, None, HalideType(2, 32, 1) if access else HalideType(0, 0, 0),
+              event, parent_id, 0, 0 if pipeline else 2)
+    return so.halide_trace(None, ctypes.byref(e))
+
+
+def mark(text):
+    """A line of our own between what Halide prints (both go to stderr)."""
+    sys.stderr.flush()
+    sys.stderr.write("## " + text + "\n")
+    sys.stderr.flush()
+'''
+
+
+def _printed(stderr):
+    """{mark: [lines Halide printed after it]} from a CRAFT child's stderr."""
+    parts, current = {}, None
+    for line in _trace_lines(stderr):
+        if line.startswith("## "):
+            current = line[3:]
+            parts[current] = []
+        else:
+            parts[current].append(line)
+    return parts
+
+
+HALIDES_IDS = CRAFT + r'''
+def call(first_id):
+    """The events of one call, all printed by Halide's handler, its ids counting from first_id."""
+    halide_ids.value = first_id
+    p = trace(BEGIN_PIPELINE, 0, "p")
+    assert p == first_id, (hex(p), hex(first_id))
+    r = trace(BEGIN, p, "r")
+    q = trace(PRODUCE, r, "r")
+    trace(END_PRODUCE, q, "r")
+    c = trace(CONSUME, r, "r")
+    trace(END_CONSUME, c, "r")
+    trace(END, r, "r")
+    trace(END_PIPELINE, p, "p")
+
+
+for first_id in (5, 0x3FFFFFFE, 0x40000005, 0x7FFFFFF0 - 4):
+    mark(hex(first_id))
+    call(first_id)
+'''
+
+
+def test_outside_a_profile_halide_prints_the_ends_of_its_spans_whatever_its_ids(libs):
+    """Halide's handler takes an id for every event, loads and stores included, so after some
+    2**30 events of a -trace_all build its ids carry the bit our own ids are marked with:
+    the ends of its spans are printed all the same."""
+    parts = _printed(_child(HALIDES_IDS).stderr)
+    reference = parts.pop("0x5")  # ids far from the bit
+    assert reference == ["Begin pipeline p.0()", "Begin realization r.0(0, 10)",
+                         "Produce r.0(0, 10)", "End produce r.0(0, 10)", "Consume r.0(0, 10)",
+                         "End consume r.0(0, 10)", "End realization r.0(0, 10)",
+                         "End pipeline p.0()"]
+    assert parts == {k: reference for k in ("0x3ffffffe", "0x40000005", "0x7fffffec")}
+
+
+HALIDES_END_WHILE_RECORDING = CRAFT + r'''
+mark("reference")
+r = trace(BEGIN, 0, "h")
+trace(END, r, "h")
+halide_ids.value = 0x40000005  # (past 2**30 events: the bit of the ids a profile keeps)
+mark("around")
+h = trace(BEGIN, 0, "h")  # Halide's
+assert h == 0x40000005
+halide_trace.start(12, 0)  # room for 6 spans
+for k in range(5):
+    i = trace(BEGIN, 0, "k%d" % k)  # kept: our ids count from 1 in a new process
+    assert i & 0x40000000 and i & 0x3FFFFFFF == k + 1, hex(i)
+    trace(END, i, "k%d" % k)
+trace(END, h, "h")  # Halide's: printed, and takes none of the profile's room
+last = trace(BEGIN, 0, "last")
+trace(END, last, "last")
+t = halide_trace.stop()
+mark("after")
+print(repr(([(s.func, s.end_ns is not None) for s in t.spans], t.dropped,
+            halide_trace.lib.shim_trace_count())))
+'''
+
+
+def test_the_end_of_a_span_halide_began_before_a_profile_goes_to_halide_whatever_its_id(libs):
+    done = _child(HALIDES_END_WHILE_RECORDING)
+    parts = _printed(done.stderr)
+    assert parts["reference"] == ["Begin realization h.0(0, 10)", "End realization h.0(0, 10)"]
+    assert parts["around"] == parts["reference"] and parts["after"] == []
+    # the profile kept its six spans whole, in the twelve slots it had
+    spans, dropped, count = eval(done.stdout)
+    assert spans == [("k%d" % k, True) for k in range(5)] + [("last", True)]
+    assert dropped == 0 and count == 12
+
+
+OWNERS = CRAFT + r'''
+# 1. a profile's spans: their ends are never printed; an end from an older profile takes no room
+halide_trace.start(100, 0)
+old = trace(BEGIN, 0, "old")  # ends in the next profile
+t = halide_trace.stop()
+assert [s.end_ns for s in t.spans] == [None]
+halide_trace.start(4, 0)
+trace(END, old, "old")  # swallowed: neither printed nor recorded
+a = trace(BEGIN, 0, "a")
+b = trace(BEGIN, a, "b")
+left_out = trace(BEGIN, b, "left_out")  # no room: left out, and so is its end
+assert left_out == 0
+trace(END, left_out, "left_out")
+trace(END, b, "b")
+trace(END, a, "a")
+t = halide_trace.stop()
+assert [(s.func, s.end_ns is not None) for s in t.spans] == [("a", True), ("b", True)], t.spans
+assert t.dropped == 1 and halide_trace.lib.shim_trace_count() == 4
+
+# 2. a call that failed midway: its begins never get their ends; the ends that come later
+# close the right spans, printed by Halide
+mark("failed call")
+halide_ids.value = 0x40000005
+outer = trace(BEGIN, 0, "outer")
+trace(BEGIN, outer, "stale")  # never ends
+trace(BEGIN, outer, "stale2")  # never ends
+trace(END, outer, "outer")
+halide_trace.start(100, 0)
+outer = trace(BEGIN, 0, "outer")
+trace(BEGIN, outer, "stale")  # never ends
+trace(END, outer, "outer")
+t = halide_trace.stop()
+assert [(s.func, s.end_ns is not None) for s in t.spans] == [("outer", True), ("stale", False)]
+
+# 3. spans nested deeper than the handler's stack holds: the ends of the outermost, which it
+# lost, are routed by their ids (Halide's not yet past 2**30 events)
+mark("deep")
+DEEP = 300
+halide_ids.value = 1000
+ids = [trace(BEGIN, 0, "d%d" % k) for k in range(DEEP)]
+for k in reversed(range(DEEP)):
+    trace(END, ids[k], "d%d" % k)
+halide_trace.start(2 * DEEP, 0)
+ids = [trace(BEGIN, 0, "e%d" % k) for k in range(DEEP)]
+for k in reversed(range(DEEP)):
+    trace(END, ids[k], "e%d" % k)
+t = halide_trace.stop()
+assert len(t.spans) == DEEP and all(s.end_ns is not None for s in t.spans)
+assert halide_trace.lib.shim_trace_count() == 2 * DEEP
+mark("end")
+'''
+
+
+def test_each_end_goes_where_its_begin_went(libs):
+    """A profile's ends are recorded by the profile that kept their begin, never printed;
+    stale begins of a call that failed midway and nesting deeper than the handler's stack do
+    not send an end to the wrong place."""
+    parts = _printed(_child(OWNERS).stderr)
+    assert None not in parts  # (nothing printed before the first mark)
+    assert parts["failed call"] == ["Begin realization outer.0(0, 10)",
+                                    "Begin realization stale.0(0, 10)",
+                                    "Begin realization stale2.0(0, 10)",
+                                    "End realization outer.0(0, 10)"]
+    deep = parts["deep"]
+    assert deep == [f"Begin realization d{k}.0(0, 10)" for k in range(300)] + \
+        [f"End realization d{k}.0(0, 10)" for k in reversed(range(300))]
+    assert parts["end"] == []
