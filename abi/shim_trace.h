@@ -40,7 +40,8 @@ typedef struct shim_trace_func {
 
 /* Start recording into a buffer of `capacity` events (begin and end events take one each;
  * every `sample_every`th load or store is kept too where it is not 0). Returns 0, or -1 where
- * the buffer could not be allocated. Call only while not recording. */
+ * the buffer could not be allocated (nothing records then). A recording still on is stopped
+ * first (shim_trace_stop), what it recorded lost. */
 int shim_trace_start(int32_t capacity, uint64_t sample_every);
 /* Stop recording; returns once no handler is still writing. The events, counts and table stay
  * readable until the next start. */

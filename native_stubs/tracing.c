@@ -340,7 +340,17 @@ __attribute__((constructor)) static void install_handler(void) {
     pthread_atfork(NULL, NULL, forget_other_threads);
 }
 
+void shim_trace_stop(void) {
+    __atomic_store_n(&recording, 0, __ATOMIC_SEQ_CST);
+    while (__atomic_load_n(&in_flight, __ATOMIC_SEQ_CST) != 0) {
+        sched_yield();
+    }
+}
+
 int shim_trace_start(int32_t new_capacity, uint64_t every) {
+    /* A recording left on (an exception between the start and the profile becoming active)
+     * is stopped first: handlers may still be writing into the buffer freed below. */
+    shim_trace_stop();
     if (new_capacity < 0) {
         new_capacity = 0;
     }
@@ -369,13 +379,6 @@ int shim_trace_start(int32_t new_capacity, uint64_t every) {
     funcs[0].name = strdup("(other Funcs)");
     __atomic_store_n(&recording, 1, __ATOMIC_SEQ_CST);
     return 0;
-}
-
-void shim_trace_stop(void) {
-    __atomic_store_n(&recording, 0, __ATOMIC_SEQ_CST);
-    while (__atomic_load_n(&in_flight, __ATOMIC_SEQ_CST) != 0) {
-        sched_yield();
-    }
 }
 
 int32_t shim_trace_count(void) {

@@ -929,6 +929,48 @@ def test_a_profile_started_on_another_thread_as_one_stops_takes_nothing_from_it(
     assert done.stdout.strip() == "ok"
 
 
+RESTART = """
+import sys, threading
+import numpy as np
+import shim
+from shim.native import lib
+p = shim.load(sys.argv[1])
+inp = np.random.default_rng(0).random((66, 258), dtype=np.float32)
+stop = threading.Event()
+
+
+def work():
+    out = np.empty((64, 256), np.float32)
+    while not stop.is_set():
+        p(inp, out=out)
+
+
+threads = [threading.Thread(target=work) for _ in range(2)]
+for t in threads:
+    t.start()
+try:
+    # every access kept: the handlers of both calls (and of Halide's workers) write into the
+    # buffer all the time; each start replaces it while the recording before is still on
+    for i in range(300):
+        assert lib.shim_trace_start(200000, 1) == 0
+finally:
+    stop.set()
+    for t in threads:
+        t.join()
+    lib.shim_trace_stop()
+print("ok")
+"""
+
+
+def test_a_start_while_recording_stops_the_recording_before_it_frees_the_buffer(libs):
+    """What an exception between halide_trace.start() and the profile becoming active leaves:
+    a recording on with no profile. The next start replaces the buffer only once no handler
+    writes into it any more. (Freed buffers this size are given back to the system at once
+    here, so a write into one crashes.)"""
+    done = _child(RESTART, libs["tr_all"], env=dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536"))
+    assert done.stdout.strip() == "ok"
+
+
 FORK = """
 import os, sys, threading
 import numpy as np
