@@ -17,8 +17,14 @@ and a profiled call first waits for the calls of it still running from before th
 (Halide lists the calls in flight); each call's figures are then its own. A call run outside
 the profile that ends during a profiled one (begun after the profile stopped, while the
 profiled call was still running) would add its figures too: the profiled call then gets none
-(``None``: more than one run was added). Waits for a turn give way to Ctrl-C
-(shim/interrupts.py). Outside a profile nothing here runs: Halide's behaviour is untouched.
+(``None``: more than one run was added). A call made from inside a pipeline call (an extern
+stage calling back into Python, on the calling thread or on one of Halide's worker threads)
+takes no turn and waits for nothing: the call it serves cannot end before it; the count of runs
+decides. No wait may hang a call that would end without a profile (the call ahead may itself
+wait for the waiting thread): a call waits only while calls of its pipeline keep ending, and
+goes ahead without its turn once none has for ``PATIENCE_S`` (its figures are then None where
+runs mix). Waits for a turn give way to Ctrl-C (shim/interrupts.py). Outside a profile nothing
+here runs: Halide's behaviour is untouched.
 
 At exit Halide prints its report through halide_print (a destructor in its runtime); the
 stock runtime prints to stdout, the shim to stderr (where shim/running.py writes what a call
@@ -58,9 +64,17 @@ ENV_VAR = "HALIDE_SHIM_PROFILER_REPORT"
 
 _locks: dict[str, threading.RLock] = {}
 _locks_lock = threading.Lock()
+# How many times each pipeline's turn was given back (a waiting call sees the turn move).
+_handovers: dict[str, int] = {}
 # How often a profiled call waiting for its turn looks again (and for a Ctrl-C).
 _TURN_POLL_S = 0.05
 _IN_FLIGHT_POLL_S = 0.001
+# How long a profiled call waits for the calls of its pipeline ahead of it (the one holding the
+# turn, those in flight from before the profile) while none of them ends. They may be waiting
+# for this very thread (an extern stage waiting for it, for a lock it holds...): without a
+# profile both would end. Once no call of the pipeline has ended for this long it goes ahead
+# without its turn, and the runs counted in end() tell whether its figures are its own.
+PATIENCE_S = 10.0
 
 
 def builds_profile(target: str) -> bool:
@@ -143,42 +157,78 @@ class _Snapshot:
     __slots__ = ("name", "lock", "before")
 
     def __init__(self, name: str, lock):
+        # lock: the pipeline's turn, held until end(); None: the call runs without it
         self.name, self.lock, self.before = name, lock, {}
 
 
 def begin(name: str) -> _Snapshot | None:
     """Before a call of pipeline ``name``, built with Halide's profiler, inside a profile. Takes
     the pipeline's turn (released by ``end``): its lock, then waits for the calls of it still
-    running from outside the profile."""
+    running from outside the profile. A call made inside a pipeline call (an extern stage
+    calling back into Python, on the calling thread or on one of Halide's worker threads, which
+    run in the call's context) neither takes the turn nor waits: the call it serves may hold
+    the turn or be in flight, and cannot end first."""
+    call = lib.shim_current_call()
+    if call != ffi.NULL and lib.shim_call_in_pipeline(call):
+        return _snapshot(name, None, wait=False)
     with _locks_lock:
         lock = _locks.setdefault(name, threading.RLock())
-    _wait_for(lock)
+    held = _wait_for_turn(name, lock)
     try:
-        snapshot = _Snapshot(name, lock)
-        encoded = name.encode()
-        # Inside a pipeline call on this thread (an extern stage calling back into Python),
-        # the call in flight may be this thread's own, which cannot end first.
-        call = lib.shim_current_call()
-        nested = call != ffi.NULL and lib.shim_call_in_pipeline(call)
-        state = lib.halide_profiler_get_state()
-        while True:
-            lib.halide_profiler_lock(state)
-            try:
-                if nested or not _in_flight(state, encoded):
-                    _take(snapshot, state, encoded)
-                    return snapshot
-            finally:
-                lib.halide_profiler_unlock(state)
-            _pause(_IN_FLIGHT_POLL_S)
+        return _snapshot(name, lock if held else None, wait=True)
     except BaseException:
-        lock.release()
+        if held:
+            lock.release()
         raise
 
 
-def _wait_for(lock) -> None:
+def _wait_for_turn(name: str, lock) -> bool:
+    """Take the pipeline's turn: True once held; False where it stayed with one call for
+    PATIENCE_S (that call may wait for this thread): then the call goes ahead without it."""
+    patience = _Patience()
     while not lock.acquire(timeout=_TURN_POLL_S):
         if interrupts.take_pending():
             raise KeyboardInterrupt
+        if patience.exhausted(_handovers.get(name, 0)):
+            return False
+    return True
+
+
+def _snapshot(name: str, lock, wait: bool) -> _Snapshot:
+    """The figures before the call, once the calls of the pipeline in flight have ended
+    (``wait``; while they keep ending, see PATIENCE_S)."""
+    snapshot = _Snapshot(name, lock)
+    encoded = name.encode()
+    state = lib.halide_profiler_get_state()
+    patience = _Patience()
+    while True:
+        lib.halide_profiler_lock(state)
+        try:
+            if wait:
+                calls = _in_flight(state, encoded)
+                wait = bool(calls) and not patience.exhausted((calls, _runs(encoded)))
+            if not wait:
+                _take(snapshot, state, encoded)
+                return snapshot
+        finally:
+            lib.halide_profiler_unlock(state)
+        _pause(_IN_FLIGHT_POLL_S)
+
+
+class _Patience:
+    """Tells a wait to give up once what it watches has not changed for PATIENCE_S."""
+
+    __slots__ = ("seen", "since")
+
+    def __init__(self):
+        self.seen, self.since = None, time.monotonic()
+
+    def exhausted(self, seen) -> bool:
+        now = time.monotonic()
+        if seen != self.seen:
+            self.seen, self.since = seen, now
+            return False
+        return now - self.since >= PATIENCE_S
 
 
 def _pause(seconds: float) -> None:
@@ -187,16 +237,23 @@ def _pause(seconds: float) -> None:
     time.sleep(seconds)
 
 
-def _in_flight(state, name: bytes) -> bool:
-    """Whether a call of a pipeline called ``name`` is running (caller holds the profiler
-    lock): Halide lists each call from its start to its end, when it adds its figures."""
+def _in_flight(state, name: bytes) -> frozenset:
+    """The calls of pipelines called ``name`` running now, by the address of Halide's record
+    of each (caller holds the profiler lock): Halide lists each call from its start to its
+    end, when it adds its figures."""
+    calls = []
     instance = state.instances
     while instance != ffi.NULL:
         p = instance.pipeline_stats
         if p != ffi.NULL and ffi.string(p.name) == name:
-            return True
+            calls.append(_key(instance))
         instance = instance.next
-    return False
+    return frozenset(calls)
+
+
+def _runs(name: bytes) -> int:
+    """How many calls of pipelines called ``name`` Halide counted (caller holds the lock)."""
+    return sum(p.runs for p in _entries(name))
 
 
 def _take(snapshot: _Snapshot, state, name: bytes) -> None:
@@ -244,7 +301,10 @@ def end(snapshot: _Snapshot | None) -> CallStages | None:
         finally:
             lib.halide_profiler_unlock(state)
     finally:
-        snapshot.lock.release()
+        if snapshot.lock is not None:
+            with _locks_lock:
+                _handovers[snapshot.name] = _handovers.get(snapshot.name, 0) + 1
+            snapshot.lock.release()
 
 
 def _threads(numerator: int, denominator: int) -> float | None:

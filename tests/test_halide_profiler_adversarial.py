@@ -103,6 +103,16 @@ if what == "gate":
     out = hl.Func("out")
     out[x, y] = hl.require(fail == 0, blurs(inp)[x, y] + gate[0], fail)
     link("gate", out, [inp, gate_id, fail], "hpa_gate", [os.path.join(work, "gate.c")])
+elif what == "par":  # the gate once per row of out, in a parallel loop: on Halide's workers
+    inp = hl.ImageParam(hl.Float(32), 2, "inp")
+    gate_id, fail = hl.Param(hl.Int(32), "gate_id", 0), hl.Param(hl.Int(32), "fail", 0)
+    gate = hl.Func("gate")
+    gate.define_extern("hpa_wait", [gate_id], hl.Float(32), [i])
+    out = hl.Func("out")
+    out[x, y] = hl.require(fail == 0, blurs(inp)[x, y] + gate[0], fail)
+    gate.compute_at(out, y)
+    out.parallel(y)
+    link("par", out, [inp, gate_id, fail], "hpa_par", [os.path.join(work, "gate.c")])
 elif what == "twin_a":  # the same pipeline name in two libraries, other Funcs in each
     inp = hl.ImageParam(hl.Float(32), 2, "inp")
     out = hl.Func("out")
@@ -185,6 +195,14 @@ def twins(tmp_path_factory):
     _build(work, "profile", "twin_a")
     _build(work, "profile", "twin_b")
     return shim.load(work / "twin_a.so"), shim.load(work / "twin_b.so")
+
+
+@pytest.fixture(scope="module")
+def par(tmp_path_factory):
+    """hpa_par: the gate pipeline with its extern stage once per row of out, rows in parallel."""
+    work = tmp_path_factory.mktemp("hpa_par")
+    _build(work, "profile", "par")
+    return work / "par.so"
 
 
 @pytest.fixture(scope="module")
@@ -374,6 +392,155 @@ def test_a_call_made_from_inside_a_call_of_the_same_pipeline_does_not_wait_for_i
         if record is not inner_record:
             assert record.stages is None or _is_blur_call(record.stages, 150, 100)
     assert len(records) == (2 if outer_profiled else 1)
+
+
+# --- calls that wait on each other: no wait of the profiler's may hang them ---------------------
+
+WAITS_SCRIPT = r'''
+import ctypes, json, os, sys, threading
+import numpy as np
+import shim
+from shim import halide_profiler
+
+path, name, mode = sys.argv[1:4]
+p, gates = shim.load(path), ctypes.CDLL(path)
+CALLBACK = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int)
+failures = []
+
+
+def run(w, h, gate=0):
+    inp = np.ones((h + 2, w + 2), np.float32)
+    return p(inp, gate, 0, out=np.empty((h, w), np.float32))
+
+
+def guarded(target, *args):
+    def work():
+        try:
+            target(*args)
+        except BaseException as e:
+            failures.append(repr(e))
+    t = threading.Thread(target=work)
+    t.start()
+    return t
+
+
+def figures(record):
+    s = record.stages
+    return None if s is None else [s.stage("blur_x").memory_total,
+                                   s.stage("blur_y").memory_total, s.num_allocs]
+
+
+run(8, 8)
+prof = shim.profile()
+entered, go = threading.Event(), threading.Event()
+if mode.startswith("parallel"):
+    # The extern stage runs once per row of a parallel loop; on a row that one of Halide's
+    # worker threads runs (in the outer call's context), it calls the same pipeline. The outer
+    # call waits for that row in its loop: the inner call must not wait for the outer one. The
+    # profiler's waits never give up here.
+    halide_profiler.PATIENCE_S = float("inf")
+    outer, inner_started, claimed, claim = [], threading.Event(), [], threading.Lock()
+
+    @CALLBACK
+    def callback(_):
+        entered.set()
+        go.wait()
+        if threading.get_ident() in outer:
+            inner_started.wait()  # (the outer thread waits: Halide's workers take the rows)
+            return 0
+        with claim:
+            if claimed:
+                return 0
+            claimed.append(threading.get_ident())
+        inner_started.set()
+        run(30, 20)
+        return 0
+
+    gates.hpa_set_callback(callback)
+
+    def outer_call():
+        outer.append(threading.get_ident())
+        run(150, 100, 64)
+
+    if mode == "parallel profiled":
+        prof.start()
+    thread = guarded(outer_call)
+    entered.wait()
+    if mode == "parallel unprofiled":
+        prof.start()  # (while the outer call is in flight)
+    go.set()
+    thread.join()
+else:
+    # An earlier call of the pipeline, in flight from before the profile ("in flight") or
+    # holding its turn in the profile ("turn"), waits in its extern stage for this thread's
+    # call of the same pipeline to end: this thread's call waits for it only while calls of
+    # the pipeline keep ending, then goes ahead.
+    halide_profiler.PATIENCE_S = 0.5
+    mine_done = threading.Event()
+
+    @CALLBACK
+    def callback(_):
+        entered.set()
+        mine_done.wait()
+        return 0
+
+    gates.hpa_set_callback(callback)
+    if mode == "turn":
+        prof.start()
+    thread = guarded(run, 90, 60, 64)
+    entered.wait()
+    if mode == "in flight":
+        prof.start()
+    try:
+        run(50, 40)
+    finally:
+        mine_done.set()
+    thread.join()
+prof.stop()
+gates.hpa_set_callback(None)
+print(json.dumps({"failures": failures,
+                  "calls": [figures(r) for r in prof.records
+                            if r.kind == "pipeline" and r.name == name]}))
+'''
+
+
+def _waits(path, name, mode):
+    done = subprocess.run([sys.executable, "-c", WAITS_SCRIPT, str(path), name, mode],
+                          capture_output=True, text=True, timeout=HANG_GUARD_S,
+                          env=dict(os.environ, HL_NUM_THREADS="4",
+                                   **{halide_profiler.ENV_VAR: "off"}))
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout.splitlines()[-1])
+    assert report["failures"] == []
+    return report["calls"]
+
+
+def _blur(width, height, per_row=False):
+    """blur_x's and blur_y's memory, the call's allocations (hpa_par: a gate per row)."""
+    return [width * (height + 2) * 4, width * height * 4, 2 + (height if per_row else 1)]
+
+
+@pytest.mark.parametrize("outer_profiled", [True, False])
+def test_a_call_from_an_extern_stage_in_a_parallel_loop_does_not_wait_for_the_outer_call(
+        par, outer_profiled):
+    """The call context reaches Halide's worker threads: a call of the same pipeline made there
+    is inside the outer call, which cannot end before it. It takes no turn and waits for no
+    call in flight; its figures are its own, the outer call's hold both runs (None)."""
+    calls = _waits(par, "hpa_par", "parallel profiled" if outer_profiled else
+                   "parallel unprofiled")
+    inner = _blur(30, 20, per_row=True)
+    assert calls == ([None, inner] if outer_profiled else [inner])
+
+
+@pytest.mark.parametrize("mode", ["in flight", "turn"])
+def test_a_call_ahead_that_waits_for_the_profiled_call_does_not_hang_it(gated, mode):
+    """A call of the pipeline in flight from before the profile, or holding the pipeline's
+    turn, waits (in its extern stage) for the profiled call of the same pipeline on another
+    thread to end. Without a profile both end: with one too. The profiled call goes ahead once
+    no call of the pipeline has ended for a while (halide_profiler.PATIENCE_S); its figures are
+    its own (the earlier call ends after it), the earlier profiled call's hold both runs."""
+    calls = _waits(gated.path, NAME, mode)
+    assert calls == ([_blur(50, 40)] if mode == "in flight" else [None, _blur(50, 40)])
 
 
 # --- one name, two libraries -------------------------------------------------------------------
