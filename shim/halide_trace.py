@@ -45,7 +45,9 @@ class Span:
     to its end (``end_ns`` None: the end came after the profile stopped). ``box`` is
     ((min, extent), ...) per dimension as Halide passed it; ``call`` the native call id it ran
     under (0: none); ``halide_id``/``parent_id`` Halide's trace ids (the parent of a
-    realization is its pipeline's id, of a production its realization's)."""
+    realization is its pipeline's id, of a production its realization's), as counted by the
+    profile: ``parent_id`` is None where the parent's begin is not among the spans it kept
+    (Halide's own handler saw it, before the profile started, or the limit left it out)."""
 
     kind: str
     func: str
@@ -56,7 +58,7 @@ class Span:
     box: tuple
     value_index: int
     halide_id: int
-    parent_id: int
+    parent_id: int | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,17 +126,21 @@ def _read() -> Trace:
     begins: dict[int, tuple] = {}
     spans, samples = [], []
     events = lib.shim_trace_events()
-    for i in range(lib.shim_trace_count()):
+    count = lib.shim_trace_count()
+    # the ids of the begins this recording kept: a begin's parent id that is not one of them
+    # was given out by Halide's own handler, in whose count its bits mean something else
+    kept = {events[i].id for i in range(count) if events[i].event in SPAN_KINDS}
+    for i in range(count):
         e = events[i]
         if e.event in SPAN_KINDS:
             begins[e.id] = (i, e)
         elif e.event in _ENDS:
             begin = begins.pop(e.parent_id, None)
             if begin is not None:
-                spans.append((begin[0], _span(begin[1], e.time_ns, names)))
+                spans.append((begin[0], _span(begin[1], e.time_ns, names, kept)))
         elif e.event in ACCESS_KINDS:
             samples.append(_access(e, names))
-    spans.extend((i, _span(b, None, names)) for i, b in begins.values())
+    spans.extend((i, _span(b, None, names, kept)) for i, b in begins.values())
     # by start; on one thread a begin's place in the buffer breaks a tie in the clock
     spans.sort(key=lambda item: (item[1].start_ns, item[0]))
     table = lib.shim_trace_func_table()
@@ -160,12 +166,15 @@ def _coordinates(e, lanes: int = 1) -> tuple:
     return tuple(e.coordinates[0:min(e.dimensions // lanes, lib.SHIM_TRACE_COORDINATES)])
 
 
-def _span(begin, end_ns, names) -> Span:
+def _span(begin, end_ns, names, kept) -> Span:
     c = _coordinates(begin)
     box = tuple((c[i], c[i + 1]) for i in range(0, len(c) - 1, 2))
+    parent = begin.parent_id
+    ours = parent & lib.SHIM_TRACE_RECORDED and parent in kept
     return Span(SPAN_KINDS[begin.event][1], names.get(begin.func, "?"), begin.thread,
                 begin.time_ns, end_ns, begin.call, box, begin.value_index,
-                begin.id & lib.SHIM_TRACE_ID_MASK, begin.parent_id & lib.SHIM_TRACE_ID_MASK)
+                begin.id & lib.SHIM_TRACE_ID_MASK,
+                parent & lib.SHIM_TRACE_ID_MASK if ours else None)
 
 
 def _access(e, names) -> Access:

@@ -88,6 +88,21 @@ def types():
     return res, [a, h, b]
 
 
+def gated():
+    # tr_par with an extern stage per tile (gate: a 0 for each row, added to out), through
+    # which a test holds the parallel tasks: see GATE_C
+    inp = hl.ImageParam(hl.Float(32), 2, "inp")
+    which = hl.Param(hl.Int(32), "which", 0)
+    blur_x, blur_y, gate, out = hl.Func("blur_x"), hl.Func("blur_y"), hl.Func("gate"), hl.Func("out")
+    blur_x[x, y] = (inp[x, y] + inp[x + 1, y] + inp[x + 2, y]) / 3
+    blur_y[x, y] = (blur_x[x, y] + blur_x[x, y + 1] + blur_x[x, y + 2]) / 3
+    gate.define_extern("tr_gate_wait", [which], hl.Float(32), [y])
+    out[x, y] = blur_y[x, y] * 2 + gate[y]
+    tiles(parallel=True)(blur_x, blur_y, out)
+    gate.compute_at(out, yo)
+    return out, [inp, which]
+
+
 def dims():
     v = [hl.Var("v%%d" %% i) for i in range(10)]
     a = hl.ImageParam(hl.Int(16), 1, "a")
@@ -110,7 +125,9 @@ BUILDS = {
     "tr_slow": (slow, "trace_realizations-trace_pipeline"),
     "tr_types": (types, "trace_all"),
     "tr_dims": (dims, "trace_all"),
+    "tr_gate": (gated, "trace_realizations-trace_pipeline"),
 }
+EXTRA = {"tr_gate": [os.path.join(out_dir, "gate.c"), "-I", os.path.join(hl.install_dir(), "include")]}
 children = {}
 for name, (make, features) in BUILDS.items():
     pid = os.fork()
@@ -120,8 +137,8 @@ for name, (make, features) in BUILDS.items():
             out, args = make()
             obj = os.path.join(out_dir, name + ".o")
             out.compile_to({hl.OutputFileType.object: obj}, args, name, hl.Target("host-" + features))
-            subprocess.run(["cc", "-shared", "-o", os.path.join(out_dir, name + ".so"), obj,
-                            "-lpthread", "-ldl"], check=True)
+            subprocess.run(["cc", "-shared", "-fPIC", "-o", os.path.join(out_dir, name + ".so"), obj,
+                            *EXTRA.get(name, []), "-lpthread", "-ldl"], check=True)
             code = 0
         except BaseException:
             import traceback
@@ -134,12 +151,84 @@ assert not failed, failed
 ''' % {"tile": TILE, "long": LONG_NAME}
 
 
+# tr_gate's extern stage, one call per tile, which_ says what it does: 0 nothing; 3 holds the
+# task until tr_gate_release(); 1 and 2, the calls of threads A and B (tr_gate_threads), set
+# up a thread that runs another call's task while its own call waits for its parallel loop:
+# A's task on A's thread waits until one of B's tasks has begun, A's tasks elsewhere and B's
+# tasks off A's thread until one of B's tasks runs on A's thread. A gives up after two minutes
+# (the call fails) rather than hang.
+GATE_C = r"""
+#include <stdint.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#include "HalideRuntime.h"
+
+enum { A_ON_A, A_ELSEWHERE, B_OFF_A, B_ON_A, HELD, RELEASED, COUNTS };
+static int counts[COUNTS];
+static int a_thread;
+
+static int wait_for(int what) {
+    for (int i = 0; i < 600000 && !__atomic_load_n(&counts[what], __ATOMIC_SEQ_CST); i++) {
+        usleep(200);
+    }
+    return __atomic_load_n(&counts[what], __ATOMIC_SEQ_CST) ? 0 : -1;
+}
+
+static void count(int what) {
+    __atomic_add_fetch(&counts[what], 1, __ATOMIC_SEQ_CST);
+}
+
+int tr_gate_wait(int32_t which_, halide_buffer_t *out) {
+    if (out->host == NULL) {
+        return 0; /* a bounds query */
+    }
+    int me = (int)syscall(SYS_gettid), result = 0;
+    if (which_ == 1 && me == a_thread) {
+        count(A_ON_A);
+        result = wait_for(B_OFF_A);
+    } else if (which_ == 1) {
+        count(A_ELSEWHERE);
+        result = wait_for(B_ON_A);
+    } else if (which_ == 2 && me == a_thread) {
+        count(B_ON_A);
+    } else if (which_ == 2) {
+        count(B_OFF_A);
+        result = wait_for(B_ON_A);
+    } else if (which_ == 3) {
+        count(HELD);
+        result = wait_for(RELEASED);
+    }
+    for (int i = 0; i < out->dim[0].extent; i++) {
+        ((float *)out->host)[i] = 0.0f;
+    }
+    return result;
+}
+
+void tr_gate_thread_a(int a) {
+    a_thread = a;
+}
+int tr_gate_count(int what) {
+    return __atomic_load_n(&counts[what], __ATOMIC_SEQ_CST);
+}
+void tr_gate_release(void) {
+    count(RELEASED);
+}
+void tr_gate_reset(void) {
+    for (int i = 0; i < COUNTS; i++) {
+        __atomic_store_n(&counts[i], 0, __ATOMIC_SEQ_CST);
+    }
+}
+"""
+GATE_COUNTS = {name: i for i, name in enumerate(("A on A", "A elsewhere", "B off A", "B on A", "held"))}
+
+
 @pytest.fixture(scope="module")
 def libs(tmp_path_factory):
     """{name: path of the .so}; each library carries Halide's runtime (a plain object linked
     into a shared library), so that pipelines/stock.py can run it as well."""
     pytest.importorskip("halide", reason="compiling test pipelines needs halide")
     work = tmp_path_factory.mktemp("halide_trace")
+    (work / "gate.c").write_text(GATE_C)
     subprocess.run([sys.executable, "-c", BUILD, str(work)], check=True)
     return {path.stem: path for path in work.glob("*.so")}
 
@@ -795,6 +884,78 @@ def test_a_span_begun_in_an_earlier_profile_takes_no_room_in_the_next(load):
     [call] = _calls(second, "tr_blur")
     assert len(_spans(second, call)) == spans
     assert _unfinished(second) == [] and second.trace_dropped == 0
+
+
+MID_CALL = """
+import ctypes, json, sys, threading, time
+import numpy as np
+import shim, shim.threads
+p, gates = shim.load(sys.argv[1]), ctypes.CDLL(sys.argv[1])
+HELD, TILE = int(sys.argv[2]), int(sys.argv[3])
+shim.threads.set_num_threads(3)
+width, height = 64, 32 * TILE
+inp = np.random.default_rng(0).random((height + 2, width + 2), dtype=np.float32)
+out = np.empty((height, width), np.float32)
+caller = []
+t = threading.Thread(target=lambda: (caller.append(threading.get_native_id()), p(inp, 3, out=out)))
+t.start()
+while gates.tr_gate_count(HELD) < 2:  # the calling thread's task and a worker's are held
+    time.sleep(0.001)
+prof = shim.profile().start()  # in the middle of the parallel loop: Halide printed its begin
+gates.tr_gate_release()
+t.join()
+prof.stop()
+np.save(sys.argv[4], out)
+print(json.dumps({"caller": caller[0], "records": [
+    [r.kind, r.name, r.id, r.parent, r.call, r.thread, r.start_ns, r.duration_ns, r.box]
+    for r in prof.records]}))
+"""
+
+
+def test_a_span_whose_parent_halide_began_before_the_profile_belongs_to_its_call(libs, tmp_path):
+    """A profile starts while a call is in its parallel loop (tasks held in the gate, on the
+    calling thread and on a worker): the spans begun since have parent ids that Halide's own
+    handler gave out (the production of out; a held task's realization of gate), no ids of
+    this profile's. Each such span belongs to its call (None: the call began before the
+    profile), not to whichever span of the profile had the same id bits."""
+    out_path = tmp_path / "out.npy"
+    done = _child(MID_CALL, libs["tr_gate"], GATE_COUNTS["held"], TILE, out_path)
+    result = json.loads(done.stdout)
+    fields = ("kind", "name", "id", "parent", "call", "thread", "start_ns", "duration_ns", "box")
+    records = [dict(zip(fields, r)) for r in result["records"]]
+    by_id = {r["id"]: r for r in records}
+    spans = [r for r in records if r["kind"] in SPAN_KINDS]
+    # what the profile saw of the call: the tasks' spans, inside the production of out
+    counts = collections.Counter((r["kind"], r["name"]) for r in spans)
+    tiles = 32
+    assert counts[("consumption", "gate")] == tiles and counts[("realization", "blur_y")] < tiles
+    assert set(counts) <= {(kind, name) for kind in ("realization", "production", "consumption")
+                           for name in ("blur_y", "gate")}
+    assert all(r["call"] is None for r in records)  # (the call is not the profile's)
+
+    def end(r):
+        return r["start_ns"] + r["duration_ns"]
+    for r in spans:
+        if r["parent"] is not None:  # a span enclosing it on its thread
+            parent = by_id[r["parent"]]
+            assert parent["thread"] == r["thread"], (r, parent)
+            assert parent["start_ns"] <= r["start_ns"] and end(r) <= end(parent), (r, parent)
+    # tasks begun since the start: their realizations' parent is the production of out
+    begun = [r for r in spans if r["kind"] == "realization" and r["name"] == "blur_y"]
+    assert len(begun) >= tiles - 3 and all(r["parent"] is None for r in begun)
+    # the held tasks' consumptions of gate, one on a worker at least: their parent is the
+    # realization of gate begun before the start
+    held = [r for r in spans if r["kind"] == "consumption" and r["name"] == "gate"
+            and not any(_inside_dicts(r, s) for s in begun)]
+    assert len(held) >= 2 and {r["thread"] for r in held} - {result["caller"]}
+    assert all(r["parent"] is None for r in held)
+    inp = np.random.default_rng(0).random((tiles * TILE + 2, 64 + 2), dtype=np.float32)
+    np.testing.assert_allclose(np.load(out_path), _blur(inp)[1], rtol=1e-5)
+
+
+def _inside_dicts(inner, outer):
+    return inner["thread"] == outer["thread"] and outer["start_ns"] <= inner["start_ns"] and \
+        inner["start_ns"] + inner["duration_ns"] <= outer["start_ns"] + outer["duration_ns"]
 
 
 def test_spans_whose_end_came_after_the_stop_end_by_their_calls_end(load):
