@@ -38,13 +38,15 @@ would keep the process from ending, so then the report is written here and Halid
 skipped.
 
 Fork: a child has none of its parent's other threads, so it starts with Halide's profiler lock
-free, no calls in flight and no sampling thread (its first profiled call starts one), and the
-per-name locks new.
+free, no sampling thread (its first profiled call starts one), the per-name locks new, and in
+Halide's list of calls in flight only the forking thread's own (it may be inside calls, in an
+extern stage that forked: each unlinks itself as it ends).
 """
 
 from __future__ import annotations
 
 import atexit
+import ctypes
 import os
 import sys
 import threading
@@ -425,14 +427,56 @@ def _at_exit() -> None:
 
 def _after_fork_in_child() -> None:
     """The child has only the thread that forked: whatever the others held is let go."""
-    global _locks, _locks_lock
-    _locks, _locks_lock = {}, threading.Lock()
+    global _locks, _locks_lock, _handovers
+    _locks, _locks_lock, _handovers = {}, threading.Lock(), {}
     state = lib.halide_profiler_get_state()
     state.lock._private[0] = 0  # (a thread that held it is gone: unlocked, nobody waiting)
     # Calls in flight on other threads never end here, and their records (on those threads'
-    # stacks) may be reused; the sampling thread is gone too: the next call starts one.
-    state.instances = ffi.NULL
+    # stacks) may be reused: only the forking thread's own calls stay listed (it may be inside
+    # some, in an extern stage that forked; each unlinks its record as it ends). The sampling
+    # thread is gone too: the next call starts one.
+    _keep_only_own_calls(state)
     state.sampling_thread = ffi.NULL
+
+
+def _keep_only_own_calls(state) -> None:
+    """Relink Halide's list of calls in flight to hold only the records on this thread's stack
+    (Halide keeps a call's record on its calling thread's stack)."""
+    stack = _own_stack()
+    own = []
+    instance = state.instances
+    while instance != ffi.NULL:
+        if stack is not None and stack[0] <= _key(instance) < stack[1]:
+            own.append(instance)
+        instance = instance.next
+    link = ffi.addressof(state, "instances")
+    for instance in own:
+        link[0] = instance
+        instance.prev_next = link
+        link = ffi.addressof(instance, "next")
+    link[0] = ffi.NULL
+
+
+def _own_stack() -> tuple[int, int] | None:
+    """[lowest, highest) address of the calling thread's stack (glibc's pthread_getattr_np), or
+    None where it cannot be told."""
+    try:
+        libc = ctypes.CDLL(None)
+        getattr_np = libc.pthread_getattr_np
+    except (OSError, AttributeError):
+        return None
+    libc.pthread_self.restype = ctypes.c_void_p
+    getattr_np.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+    attr = ctypes.create_string_buffer(256)  # (a pthread_attr_t: 56 bytes on x86-64 glibc)
+    if getattr_np(libc.pthread_self(), attr) != 0:
+        return None
+    try:
+        base, size = ctypes.c_void_p(), ctypes.c_size_t()
+        if libc.pthread_attr_getstack(attr, ctypes.byref(base), ctypes.byref(size)) != 0:
+            return None
+        return (base.value or 0), (base.value or 0) + size.value
+    finally:
+        libc.pthread_attr_destroy(attr)
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -1065,6 +1065,76 @@ def test_a_child_forked_while_the_profiler_is_busy_profiles_the_pipeline(gated, 
         assert (x, y, n) == (100 * 82 * 4, 100 * 80 * 4, 3)
 
 
+FORK_IN_CALL_SCRIPT = r'''
+import ctypes, json, os, sys, threading, time
+import numpy as np
+import shim
+from shim import halide_profiler
+from shim.native import ffi, lib
+
+path, out = sys.argv[1:3]
+p, gates = shim.load(path), ctypes.CDLL(path)
+CALLBACK = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int)
+
+
+def run(w, h, gate=0):
+    inp = np.ones((h + 2, w + 2), np.float32)
+    return p(inp, gate, 0, out=np.empty((h, w), np.float32))
+
+
+run(8, 8)
+# Another thread's call is in flight (Halide lists every call of a -profile build, profiled or
+# not), then this thread's call starts (first in Halide's list, the other's next) and its
+# extern stage forks.
+other = threading.Thread(target=run, args=(100, 80, 1))
+other.start()
+while gates.hpa_gate_entered(1) < 1:
+    time.sleep(0.001)
+forked = []
+
+
+@CALLBACK
+def fork(_):
+    forked.append(os.fork())
+    return 0
+
+
+gates.hpa_set_callback(fork)
+run(60, 50, 64)
+gates.hpa_set_callback(None)
+if forked[0] == 0:  # the child: its call has ended; the other thread's never will
+    ctypes.CDLL(None).prctl(1, 9)  # (PR_SET_PDEATHSIG, SIGKILL: a hang ends with the parent)
+    halide_profiler.PATIENCE_S = float("inf")  # (a wait for a call in flight never gives up)
+    state = lib.halide_profiler_get_state()
+    report = {"in flight": state.instances != ffi.NULL}
+    with shim.profile() as prof:
+        run(40, 30)
+    [stages] = [r.stages for r in prof.records if r.kind == "pipeline" and r.name == p.name]
+    report["figures"] = [stages.stage("blur_x").memory_total, stages.stage("blur_y").memory_total]
+    with open(out, "w") as f:
+        json.dump(report, f)
+    os._exit(0)
+_, status = os.waitpid(forked[0], 0)
+gates.hpa_gate_open(1)
+other.join()
+print(json.dumps({"status": status}))
+'''
+
+
+def test_a_child_forked_inside_a_call_lists_only_its_own_calls(gated, tmp_path):
+    """The forking thread's own call is in Halide's list of calls in flight, ahead of another
+    thread's (which never ends in the child). In the child, once its call ends, nothing is in
+    flight: a profiled call of the pipeline neither waits for the parent's call nor hangs."""
+    out = tmp_path / "child.json"
+    done = subprocess.run([sys.executable, "-c", FORK_IN_CALL_SCRIPT, str(gated.path), str(out)],
+                          capture_output=True, text=True, timeout=HANG_GUARD_S,
+                          env=dict(os.environ, **{halide_profiler.ENV_VAR: "off"}))
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout.splitlines()[-1])["status"] == 0, done.stderr
+    child = json.loads(out.read_text())
+    assert child == {"in flight": False, "figures": [40 * 32 * 4, 40 * 30 * 4]}
+
+
 # --- Halide's report at exit ---------------------------------------------------------------------
 
 EXIT_SCRIPT = '''
