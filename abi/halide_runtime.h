@@ -90,6 +90,22 @@ struct halide_scalar_value_t {
     } u;
 };
 
+/* What a halide_trace event is (struct halide_trace_event_t's `event`; the native library's
+ * trace handler, native_stubs/tracing.c, reads the struct through the real header). */
+enum halide_trace_event_code_t {
+    halide_trace_load = 0,
+    halide_trace_store = 1,
+    halide_trace_begin_realization = 2,
+    halide_trace_end_realization = 3,
+    halide_trace_produce = 4,
+    halide_trace_end_produce = 5,
+    halide_trace_consume = 6,
+    halide_trace_end_consume = 7,
+    halide_trace_begin_pipeline = 8,
+    halide_trace_end_pipeline = 9,
+    halide_trace_tag = 10
+};
+
 enum halide_argument_kind_t {
     halide_argument_kind_input_scalar = 0,
     halide_argument_kind_input_buffer = 1,

@@ -26,7 +26,7 @@ typedef struct shim_trace_event {
     int32_t parent_id; /* as Halide passed it: an end event's is its begin's id */
     int32_t value_index;
     int32_t dimensions; /* how many coordinates Halide passed (a vector access: for each lane) */
-    int32_t coordinates[16];
+    int32_t coordinates[SHIM_TRACE_COORDINATES];
     uint8_t type_code, type_bits;
     uint16_t type_lanes;
     uint8_t value[8]; /* loads and stores: the first lane's bytes */

@@ -58,6 +58,7 @@ static uint32_t next_id, first_id;
  * name is copied when a slot is claimed, so it outlives the library. */
 static const char *func_keys[SHIM_TRACE_FUNCS];
 static shim_trace_func funcs[SHIM_TRACE_FUNCS];
+static const char OTHER_FUNCS[] = "(other Funcs)"; /* slot 0's name */
 
 static __thread int64_t own_thread_id;
 
@@ -108,27 +109,39 @@ static int64_t thread_id(void) {
     return own_thread_id;
 }
 
+/* The Func's slot; 0 ("other Funcs") where the table is crowded or its name cannot be copied
+ * (the copy is made before a slot is claimed, so that no claimed slot goes without a name). */
 static int32_t func_slot(const char *name) {
     uintptr_t h = ((uintptr_t)name >> 3) * (uintptr_t)0x9E3779B97F4A7C15ull;
+    char *copy = NULL;
+    int32_t found = 0;
     for (int probe = 0; probe < 64; probe++) {
         int32_t slot = 1 + (int32_t)((h + (uintptr_t)probe) % (SHIM_TRACE_FUNCS - 1));
         const char *key = __atomic_load_n(&func_keys[slot], __ATOMIC_ACQUIRE);
         if (key == name) {
-            return slot;
+            found = slot;
+            break;
         }
         if (key == NULL) {
+            if (copy == NULL && (copy = strdup(name)) == NULL) {
+                break;
+            }
             const char *expected = NULL;
             if (__atomic_compare_exchange_n(&func_keys[slot], &expected, name, false,
                                             __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
-                __atomic_store_n(&funcs[slot].name, strdup(name), __ATOMIC_RELEASE);
-                return slot;
+                __atomic_store_n(&funcs[slot].name, copy, __ATOMIC_RELEASE);
+                copy = NULL;
+                found = slot;
+                break;
             }
             if (expected == name) {
-                return slot;
+                found = slot;
+                break;
             }
         }
     }
-    return 0; /* the table is crowded: counted among "other Funcs" */
+    free(copy);
+    return found;
 }
 
 /* Takes `slots` of the buffer's room, or none where fewer are left (a refused begin leaves
@@ -372,11 +385,13 @@ int shim_trace_start(int32_t new_capacity, uint64_t every) {
     sample_every = every;
     accesses_seen = 0;
     for (int i = 0; i < SHIM_TRACE_FUNCS; i++) {
-        free((void *)funcs[i].name);
+        if (i != 0) {
+            free((void *)funcs[i].name);
+        }
         memset(&funcs[i], 0, sizeof funcs[i]);
         func_keys[i] = NULL;
     }
-    funcs[0].name = strdup("(other Funcs)");
+    funcs[0].name = OTHER_FUNCS;
     __atomic_store_n(&recording, 1, __ATOMIC_SEQ_CST);
     return 0;
 }

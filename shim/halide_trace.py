@@ -17,6 +17,7 @@ untouched. While a profile records it keeps, without entering Python:
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass
 
@@ -24,19 +25,18 @@ import numpy as np
 
 from shim.errors import ShimError
 from shim.native import ffi, lib
+from shim.types import HalideType
 
 # halide_trace_event_code_t: begin event -> (its end event, what a span of it is called)
-SPAN_KINDS = {2: (3, "realization"), 4: (5, "production"), 6: (7, "consumption"),
-              8: (9, "halide pipeline")}
-ACCESS_KINDS = {0: "load", 1: "store"}
+SPAN_KINDS = {lib.halide_trace_begin_realization: (lib.halide_trace_end_realization, "realization"),
+              lib.halide_trace_produce: (lib.halide_trace_end_produce, "production"),
+              lib.halide_trace_consume: (lib.halide_trace_end_consume, "consumption"),
+              lib.halide_trace_begin_pipeline: (lib.halide_trace_end_pipeline, "halide pipeline")}
+ACCESS_KINDS = {lib.halide_trace_load: "load", lib.halide_trace_store: "store"}
 _ENDS = {end for end, _ in SPAN_KINDS.values()}
-_DTYPES = {(0, 8): np.int8, (0, 16): np.int16, (0, 32): np.int32, (0, 64): np.int64,
-           (1, 1): np.bool_, (1, 8): np.uint8, (1, 16): np.uint16, (1, 32): np.uint32,
-           (1, 64): np.uint64, (2, 16): np.float16, (2, 32): np.float32, (2, 64): np.float64}
 
 DEFAULT_LIMIT = 20_000  # events kept per profile: at most 10,000 spans, a trace of a few MB
 EVENT_BYTES = ffi.sizeof("shim_trace_event")  # the buffer holds trace_limit of these
-
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,8 +177,13 @@ def _span(begin, end_ns, names, kept) -> Span:
                 parent & lib.SHIM_TRACE_ID_MASK if ours else None)
 
 
+@functools.lru_cache(maxsize=None)
+def _lane_dtype(code: int, bits: int) -> np.dtype | None:
+    return HalideType(code, bits).dtype
+
+
 def _access(e, names) -> Access:
-    dtype = _DTYPES.get((e.type_code, e.type_bits))
+    dtype = _lane_dtype(e.type_code, e.type_bits)
     value = None if dtype is None else \
         np.frombuffer(bytes(ffi.buffer(e.value, 8)), dtype, count=1)[0].item()
     lanes = max(e.type_lanes, 1)

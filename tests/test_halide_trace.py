@@ -23,7 +23,7 @@ import pytest
 import shim
 import shim.threads
 from shim import halide_trace
-from shim.native import lib
+from shim.native import ffi, lib
 
 ROOT = Path(__file__).resolve().parent.parent
 SPAN_KINDS = ("realization", "production", "consumption", "halide pipeline")
@@ -1372,3 +1372,58 @@ def test_each_end_goes_where_its_begin_went(libs):
     assert deep == [f"Begin realization d{k}.0(0, 10)" for k in range(300)] + \
         [f"End realization d{k}.0(0, 10)" for k in reversed(range(300))]
     assert parts["end"] == []
+
+
+NO_MEMORY_FOR_NAMES = r"""
+#include <stdlib.h>
+#include <string.h>
+
+/* strdup as the C library's, except that it fails for names beginning with "nomem_" */
+char *strdup(const char *s) {
+    if (strncmp(s, "nomem_", 6) == 0) {
+        return NULL;
+    }
+    size_t n = strlen(s) + 1;
+    char *copy = malloc(n);
+    return copy == NULL ? NULL : memcpy(copy, s, n);
+}
+"""
+
+NAMELESS = CRAFT + r'''
+halide_trace.start(100, 0)
+for _ in range(3):
+    trace(LOAD, 0, "nomem_f")
+trace(STORE, 0, "nomem_f")
+trace(LOAD, 0, "g")
+r = trace(BEGIN, 0, "nomem_r")
+trace(END, r, "nomem_r")
+t = halide_trace.stop()
+print(repr(({f: (c.loads, c.stores) for f, c in t.accesses.items()},
+            [(s.kind, s.func, s.end_ns is not None) for s in t.spans])))
+'''
+
+
+def test_a_func_whose_name_cannot_be_copied_is_counted_among_other_funcs(libs, tmp_path):
+    """The handler copies each Func's name (it must outlive the pipeline's library); where
+    there is no memory for the copy, that Func's loads and stores still count, among "(other
+    Funcs)" (a strdup that fails for some names, preloaded)."""
+    source, preload = tmp_path / "nomem.c", tmp_path / "nomem.so"
+    source.write_text(NO_MEMORY_FOR_NAMES)
+    subprocess.run(["cc", "-shared", "-fPIC", "-o", str(preload), str(source)], check=True)
+    done = _child(NAMELESS, env=dict(os.environ, LD_PRELOAD=str(preload)))
+    accesses, spans = eval(done.stdout)
+    assert accesses == {"(other Funcs)": (3, 1), "g": (1, 0)}
+    assert spans == [("realization", "(other Funcs)", True)]
+
+
+def test_the_trace_event_codes_declared_are_halides():
+    """abi/halide_runtime.h declares halide_trace_event_code_t for cffi, which takes the
+    values from Halide's real header when it compiles: the declaration says the same."""
+    text = (ROOT / "abi" / "halide_runtime.h").read_text()
+    body = text.split("enum halide_trace_event_code_t {")[1].split("}")[0]
+    declared = {name.strip(): int(value) for name, value in
+                (item.split("=") for item in body.replace("\n", " ").split(",") if "=" in item)}
+    assert declared == {name: getattr(lib, name) for name in declared}
+    assert list(declared.values()) == list(range(11))
+    assert lib.SHIM_TRACE_COORDINATES == len(ffi.new("shim_trace_event *").coordinates)
+
