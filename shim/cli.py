@@ -56,16 +56,7 @@ def _info(args, parser) -> int:
 def _demo(args, parser) -> int:
     from shim import demo
 
-    _no_halide_exit_report()
     return demo.run()
-
-
-def _no_halide_exit_report() -> None:
-    """For the commands that print a profile's summary (profile, demo): its Stages tables show
-    Halide's profiler figures, and Halide's own report at exit (on stderr) would repeat them.
-    It stays where HALIDE_SHIM_PROFILER_REPORT names a destination (a file, /dev/stderr)."""
-    if not os.environ.get(halide_profiler.ENV_VAR, "").strip():
-        halide_profiler.set_exit_report("off")
 
 
 def _run(args, parser) -> int:
@@ -102,7 +93,9 @@ def _run(args, parser) -> int:
              if text is not None}
     console = runner.Console(args.verbose)
     if args.command == "profile":
-        _no_halide_exit_report()
+        # The summary's Stages tables show Halide's profiler figures: its own report at exit
+        # would repeat them (it stays where the program or the environment sends it).
+        halide_profiler.silence_exit_report_unless_chosen()
     if args.chunks is not None or args.scheduler is not None:
         from shim import run_chunked  # (its dask is an optional extra)
 

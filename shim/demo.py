@@ -17,6 +17,7 @@ import time
 import numpy as np
 
 import shim
+from shim import halide_profiler
 from shim.pipelines.build import Build, MissingLibrary, build_all
 
 
@@ -47,6 +48,9 @@ LARGE = (1922, 2562)
 
 
 def run(say=print) -> int:
+    # The summary's Stages tables show Halide's profiler figures: its own report at exit would
+    # repeat them (it stays where the program or the environment sends it).
+    halide_profiler.silence_exit_report_unless_chosen()
     try:
         return _demo(say)
     except MissingLibrary as e:

@@ -356,6 +356,14 @@ def set_exit_report(where: str | os.PathLike | None) -> None:
     _exit_report = None if where is None else _resolved(os.fsdecode(where))
 
 
+def silence_exit_report_unless_chosen() -> None:
+    """Drop Halide's report at exit unless the program chose where it goes (set_exit_report(),
+    or HALIDE_SHIM_PROFILER_REPORT set and not blank). For commands that show Halide's figures
+    themselves (``python -m shim profile``, ``demo``), where the report would repeat them."""
+    if _exit_report is None and not os.environ.get(ENV_VAR, "").strip():
+        set_exit_report("off")
+
+
 def _destination() -> str:
     if _exit_report is not None:
         return _exit_report

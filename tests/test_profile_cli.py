@@ -177,3 +177,26 @@ def test_profile_leaves_halides_exit_report_where_the_environment_sends_it(built
         assert f"{NAME}\n total time:" in done.stderr
     else:  # set but empty: as unset, off
         assert "total time:" not in done.stderr, done.stderr
+
+
+CHOOSING_PROGRAM = """
+import sys
+from shim import cli, halide_profiler
+halide_profiler.set_exit_report(sys.argv[1])
+sys.exit(cli.main(sys.argv[2:]))
+"""
+
+
+def test_profile_keeps_the_exit_report_destination_a_program_chose(built, tmp_path):
+    """A program that sends Halide's report at exit somewhere (set_exit_report) and then runs
+    the profile command keeps its choice: the command silences only the report nobody chose
+    a place for."""
+    report = tmp_path / "report.txt"
+    done = subprocess.run([sys.executable, "-c", CHOOSING_PROGRAM, str(report), "profile",
+                           str(built["profile"]), *_sizes(200, 100), "--iterations", "2"],
+                          capture_output=True, text=True, timeout=300, env=_env())
+    assert done.returncode == 0, done.stderr
+    assert f"Stages of {NAME}" in done.stdout
+    assert "total time:" not in done.stderr, done.stderr
+    text = report.read_text()
+    assert f"{NAME}\n total time:" in text and "runs: 3" in text
