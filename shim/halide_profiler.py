@@ -51,6 +51,7 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from shim import interrupts
@@ -328,6 +329,46 @@ def _difference(p, pfields: dict, funcs: list) -> CallStages:
                       p.memory_peak, d["memory_total"], d["num_allocs"],
                       _threads(d["active_threads_numerator"], d["active_threads_denominator"]),
                       tuple(stages))
+
+
+# --- the Func a GPU kernel computes ------------------------------------------------------------
+
+def _c_name(name: str) -> str:
+    """A name as Halide writes it into C identifiers (its c_print_name, byte by byte on the
+    UTF-8 text): "." -> "_", "$" -> "__", any other byte but ASCII letters, digits and "_" ->
+    "___"."""
+    out = []
+    for byte in name.encode("utf-8", "surrogatepass"):
+        if byte == 0x2E:
+            out.append("_")
+        elif byte == 0x24:
+            out.append("__")
+        elif byte == 0x5F or (byte < 0x80 and chr(byte).isalnum()):
+            out.append(chr(byte))
+        else:
+            out.append("___")
+    return "".join(out)
+
+
+def stage_of_kernel(kernel_name: str, stage_names: Iterable[str]) -> str | None:
+    """The Func (one of ``stage_names``, as Halide's profiler names them) that GPU kernel
+    ``kernel_name`` computes, or None. Halide names a kernel after the loop it offloads,
+    "kernel_" + "FUNC.sSTAGE.VAR...", written as a C identifier: "_kernel_" + FUNC + "_s" +
+    STAGE + "_" ..., where "." becomes "_", "$" "__" and any other byte but ASCII letters,
+    digits and "_" "___" (a second kernel of the same loop, e.g. a specialization, first has
+    each "$" of the name made "_", and ends in "__N"). Where several Funcs fit (blur and blur_s1),
+    the longest wins."""
+    best, best_length = None, -1
+    for name in stage_names:
+        for written in {_c_name(name), _c_name(name.replace("$", "_"))}:
+            prefix = "_kernel_" + written + "_s"
+            if len(prefix) <= best_length or not kernel_name.startswith(prefix):
+                continue
+            rest = kernel_name[len(prefix):]
+            digits = len(rest) - len(rest.lstrip("0123456789"))
+            if digits and (len(rest) == digits or rest[digits] == "_"):
+                best, best_length = name, len(prefix)
+    return best
 
 
 # --- Halide's report at exit --------------------------------------------------------------------

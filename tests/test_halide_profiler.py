@@ -3,6 +3,7 @@ shim/halide_profiler.py."""
 
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -297,3 +298,73 @@ def test_an_opencl_build_shows_device_stages_and_their_launches_on_one_timeline(
                        and e["args"].get("call") == call["args"]["record"]}
             for launch in host:
                 assert _inside(launch, produce[f"produce {launch['args']['stage']}"])
+
+
+KERNELS_SOURCE = """
+import sys
+import halide as hl
+x, y = hl.Var("x"), hl.Var("y")
+xo, yo, xi, yi = hl.Var("xo"), hl.Var("yo"), hl.Var("xi"), hl.Var("yi")
+inp = hl.ImageParam(hl.Float(32), 2, "inp")
+k = hl.Param(hl.Int(32), "k", 0)
+names = sys.argv[2:]
+prev = inp
+for name in names:
+    f = hl.Func(name)
+    f[x, y] = prev[x, y] + 1
+    f.compute_root().gpu_tile(x, y, xo, yo, xi, yi, 8, 8)
+    if name == "f":  # an update stage: a kernel of stage 1
+        f[x, y] += 2
+        f.update().gpu_tile(x, y, xo, yo, xi, yi, 8, 8)
+    if name == "a$b":  # a second kernel of the same loop
+        f.specialize(k == 1)
+    prev = f
+out = hl.Func("out")
+out[x, y] = prev[x, y]
+out.gpu_tile(x, y, xo, yo, xi, yi, 8, 8)
+out.compile_to({hl.OutputFileType.stmt: sys.argv[1]}, [inp, k], "kernels",
+               hl.Target("host-opencl-profile"))
+"""
+# Funcs whose names are prefixes of others', with "$", non-ASCII letters, a space
+KERNEL_FUNCS = ("blur", "blur_x", "f", "f_s1", "a$b", "naïve", "p q")
+
+
+def _kernels_by_func(stmt: str) -> list:
+    """[(kernel name, the Func whose production launches it)], from Halide's lowered code."""
+    found, producing = [], None
+    for line in stmt.splitlines():
+        produce = re.match(r"\s*produce (.+) \{$", line)
+        if produce:
+            producing = produce.group(1)
+        for kernel in re.findall(r'halide_opencl_run\([^,]*, "([^"]+)"', line):
+            found.append((kernel, producing))
+    return found
+
+
+def test_stage_of_kernel_names_the_func_of_each_kernel_halide_compiles(tmp_path):
+    """Kernel names as Halide 21 writes them, read from its lowered code (compiled only: no
+    device needed)."""
+    pytest.importorskip("halide", reason="compiling test pipelines needs halide")
+    stmt = tmp_path / "kernels.stmt"
+    subprocess.run([sys.executable, "-c", KERNELS_SOURCE, str(stmt), *KERNEL_FUNCS], check=True)
+    kernels = _kernels_by_func(stmt.read_text(encoding="utf-8"))
+    funcs = KERNEL_FUNCS + ("out",)
+    # every Func a kernel, f two (its update), a$b two (its specialization)
+    assert sorted(func for _, func in kernels) == sorted(funcs + ("f", "a$b"))
+    for kernel, func in kernels:
+        assert halide_profiler.stage_of_kernel(kernel, funcs) == func, kernel
+    # (the names it was written against)
+    names = {kernel for kernel, _ in kernels}
+    assert {"_kernel_a__b_s0_y_yo_block_id_y", "_kernel_na______ve_s0_y_yo_block_id_y",
+            "_kernel_p___q_s0_y_yo_block_id_y"} <= names, names
+
+
+def test_stage_of_kernel_takes_the_longest_func_that_fits():
+    names = ["blur", "blur_x", "f", "f_s1"]
+    assert halide_profiler.stage_of_kernel("_kernel_blur_x_s0_y_yo_block_id_y", names) == "blur_x"
+    assert halide_profiler.stage_of_kernel("_kernel_blur_s0_y_yo_block_id_y", names) == "blur"
+    assert halide_profiler.stage_of_kernel("_kernel_f_s1_s0_y_yo_block_id_y", names) == "f_s1"
+    assert halide_profiler.stage_of_kernel("_kernel_f_s1_y_yo_block_id_y", names) == "f"
+    # a Func's name followed by "_s" and no stage number is another Func's
+    assert halide_profiler.stage_of_kernel("_kernel_blur_sharp_s0_y", ["blur"]) is None
+    assert halide_profiler.stage_of_kernel("not_a_kernel", names) is None
