@@ -8,6 +8,7 @@ how many loads and stores) and, for what Halide prints, from Halide's stock runt
 child process, so that a crash is a failed test."""
 
 import collections
+import ctypes
 import json
 import math
 import os
@@ -413,62 +414,86 @@ def _another_calls_span_around(prof):
     return found
 
 
-def test_parallel_calls_from_two_threads_each_get_their_own_spans(load, tmp_path):
-    pipeline = load("tr_par")
+def test_parallel_calls_from_two_threads_each_get_their_own_spans(libs, load, tmp_path):
+    """Threads A and B call tr_gate at once; its gate (GATE_C) makes sure of what the pool's
+    scheduling would otherwise leave to chance: tasks of A's call run on Halide's workers, and
+    A's thread, waiting in its parallel loop inside its own call's spans, runs tasks of B's
+    call. Every span belongs to the call whose task it ran in."""
+    pipeline, gates = load("tr_gate"), ctypes.CDLL(str(libs["tr_gate"]))
+    gates.tr_gate_reset()
     height = 32 * TILE
-    widths = {0: 1536, 1: 2048}  # tells the two threads' calls apart by their boxes
+    widths = {1: 1536, 2: 2048}  # A's and B's: tells their calls apart by their boxes
     inputs = {i: _input(w, height, seed=i) for i, w in widths.items()}
-    previous = shim.threads.set_num_threads(3)
-    native = {}
-    seen = collections.Counter()
+    native, errors = {}, []
+    ready = threading.Barrier(3)
+    go = {i: threading.Event() for i in widths}
+
+    def work(i):
+        native[i] = threading.get_native_id()
+        ready.wait()
+        go[i].wait()
+        try:
+            out = pipeline(inputs[i], i, out=np.empty((height, widths[i]), np.float32))
+            np.testing.assert_allclose(out, _blur(inputs[i])[1], rtol=1e-5)
+        except BaseException as e:  # pragma: no cover - reported below
+            errors.append(e)
+
+    previous = shim.threads.set_num_threads(3)  # (two workers)
     try:
-        for attempt in range(60):  # (one in five to ten shows a thread running another call's tasks)
-            barrier = threading.Barrier(2)
-
-            def work(i):
-                native[i] = threading.get_native_id()
-                barrier.wait()
-                for _ in range(3):
-                    _run_blur(pipeline, inputs[i])
-
-            with shim.profile() as prof:
-                threads = [threading.Thread(target=work, args=(i,)) for i in widths]
-                for t in threads:
-                    t.start()
-                for t in threads:
-                    t.join()
-            workers = _check_parallel_profile(prof, {native[i]: w for i, w in widths.items()},
-                                              height, tmp_path)
-            seen["worker"] += bool(workers)
-            seen["another call's span around"] += bool(_another_calls_span_around(prof))
-            if all(seen.values()):
-                break
+        with shim.profile() as prof:
+            threads = [threading.Thread(target=work, args=(i,)) for i in widths]
+            for t in threads:
+                t.start()
+            ready.wait()
+            gates.tr_gate_thread_a(native[1])
+            go[1].set()
+            # B's call begins once A's thread and a worker are each in one of A's tasks
+            while not (gates.tr_gate_count(GATE_COUNTS["A on A"])
+                       and gates.tr_gate_count(GATE_COUNTS["A elsewhere"])):
+                time.sleep(0.001)
+            go[2].set()
+            for t in threads:
+                t.join()
     finally:
         shim.threads.set_num_threads(previous)
-    assert seen["worker"], "no span ran on one of Halide's worker threads"
-    assert seen["another call's span around"], "no thread ran another call's tasks"
+    assert not errors
+    assert gates.tr_gate_count(GATE_COUNTS["B on A"]), "A's thread ran none of B's tasks"
+    workers = _check_parallel_profile(prof, {native[i]: w for i, w in widths.items()},
+                                      height, tmp_path)
+    assert workers, "no span ran on one of Halide's worker threads"
+    [a_call] = [c for c in _calls(prof, "tr_gate") if c.thread == native[1]]
+    [b_call] = [c for c in _calls(prof, "tr_gate") if c.thread == native[2]]
+    around = _another_calls_span_around(prof)
+    assert {(r.thread, r.call) for r in around} >= {(native[1], b_call.id)}
+    # B's tasks on A's thread: inside A's production of out there, their parents B's
+    [a_production] = [r for r in _spans(prof, a_call) if r.kind == "production" and r.name == "out"]
+    b_on_a = [r for r in _spans(prof, b_call) if r.thread == native[1]]
+    assert b_on_a and all(_inside(r, a_production) for r in b_on_a)
 
 
 def _check_parallel_profile(prof, width_of, height, tmp_path):
-    """Checks one profile of three calls from each of two threads; returns the worker threads
-    spans ran on."""
-    calls = _calls(prof, "tr_par")
-    assert len(calls) == 6 and {c.thread for c in calls} == set(width_of)
+    """Checks one profile of one tr_gate call from each of two threads; returns the worker
+    threads spans ran on."""
+    calls = _calls(prof, "tr_gate")
+    assert len(calls) == 2 and {c.thread for c in calls} == set(width_of)
     by_id = {r.id: r for r in prof.records}
     spans = _spans(prof)
     assert {r.call for r in spans} == {c.id for c in calls}
+    tiles = height // TILE
     for call in calls:
         width = width_of[call.thread]
         mine = _spans(prof, call)
         counts = collections.Counter((r.kind, r.name) for r in mine)
-        assert counts == {("halide pipeline", "tr_par"): 1, ("realization", "out"): 1,
+        assert counts == {("halide pipeline", "tr_gate"): 1, ("realization", "out"): 1,
                           ("production", "out"): 1, ("realization", "blur_x"): 1,
                           ("production", "blur_x"): 1, ("consumption", "blur_x"): 1,
-                          ("realization", "blur_y"): height // TILE,
-                          ("production", "blur_y"): height // TILE,
-                          ("consumption", "blur_y"): height // TILE}
+                          ("realization", "blur_y"): tiles, ("production", "blur_y"): tiles,
+                          ("consumption", "blur_y"): tiles, ("realization", "gate"): tiles,
+                          ("production", "gate"): tiles, ("consumption", "gate"): tiles}
         assert sorted(r.box for r in mine if r.kind == "realization" and r.name == "blur_y") == \
-            [((0, width), (k * TILE, TILE)) for k in range(height // TILE)]
+            [((0, width), (k * TILE, TILE)) for k in range(tiles)]
+        assert sorted(r.box for r in mine if r.kind == "realization" and r.name == "gate") == \
+            [((k * TILE, TILE),) for k in range(tiles)]
         [realize_x] = [r for r in mine if r.kind == "realization" and r.name == "blur_x"]
         assert realize_x.box == ((0, width), (0, height + 2))
         for r in mine:
@@ -784,16 +809,21 @@ def test_bad_arguments_raise_argument_errors_naming_them(argument, value):
     assert caught.value.argument == argument and argument in str(caught.value)
 
 
-def test_a_trace_limit_the_memory_cannot_hold_is_refused_clearly(load):
-    needed = (2**31 - 1) * halide_trace.EVENT_BYTES  # about 270 GB
-    physical = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    prof = shim.profile(trace_limit=2**31 - 1)
-    if needed > physical:
-        with pytest.raises(shim.ShimError, match="memory") as caught:
-            prof.start()
-        assert "trace_limit" in str(caught.value)
-    else:  # a machine that can hold it: the buffer is only touched as it fills
-        prof.start().stop()
+def test_a_trace_limit_the_memory_cannot_hold_is_refused_clearly(load, monkeypatch):
+    limit = 2**31 - 1
+    needed = limit * halide_trace.EVENT_BYTES  # about 270 GB
+    # (a machine with less memory than the buffer needs, whatever this one has)
+    monkeypatch.setattr(halide_trace, "_physical_memory", lambda: 64 * 2**30)
+    with pytest.raises(shim.ShimError, match="memory") as caught:
+        shim.profile(trace_limit=limit).start()
+    assert "trace_limit" in str(caught.value) and "64.0 GiB" in str(caught.value)
+    assert f"{needed / 2**30:.1f} GiB" in str(caught.value)
+    # one just too small, one just large enough
+    monkeypatch.setattr(halide_trace, "_physical_memory", lambda: 1000 * halide_trace.EVENT_BYTES - 1)
+    with pytest.raises(shim.ShimError, match="trace_limit"):
+        shim.profile(trace_limit=1000).start()
+    monkeypatch.setattr(halide_trace, "_physical_memory", lambda: 1000 * halide_trace.EVENT_BYTES)
+    shim.profile(trace_limit=1000).start().stop()
     with shim.profile(trace_limit=10) as after:  # nothing was left half-started
         _run_blur(load("tr_blur"), _input(16, TILE))
     assert after.trace_dropped > 0
