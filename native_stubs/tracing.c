@@ -8,10 +8,10 @@
  * once recording has stopped.
  *
  * Nesting survives a full buffer: a begin event is recorded only if there is room for it and
- * for its end (two slots are reserved at once), and its id carries SHIM_TRACE_RECORDED and a
- * count of the begins kept, so that its end, which Halide passes that id as parent_id, is
- * recorded exactly when its begin was kept by this recording (an end whose begin an earlier
- * recording kept takes no room: it would take its slot from a begin of this one).
+ * for its end (two slots are reserved at once), and its end is recorded exactly when its begin
+ * was kept by this recording (an end whose begin an earlier recording kept takes no room: it
+ * would take its slot from a begin of this one). A kept begin's id carries SHIM_TRACE_RECORDED
+ * and a count of the begins kept; Halide passes it as its end's parent_id.
  *
  * A span belongs to whoever saw its begin: the end of a span Halide's own handler printed (or
  * wrote to HL_TRACE_FILE) goes to that handler even while a profile records, and the end of a
@@ -21,7 +21,8 @@
  * its ids reach SHIM_TRACE_RECORDED after 2**30 events (some 2000 calls of a -trace_all blur).
  * Begin and end events come in pairs on one thread, properly nested, so each thread keeps a
  * stack of its open spans and who owns each; an end is routed by the entry of its begin. Only
- * where the stack has lost it (nested deeper than it holds) does the id decide.
+ * where the stack has lost it (nested deeper than it holds; a begin on another thread, which
+ * Halide does not do) does the id decide.
  *
  * Stopping waits for the handlers that saw recording on (in_flight) before anyone reads or
  * frees the buffer: a handler increments in_flight before it checks `recording`, and the stop
