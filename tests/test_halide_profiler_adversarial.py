@@ -39,7 +39,9 @@ MANY = "hpa_many"
 MANY_FUNCS = 200
 LONG_NAME = "stage_" + "x" * 400
 ODD_NAMES = (LONG_NAME, "blür_ßtage", "naïve·Func")
-# A child process that hangs fails its test after this long (it only guards against hangs).
+# A child process or thread that hangs fails its test after this long: a hang guard, as the
+# suite's other child processes have (tests/test_fork.py, test_reliability.py...), never a check
+# of speed (nothing here waits near it when nothing hangs).
 HANG_GUARD_S = 300
 
 GATE_C = r"""
@@ -303,7 +305,8 @@ def test_a_profile_started_during_an_unprofiled_call_gives_each_profiled_call_it
 
 def test_a_profile_stopped_mid_call_attributes_no_later_call_to_it(gated):
     """A profiled call is in flight when its profile stops; an unprofiled call then runs whole
-    inside it. The profiled call's figures are its own or none, never the sum of both."""
+    inside it. Both runs end inside the profiled call: its figures are none, never the sum of
+    both."""
     gated.run(8, 8)
     gate = gated.new_gate()
     prof = shim.profile().start()
@@ -314,7 +317,7 @@ def test_a_profile_stopped_mid_call_attributes_no_later_call_to_it(gated):
     gated.open(gate)
     _join(profiled)
     [record] = _pipeline_calls(prof)
-    assert record.stages is None or _is_blur_call(record.stages, 100, 80), record.stages
+    assert record.stages is None, record.stages
 
 
 def test_a_profile_stopped_mid_call_still_gets_that_calls_figures(gated):
@@ -355,11 +358,12 @@ def test_a_call_made_from_inside_a_call_of_the_same_pipeline_does_not_wait_for_i
     """An extern stage calls back into Python, which calls the same pipeline on the same
     thread: the inner call cannot wait for the outer one to end (it never would). Its figures
     are its own; the outer call's hold both runs, so it has none."""
-    go = threading.Event()
+    entered, go = threading.Event(), threading.Event()
     inner = []
 
     @ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int)
     def callback(_):
+        entered.set()
         go.wait()
         try:
             gated.run(30, 20)
@@ -376,7 +380,8 @@ def test_a_call_made_from_inside_a_call_of_the_same_pipeline_does_not_wait_for_i
             prof.start()
         outer = _thread(gated.run, 150, 100, 64)
         if not outer_profiled:
-            time.sleep(0.2)  # (the outer call in flight, unprofiled)
+            while not entered.wait(0.01):  # (the outer call in flight, unprofiled)
+                assert outer.is_alive(), "the outer call ended before its extern stage"
             prof.start()
         go.set()
         _join(outer)
@@ -388,10 +393,10 @@ def test_a_call_made_from_inside_a_call_of_the_same_pipeline_does_not_wait_for_i
     inner_record = next(r for r in records if r.stages is not None
                         and _is_blur_call(r.stages, 30, 20))
     assert inner_record.result == 0
-    for record in records:
-        if record is not inner_record:
-            assert record.stages is None or _is_blur_call(record.stages, 150, 100)
     assert len(records) == (2 if outer_profiled else 1)
+    for record in records:
+        if record is not inner_record:  # the outer call: Halide added both runs
+            assert record.stages is None, record.stages
 
 
 # --- calls that wait on each other: no wait of the profiler's may hang them ---------------------
@@ -1138,7 +1143,7 @@ def test_a_child_forked_inside_a_call_lists_only_its_own_calls(gated, tmp_path):
 # --- Halide's report at exit ---------------------------------------------------------------------
 
 EXIT_SCRIPT = '''
-import ctypes, os, sys, threading, time
+import atexit, ctypes, os, sys, threading, time
 import numpy as np
 import shim
 import shim.shutdown
@@ -1171,8 +1176,10 @@ elif mode.startswith("stuck"):  # a call that never ends, on a daemon thread
         time.sleep(0.001)
 elif mode == "late":  # a profiled call that ends while the interpreter exits
     shim.profile().start()
-    threading.Thread(target=run, args=(100, 80, -400), daemon=True).start()
-    time.sleep(0.1)
+    threading.Thread(target=run, args=(100, 80, 1), daemon=True).start()
+    while gates.hpa_gate_entered(1) < 1:
+        time.sleep(0.001)
+    atexit.register(gates.hpa_gate_open, 1)  # (the first exit handler: the call ends during exit)
 print("done", flush=True)
 '''
 
