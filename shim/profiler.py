@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import itertools
 import os
-import re
 import threading
 import time
 from dataclasses import dataclass, field, replace
@@ -40,8 +39,6 @@ from shim.types import HalideType
 C_FUNCTIONS = {value: name.removeprefix("SHIM_FN_").lower()
                for value, name in ffi.typeof("enum shim_function").elements.items()
                if name != "SHIM_FN_COUNT"}
-
-_NOT_IN_C_NAMES = re.compile(r"\W")
 
 _active: Profile | None = None
 _start_lock = threading.Lock()
@@ -84,7 +81,8 @@ class Record:
     markers: object = field(default=None, repr=False)
     #: A pipeline call of a build with Halide's profiler (``-profile``): that call's per-Func
     #: figures, a shim.halide_profiler.CallStages (None where Halide recorded no run of it,
-    #: or where a call of it run outside the profile ended meanwhile and mixed in).
+    #: or where another call of it ended meanwhile and mixed in: one run outside the profile,
+    #: or one that went ahead without its turn, shim/halide_profiler.py).
     stages: object = None
     #: A span of Halide's tracing (kinds "realization", "production", "consumption",
     #: "halide pipeline"): the box Halide passed, ((min, extent), ...) per dimension.
@@ -316,17 +314,14 @@ class Profile:
         return record
 
     def _attribute_launches(self) -> None:
-        """Name the stage of each kernel launched by a profiled call: Halide names a kernel
-        "_kernel_" + the Func's loop, with every character other than letters, digits and
-        "_" replaced by "_" (the longest matching Func wins: blur_x over blur)."""
+        """Name the stage (Func) of each kernel launched by a call of a build with Halide's
+        profiler, from the kernel's name (halide_profiler.stage_of_kernel)."""
         calls = {r.id: r for r in self.records if r.kind == "pipeline" and r.stages is not None}
         for record in self.records:
             call = calls.get(record.call) if record.kind == "launch" else None
-            if call is None:
-                continue
-            matches = [s.name for s in call.stages.stages if record.name.startswith(
-                "_kernel_" + _NOT_IN_C_NAMES.sub("_", s.name) + "_s")]
-            record.stage = max(matches, key=len, default=None)
+            if call is not None:
+                record.stage = halide_profiler.stage_of_kernel(
+                    record.name, [s.name for s in call.stages.stages])
 
     def _read_device_times(self) -> None:
         """Turn the markers into device times (the device finishes its work first), then lay
