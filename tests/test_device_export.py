@@ -233,7 +233,14 @@ def test_threads_export_while_others_free_move_and_write_the_buffer(opencl, base
 
     names = sorted(EXPORTERS)
     run_threads(5, lambda i: churn() if i == 0 else exporter(names[i % 2]))
-    assert all(succeeded.values()), succeeded
+    # Which exports won their races depends on the scheduling (on a loaded machine every
+    # DLPack export can lose); some did, and once the churn is over each kind succeeds.
+    assert sum(succeeded.values()) > 0, succeeded
+    for name in names:
+        exported = EXPORTERS[name](buf)
+        if name == "pyopencl":
+            np.testing.assert_array_equal(exported.get(), 7)
+        del exported
     np.testing.assert_array_equal(buf.numpy(), 7)
     buf = None  # (the closures' too: it is the same variable)
     assert live_allocations(opencl) == baseline

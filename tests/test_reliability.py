@@ -554,10 +554,12 @@ def test_exports_racing_device_free_raise_only_buffer_errors(opencl):
             stop.set()
 
     run_threads(2, lambda i: exporter() if i == 0 else freer())
-    # Every attempt ended one way or the other, and the race did not refuse them all: an
-    # export that always failed would pass the loop above too.
+    # Every attempt ended one way or the other. An export that always failed would pass the
+    # loop above too, and how many won their race depends on the scheduling: once the race
+    # is over, an export succeeds.
     assert sum(outcomes.values()) == 2000
-    assert outcomes["exported"] > 0, outcomes
+    exports.append(x.__dlpack__(max_version=(1, 0), dl_device=(4, 0)))
+    exports.clear()
 
 
 def test_ctrl_c_during_dlpack_exports_leaks_no_pins():
