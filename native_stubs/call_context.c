@@ -66,8 +66,20 @@ uint64_t shim_next_call_id(void) {
  * it counts itself before it looks. */
 static int calls_running;
 static int calls_closed;
+static __thread int own_calls_running; /* this thread's part of calls_running */
+
+/* A child of fork has only the forking thread: the calls the others were running never end
+ * there, and exit must not wait for them. */
+static void keep_own_calls(void) {
+    __atomic_store_n(&calls_running, own_calls_running, __ATOMIC_SEQ_CST);
+}
+
+__attribute__((constructor)) static void watch_forks_for_calls(void) {
+    pthread_atfork(NULL, NULL, keep_own_calls);
+}
 
 bool shim_calls_begin(void) {
+    own_calls_running++;
     __atomic_add_fetch(&calls_running, 1, __ATOMIC_SEQ_CST);
     if (__atomic_load_n(&calls_closed, __ATOMIC_SEQ_CST)) {
         shim_calls_end();
@@ -77,6 +89,7 @@ bool shim_calls_begin(void) {
 }
 
 void shim_calls_end(void) {
+    own_calls_running--;
     __atomic_sub_fetch(&calls_running, 1, __ATOMIC_SEQ_CST);
 }
 

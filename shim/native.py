@@ -118,7 +118,7 @@ class CallContext:
     that worked for it. ``begin()`` one per call and ``end()`` it when the call has returned;
     each thread reuses its own, since allocating one costs more than a small pipeline call."""
 
-    __slots__ = ("id", "pointer", "busy", "__weakref__")
+    __slots__ = ("id", "pointer", "busy", "thread", "__weakref__")
 
     def __init__(self):
         self.id = lib.shim_next_call_id()
@@ -127,6 +127,7 @@ class CallContext:
             raise MemoryError("cannot allocate a call context")
         self.pointer = ffi.gc(pointer, lib.shim_call_free)
         self.busy = False
+        self.thread = None  # the thread whose call it is, while busy
         _contexts.add(self)
 
     @classmethod
@@ -143,6 +144,7 @@ class CallContext:
             context.id = lib.shim_next_call_id()
             if reset:
                 lib.shim_call_reset(context.pointer, context.id)
+        context.thread = threading.get_ident()
         context.busy = True  # before looking at _closing: see close_calls
         if _closing:
             context.busy = False
@@ -175,6 +177,18 @@ def print_text(printed: bytes, dropped: int) -> str:
 def closing() -> bool:
     """Whether calls into Halide code are being refused (the interpreter is exiting)."""
     return _closing
+
+
+def _after_fork_in_child() -> None:
+    """The child has only the thread that forked: the calls other threads were running never
+    end here, and exit must not wait for them."""
+    me = threading.get_ident()
+    for context in list(_contexts):
+        if context.busy and context.thread != me:
+            context.busy = False
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def close_calls(timeout: float) -> bool:
