@@ -32,6 +32,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
@@ -70,18 +71,32 @@ class MissingLibrary(RuntimeError):
 def generator_modules() -> dict[str, str]:
     """{generator name: module} for every generator in generators/. A module
     defines the generator of its own name, or those its GENERATOR_NAMES lists (read without
-    importing the module, which would load Halide)."""
-    modules = {}
-    for path in sorted(GENERATORS_DIR.glob("*.py")):
-        if path.stem.startswith("_"):
-            continue
-        names = [path.stem]
-        for node in ast.parse(path.read_text()).body:
-            if isinstance(node, ast.Assign) and any(
-                    isinstance(t, ast.Name) and t.id == "GENERATOR_NAMES" for t in node.targets):
-                names = list(ast.literal_eval(node.value))
-        modules.update({name: path.stem for name in names})
-    return modules
+    importing the module, which would load Halide).
+
+    Parsed once per state of the folder (the files' names, sizes and times), under a lock:
+    CPython 3.11's ast.parse is not safe on several threads at once (it can raise SystemError
+    "AST constructor recursion depth mismatch" when a garbage collection runs Python code on
+    another thread meanwhile), and build_all's worker threads all ask for the modules."""
+    paths = [path for path in sorted(GENERATORS_DIR.glob("*.py")) if not path.stem.startswith("_")]
+    state = tuple((path.name, path.stat().st_size, path.stat().st_mtime_ns) for path in paths)
+    with _parse_lock:
+        known = _parsed.get(GENERATORS_DIR)
+        if known is None or known[0] != state:
+            modules = {}
+            for path in paths:
+                names = [path.stem]
+                for node in ast.parse(path.read_text()).body:
+                    if isinstance(node, ast.Assign) and any(
+                            isinstance(t, ast.Name) and t.id == "GENERATOR_NAMES" for t in node.targets):
+                        names = list(ast.literal_eval(node.value))
+                modules.update({name: path.stem for name in names})
+            known = _parsed[GENERATORS_DIR] = (state, modules)
+    return dict(known[1])
+
+
+# generators folder -> (its state, its modules), for generator_modules.
+_parsed: dict[Path, tuple] = {}
+_parse_lock = threading.Lock()
 
 
 def generator_names() -> list[str]:

@@ -1,8 +1,11 @@
 """pipelines/build.py (shim.pipelines.build): cache keys and the command line."""
 
+import ast
 import shutil
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -144,3 +147,79 @@ def test_command_line_adds_target_features(tmp_path):
     done = subprocess.run([sys.executable, "-m", "shim.pipelines.build", "brighten", "--feature", "Bad"],
                           capture_output=True, text=True)
     assert done.returncode == 2 and "bad target feature 'Bad'" in done.stderr
+
+
+class _Overlaps:
+    """A stand-in for ast.parse that notes how many threads are inside it at once (each
+    stays 2 ms, so that threads running together overlap)."""
+
+    def __init__(self, parse):
+        self.parse, self.inside, self.most, self.calls = parse, 0, 0, 0
+        self.lock = threading.Lock()
+
+    def __call__(self, *args, **kwargs):
+        with self.lock:
+            self.inside += 1
+            self.calls += 1
+            self.most = max(self.most, self.inside)
+        try:
+            time.sleep(0.002)
+            return self.parse(*args, **kwargs)
+        finally:
+            with self.lock:
+                self.inside -= 1
+
+
+@pytest.fixture
+def fresh_generators(tmp_path, monkeypatch):
+    """A copy of the generators folder the tool has never parsed, and ast.parse watched."""
+    copy = tmp_path / "generators"
+    shutil.copytree(build_module.GENERATORS_DIR, copy)
+    monkeypatch.setattr(build_module, "GENERATORS_DIR", copy)
+    overlaps = _Overlaps(ast.parse)
+    monkeypatch.setattr(ast, "parse", overlaps)
+    return overlaps
+
+
+def test_generators_are_never_parsed_on_two_threads_at_once(fresh_generators):
+    """CPython 3.11's ast.parse on several threads at once can raise SystemError ("AST
+    constructor recursion depth mismatch"): on a fresh machine, build_all's threads did, and
+    the suite ended in 9 errors."""
+    start = threading.Barrier(8)
+    results, errors = [], []
+
+    def ask():
+        start.wait()
+        try:
+            results.append(build_module.generator_modules())
+        except Exception as e:  # (reported below, with the overlap count)
+            errors.append(e)
+
+    threads = [threading.Thread(target=ask) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors and fresh_generators.most == 1
+    assert len(results) == 8 and all(r == results[0] for r in results)
+    assert set(results[0]) == set(generator_names())
+
+
+def test_build_all_parses_the_generators_once(fresh_generators, tmp_path, monkeypatch):
+    """Each of build_all's workers asks for the generator modules (cache keys, the module to
+    run): one parse serves them all."""
+    monkeypatch.setattr(build_module, "build", lambda spec, directory: spec.path(directory))
+    specs = [Build(name, "host", runtime) for name in generator_names()[:6]
+             for runtime in ("bundled", "no_runtime")]
+    built = build_module.build_all(specs, tmp_path / "out", jobs=6, progress=None)
+    assert set(built) == set(specs)
+    files = len([p for p in build_module.GENERATORS_DIR.glob("*.py") if not p.stem.startswith("_")])
+    assert fresh_generators.calls == files and fresh_generators.most == 1
+
+
+def test_a_changed_generator_is_parsed_again(fresh_generators):
+    before = build_module.generator_modules()
+    extra = build_module.GENERATORS_DIR / "zz_extra.py"
+    extra.write_text('GENERATOR_NAMES = ["zz_one", "zz_two"]\n')
+    after = build_module.generator_modules()
+    assert after == {**before, "zz_one": "zz_extra", "zz_two": "zz_extra"}
