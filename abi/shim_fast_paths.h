@@ -6,11 +6,12 @@
  * see shim/native.py): a pipeline's call plan (native_stubs/fastcall.c), a prepared call's
  * run (native_stubs/prepared_call.c) and the base of an allocation family
  * (native_stubs/family_state.c) and a Buffer's plans in it (native_stubs/shared_records.c),
- * and the base of objects whose finalizer Ctrl-C must not cut short
- * (native_stubs/finalizers.c). */
+ * and the bases of objects whose finalizer, or whose with statement's entering and leaving, a
+ * signal handler's exception must not cut short (native_stubs/signals_held.c). */
 void *shim_fastcall_plan_type(void);
 void *shim_prepared_run_type(void);
 void *shim_family_state_type(void);
 void *shim_lock_state_type(void);
 void *shim_member_plans_type(void);
 void *shim_finalized_type(void);
+void *shim_held_context_type(void);

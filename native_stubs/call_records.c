@@ -22,9 +22,9 @@
  * for real, and then this code leaves the family to Python.
  *
  * The Python code this calls for the end of a call (runtime.end_call, deferred work) runs with
- * Ctrl-C held (shim_ctrl_c_hold), as the Python run's bookkeeping does: a KeyboardInterrupt
- * landing before end_call's own deferred() would leave the use recorded, and every later
- * operation on the Buffer waiting for it.
+ * signal handlers held (shim_signals_hold), as the Python run's bookkeeping does: a
+ * KeyboardInterrupt (or any handler's exception) landing before end_call's own deferred() would
+ * leave the use recorded, and every later operation on the Buffer waiting for it.
  */
 #define Py_LIMITED_API 0x030B0000
 #include <Python.h>
@@ -34,10 +34,10 @@
 
 static PyObject *s_run_deferred, *s_copy_to_host;
 
-/* --- Ctrl-C held around the Python code a call's bookkeeping runs ---------------------------- */
+/* --- signal handlers held around the Python code a call's bookkeeping runs ------------------- */
 
 /* shim/interrupts.py's globals (its deferred(): `_depth`, the main thread's sections; `_pending`,
- * a SIGINT noted inside one), and the main thread's id. */
+ * the signals noted inside one, a list of their numbers, or None), and the main thread's id. */
 static PyObject *s_interrupts, *s_depth, *s_pending;
 static unsigned long s_main_thread;
 
@@ -65,7 +65,7 @@ static bool interrupts_ready(void) {
     return true;
 }
 
-bool shim_ctrl_c_hold(void) {
+bool shim_signals_hold(void) {
     if (!interrupts_ready()) {
         PyErr_Clear(); /* (unheld: Ctrl-C as Python has it) */
         return false;
@@ -84,7 +84,7 @@ bool shim_ctrl_c_hold(void) {
     return held;
 }
 
-void shim_ctrl_c_release(bool held) {
+void shim_signals_release(bool held) {
     if (!held) {
         return;
     }
@@ -98,12 +98,16 @@ void shim_ctrl_c_release(bool held) {
     }
     Py_XDECREF(less);
     PyObject *pending = now <= 0 ? PyDict_GetItemWithError(s_interrupts, s_pending) : NULL;
-    if (pending != NULL && pending != Py_None) {
-        /* A SIGINT arrived meanwhile: forgotten here, and delivered again, to land (as
-         * deferred() lands it) once the call is out of the layer. */
+    if (pending != NULL && PyList_Check(pending)) {
+        /* Signals arrived meanwhile: forgotten here, and delivered again, for their handlers
+         * to run (as deferred() runs them) once the call is out of the layer. */
+        Py_INCREF(pending);
         if (PyDict_SetItem(s_interrupts, s_pending, Py_None) == 0) {
-            PyErr_SetInterrupt();
+            for (Py_ssize_t i = 0; i < PyList_Size(pending); i++) {
+                shim_signal_again((int)PyLong_AsLong(PyList_GetItem(pending, i)));
+            }
         }
+        Py_DECREF(pending);
     }
     PyErr_Clear();
     PyErr_Restore(type, value, traceback);
@@ -256,9 +260,9 @@ static int end_in_python(const shim_member *m, PyObject *end_call) {
     if (uses != NULL) {
         PyList_SetItem(uses, 0, entry); /* steals it */
         entry = NULL;
-        bool held = shim_ctrl_c_hold();
+        bool held = shim_signals_hold();
         done = PyObject_CallFunctionObjArgs(end_call, Py_None, uses, NULL);
-        shim_ctrl_c_release(held);
+        shim_signals_release(held);
     }
     Py_XDECREF(entry);
     Py_XDECREF(uses);
@@ -316,10 +320,10 @@ static int run_deferred(const shim_member *m) {
     if (PyList_Size(shim_record_field(m, RECORD_DEFERRED)) == 0) {
         return 0;
     }
-    bool held = shim_ctrl_c_hold();
+    bool held = shim_signals_hold();
     PyObject *done = PyObject_CallMethodObjArgs(shim_record_field(m, RECORD_FAMILY), s_run_deferred,
                                                 NULL);
-    shim_ctrl_c_release(held);
+    shim_signals_release(held);
     Py_XDECREF(done);
     return done == NULL ? -1 : 0;
 }

@@ -435,9 +435,9 @@ int shim_fast_report(PyObject *finish, PyObject *report) {
         PyErr_NoMemory();
         return -1;
     }
-    bool held = shim_ctrl_c_hold();
+    bool held = shim_signals_hold();
     PyObject *done = PyObject_Call(finish, report, NULL);
-    shim_ctrl_c_release(held);
+    shim_signals_release(held);
     Py_DECREF(report);
     Py_XDECREF(done);
     return done == NULL ? -1 : 0;

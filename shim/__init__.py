@@ -36,7 +36,7 @@ from shim.streams import stream
 from shim.threads import num_threads, set_num_threads
 from shim.types import HalideType
 
-interrupts.install()  # Ctrl-C never lands inside the device layer's bookkeeping
+interrupts.install()  # no signal handler runs inside the device layer's bookkeeping
 
 __all__ = [
     "Argument",

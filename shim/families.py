@@ -21,6 +21,7 @@ from contextlib import contextmanager
 from typing import NamedTuple
 
 from shim import flags, interrupts
+from shim.errors import ShimError
 from shim.flags import DEVICE_DIRTY, HOST_DIRTY
 from shim.native import FamilyState, LockState, MemberPlans, ffi, lib
 from shim.regions import Layout, intersect, overlaps
@@ -42,10 +43,17 @@ class FamilyLock(LockState):
         self.waiting = 0  # threads in wait(): notify_all costs nothing without them
 
     def acquire(self) -> None:
+        me = threading.get_ident()
+        if self.owner == me:
+            # (A signal handler run where the main thread waits inside the layer, holding this
+            # lock, and using a Buffer of the same family: it would wait for itself forever.)
+            raise ShimError("this thread already holds the lock of this Buffer's allocation "
+                            "family (a signal handler that uses the Buffers of a device "
+                            "operation it interrupted?): it would wait for itself forever")
         # Blocking here releases the GIL, so a thread waiting for a family never stops the
         # thread that holds it from running Python.
         self._lock.acquire()
-        self.owner = threading.get_ident()
+        self.owner = me
 
     def release(self) -> None:
         self.owner = None
@@ -375,7 +383,7 @@ def _retire(address: int, lock: FamilyLock) -> None:
 def locked(*raws):
     """Hold the locks of the families of ``raws`` (in a fixed order, so two threads locking
     the same pair never deadlock). Yields the families, None for a struct with no family.
-    Ctrl-C waits until the locks are released (shim/interrupts.py)."""
+    Signal handlers wait until the locks are released (shim/interrupts.py)."""
     with interrupts.deferred():
         addresses = [address_of(raw) for raw in raws]
         while True:
@@ -420,8 +428,7 @@ def await_calls(family: Family | None, raw=None, *, writers_only: bool = False) 
     member = family.members.get(address_of(raw)) if family.shared and raw is not None else None
     box = member.box if member is not None else None
     while any(_conflicts(use, box, writers_only) for use in family.uses):
-        if interrupts.take_pending():
-            raise KeyboardInterrupt
+        interrupts.run_pending()  # (a safe point: a handler's exception ends the wait)
         family.lock.wait(0.05)
 
 

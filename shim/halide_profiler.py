@@ -23,7 +23,7 @@ takes no turn and waits for nothing: the call it serves cannot end before it; th
 decides. No wait may hang a call that would end without a profile (the call ahead may itself
 wait for the waiting thread): a call waits only while calls of its pipeline keep ending, and
 goes ahead without its turn once none has for ``PATIENCE_S`` (its figures are then None where
-runs mix). Waits for a turn give way to Ctrl-C (shim/interrupts.py). Outside a profile nothing
+runs mix). Waits for a turn give way to signal handlers (Ctrl-C, a timeout: shim/interrupts.py). Outside a profile nothing
 here runs: Halide's behaviour is untouched.
 
 At exit Halide prints its report through halide_print (a destructor in its runtime); the
@@ -190,8 +190,7 @@ def _wait_for_turn(name: str, lock) -> bool:
     PATIENCE_S (that call may wait for this thread): then the call goes ahead without it."""
     patience = _Patience()
     while not lock.acquire(timeout=_TURN_POLL_S):
-        if interrupts.take_pending():
-            raise KeyboardInterrupt
+        interrupts.run_pending()  # (a safe point: a handler's exception ends the wait)
         if patience.exhausted(_handovers.get(name, 0)):
             return False
     return True
@@ -235,8 +234,7 @@ class _Patience:
 
 
 def _pause(seconds: float) -> None:
-    if interrupts.take_pending():
-        raise KeyboardInterrupt
+    interrupts.run_pending()  # (a safe point: a handler's exception ends the wait)
     time.sleep(seconds)
 
 

@@ -1,86 +1,175 @@
-"""Ctrl-C that never lands inside the device layer's bookkeeping.
+"""Signal handlers that never run inside the device layer's bookkeeping.
 
-Python runs signal handlers in the main thread, between any two bytecodes. A KeyboardInterrupt
-raised between a family lock's acquire and the ``try`` that releases it, or halfway through
-updating a family's regions, would leave a lock held forever or a Buffer inconsistent; one
-raised inside a callback from C would come back as a device error. So while the main thread is
-inside the device layer (``deferred()``), SIGINT is only noted, and KeyboardInterrupt is raised
-when it leaves, with every lock released and every Buffer consistent. Code that waits inside
-the layer (for another thread's pipeline call) asks ``take_pending()`` and gives up cleanly.
+Python runs a signal's handler in the main thread between any two bytecodes, and a handler may
+raise: Python's own SIGINT handler raises KeyboardInterrupt, a program's SIGALRM timeout (a
+timeout decorator, pytest-timeout's signal method) raises whatever it likes. Raised between a
+family lock's acquire and the ``try`` that releases it, or halfway through updating a family's
+regions, it would leave a lock held forever or a Buffer inconsistent; raised inside a callback
+from C, it would come back as a device error. So while the main thread is inside the device
+layer (``deferred()``), a signal is only noted, and its handler runs when the thread leaves,
+with every lock released and every Buffer consistent, raising there whatever it raises. Code
+that waits inside the layer (for another thread's pipeline call) is a safe point: it runs the
+noted handlers there (``run_pending()``), so that a Ctrl-C or a timeout ends the wait, and an
+exception unwinds cleanly.
+
+Which handlers: every one Python runs. ``install()`` (at ``import shim``, or the first time
+the main thread enters the layer, when the shim was imported on another thread) wraps the
+handlers set then, and replaces ``signal.signal`` so that handlers set later are wrapped too;
+``signal.getsignal()`` and what ``signal.signal()`` returns are the program's own handlers, as
+if nothing were wrapped. Handlers set through ``_signal`` directly, or by C code, are not.
+Exceptions injected with ``PyThreadState_SetAsyncExc`` do not go through a handler and are not
+deferred (see README, Threads).
 
 The deleters of exported DLPack tensors are Python called from C (by a consumer, or by the
-destructor of a capsule being dropped), where a KeyboardInterrupt raised anywhere, even before
-a ``deferred()`` inside could be entered, is swallowed by cffi and leaves the tensor's pin for
-good. Their C side (native_stubs/dlpack.c) defers Ctrl-C around the whole callback: inside
-one, SIGINT is only noted (in C), and the deleter raises it again on its way out, once the
-tensor is released.
-
-This applies while SIGINT has Python's default handler, which the shim wraps when it is
-imported in the main thread; a program that installs its own handler keeps full control.
+destructor of a capsule being dropped), where an exception raised anywhere, even before a
+``deferred()`` inside could be entered, is swallowed by cffi and leaves the tensor's pin for
+good. Their C side (native_stubs/dlpack.c) defers signals around the whole callback: inside
+one, a signal is only noted (in C), and the deleter delivers it again on its way out, once the
+tensor is released. The fast paths, the finalizers and the context managers whose entering and
+leaving must not be cut short (shim.native.HeldContext: a profile's start and stop, a stream's
+scope) enter ``deferred()`` from C the same way (native_stubs/call_records.c,
+shim_signals_hold; native_stubs/signals_held.c).
 """
 
 from __future__ import annotations
 
+import functools
 import signal
+import sys
 import threading
 
 from shim.native import lib
 
 _MAIN = threading.main_thread().ident
 _depth = 0  # deferred() sections the main thread is inside (only the main thread changes it)
-_pending = None  # (signum, frame) of a SIGINT that arrived inside one
-_default = signal.default_int_handler
+# Signals noted inside one, each once, in the order they arrived; None when there are none.
+# (native_stubs/call_records.c reads and clears it too.)
+_pending: list[int] | None = None
+_installed = False
+
+_program_signal = signal.signal
+_program_getsignal = signal.getsignal
 
 
-def _handler(signum, frame):
+class _Deferring:
+    """A program's signal handler, wrapped: it runs now, or once the main thread is out of the
+    device layer (see the module)."""
+
+    __slots__ = ("handler",)
+
+    def __init__(self, handler):
+        self.handler = handler
+
+    def __call__(self, signum, frame):
+        if _depth:
+            _note(signum)
+        elif lib.shim_interrupts_in_deleter():
+            lib.shim_interrupts_note(signum)  # delivered again when the deleter returns into C
+        else:
+            self.handler(signum, frame)
+
+
+def _note(signum: int) -> None:
     global _pending
-    if _depth:
-        _pending = (signum, frame)
-        return
-    if lib.shim_interrupts_in_deleter():
-        lib.shim_interrupts_note()  # raised again when the deleter returns into C
-        return
-    _default(signum, frame)
+    if _pending is None:
+        _pending = [signum]
+    elif signum not in _pending:  # (as Python does, a signal arriving twice is handled once)
+        _pending.append(signum)
+
+
+def _wrapped(handler):
+    return _Deferring(handler) if callable(handler) and not isinstance(handler, _Deferring) else handler
+
+
+def _unwrapped(handler):
+    return handler.handler if isinstance(handler, _Deferring) else handler
+
+
+@functools.wraps(_program_signal)
+def _signal(signalnum, handler):
+    return _unwrapped(_program_signal(signalnum, _wrapped(handler)))
+
+
+@functools.wraps(_program_getsignal)
+def _getsignal(signalnum):
+    return _unwrapped(_program_getsignal(signalnum))
 
 
 def install() -> None:
-    """Wrap Python's default SIGINT handler (nothing else: a program's own handler stays)."""
-    if threading.get_ident() == _MAIN and signal.getsignal(signal.SIGINT) is _default:
-        signal.signal(signal.SIGINT, _handler)
+    """Wrap the program's signal handlers, those set now and (through ``signal.signal``) those
+    set later. Handlers can only be set on the main thread: elsewhere only ``signal.signal`` is
+    replaced now, and the handlers already set are wrapped when the main thread first enters
+    the device layer."""
+    global _installed
+    signal.signal, signal.getsignal = _signal, _getsignal
+    if _installed or threading.get_ident() != _MAIN:
+        return
+    for signum in signal.valid_signals():
+        try:
+            handler = _program_getsignal(signum)
+            if callable(handler) and not isinstance(handler, _Deferring):
+                _program_signal(signum, _Deferring(handler))
+        except (OSError, ValueError):
+            pass  # (a signal that takes no handler)
+    _installed = True
 
 
-def take_pending() -> bool:
-    """Whether a Ctrl-C arrived inside the current deferred section (and forget it: the
-    caller raises KeyboardInterrupt itself)."""
+def defers(signum: int) -> bool:
+    """Whether the handler Python runs for ``signum`` is one the shim holds inside the device
+    layer (a Python handler, wrapped)."""
+    return isinstance(_program_getsignal(signum), _Deferring)
+
+
+def _deliver(frame) -> None:
+    """Run the handlers of the signals noted, in order, on the main thread outside every
+    section (or at a safe point inside). If one raises, the others are delivered again, to run
+    at Python's next check for signals, as Python itself does."""
     global _pending
-    if threading.get_ident() != _MAIN or _pending is None or lib.shim_interrupts_in_deleter():
-        return False  # (a deleter finishes its work: the Ctrl-C waits until it returns)
-    _pending = None
-    return True
+    signals, _pending = _pending, None
+    if lib.shim_interrupts_in_deleter():
+        for signum in signals:
+            lib.shim_interrupts_note(signum)  # not into a deleter's C caller: after it returns
+        return
+    for index, signum in enumerate(signals):
+        handler = _unwrapped(_program_getsignal(signum))
+        if not callable(handler):
+            continue  # (reset to SIG_DFL or SIG_IGN meanwhile: Python, too, ignores it then)
+        try:
+            handler(signum, frame)
+        except BaseException:
+            for later in signals[index + 1:]:
+                lib.shim_signal_again(later)
+            raise
+
+
+def run_pending() -> None:
+    """At a safe point inside the layer (waiting for another thread's pipeline call, no state
+    half-updated): run the handlers of the signals noted so far, raising what they raise.
+    (Inside a DLPack deleter they wait: the deleter finishes its work first.)"""
+    if _pending is not None and threading.get_ident() == _MAIN and not lib.shim_interrupts_in_deleter():
+        _deliver(sys._getframe(1))
 
 
 class _Deferred:
-    """``with deferred():`` -- the main thread's SIGINT waits until the section is left."""
+    """``with deferred():`` -- the main thread's signal handlers wait until the section is
+    left."""
 
     __slots__ = ()
 
     def __enter__(self):
         global _depth
         if threading.get_ident() == _MAIN:
+            if not _installed:
+                install()
             _depth += 1
 
     def __exit__(self, *exc):
-        global _depth, _pending
+        global _depth
         if threading.get_ident() != _MAIN:
             return
         _depth -= 1
         if not _depth and _pending is not None:
-            signum, frame = _pending
-            _pending = None
-            if lib.shim_interrupts_in_deleter():
-                lib.shim_interrupts_note()  # not into a deleter's C caller: after it returns
-                return
-            _default(signum, frame)  # raises KeyboardInterrupt here, outside the layer
+            _deliver(sys._getframe(1))  # raises here, outside the layer, what the handler raises
 
 
 _DEFERRED = _Deferred()

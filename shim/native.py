@@ -89,7 +89,7 @@ from shim.errors import ShimError  # noqa: E402  (it reads the module loaded abo
 
 def _native_type(function: str):
     """A type the native library makes with Python's C API (the fast paths: fastcall.c,
-    prepared_call.c, family_state.c, shared_records.c, finalizers.c). A cffi call cannot return it (cffi releases the GIL and knows no
+    prepared_call.c, family_state.c, shared_records.c, signals_held.c). A cffi call cannot return it (cffi releases the GIL and knows no
     PyObject), so it is fetched through ctypes, which keeps the GIL and takes a reference."""
     import ctypes
 
@@ -106,6 +106,7 @@ FamilyState = _native_type("shim_family_state_type")
 LockState = _native_type("shim_lock_state_type")
 MemberPlans = _native_type("shim_member_plans_type")
 Finalized = _native_type("shim_finalized_type")
+HeldContext = _native_type("shim_held_context_type")
 
 _per_thread = threading.local()
 # Every context ever made (a few per thread), to see at exit which calls are still running.

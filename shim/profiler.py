@@ -32,7 +32,7 @@ from dataclasses import dataclass, field, replace
 from shim import halide_profiler, halide_trace, interrupts
 from shim.devices import backend_for_interface, kind_of_index
 from shim.errors import ArgumentError, ShimError
-from shim.native import ffi, lib
+from shim.native import HeldContext, ffi, lib
 from shim.types import HalideType
 
 # Names of the functions the native library counts, by enum shim_function value.
@@ -109,8 +109,10 @@ def _event_count(argument: str, value) -> int:
     return value
 
 
-class Profile:
-    """Records what the runtime does between ``start()`` and ``stop()``; see the module."""
+class Profile(HeldContext):
+    """Records what the runtime does between ``start()`` and ``stop()``; see the module. As a
+    context manager, its start and stop run with signal handlers held (HeldContext): a
+    Ctrl-C raised at the first bytecode of a Python __exit__ would leave it recording."""
 
     def __init__(self, *, trace_limit: int = halide_trace.DEFAULT_LIMIT,
                  sample_accesses: int = 0):
@@ -141,45 +143,63 @@ class Profile:
 
     def start(self) -> Profile:
         global _active
-        # (Ctrl-C waits: the native trace must not be left recording with no profile active)
-        with interrupts.deferred(), _start_lock:
-            if _active is not None:
-                raise ShimError("another profile is recording; stop it first")
-            if self._recording or self.duration_ns:
-                raise ShimError("this profile has already recorded; make a new one")
-            self._origin = time.perf_counter_ns()  # (before any span can begin)
-            halide_trace.start(self.trace_limit, self.sample_accesses)
-            try:
-                lib.shim_profile_reset()
-                self._recording = True
-                _active = self
-                lib.shim_profile_enable(True)
-            except BaseException:
-                halide_trace.stop()
-                _active, self._recording = None, False
-                raise
+        try:
+            # (signal handlers wait: the native trace must not be left recording with no
+            # profile active)
+            with interrupts.deferred(), _start_lock:
+                if _active is not None:
+                    raise ShimError("another profile is recording; stop it first")
+                if self._recording or self.duration_ns:
+                    raise ShimError("this profile has already recorded; make a new one")
+                self._origin = time.perf_counter_ns()  # (before any span can begin)
+                halide_trace.start(self.trace_limit, self.sample_accesses)
+                try:
+                    lib.shim_profile_reset()
+                    self._recording = True
+                    _active = self
+                    lib.shim_profile_enable(True)
+                except BaseException:
+                    self._deactivate()
+                    raise
+        except BaseException:
+            # A handler's exception raised as the section ends (Ctrl-C during the start), once
+            # the profile records: nobody would ever stop it (``with`` runs __exit__ only after
+            # __enter__ returned), and every later call would be recorded without bound.
+            with _start_lock:
+                if _active is self:
+                    self._deactivate()
+            raise
         return self
 
     def stop(self) -> Profile:
-        global _active
         with interrupts.deferred(), _start_lock:
             if _active is not self:
                 raise ShimError("this profile is not recording")
-            lib.shim_profile_enable(False)
-            trace = halide_trace.stop()  # (read before another profile's start resets it)
-            _active = None
-            self._recording = False
-        self.duration_ns = time.perf_counter_ns() - self._origin
+            trace = self._deactivate()
+            self.duration_ns = time.perf_counter_ns() - self._origin
         self._read_trace(trace)
         self._read_c_counts()
         self._read_device_times()
         self._attribute_launches()
         return self
 
-    def __enter__(self) -> Profile:
+    def _deactivate(self):
+        """Stop recording (with ``_start_lock`` held); returns Halide's trace of the recording.
+        Calls still running on other threads record nothing more from here on (their hooks
+        see ``_recording`` false under the profile's lock, see _begin and _mark_before), so the
+        reading of the results below never races them."""
+        global _active
+        lib.shim_profile_enable(False)
+        trace = halide_trace.stop()  # (read before another profile's start resets it)
+        _active = None
+        with self._lock:
+            self._recording = False
+        return trace
+
+    def _enter(self) -> Profile:
         return self.start()
 
-    def __exit__(self, *exc) -> None:
+    def _exit(self, *exc) -> None:
         self.stop()
 
     # --- results ---------------------------------------------------------------------------
@@ -215,12 +235,16 @@ class Profile:
     # --- recording (the hooks below call these) ----------------------------------------------
 
     def _begin(self, kind: str, name: str, raw, backend, launch=None, call_id=None) -> Record:
+        """A new record, on the calling thread's stack. Once the profile stopped (another
+        thread stopped it while this call ran), the record is the profile's no more: id 0,
+        kept nowhere, and the rest of the call's hooks do nothing with it."""
         now = time.perf_counter_ns() - self._origin
-        stack = _stack()
         thread = threading.get_native_id()
-        if thread not in self.thread_names:
-            self.thread_names[thread] = threading.current_thread().name
         with self._lock:
+            if not self._recording:
+                return Record(0, kind, name, thread, now, backend=backend, launch=launch)
+            if thread not in self.thread_names:
+                self.thread_names[thread] = threading.current_thread().name
             self._ids += 1
             record = Record(self._ids, kind, name, thread, now, backend=backend, launch=launch)
             if raw is not None:
@@ -228,12 +252,15 @@ class Profile:
             if call_id is not None:
                 self._calls[call_id] = record.id
             self.records.append(record)
+        stack = _stack()
         record.parent = stack[-1].id if stack else None
         record.call = record.id if kind == "pipeline" else self._call_of_thread()
         stack.append(record)
         return record
 
     def _end(self, record: Record, result: int) -> None:
+        if not record.id:
+            return  # (begun after the profile stopped: see _begin)
         record.duration_ns = time.perf_counter_ns() - self._origin - record.start_ns
         record.result = int(result)
         stack = _stack()
@@ -437,7 +464,7 @@ class timed_copy:
     def __exit__(self, kind, value, traceback):
         if self.token is not None:
             profile, record = self.token
-            _mark_after(record)
+            _mark_after(profile, record)
             profile._end(record, 0 if kind is None else -1)
 
 
@@ -445,7 +472,9 @@ def memory_changed(backend) -> None:
     profile = _active
     if profile is not None:
         now = time.perf_counter_ns() - profile._origin
-        profile.memory.append((now, backend.kind, backend.live_bytes, backend.pooled_bytes))
+        with profile._lock:
+            if profile._recording:
+                profile.memory.append((now, backend.kind, backend.live_bytes, backend.pooled_bytes))
 
 
 class _Markers:
@@ -461,17 +490,23 @@ class _Markers:
 
 def _mark_before(profile: Profile, record: Record, backend, stream) -> None:
     """Enqueue the marker before a launch or copy on ``stream`` (None: where the backend's
-    copies for the current call go)."""
-    origin = profile._timing_origin(backend)
-    if origin is None:
-        return  # this backend cannot time device work
-    record.device_track = backend.timing_track(stream)
-    record.markers = _Markers(backend, origin, stream)
+    copies for the current call go). Markers are made and read under the profile's lock, and
+    only while it records: a stop on another thread reads them and closes their clocks."""
+    with profile._lock:
+        if not profile._recording:
+            return
+        origin = profile._timing_origin(backend)
+        if origin is None:
+            return  # this backend cannot time device work
+        record.device_track = backend.timing_track(stream)
+        record.markers = _Markers(backend, origin, stream)
 
 
-def _mark_after(record: Record) -> None:
-    if record.markers is not None:
-        record.markers.after = record.markers.backend.timing_marker(record.markers.stream)
+def _mark_after(profile: Profile, record: Record) -> None:
+    with profile._lock:
+        markers = record.markers
+        if profile._recording and markers is not None:
+            markers.after = markers.backend.timing_marker(markers.stream)
 
 
 def _subject(args):
@@ -521,5 +556,5 @@ def shim_py_profile_launch_end(token, result):
     if entry is None:
         return
     profile, record = entry
-    _mark_after(record)
+    _mark_after(profile, record)
     profile._end(record, result)

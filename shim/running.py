@@ -14,7 +14,7 @@ from shim.bridge import backend_calls, raise_failure, take_exception
 from shim.buffer import Buffer
 from shim.devices import backend_class
 from shim.errors import DEVICE_ERROR_CODES, DeviceError, PipelineError
-from shim.native import CallContext, PreparedRun, ffi, lib, print_text
+from shim.native import CallContext, HeldContext, PreparedRun, ffi, lib, print_text
 
 # How often a call prepares buffers another thread keeps moving to a device it does not use.
 _PREPARATION_ATTEMPTS = 100
@@ -94,7 +94,7 @@ class Runner:
             buf.device_free()
 
 
-class PreparedCall(PreparedRun):
+class PreparedCall(PreparedRun, HeldContext):
     """A pipeline call whose arguments are marshalled and bounds-checked once (see
     Pipeline.prepare). Calling it runs the pipeline and returns the outputs, as calling the
     Pipeline would; ``close()`` (or leaving its ``with`` block) frees the device memory of the
@@ -235,10 +235,12 @@ class PreparedCall(PreparedRun):
     def close(self) -> None:
         free_temporaries(self._call)
 
-    def __enter__(self) -> PreparedCall:
+    # ``with``: leaving the block closes it, with signal handlers held (HeldContext), so that a
+    # Ctrl-C cannot cut the close short.
+    def _enter(self) -> PreparedCall:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def _exit(self, *exc) -> None:
         self.close()
 
 

@@ -12,10 +12,8 @@ the per-thread default stream (2), a different stream on every thread, is refuse
 
 from __future__ import annotations
 
-from contextlib import contextmanager
-
 from shim.errors import ArgumentError
-from shim.native import ffi, lib
+from shim.native import HeldContext, ffi, lib
 
 # CUDA's names for its default streams: CU_STREAM_LEGACY is 0x1, but 0 means the same stream
 # to every driver call, and is what the shim keeps; CU_STREAM_PER_THREAD is 0x2.
@@ -47,15 +45,24 @@ def as_handle(stream) -> int:
     return LEGACY_DEFAULT if handle == 1 else handle
 
 
-@contextmanager
-def stream(handle):
-    """Run the pipelines this thread calls inside the block on ``handle``."""
-    previous = lib.shim_thread_stream()  # (kept in C, where the fast paths read it)
-    lib.shim_thread_stream_set(ffi.cast("void *", as_handle(handle)))
-    try:
-        yield
-    finally:
-        lib.shim_thread_stream_set(previous)
+class stream(HeldContext):
+    """``with stream(handle):`` runs the pipelines this thread calls inside the block on
+    ``handle``. Setting the stream and putting the previous one back run with signal handlers
+    held (HeldContext): a Ctrl-C between the two halves must not leave the thread on the
+    block's stream."""
+
+    __slots__ = ("handle", "previous")
+
+    def __init__(self, handle):
+        self.handle = ffi.cast("void *", as_handle(handle))
+        self.previous = None
+
+    def _enter(self) -> None:
+        self.previous = lib.shim_thread_stream()  # (kept in C, where the fast paths read it)
+        lib.shim_thread_stream_set(self.handle)
+
+    def _exit(self, *exc) -> None:
+        lib.shim_thread_stream_set(self.previous)
 
 
 def current() -> int:

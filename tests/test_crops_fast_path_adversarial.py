@@ -346,8 +346,9 @@ def python_sigint():
     in front of the one-shot handler pocl's LLVM installs when OpenCL starts."""
     if threading.current_thread() is not threading.main_thread():
         pytest.fail("signals land on the main thread: run this test there")
-    assert signal.getsignal(signal.SIGINT) is interrupts._handler
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
     signal.signal(signal.SIGINT, signal.getsignal(signal.SIGINT))
+    assert interrupts.defers(signal.SIGINT)
 
 
 @pytest.mark.parametrize("maker", ["begin_plan", "end_plan"])
@@ -426,7 +427,7 @@ def test_ctrl_c_sent_at_random_during_calls_on_crops(python_sigint):
         sender.join(JOIN_SECONDS)
         signal.signal(signal.SIGINT, lambda signum, frame: None)  # (the last one sent)
         _signal.pthread_sigmask(signal.SIG_UNBLOCK, held)
-        signal.signal(signal.SIGINT, interrupts._handler)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     assert not sender.is_alive()
     assert interrupts_seen > 0
     np.testing.assert_array_equal(np.asarray(floats), np.ones((8, 16), np.float32))

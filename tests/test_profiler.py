@@ -3,6 +3,10 @@ host device), its counts against counts made independently of it, and the struct
 Chrome trace it writes."""
 
 import json
+import signal
+import subprocess
+import sys
+import textwrap
 import threading
 
 import numpy as np
@@ -275,3 +279,124 @@ def test_a_child_forked_while_another_thread_stops_a_profile_can_profile(traced_
     holder.join()
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
+
+
+def test_ctrl_c_during_the_start_of_a_profile_leaves_nothing_recording(traced_blur, monkeypatch):
+    """A Ctrl-C arriving while ``with shim.profile():`` starts the profile is held until the
+    start's section ends, once the profile records: raised there, out of __enter__, it left
+    the profile recording for the rest of the process (``with`` never runs __exit__), every
+    later shim.profile() refused and every call recorded without bound."""
+    if threading.current_thread() is not threading.main_thread():
+        pytest.fail("signals land on the main thread: run this test there")
+    from shim import halide_trace
+
+    start = halide_trace.start
+
+    def start_then_ctrl_c(*args):
+        start(*args)
+        signal.raise_signal(signal.SIGINT)  # (its handler runs at the next bytecode)
+
+    monkeypatch.setattr(halide_trace, "start", start_then_ctrl_c)
+    interrupted = shim.profile()
+    with pytest.raises(KeyboardInterrupt):
+        with interrupted:
+            pytest.fail("the body ran")
+    monkeypatch.undo()
+    _blur_once(traced_blur)
+    assert interrupted.records == []
+    with shim.profile() as prof:  # another profile starts, and records
+        _blur_once(traced_blur)
+    assert [r.name for r in prof.records if r.kind == "pipeline"] == ["blur3x3"]
+
+
+def test_ctrl_c_at_random_around_profiles_leaves_none_recording():
+    """The same, with real Ctrl-Cs landing anywhere around ``with shim.profile():``."""
+    done = subprocess.run([sys.executable, "-c", textwrap.dedent("""
+        import random, signal, threading, time
+        import numpy as np
+        import shim
+        from shim.pipelines.build import Build, build
+
+        blur = shim.load(build(Build("blur3x3", "host", "bundled")))
+        image = np.zeros((18, 18), np.uint16)
+        main, stop, landed = threading.main_thread().ident, threading.Event(), 0
+
+        def sender():
+            while not stop.is_set():
+                time.sleep(random.uniform(0, 0.0005))
+                signal.pthread_kill(main, signal.SIGINT)
+
+        thread = threading.Thread(target=sender, daemon=True)
+        thread.start()
+        deadline = time.monotonic() + 2
+        while True:
+            try:
+                while time.monotonic() < deadline:
+                    try:
+                        with shim.profile():
+                            blur(image, output=(16, 16))
+                    except KeyboardInterrupt:
+                        landed += 1
+                stop.set()
+                thread.join()
+                time.sleep(0.05)  # (the last one sent)
+                break
+            except KeyboardInterrupt:
+                landed += 1
+        with shim.profile() as prof:  # refused if one was left recording
+            blur(image, output=(16, 16))
+        print("landed", landed, "recorded", len([r for r in prof.records if r.kind == "pipeline"]))
+        """)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    landed, recorded = done.stdout.split()[1::2]
+    assert int(landed) > 0 and recorded == "1", done.stdout
+
+
+def test_stopping_profiles_on_one_thread_never_fails_a_call_on_another(opencl):
+    """A stop reads every record's device markers and closes their clocks while other
+    threads' copies and launches are still making theirs: a copy failed with DeviceError
+    (-14, -15: "'NoneType' object has no attribute 'after'") and the launch hook's exception
+    was printed by cffi. (A short switch interval makes the threads trade places often.)"""
+    done = subprocess.run([sys.executable, "-c", textwrap.dedent("""
+        import random, sys, threading, time
+        import numpy as np
+        import shim
+        from shim.pipelines.build import Build, build
+
+        sys.setswitchinterval(1e-5)
+        device = shim.device("opencl")
+        brighten = shim.load(build(Build("brighten", "opencl", "no_runtime")))
+        errors, stop = [], threading.Event()
+
+        def worker(seed):
+            buf = shim.Buffer(np.full((64, 64), seed, np.float32))
+            while not stop.is_set():
+                try:
+                    buf.set_host_dirty()
+                    buf.copy_to_device(device)
+                    buf.set_device_dirty()
+                    buf.copy_to_host()
+                    out = brighten(buf, scale=2.0, offset=0.0, output=(64, 64))
+                    if not (out.numpy() == 2.0 * seed).all():
+                        errors.append("wrong result")
+                except Exception as e:
+                    errors.append(repr(e))
+                    stop.set()
+
+        threads = [threading.Thread(target=worker, args=(i,)) for i in range(2)]
+        for thread in threads:
+            thread.start()
+        deadline, rounds = time.monotonic() + 3, 0
+        while time.monotonic() < deadline and not stop.is_set():
+            prof = shim.profile().start()
+            time.sleep(random.uniform(0, 0.002))
+            prof.stop()
+            rounds += 1
+        stop.set()
+        for thread in threads:
+            thread.join()
+        print("rounds", rounds, "errors", errors[:3])
+        """)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "errors []" in done.stdout, done.stdout
+    assert "Exception ignored" not in done.stderr, done.stderr[-3000:]

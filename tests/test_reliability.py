@@ -4,6 +4,7 @@ devices, Ctrl-C inside the layer, leaks when Buffers are dropped. Each test repr
 situation as it was reported; what would have killed the interpreter runs in a subprocess.
 Expected values come from numpy or from the pipeline's definition, never from the shim."""
 
+import ctypes
 import gc
 import os
 import signal
@@ -65,37 +66,59 @@ def run_script(source: str, *args) -> subprocess.CompletedProcess:
 
 # --- 1. device_free while another thread's OpenCL pipeline uses the buffer ----------------------
 
+class MixInFlight:
+    """An OpenCL mix call on ``a`` and ``b`` held in flight: after uploading its first input
+    and then its second, the call runs ``hold()`` (opencl.write patched) before its kernel."""
+
+    def __init__(self, opencl, monkeypatch, hold):
+        self.mix = shim.load(build_all([Build("mix", "opencl", "bundled")], progress=None).popitem()[1])
+        self.a = shim.Buffer(np.arange(64 * 64, dtype=np.uint8).reshape(64, 64))
+        self.b = shim.Buffer(np.full((64, 64), 3, np.float32))
+        self.uploads, self.second_upload = [], threading.Event()
+        original = opencl.write
+
+        def slow_second_upload(memory, plan, host_address):
+            original(memory, plan, host_address)
+            self.uploads.append(plan.nbytes)
+            if len(self.uploads) == 2:
+                self.second_upload.set()
+                hold()
+
+        monkeypatch.setattr(opencl, "write", slow_second_upload)
+
+    def call(self) -> bool:
+        """Run the call; whether its result is mix's definition."""
+        out = self.mix(self.a, self.b, alpha=0.5, offset=0, output=(64, 64))
+        return np.array_equal(out.numpy(), self.a.numpy() * 0.5 + 3 * 0.5)
+
+    def first_input(self) -> shim.Buffer:
+        """The input uploaded first (once the second upload began)."""
+        assert self.second_upload.wait(10)
+        return self.a if self.uploads[0] == self.a.numpy().nbytes else self.b
+
+
 def test_device_free_waits_for_the_pipeline_call_using_the_buffer(gpu_paths, opencl, monkeypatch):
     """The call uploads its first input, then (slowly) its second; meanwhile another thread
     frees the first. The free must wait for the call to end: its kernel uses that memory."""
-    mix = shim.load(build_all([Build("mix", "opencl", "bundled")], progress=None).popitem()[1])
-    a = shim.Buffer(np.arange(64 * 64, dtype=np.uint8).reshape(64, 64))
-    b = shim.Buffer(np.full((64, 64), 3, np.float32))
-    uploads, second_upload = [], threading.Event()
-    original = opencl.write
-
-    def slow_second_upload(memory, plan, host_address):
-        original(memory, plan, host_address)
-        uploads.append(plan.nbytes)
-        if len(uploads) == 2:
-            second_upload.set()
-            threading.Event().wait(0.3)  # the call is in flight, its first input uploaded
-            order.append("second input uploaded")
-
-    monkeypatch.setattr(opencl, "write", slow_second_upload)
     order = []
 
-    def call():
-        out = mix(a, b, alpha=0.5, offset=0, output=(64, 64))
-        np.testing.assert_array_equal(out.numpy(), a.numpy() * 0.5 + 3 * 0.5)
+    def hold():
+        threading.Event().wait(0.3)  # the call is in flight, its first input uploaded
+        order.append("second input uploaded")
+
+    held = MixInFlight(opencl, monkeypatch, hold)
 
     def free():
-        second_upload.wait()
-        first = a if uploads[0] == a.numpy().nbytes else b
-        first.device_free()
+        held.first_input().device_free()
         order.append("freed")
 
-    run_threads(2, lambda i: call() if i == 0 else free())
+    def call_or_free(i):
+        if i == 0:
+            assert held.call()
+        else:
+            free()
+
+    run_threads(2, call_or_free)
     assert order == ["second input uploaded", "freed"]
 
 
@@ -286,14 +309,53 @@ def test_copy_to_device_of_a_proxy_crop_allocates_the_family(host_device):
     np.testing.assert_array_equal(crop.numpy(), np.arange(64).reshape(8, 8)[2:6, 2:6])
 
 
-# --- 11. Ctrl-C inside the device layer ---------------------------------------------------------
+# --- 11. Ctrl-C, and any signal handler's exception, inside the device layer ------------------
 
-def test_ctrl_c_surfaces_as_keyboard_interrupt_with_nothing_left_locked():
+# (signal, when the program sets its handler: "before" or "after" import shim, None for
+# Python's own SIGINT handler; the exception the handler raises)
+HANDLERS = {
+    "python's SIGINT handler": ("SIGINT", None, "KeyboardInterrupt"),
+    "a program's SIGINT handler": ("SIGINT", "after", "Stop"),
+    "a SIGALRM timeout set before import": ("SIGALRM", "before", "TimeoutError"),
+    "a SIGUSR1 handler raising a BaseException": ("SIGUSR1", "after", "Abandon"),
+}
+
+
+@pytest.mark.parametrize("handler", HANDLERS)
+def test_a_signal_handlers_exception_surfaces_as_itself_with_nothing_left_locked(handler):
+    """Python runs a signal's handler on the main thread between any two bytecodes. Landing
+    inside the device layer's bookkeeping, the exception it raises once left a family lock
+    held (other threads' operations then waited forever) or a Buffer inconsistent ('device
+    handle ... was not made by this runtime' [-22], -1 errors); it was held only for SIGINT
+    under Python's default handler. Whatever handler raises, and whatever it raises, it comes
+    out of the operation as itself, with every lock released and every Buffer consistent."""
+    signum, when, exception = HANDLERS[handler]
     done = run_script("""
-        import signal, threading, time
+        import signal, sys, threading, time
         import numpy as np
+
+        SIGNUM, WHEN, EXCEPTION = getattr(signal, sys.argv[1]), sys.argv[2], sys.argv[3]
+
+        class Stop(Exception):
+            pass
+
+        class Abandon(BaseException):
+            pass
+
+        raised = {"Stop": Stop, "Abandon": Abandon, "TimeoutError": TimeoutError,
+                  "KeyboardInterrupt": KeyboardInterrupt}[EXCEPTION]
+
+        def handler(signum, frame):
+            raise raised(f"signal {signum}")
+
+        if WHEN == "before":
+            signal.signal(SIGNUM, handler)
         import shim
         from shim.native import close_calls
+        if WHEN == "after":
+            signal.signal(SIGNUM, handler)
+        if WHEN != "None":
+            assert signal.getsignal(SIGNUM) is handler  # (the program sees its own handler)
 
         device = shim.device("host")
         device.set_faults(delay=0.0002)  # every copy takes a while: signals land inside
@@ -301,13 +363,13 @@ def test_ctrl_c_surfaces_as_keyboard_interrupt_with_nothing_left_locked():
         crops = [parent.cropped([(0, 64), (16 * i, 16)]) for i in range(4)]
         main = threading.main_thread().ident
         stop = threading.Event()
-        counts = {"interrupts": 0, "swallowed": 0, "steps": 0}
+        counts = {"raised": 0, "swallowed": 0, "steps": 0}
 
-        def interrupter():
+        def sender():
             rng = np.random.default_rng(0)
             while not stop.is_set():
                 time.sleep(rng.uniform(0, 0.003))
-                signal.pthread_kill(main, signal.SIGINT)
+                signal.pthread_kill(main, SIGNUM)
 
         def step(n):
             crop = crops[n % 4]
@@ -320,7 +382,7 @@ def test_ctrl_c_surfaces_as_keyboard_interrupt_with_nothing_left_locked():
                 if n % 7 == 0:
                     parent.device_free()
             except shim.ShimError as e:
-                if isinstance(e.__cause__, KeyboardInterrupt):
+                if isinstance(e.__cause__, raised):
                     counts["swallowed"] += 1
                 else:
                     raise
@@ -330,20 +392,20 @@ def test_ctrl_c_surfaces_as_keyboard_interrupt_with_nothing_left_locked():
                 try:
                     counts["steps"] += 1
                     step(counts["steps"])
-                except KeyboardInterrupt:
-                    counts["interrupts"] += 1
+                except raised:
+                    counts["raised"] += 1
 
-        sender = threading.Thread(target=interrupter, daemon=True)
-        sender.start()
+        thread = threading.Thread(target=sender, daemon=True)
+        thread.start()
         deadline = time.monotonic() + 3
         while not stop.is_set():
-            try:  # (an interrupt may also land in the test's own handler)
+            try:  # (a signal may also land in the test's own code)
                 steps(deadline)
                 stop.set()
-                sender.join()
+                thread.join()
                 time.sleep(0.05)  # the last signal sent
-            except KeyboardInterrupt:
-                counts["interrupts"] += 1
+            except raised:
+                counts["raised"] += 1
         result = []
 
         def other_thread():  # every family lock is free, every Buffer consistent
@@ -361,14 +423,105 @@ def test_ctrl_c_surfaces_as_keyboard_interrupt_with_nothing_left_locked():
         t = threading.Thread(target=other_thread)
         t.start()
         t.join(30)
-        print(counts["interrupts"], counts["swallowed"], result, close_calls(1.0))
-        """)
+        print(counts["raised"], counts["swallowed"], result, close_calls(1.0))
+        """, signum, when, exception)
     assert done.returncode == 0, done.stderr[-3000:]
-    interrupts, swallowed, rest = done.stdout.split(maxsplit=2)
-    assert int(interrupts) > 0, "no interrupt ever landed"
-    assert swallowed == "0", "Ctrl-C came back as a ShimError"
+    raised, swallowed, rest = done.stdout.split(maxsplit=2)
+    assert int(raised) > 0, "no handler's exception ever landed"
+    assert swallowed == "0", f"the handler's {exception} came back as a ShimError"
     assert rest.split() == ["[True,", "0]", "True"], \
-        f"after the interrupts: [consistent, live allocations], no call left open: {rest}"
+        f"after the signals: [consistent, live allocations], no call left open: {rest}"
+
+
+@pytest.mark.parametrize("uses_the_buffer", [False, True], ids=["quiet handler", "handler using the buffer"])
+def test_a_handler_runs_where_an_operation_waits_for_a_call(gpu_paths, opencl, monkeypatch,
+                                                             uses_the_buffer):
+    """An operation waiting for another thread's pipeline call on its Buffer is a safe point:
+    signal handlers run there (so that a Ctrl-C or a timeout ends the wait), and one that does
+    not raise lets the wait go on. A handler that uses the very Buffer the waiting operation
+    holds gets a ShimError, instead of waiting for itself forever."""
+    if threading.current_thread() is not threading.main_thread():
+        pytest.fail("signals land on the main thread: run this test there")
+    release = threading.Event()
+    held = MixInFlight(opencl, monkeypatch, lambda: release.wait(5))  # (until the handler ran)
+    results, handled = [], []
+
+    def call():
+        results.append(held.call())
+
+    def handler(signum, frame):
+        handled.append(not release.is_set())  # (it runs while the call is still in flight)
+        if uses_the_buffer:
+            first.set_host_dirty()  # (takes the family's lock: not a no-op decided in C)
+
+    def signal_then_release():
+        time.sleep(0.1)  # (the main thread is waiting in device_free by then)
+        signal.pthread_kill(threading.main_thread().ident, signal.SIGUSR1)
+        time.sleep(0.2)
+        release.set()
+
+    previous = signal.signal(signal.SIGUSR1, handler)
+    caller = threading.Thread(target=call)
+    caller.start()
+    try:
+        first = held.first_input()
+        threading.Thread(target=signal_then_release).start()
+        if uses_the_buffer:
+            with pytest.raises(shim.ShimError, match="wait for itself forever"):
+                first.device_free()
+        else:
+            first.device_free()
+    finally:
+        release.set()
+        caller.join(10)
+        signal.signal(signal.SIGUSR1, previous)
+    assert handled == [True] and results == [True]
+    assert not first.has_device_allocation() or uses_the_buffer
+    first.device_free()
+
+
+def interrupt_on_drop():
+    """An object whose destruction trips SIGINT from C (a capsule whose destructor is
+    PyErr_SetInterrupt), as a Ctrl-C arriving then would: dropped by a ``del``, which runs no
+    check for signals of its own, Python runs the handler at the next bytecode."""
+    capsule_new = ctypes.PYFUNCTYPE(ctypes.py_object, ctypes.c_void_p, ctypes.c_char_p,
+                                    ctypes.c_void_p)(("PyCapsule_New", ctypes.pythonapi))
+    set_interrupt = ctypes.cast(ctypes.pythonapi.PyErr_SetInterrupt, ctypes.c_void_p).value
+    return capsule_new(1, None, set_interrupt)
+
+
+@pytest.mark.parametrize("manager", ["profile", "stream", "prepared call"])
+def test_ctrl_c_as_a_with_statement_leaves_does_not_cut_the_leaving_short(gpu, opencl, manager):
+    """A Ctrl-C arriving as a with block ends lands at the first bytecode of a Python __exit__,
+    before it does anything: the with statement then ended with the profile still recording
+    (every later shim.profile() refused), the thread left on the block's stream, the prepared
+    call's device memory kept. The shim's context managers leave their blocks with signal
+    handlers held (HeldContext): the KeyboardInterrupt comes once they have."""
+    if threading.current_thread() is not threading.main_thread():
+        pytest.fail("signals land on the main thread: run this test there")
+    from shim import streams
+
+    signal.signal(signal.SIGINT, signal.getsignal(signal.SIGINT))  # (in front of pocl's)
+    brighten = gpu["brighten"]
+    image, result = np.ones((8, 8), np.float32), np.zeros((8, 8), np.float32)
+    stream, live = streams.current(), opencl.live_allocations
+    made = {"profile": shim.profile,
+            "stream": lambda: shim.stream(0x5EED),
+            "prepared call": lambda: brighten.prepare(image, scale=2.0, offset=0.0, output=result)}
+    context = made[manager]()
+    with pytest.raises(KeyboardInterrupt):
+        trip = interrupt_on_drop()
+        with context as entered:
+            if manager == "prepared call":
+                entered()
+            else:
+                brighten(image, scale=2.0, offset=0.0, output=result)
+            del trip  # (the last thing in the block: the Ctrl-C comes as it ends)
+        time.sleep(0.1)  # (where a Ctrl-C held for the leaving lands)
+    np.testing.assert_array_equal(result, 2 * image)
+    assert shim.profile().start().stop().records == []  # (refused if one was left recording)
+    assert streams.current() == stream
+    assert opencl.live_allocations == live  # (the prepared call's upload of image freed)
 
 
 # --- 13, 14. dropped Buffers never leak device memory ------------------------------------------

@@ -1,0 +1,113 @@
+/* Python code that a signal handler's exception must not cut short at its first bytecode,
+ * before any deferred() section inside could be entered: it runs with signal handlers held from
+ * C (call_records.c's shim_signals_hold and shim_signals_release, which shim/interrupts.py's
+ * handlers obey). A signal that arrives meanwhile is only noted, and handled once that code has
+ * returned. Two bases for the shim's classes:
+ *
+ * Finalized: objects whose finalizer must run to its end (shim.Buffer gives its device memory
+ * back and leaves its family; a DLPack import releases its producer's tensor; a CUDA fence gives
+ * its event back). Its tp_finalize calls the object's _finalize(): as a Python __del__, a
+ * KeyboardInterrupt (or a timeout's exception) raised at its start would be swallowed as
+ * "Exception ignored in __del__" and the work left undone for good.
+ *
+ * HeldContext: context managers whose entering and leaving must run to their end (a profile
+ * that starts must be stopped; a stream set for a block must be put back). Its __enter__ and
+ * __exit__ are C methods, which the with statement calls without running a bytecode of its
+ * own, and call the object's _enter() and _exit(type, value, traceback): as Python methods, an
+ * exception raised at __exit__'s first bytecode would leave the with statement with the
+ * profile recording for good.
+ */
+#define Py_LIMITED_API 0x030B0000
+#include <Python.h>
+
+#include "shim_native.h"
+#include "fastcall.h"
+
+static PyObject *s_finalize, *s_enter, *s_exit;
+
+static void finalize(PyObject *self) {
+    PyObject *type, *value, *traceback; /* (a finalizer keeps the current exception) */
+    PyErr_Fetch(&type, &value, &traceback);
+    bool held = shim_signals_hold();
+    PyObject *done = PyObject_CallMethodObjArgs(self, s_finalize, NULL);
+    if (done == NULL) {
+        PyErr_WriteUnraisable(self);
+    }
+    Py_XDECREF(done);
+    shim_signals_release(held);
+    PyErr_Restore(type, value, traceback);
+}
+
+static PyType_Slot finalized_slots[] = {
+    {Py_tp_finalize, finalize},
+    {Py_tp_new, PyType_GenericNew},
+    {Py_tp_doc, "A base whose finalizer, _finalize(), runs with signal handlers held "
+                "(native_stubs/signals_held.c)."},
+    {0, NULL},
+};
+
+static PyType_Spec finalized_spec = {
+    "shim._native.Finalized", sizeof(PyObject), 0, Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
+    finalized_slots,
+};
+
+static bool interned(PyObject **name, const char *text) {
+    return *name != NULL || (*name = PyUnicode_InternFromString(text)) != NULL;
+}
+
+void *shim_finalized_type(void) {
+    static PyObject *type;
+    if (type == NULL && interned(&s_finalize, "_finalize")) {
+        type = PyType_FromSpec(&finalized_spec);
+    }
+    return type; /* borrowed: the caller (ctypes, GIL held) takes its own reference */
+}
+
+/* HeldContext.__enter__ and __exit__: self._enter() and self._exit(*exc), signals held. */
+static PyObject *held_method(PyObject *self, PyObject *name, PyObject *args) {
+    bool held = shim_signals_hold();
+    PyObject *method = PyObject_GetAttr(self, name);
+    PyObject *result = method != NULL ? PyObject_Call(method, args, NULL) : NULL;
+    Py_XDECREF(method);
+    shim_signals_release(held);
+    return result;
+}
+
+static PyObject *held_enter(PyObject *self, PyObject *unused) {
+    PyObject *none = PyTuple_New(0);
+    PyObject *result = none != NULL ? held_method(self, s_enter, none) : NULL;
+    Py_XDECREF(none);
+    return result;
+}
+
+static PyObject *held_exit(PyObject *self, PyObject *args) {
+    return held_method(self, s_exit, args);
+}
+
+static PyMethodDef held_context_methods[] = {
+    {"__enter__", held_enter, METH_NOARGS, "self._enter(), with signal handlers held."},
+    {"__exit__", held_exit, METH_VARARGS, "self._exit(type, value, traceback), with signal "
+                                           "handlers held."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyType_Slot held_context_slots[] = {
+    {Py_tp_methods, held_context_methods},
+    {Py_tp_new, PyType_GenericNew},
+    {Py_tp_doc, "A base whose __enter__ and __exit__ call _enter() and _exit(*exc) with "
+                "signal handlers held (native_stubs/signals_held.c)."},
+    {0, NULL},
+};
+
+static PyType_Spec held_context_spec = {
+    "shim._native.HeldContext", sizeof(PyObject), 0, Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
+    held_context_slots,
+};
+
+void *shim_held_context_type(void) {
+    static PyObject *type;
+    if (type == NULL && interned(&s_enter, "_enter") && interned(&s_exit, "_exit")) {
+        type = PyType_FromSpec(&held_context_spec);
+    }
+    return type; /* borrowed: the caller (ctypes, GIL held) takes its own reference */
+}
