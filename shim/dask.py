@@ -154,8 +154,7 @@ def _output_box(pipeline, inputs: dict, shape, scalars) -> tuple:
     then refuses, as a call sizing its outputs would)."""
     outputs = pipeline.outputs
     if shape is not None:
-        shape = (shape,) if isinstance(shape, int) else tuple(shape)
-        return _box_of([int(extent) for extent in shape])
+        return _box_of(_extents(shape))
     first = next(iter(inputs.items()), None)
     guesses = [boxes[0] for _, boxes in size_guesses(
         [outputs[0]], None if first is None else (first[0], _box_of(first[1].shape)))]
@@ -174,6 +173,21 @@ def _output_box(pipeline, inputs: dict, shape, scalars) -> tuple:
         if all(_covers(array.shape, needed[name]) for name, array in inputs.items()):
             return box
     return None
+
+
+def _extents(shape) -> list[int]:
+    """``shape=`` as extents: an int or a sequence of ints, each at least 1 (pipelines take
+    buffers with at least one element along every axis)."""
+    extents = [shape] if isinstance(shape, (int, np.integer)) else shape
+    try:
+        extents = list(extents)
+    except TypeError:
+        extents = None
+    if extents is None or not all(isinstance(e, (int, np.integer)) and not isinstance(e, bool)
+                              and e >= 1 for e in extents):
+        raise ArgumentError("shape", f"expected the outputs' shape in numpy order, an int or a "
+                                     f"sequence of ints of at least 1, got {shape!r}")
+    return [int(e) for e in extents]
 
 
 def _box_of(shape) -> tuple:
@@ -214,10 +228,17 @@ def _output_chunks(chunks, shape, first, dtype) -> tuple:
             return first.chunks
         chunks = (tuple(c[0] for c in first.chunks) if first is not None
                   and first.ndim == len(shape) else "auto")
+    empty = ArgumentError("chunks", f"every chunk needs at least one element along every axis, "
+                                    f"got {chunks!r} (output shape {shape})")
     try:
-        return da.core.normalize_chunks(chunks, shape, dtype=dtype)
+        normalized = da.core.normalize_chunks(chunks, shape, dtype=dtype)
+    except ZeroDivisionError:  # (dask divides by a chunk size of 0)
+        raise empty from None
     except (ValueError, TypeError) as e:
         raise ArgumentError("chunks", f"{e} (output shape {shape})") from None
+    if any(size < 1 for sizes in normalized for size in sizes):
+        raise empty
+    return normalized
 
 
 def _source(name: str, array, box) -> tuple:

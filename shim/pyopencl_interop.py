@@ -32,9 +32,11 @@ from shim.types import HalideType
 
 def is_array(value) -> bool:
     """Whether ``value`` is a pyopencl Array (never imports pyopencl: if pyopencl.array has not
-    been imported, nothing can be one)."""
-    module = sys.modules.get("pyopencl.array")
-    return module is not None and isinstance(value, module.Array)
+    been imported, nothing can be one). Another thread may be importing it right now: the
+    module is in sys.modules from the start of its import, and until its class statement for
+    Array has run, nothing can be an Array either."""
+    array_type = getattr(sys.modules.get("pyopencl.array"), "Array", None)
+    return isinstance(array_type, type) and isinstance(value, array_type)
 
 
 def to_pyopencl(buf: Buffer):

@@ -218,6 +218,21 @@ def test_bad_arguments_name_the_argument(compiled):
         map_pipeline(pipeline, src, device="opencl")
 
 
+@pytest.mark.parametrize("argument, value", [
+    ("chunks", (0, 15)), ("chunks", ((20, 0), (30,))), ("chunks", "not a size"),
+    ("shape", (-1, 30)), ("shape", (0, 30)), ("shape", (20.5, 30)), ("shape", (True, 30)),
+    ("shape", "ab"), ("shape", object()),
+])
+def test_bad_chunks_and_shapes_are_argument_errors_naming_them(compiled, argument, value):
+    """chunks=(0, 45) raised a bare ZeroDivisionError and shape=(-1, 45) numpy's ValueError;
+    a float extent was cut to an int without a word."""
+    pipeline = shim.load(compiled("edge_blur"))
+    src = da.from_array(image((20, 30)), chunks=10)
+    with pytest.raises(shim.ArgumentError) as refused:
+        map_pipeline(pipeline, src, **{argument: value})
+    assert refused.value.argument == argument
+
+
 def test_required_regions_answers_the_bounds_query(compiled):
     pipeline = shim.load(compiled("footprint"))
     image_box = ((0, 400), (0, 300))

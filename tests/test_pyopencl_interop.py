@@ -272,3 +272,51 @@ def test_arrays_the_shim_cannot_use_are_refused_by_name(opencl, brighten_opencl)
     read_only.setflags(write=False)
     with pytest.raises(shim.ArgumentError, match=r"^buf: .*read-only"):
         shim.to_pyopencl(shim.Buffer(read_only))
+
+
+def test_a_half_imported_pyopencl_array_is_no_reason_to_fail_a_call(load, monkeypatch):
+    """While another thread imports pyopencl.array, sys.modules holds the module before its
+    class Array exists: the shim read module.Array and the call failed with a bare
+    AttributeError ("partially initialized module")."""
+    import sys
+    import types
+
+    brighten = load("brighten")
+    monkeypatch.setitem(sys.modules, "pyopencl.array", types.ModuleType("pyopencl.array"))
+    x = image((5, 7))  # (a shape not seen before: the general path, which asks each argument)
+    out = brighten(x, scale=2.0, offset=1.0, output=x.shape)
+    np.testing.assert_array_equal(out.numpy(), x * 2.0 + 1.0)
+
+
+def test_calls_racing_the_first_import_of_pyopencl_array_all_succeed():
+    """The same race for real: a fresh process whose main thread calls a pipeline while
+    another thread imports pyopencl.array (460-4139 failed calls in 6 of 7 processes)."""
+    import subprocess
+    import sys
+    import textwrap
+
+    script = textwrap.dedent("""
+        import sys, threading
+        import numpy as np
+        import shim
+        from shim.pipelines.build import Build, build
+
+        assert "pyopencl.array" not in sys.modules
+        brighten = shim.load(build(Build("brighten", "host", "bundled")))
+        imported = threading.Event()
+        threading.Thread(target=lambda: (__import__("pyopencl.array"), imported.set())).start()
+        calls, failures = 0, []
+        while not imported.is_set() or calls < 50:
+            x = np.full((3 + calls % 5, 4), calls, np.float32)
+            try:
+                out = brighten(x, scale=2.0, offset=0.0, output=x.shape)
+                assert (out.numpy() == 2.0 * calls).all()
+            except Exception as e:
+                failures.append(repr(e))
+            calls += 1
+        print("calls", calls, "failures", len(failures), failures[:1])
+        """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert " failures 0 " in done.stdout, done.stdout
