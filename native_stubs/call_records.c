@@ -34,85 +34,6 @@
 
 static PyObject *s_run_deferred, *s_copy_to_host;
 
-/* --- signal handlers held around the Python code a call's bookkeeping runs ------------------- */
-
-/* shim/interrupts.py's globals (its deferred(): `_depth`, the main thread's sections; `_pending`,
- * the signals noted inside one, a list of their numbers, or None), and the main thread's id. */
-static PyObject *s_interrupts, *s_depth, *s_pending;
-static unsigned long s_main_thread;
-
-/* shim/interrupts.py's globals and main thread, found once; false (with an exception set)
- * if that module cannot be imported (at exit). */
-static bool interrupts_ready(void) {
-    if (s_interrupts != NULL) {
-        return true;
-    }
-    if ((s_depth == NULL && (s_depth = PyUnicode_InternFromString("_depth")) == NULL) ||
-        (s_pending == NULL && (s_pending = PyUnicode_InternFromString("_pending")) == NULL)) {
-        return false;
-    }
-    PyObject *module = PyImport_ImportModule("shim.interrupts");
-    PyObject *main = module ? PyObject_GetAttrString(module, "_MAIN") : NULL;
-    unsigned long ident = main ? PyLong_AsUnsignedLong(main) : 0;
-    Py_XDECREF(main);
-    if (module == NULL || PyErr_Occurred()) {
-        Py_XDECREF(module);
-        return false;
-    }
-    s_main_thread = ident;
-    s_interrupts = Py_NewRef(PyModule_GetDict(module)); /* (the module lives as long) */
-    Py_DECREF(module);
-    return true;
-}
-
-bool shim_signals_hold(void) {
-    if (!interrupts_ready()) {
-        PyErr_Clear(); /* (unheld: Ctrl-C as Python has it) */
-        return false;
-    }
-    if (PyThread_get_thread_ident() != s_main_thread) {
-        return false;
-    }
-    PyObject *depth = PyDict_GetItemWithError(s_interrupts, s_depth); /* borrowed */
-    long value = depth != NULL && PyLong_Check(depth) ? PyLong_AsLong(depth) : -1;
-    PyObject *more = value >= 0 ? PyLong_FromLong(value + 1) : NULL;
-    bool held = more != NULL && PyDict_SetItem(s_interrupts, s_depth, more) == 0;
-    Py_XDECREF(more);
-    if (!held) {
-        PyErr_Clear(); /* (unheld: as before) */
-    }
-    return held;
-}
-
-void shim_signals_release(bool held) {
-    if (!held) {
-        return;
-    }
-    PyObject *type, *value, *traceback; /* (an exception the callback raised stays set) */
-    PyErr_Fetch(&type, &value, &traceback);
-    PyObject *depth = PyDict_GetItemWithError(s_interrupts, s_depth);
-    long now = depth != NULL && PyLong_Check(depth) ? PyLong_AsLong(depth) - 1 : 0;
-    PyObject *less = PyLong_FromLong(now < 0 ? 0 : now);
-    if (less == NULL || PyDict_SetItem(s_interrupts, s_depth, less) < 0) {
-        PyErr_Clear();
-    }
-    Py_XDECREF(less);
-    PyObject *pending = now <= 0 ? PyDict_GetItemWithError(s_interrupts, s_pending) : NULL;
-    if (pending != NULL && PyList_Check(pending)) {
-        /* Signals arrived meanwhile: forgotten here, and delivered again, for their handlers
-         * to run (as deferred() runs them) once the call is out of the layer. */
-        Py_INCREF(pending);
-        if (PyDict_SetItem(s_interrupts, s_pending, Py_None) == 0) {
-            for (Py_ssize_t i = 0; i < PyList_Size(pending); i++) {
-                shim_signal_again((int)PyLong_AsLong(PyList_GetItem(pending, i)));
-            }
-        }
-        Py_DECREF(pending);
-    }
-    PyErr_Clear();
-    PyErr_Restore(type, value, traceback);
-}
-
 /* --- slots read and written directly ------------------------------------------------------ */
 
 /* An attribute kept in a __slots__ slot of objects of one type, read and written through its
@@ -260,9 +181,9 @@ static int end_in_python(const shim_member *m, PyObject *end_call) {
     if (uses != NULL) {
         PyList_SetItem(uses, 0, entry); /* steals it */
         entry = NULL;
-        bool held = shim_signals_hold();
+        shim_signals_hold();
         done = PyObject_CallFunctionObjArgs(end_call, Py_None, uses, NULL);
-        shim_signals_release(held);
+        shim_signals_release();
     }
     Py_XDECREF(entry);
     Py_XDECREF(uses);
@@ -320,10 +241,10 @@ static int run_deferred(const shim_member *m) {
     if (PyList_Size(shim_record_field(m, RECORD_DEFERRED)) == 0) {
         return 0;
     }
-    bool held = shim_signals_hold();
+    shim_signals_hold();
     PyObject *done = PyObject_CallMethodObjArgs(shim_record_field(m, RECORD_FAMILY), s_run_deferred,
                                                 NULL);
-    shim_signals_release(held);
+    shim_signals_release();
     Py_XDECREF(done);
     return done == NULL ? -1 : 0;
 }
@@ -418,8 +339,7 @@ static bool lock_type_ready(PyObject *lock_type) {
 
 bool shim_call_records_ready(PyObject *buffer_type, PyObject *lock_type) {
     if ((s_run_deferred == NULL && (s_run_deferred = PyUnicode_InternFromString("run_deferred")) == NULL) ||
-        (s_copy_to_host == NULL && (s_copy_to_host = PyUnicode_InternFromString("copy_to_host")) == NULL) ||
-        !interrupts_ready()) {
+        (s_copy_to_host == NULL && (s_copy_to_host = PyUnicode_InternFromString("copy_to_host")) == NULL)) {
         return false;
     }
     if (!slot_init(&buffer_record, buffer_type, "_record") ||

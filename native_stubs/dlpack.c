@@ -39,49 +39,17 @@ void shim_dlpack_capsule_destructor(void *object) {
  * bytecodes, so a KeyboardInterrupt (or a program's handler's exception) could land before that
  * work begins or halfway through it (before any `with interrupts.deferred()` in Python is
  * entered), where cffi swallows it ("Exception ignored from cffi callback") and the pin leaks
- * for good. So signals are deferred here, in C, around the whole callback: the handlers
- * (shim/interrupts.py) see shim_interrupts_in_deleter() and only note the signal, and leaving
- * the outermost deleter delivers it again, for its handler to run in the code that dropped the
- * capsule, once the tensor is released. Per thread: a consumer may run a deleter on any thread
- * (only the main thread's handlers run, and read the main thread's count); no GIL needed, cffi
- * takes it inside. */
-static _Thread_local int in_deleter;
-static _Thread_local uint64_t noted; /* bit s - 1: signal s */
-
-int shim_interrupts_in_deleter(void) {
-    return in_deleter;
-}
-
-void shim_interrupts_note(int signum) {
-    if (signum >= 1 && signum <= 64) {
-        noted |= UINT64_C(1) << (signum - 1);
-    }
-}
-
-void shim_signal_again(int signum) {
-    PyErr_SetInterruptEx(signum); /* (async-signal-safe, needs no GIL) */
-}
-
-static void deleter_leave(void) {
-    if (--in_deleter == 0 && noted) {
-        uint64_t signals = noted;
-        noted = 0;
-        for (int signum = 1; signum <= 64; signum++) {
-            if (signals & (UINT64_C(1) << (signum - 1))) {
-                shim_signal_again(signum);
-            }
-        }
-    }
-}
-
+ * for good. So signal handlers are held (signals_held.c) around the whole callback, and a
+ * signal noted meanwhile is handled in the code that dropped the capsule, once the tensor is
+ * released. (cffi takes the GIL inside.) */
 void shim_dlpack_delete(DLManagedTensor *self) {
-    in_deleter++;
+    shim_signals_hold();
     shim_py_dlpack_delete(self);
-    deleter_leave();
+    shim_signals_release();
 }
 
 void shim_dlpack_delete_versioned(DLManagedTensorVersioned *self) {
-    in_deleter++;
+    shim_signals_hold();
     shim_py_dlpack_delete_versioned(self);
-    deleter_leave();
+    shim_signals_release();
 }

@@ -435,9 +435,9 @@ int shim_fast_report(PyObject *finish, PyObject *report) {
         PyErr_NoMemory();
         return -1;
     }
-    bool held = shim_signals_hold();
+    shim_signals_hold();
     PyObject *done = PyObject_Call(finish, report, NULL);
-    shim_signals_release(held);
+    shim_signals_release();
     Py_DECREF(report);
     Py_XDECREF(done);
     return done == NULL ? -1 : 0;
@@ -496,6 +496,7 @@ static PyObject *fast_call(plan_object *plan, PyObject *positional, PyObject *na
     halide_buffer_t *member_buffers[n];
     int nmembers = 0;
     PyObject *result = Py_NotImplemented;
+    bool held = false;
     for (int i = 0; i < plan->count; i++) {
         const argument_spec *a = &plan->arguments[i];
         PyObject *value = values[i];
@@ -535,6 +536,9 @@ static PyObject *fast_call(plan_object *plan, PyObject *positional, PyObject *na
     if (!known(plan, argv)) {
         goto done; /* the general path runs the bounds query, and remembers what passed */
     }
+    /* From here to the end, signal handlers wait (fastcall.h): the call's records and run. */
+    shim_signals_hold();
+    held = true;
     if (!mark_replacing(members, nmembers) ||
         !shim_members_begin(members, nmembers, plan->end_call, plan->host_write)) {
         goto done;
@@ -582,6 +586,9 @@ done:
     }
     for (int k = 0; k < nmembers; k++) {
         shim_member_clear(&members[k]);
+    }
+    if (held) {
+        shim_signals_release();
     }
     if (result == Py_NotImplemented) {
         Py_INCREF(result);

@@ -22,15 +22,6 @@ int shim_fast_run(int (*argv_fn)(void **), void **argv, halide_buffer_t **buffer
  * exception set. */
 int shim_fast_report(PyObject *finish, PyObject *report);
 
-/* Signal handlers held while the fast paths run Python code for a call's bookkeeping
- * (runtime.end_call, deferred work, finish): shim/interrupts.py's deferred(), entered from C,
- * where no bytecode runs, so that no handler's exception (a KeyboardInterrupt, a timeout) can
- * land before the Python code's own deferred() (and leave a use recorded for good). The main
- * thread only (the one signal handlers run on); a signal noted meanwhile comes again once
- * released. Returns whether it held (pass it back). */
-bool shim_signals_hold(void);
-void shim_signals_release(bool held);
-
 /* The end of a tp_dealloc of the fast paths' types (heap types): free the object, drop the
  * type's reference. */
 void shim_object_free(PyObject *self);

@@ -45,6 +45,7 @@ static PyObject *run_call(run_object *run) {
         members[i].shared_use = NULL;
     }
     PyObject *result = NULL;
+    shim_signals_hold(); /* the call's records and run: see fastcall.h */
     if (!shim_members_begin(members, count, run->end_call, run->host_write)) {
         result = Py_NewRef(Py_NotImplemented);
         goto done;
@@ -74,6 +75,7 @@ done:
     for (int i = 0; i < count; i++) {
         Py_CLEAR(members[i].shared_use);
     }
+    shim_signals_release();
     return result;
 }
 

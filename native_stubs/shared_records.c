@@ -148,9 +148,9 @@ static void make_plan(const shim_member *m, int index, PyObject *maker, PyObject
     Py_XDECREF(more);
     PyObject *made = NULL;
     if (plans != NULL && arguments != NULL) {
-        bool held = shim_signals_hold();
+        shim_signals_hold();
         made = PyObject_Call(maker, arguments, NULL);
-        shim_signals_release(held);
+        shim_signals_release();
     }
     Py_XDECREF(arguments);
     if (made != NULL && made != Py_None) {

@@ -24,9 +24,19 @@
 #include "shim_backends.h"
 #include "shim_fast_paths.h"
 #include "shim_dlpack.h"
+#include "shim_signals.h"
 #include "shim_profile.h"
 #include "shim_trace.h"
 #include "shim_callbacks.h"
+
+/* Signal handlers held from C (signals_held.c): while a thread is inside a hold, the shim's
+ * handlers only note the signals that arrive, and its last release delivers them again, for
+ * their handlers to run in Python, outside. The fast paths hold around a call (the device
+ * callbacks of its run and its bookkeeping's Python code: a handler's exception landing before
+ * that code's own deferred() would leave a use recorded for good, inside a callback it would
+ * fail the call); so do the DLPack deleters and the shim's finalizers and context managers. */
+void shim_signals_hold(void);
+void shim_signals_release(void);
 
 /* Forks (fork.c): the process a backend binds in, which it passes to shim_refuse_after_fork
  * on every entry point that uses the device; that returns gpu_device_error (reported through

@@ -1,8 +1,11 @@
-/* Python code that a signal handler's exception must not cut short at its first bytecode,
- * before any deferred() section inside could be entered: it runs with signal handlers held from
- * C (call_records.c's shim_signals_hold and shim_signals_release, which shim/interrupts.py's
- * handlers obey). A signal that arrives meanwhile is only noted, and handled once that code has
- * returned. Two bases for the shim's classes:
+/* Python code that a signal handler's exception must not cut short: it runs with signal
+ * handlers held from C. Python runs a handler on the main thread between any two bytecodes;
+ * the shim's handlers (shim/interrupts.py) only note a signal that arrives while a hold is on
+ * (shim_signals_held, shim_signals_note), and when the thread's last hold is released the
+ * signal is delivered again (PyErr_SetInterruptEx), for its handler to run at Python's next
+ * check, outside. The holds: the fast paths around a call (fastcall.c, prepared_call.c) and
+ * the Python code they call (call_records.c, shared_records.c), the deleters of exported DLPack
+ * tensors (dlpack.c), and two bases for the shim's classes:
  *
  * Finalized: objects whose finalizer must run to its end (shim.Buffer gives its device memory
  * back and leaves its family; a DLPack import releases its producer's tensor; a CUDA fence gives
@@ -25,16 +28,55 @@
 
 static PyObject *s_finalize, *s_enter, *s_exit;
 
+/* --- the hold ------------------------------------------------------------------------------ */
+
+/* Per thread: the holds the thread is inside, and the signals noted meanwhile (bit s - 1 for
+ * signal s). Python runs handlers on the main thread only, so only its values ever matter;
+ * any thread may hold (a deleter or a finalizer runs wherever its object goes), at the cost of
+ * a thread-local increment. No GIL needed. */
+static _Thread_local int holds;
+static _Thread_local uint64_t noted;
+
+void shim_signals_hold(void) {
+    holds++;
+}
+
+void shim_signals_release(void) {
+    if (--holds == 0 && noted != 0) {
+        uint64_t signals = noted;
+        noted = 0;
+        for (int signum = 1; signum <= 64; signum++) {
+            if (signals & (UINT64_C(1) << (signum - 1))) {
+                shim_signal_again(signum);
+            }
+        }
+    }
+}
+
+int shim_signals_held(void) {
+    return holds;
+}
+
+void shim_signals_note(int signum) {
+    if (signum >= 1 && signum <= 64) {
+        noted |= UINT64_C(1) << (signum - 1);
+    }
+}
+
+void shim_signal_again(int signum) {
+    PyErr_SetInterruptEx(signum); /* (async-signal-safe, needs no GIL) */
+}
+
 static void finalize(PyObject *self) {
     PyObject *type, *value, *traceback; /* (a finalizer keeps the current exception) */
     PyErr_Fetch(&type, &value, &traceback);
-    bool held = shim_signals_hold();
+    shim_signals_hold();
     PyObject *done = PyObject_CallMethodObjArgs(self, s_finalize, NULL);
     if (done == NULL) {
         PyErr_WriteUnraisable(self);
     }
     Py_XDECREF(done);
-    shim_signals_release(held);
+    shim_signals_release();
     PyErr_Restore(type, value, traceback);
 }
 
@@ -65,11 +107,11 @@ void *shim_finalized_type(void) {
 
 /* HeldContext.__enter__ and __exit__: self._enter() and self._exit(*exc), signals held. */
 static PyObject *held_method(PyObject *self, PyObject *name, PyObject *args) {
-    bool held = shim_signals_hold();
+    shim_signals_hold();
     PyObject *method = PyObject_GetAttr(self, name);
     PyObject *result = method != NULL ? PyObject_Call(method, args, NULL) : NULL;
     Py_XDECREF(method);
-    shim_signals_release(held);
+    shim_signals_release();
     return result;
 }
 

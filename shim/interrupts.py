@@ -20,15 +20,14 @@ if nothing were wrapped. Handlers set through ``_signal`` directly, or by C code
 Exceptions injected with ``PyThreadState_SetAsyncExc`` do not go through a handler and are not
 deferred (see README, Threads).
 
-The deleters of exported DLPack tensors are Python called from C (by a consumer, or by the
-destructor of a capsule being dropped), where an exception raised anywhere, even before a
-``deferred()`` inside could be entered, is swallowed by cffi and leaves the tensor's pin for
-good. Their C side (native_stubs/dlpack.c) defers signals around the whole callback: inside
-one, a signal is only noted (in C), and the deleter delivers it again on its way out, once the
-tensor is released. The fast paths, the finalizers and the context managers whose entering and
+Code that C runs must be held from C, before its first bytecode: the fast paths' calls (the
+device callbacks of their runs, and their bookkeeping's Python code), where an exception would
+fail the call; the deleters of exported DLPack tensors and the shim's finalizers, where cffi or
+Python would swallow it and leave the work undone; and the context managers whose entering and
 leaving must not be cut short (shim.native.HeldContext: a profile's start and stop, a stream's
-scope) enter ``deferred()`` from C the same way (native_stubs/call_records.c,
-shim_signals_hold; native_stubs/signals_held.c).
+scope). Inside such a hold a handler only notes its signal in C (abi/shim_signals.h), and the
+thread's last release delivers it again, for its handler to run at Python's next check
+(native_stubs/signals_held.c).
 """
 
 from __future__ import annotations
@@ -61,10 +60,10 @@ class _Deferring:
         self.handler = handler
 
     def __call__(self, signum, frame):
-        if _depth:
+        if lib.shim_signals_held():
+            lib.shim_signals_note(signum)  # delivered again as C's hold ends
+        elif _depth:
             _note(signum)
-        elif lib.shim_interrupts_in_deleter():
-            lib.shim_interrupts_note(signum)  # delivered again when the deleter returns into C
         else:
             self.handler(signum, frame)
 
@@ -114,6 +113,12 @@ def install() -> None:
     _installed = True
 
 
+def held() -> bool:
+    """Whether the calling thread is the main thread inside a section or a hold from C now
+    (signals noted, not handled)."""
+    return threading.get_ident() == _MAIN and (_depth > 0 or bool(lib.shim_signals_held()))
+
+
 def defers(signum: int) -> bool:
     """Whether the handler Python runs for ``signum`` is one the shim holds inside the device
     layer (a Python handler, wrapped)."""
@@ -126,9 +131,9 @@ def _deliver(frame) -> None:
     at Python's next check for signals, as Python itself does."""
     global _pending
     signals, _pending = _pending, None
-    if lib.shim_interrupts_in_deleter():
+    if lib.shim_signals_held():
         for signum in signals:
-            lib.shim_interrupts_note(signum)  # not into a deleter's C caller: after it returns
+            lib.shim_signals_note(signum)  # not into the C code holding them: after it returns
         return
     for index, signum in enumerate(signals):
         handler = _unwrapped(_program_getsignal(signum))
@@ -145,8 +150,8 @@ def _deliver(frame) -> None:
 def run_pending() -> None:
     """At a safe point inside the layer (waiting for another thread's pipeline call, no state
     half-updated): run the handlers of the signals noted so far, raising what they raise.
-    (Inside a DLPack deleter they wait: the deleter finishes its work first.)"""
-    if _pending is not None and threading.get_ident() == _MAIN and not lib.shim_interrupts_in_deleter():
+    (Inside a hold from C they wait: an exception there would go to C.)"""
+    if _pending is not None and threading.get_ident() == _MAIN and not lib.shim_signals_held():
         _deliver(sys._getframe(1))
 
 

@@ -120,10 +120,12 @@ class PreparedCall(PreparedRun, HeldContext):
 
     # Calling a PreparedCall (PreparedRun's __call__) runs it in C where it can, else here.
     def _run_in_python(self):
-        # Ctrl-C lands once the call is over and its bookkeeping done (shim/interrupts.py).
+        # Signal handlers run once the call is over and its results are where the caller asked
+        # for them (shim/interrupts.py): a Ctrl-C never leaves a caller's array unwritten by a
+        # call that ran.
         with interrupts.deferred():
             self._run_once()
-        return self._results()
+            return self._results()
 
     def _native_run(self) -> tuple | None:
         """PreparedRun's arguments, where this call can run in C (native_stubs/prepared_call.c):

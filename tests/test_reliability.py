@@ -480,6 +480,44 @@ def test_a_handler_runs_where_an_operation_waits_for_a_call(gpu_paths, opencl, m
     first.device_free()
 
 
+class Stop(Exception):
+    """What a program's own signal handler raises in these tests."""
+
+
+def raise_stop(signum, frame):
+    raise Stop(f"signal {signum}")
+
+
+@pytest.mark.parametrize("prepared", [False, True], ids=["plain", "prepared"])
+def test_a_handlers_exception_in_a_fast_calls_device_work_comes_after_the_call(gpu, opencl,
+                                                                              prepared):
+    """The fast paths run a call from C, and its device work calls back into Python on the
+    calling thread: a program's handler ran there and its exception failed the call
+    (generic_error, -1; found by tests/test_stateful.py). The call completes, then the
+    exception comes out of it."""
+    if threading.current_thread() is not threading.main_thread():
+        pytest.fail("signals land on the main thread: run this test there")
+    from shim import runtime
+
+    brighten = gpu["brighten"]
+    x = shim.Buffer(np.full((8, 8), 3, np.float32))
+    out = shim.Buffer(np.zeros((8, 8), np.float32))
+    brighten(x, scale=2.0, offset=0.0, output=out)  # (the shapes are known: calls run from C)
+    run = brighten.prepare(x, scale=2.0, offset=1.0, output=out) if prepared else \
+        (lambda: brighten(x, scale=2.0, offset=1.0, output=out))
+    x.numpy()[...] = 5
+    x.set_host_dirty()  # (the call's device work: an upload)
+    hook = OnEntry(runtime.copy_to_device.__code__, lambda: signal.raise_signal(signal.SIGUSR1))
+    previous = signal.signal(signal.SIGUSR1, raise_stop)
+    try:
+        with pytest.raises(Stop), hook:
+            run()
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+    assert hook.fired
+    np.testing.assert_array_equal(out.numpy(), np.full((8, 8), 11, np.float32))
+
+
 def interrupt_on_drop():
     """An object whose destruction trips SIGINT from C (a capsule whose destructor is
     PyErr_SetInterrupt), as a Ctrl-C arriving then would: dropped by a ``del``, which runs no

@@ -8,6 +8,10 @@ The model follows the README (Buffer, Devices, Crops, DLPack), and only where it
 outcome; where it does not, the test accepts each outcome the README allows (noted at each
 place) and re-syncs the model from what it observed.
 
+Beside the operations, disturbances a program brings: a signal handler of its own that raises
+(a timeout) at any point inside the device layer, pyopencl.array half-imported by another
+thread, and profiles started and stopped on another thread while the machine works.
+
 Examples per run and steps per example are modest for CI; for a long run:
 
     HALIDE_SHIM_STATEFUL_EXAMPLES=2000 HALIDE_SHIM_STATEFUL_STEPS=100 \
@@ -16,7 +20,10 @@ Examples per run and steps per example are modest for CI; for a long run:
 
 import gc
 import os
+import signal
 import sys
+import threading
+import types
 import warnings
 
 import numpy as np
@@ -26,6 +33,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 import shim
+from shim import interrupts
 from shim.pipelines.build import RUNTIMES, Build, build_all
 from shim.native import lib
 
@@ -42,6 +50,94 @@ INCOMPATIBLE_INTERFACE = lib.halide_error_code_incompatible_device_interface  # 
 PICK = st.integers(0, 1 << 16)
 
 _pipelines = {}
+
+# The device layer's modules: a disturbance strikes as one of their functions is entered.
+LAYER_MODULES = {"shim.runtime", "shim.aliasing", "shim.families", "shim.flags", "shim.regions",
+                 "shim.call_uses", "shim.buffer_operations", "shim.bridge", "shim.running",
+                 "shim.device_export", "shim.dlpack_export", "shim.backends.base",
+                 "shim.backends.host", "shim.backends.opencl", "shim.backends.pool"}
+JOIN_SECONDS = 60  # a thread that does not end by then is stuck: a failure, not a wait
+
+
+class Interrupted(Exception):
+    """What the program's own signal handler raises (a timeout, say)."""
+
+
+def raise_interrupted(signum, frame):
+    raise Interrupted(f"signal {signum}")
+
+
+class SignalTrap:
+    """SIGUSR1, whose handler raises Interrupted, sent as the ``nth`` function of the device
+    layer is entered on this thread while handlers are held there. The README: no lock stays
+    held, no Buffer is left inconsistent, and the exception comes out as the operation leaves
+    the layer, once done."""
+
+    def __init__(self, nth: int):
+        self.left, self.fired = nth, False
+
+    def __enter__(self):
+        def hook(frame, event, arg):
+            if (event == "call" and not self.fired and interrupts.held()
+                    and frame.f_globals.get("__name__") in LAYER_MODULES):
+                self.left -= 1
+                if self.left == 0:
+                    self.fired = True
+                    signal.raise_signal(signal.SIGUSR1)
+
+        self.previous = signal.signal(signal.SIGUSR1, raise_interrupted)
+        sys.setprofile(hook)
+        return self
+
+    def __exit__(self, *exc):
+        sys.setprofile(None)
+        signal.signal(signal.SIGUSR1, self.previous)
+
+
+class HalfImported:
+    """``name`` in sys.modules as while another thread imports it: the module object, still
+    empty (no class of it exists yet)."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def __enter__(self):
+        self.previous = sys.modules.get(self.name)
+        sys.modules[self.name] = types.ModuleType(self.name)
+        return self
+
+    def __exit__(self, *exc):
+        if self.previous is None:
+            del sys.modules[self.name]
+        else:
+            sys.modules[self.name] = self.previous
+
+
+class ProfileToggler(threading.Thread):
+    """Starts and stops profiles, over and over, on a thread of its own while the machine
+    works on the main thread: stopping one never fails a call, and nothing is left recording
+    (the next start would be refused)."""
+
+    def __init__(self):
+        super().__init__(daemon=True)
+        self.done, self.errors, self.rounds = threading.Event(), [], 0
+
+    def run(self):
+        while not self.done.is_set():
+            try:
+                profile = shim.profile().start()
+                self.done.wait(0.002)
+                profile.stop()
+                self.rounds += 1
+            except Exception as e:  # (judged by finish)
+                self.errors.append(repr(e))
+                return
+
+    def finish(self):
+        self.done.set()
+        self.join(JOIN_SECONDS)
+        assert not self.is_alive(), "the profile thread is stuck"
+        assert not self.errors, self.errors
 
 
 def has_views(machine) -> bool:
@@ -138,6 +234,8 @@ class BufferMachine(RuleBasedStateMachine):
         self.counter = 0  # fresh values for every write
         self.armed = False  # a fault is set and has not fired yet
         self.eager = True
+        self.disturbance = None  # (kind, n) for the next device operation (see disturb)
+        self.toggler = None  # the thread starting and stopping profiles, once started
 
     # --- helpers ---------------------------------------------------------------------------
 
@@ -158,7 +256,15 @@ class BufferMachine(RuleBasedStateMachine):
     def device_op(self, operation, *roots):
         """Run ``operation``. While a fault is armed a DeviceError is an allowed outcome: it is
         returned, the fault is spent, and the allocation state of ``roots`` is re-synced from
-        what their Buffers report (the README says a failure raises, not what it leaves)."""
+        what their Buffers report (the README says a failure raises, not what it leaves). A
+        disturbance set for it (see disturb) applies to it: an Interrupted that came out of it
+        is returned the same way (the operation is done or not done at all)."""
+        if self.disturbance is not None:
+            interrupted = self.disturbed(operation)
+            if interrupted is not None:
+                for root in roots:
+                    self.resync_allocation(root)
+            return interrupted
         if not self.armed:
             operation()
             return None
@@ -176,6 +282,25 @@ class BufferMachine(RuleBasedStateMachine):
     def disarm(self):
         self.devices["host"].clear_faults()
         self.armed = False
+
+    def disturbed(self, operation) -> Interrupted | None:
+        """Run ``operation`` under the disturbance set for it: the program's signal handler
+        raising inside the layer (its exception comes out of the operation, which is done or
+        not done at all: returned), or pyopencl.array half-imported (no difference at all)."""
+        kind, nth = self.disturbance
+        self.disturbance = None
+        if kind == "half-imported pyopencl.array":
+            with HalfImported("pyopencl.array"):
+                operation()
+            return None
+        with SignalTrap(nth) as trap:
+            try:
+                operation()
+            except Interrupted as e:
+                assert trap.fired, "Interrupted without the signal"
+                return e
+        assert not trap.fired, "the handler's exception never came out of the operation"
+        return None
 
     def resync_allocation(self, root: Root):
         if any(view.holds for view in root.views if view.dropped):
@@ -323,6 +448,8 @@ class BufferMachine(RuleBasedStateMachine):
 
         if self.device_op(pull, view.root) is not None:
             return  # the download failed on an injected fault: nothing was written
+        if "host" not in holder:
+            pull()  # (a disturbance's exception came out of numpy() in place of its result)
         self.came_home(view)
         values = self.pattern(view.expected.shape, view.root.expected.dtype)
         root = view.root
@@ -436,9 +563,10 @@ class BufferMachine(RuleBasedStateMachine):
     def device_free(self, i):
         view = self.pick(i)
         held = view.holds
-        if self.device_op(view.buf.device_free, view.root) is None:
+        failed = self.device_op(view.buf.device_free, view.root)
+        if failed is None:
             self.released(view)
-        elif held:
+        elif held and isinstance(failed, shim.DeviceError):
             # README: if copying the results home fails, device_free "raises DeviceError and
             # keeps the allocation: the results are still there".
             assert view.buf.has_device_allocation(), "a failed device_free lost the allocation"
@@ -485,8 +613,8 @@ class BufferMachine(RuleBasedStateMachine):
             holder["array"] = np.from_dlpack(view.buf) if on_cpu \
                 else np.from_dlpack(view.buf, device="cpu")
 
-        if self.device_op(export, view.root) is not None:
-            return
+        if self.device_op(export, view.root) is not None or "array" not in holder:
+            return  # (failed, or a disturbance's exception came in place of the array)
         array = holder["array"]
         self.check_read(view, array, "np.from_dlpack")
         self.came_home(view)
@@ -531,7 +659,7 @@ class BufferMachine(RuleBasedStateMachine):
 
     # --- faults (simulated host device only) -----------------------------------------------
 
-    @precondition(lambda self: self.faults and not self.armed)
+    @precondition(lambda self: self.faults and not self.armed and self.disturbance is None)
     @rule(which=st.sampled_from(["fail_copy", "fail_allocation"]), n=st.integers(1, 3))
     def arm_fault(self, which, n):
         self.devices["host"].set_faults(**{which: n})
@@ -541,6 +669,23 @@ class BufferMachine(RuleBasedStateMachine):
     @rule()
     def clear_faults(self):
         self.disarm()
+
+    # --- what a program brings along ---------------------------------------------------------
+
+    @precondition(lambda self: not self.armed and self.disturbance is None)
+    @rule(kind=st.sampled_from(["signal", "half-imported pyopencl.array"]), nth=st.integers(1, 16))
+    def disturb(self, kind, nth):
+        """The next device operation is disturbed (see disturbed). Faults stay off meanwhile:
+        which exception would come out first is not the point."""
+        if kind == "signal" and threading.current_thread() is not threading.main_thread():
+            pytest.fail("signals land on the main thread: run this test there")
+        self.disturbance = (kind, nth)
+
+    @precondition(lambda self: self.toggler is None)
+    @rule()
+    def profile_from_another_thread(self):
+        self.toggler = ProfileToggler()
+        self.toggler.start()
 
     # --- invariants ------------------------------------------------------------------------
 
@@ -568,6 +713,8 @@ class BufferMachine(RuleBasedStateMachine):
     def teardown(self):
         if self.armed:
             self.disarm()
+        if self.toggler is not None:
+            self.toggler.finish()
         views, self.views = self.views, []
         if sys.exc_info()[0] is not None:
             # A step failed or was abandoned (teardown runs in Hypothesis's ``finally``): its
