@@ -104,30 +104,31 @@ def generator_names() -> list[str]:
 
 
 def cache_dir() -> Path:
+    """Where builds are kept: $HALIDE_SHIM_PIPELINES, else the caches' root's pipelines folder."""
     configured = os.environ.get("HALIDE_SHIM_PIPELINES")
     if configured:
         return Path(configured)
-    return _shim_cache_root() / "pipelines"
+    return _private_files().cache_root() / "pipelines"
 
 
-def _shim_cache_root() -> Path:
-    """shim.binary_cache.cache_root(), the one definition of the caches' root. Imported as
-    shim.pipelines.build, this module comes with the shim package. A process that runs Halide's
-    stock runtime must not load the shim's (pipelines/stock.py): it imports this module from a
-    checkout by the folder's own name, pipelines.build, and binary_cache.py (standard library
-    only) is loaded from its file in shim/, beside the folder."""
+def _private_files():
+    """shim/private_files.py, the rule every cache follows (and the caches' root). Imported as
+    shim.pipelines.build, this module comes with the shim package. A process that runs
+    Halide's stock runtime must not load the shim's (pipelines/stock.py): it imports this
+    module from a checkout by the folder's own name, pipelines.build, and private_files.py
+    (standard library only) is loaded from its file in shim/, beside the folder."""
     if __package__ == "shim.pipelines":
-        from shim.binary_cache import cache_root
+        from shim import private_files
 
-        return cache_root()
-    module = sys.modules.get("_halide_shim_binary_cache")
+        return private_files
+    module = sys.modules.get("_halide_shim_private_files")
     if module is None:
         spec = importlib.util.spec_from_file_location(
-            "_halide_shim_binary_cache", PIPELINES_DIR.parent / "shim" / "binary_cache.py")
+            "_halide_shim_private_files", PIPELINES_DIR.parent / "shim" / "private_files.py")
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
         sys.modules[spec.name] = module
-    return module.cache_root()
+    return module
 
 
 def installed_halide_version() -> str | None:

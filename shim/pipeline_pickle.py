@@ -35,7 +35,7 @@ import threading
 import weakref
 from pathlib import Path
 
-from shim.binary_cache import cache_root
+from shim.private_files import cache_root
 from shim.errors import ShimError
 
 _TEMPORARY_PREFIX = ".tmp-"
