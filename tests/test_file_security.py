@@ -129,6 +129,11 @@ def evil_build(evil_generators, target: str, runtime: str, out: Path) -> Path:
         return build(Build("brighten", target, runtime), out)
 
 
+@pytest.fixture(scope="module")
+def evil_host_library(evil_generators, tmp_path_factory):
+    return evil_build(evil_generators, "host", "bundled", tmp_path_factory.mktemp("evil_host"))
+
+
 IMAGE = np.ones((48, 64), np.float32)
 
 
@@ -382,3 +387,62 @@ def test_eviction_leaves_another_users_files_alone(tmp_path):
         assert cache.store(f"key {i}", bytes(1000))
     assert foreign.exists() and foreign.stat().st_uid == OTHER
     assert [cache.load(f"key {i}") is not None for i in range(3)] == [True, True, True]
+
+
+# --- unpickling loads exactly the pickled bytes (issue 24, item 4) -----------------------------
+
+def test_unpickling_loads_the_pickled_bytes_though_the_file_is_swapped_before_it_is_loaded(
+        host_pipelines, evil_host_library, tmp_path, monkeypatch):
+    """The worst case of the race: the other user's library replaces whatever the loader is
+    about to open, just before it opens it (here even as this user, from inside the process)."""
+    monkeypatch.setenv("HALIDE_SHIM_CACHE", str(tmp_path / "cache"))
+    data = host_pipelines["brighten", "bundled"].read_bytes() + b"\0swap test %d" % os.getpid()
+    digest = hashlib.sha256(data).hexdigest()
+    attempts = []
+
+    def swapped_then_loaded(path, name):
+        staged = tmp_path / "staged.so"
+        shutil.copyfile(evil_host_library, staged)
+        try:
+            os.replace(staged, path)
+            attempts.append("replaced")
+        except OSError as e:
+            attempts.append(f"replace refused: {e.strerror}")
+        try:
+            with open(path, "r+b") as f:
+                f.write(evil_host_library.read_bytes())
+            attempts.append("overwritten")
+        except OSError as e:
+            attempts.append(f"write refused: {e.strerror}")
+        return shim.Pipeline(path, name)
+
+    pipeline = pipeline_pickle.restore(digest, "brighten", data, swapped_then_loaded)
+    out = pipeline(IMAGE, scale=2.0, offset=0.0, output=IMAGE.shape).numpy()
+    np.testing.assert_array_equal(out, brighten_reference())
+    assert [a.split(":")[0] for a in attempts] == ["replace refused", "write refused"], attempts
+    assert pipeline.__reduce__()[1] == (digest, "brighten", data)  # and it pickles those bytes
+    assert not (tmp_path / "cache").exists()
+
+
+UNPICKLE = textwrap.dedent("""
+    import json, pickle, sys
+    import numpy as np
+    pipeline = pickle.loads(open(sys.argv[1], "rb").read())
+    image = np.ones((48, 64), np.float32)
+    out = pipeline(image, scale=2.0, offset=0.0, output=image.shape).numpy()
+    print(json.dumps(bool((out == image * np.float32(2)).all())))
+    """)
+
+
+@as_root
+def test_a_fifo_where_an_unpickled_library_once_went_never_blocks(host_pipelines, shared, tmp_path):
+    data = host_pipelines["brighten", "no_runtime"].read_bytes() + b"\0fifo test %d" % os.getpid()
+    library = tmp_path / "brighten.so"
+    library.write_bytes(data)
+    pickled = tmp_path / "pipeline.pickle"
+    pickled.write_bytes(pickle.dumps(shim.load(library)))
+    cache = folder_of(shared, "cache", mode=0o1777)
+    as_other_user("mkdir", "-m", "777", cache / "libraries")
+    as_other_user("mkfifo", "-m", "666", cache / "libraries" / f"{hashlib.sha256(data).hexdigest()}.so")
+    assert run_child(UNPICKLE, pickled, env=child_env(tmp_path, HALIDE_SHIM_CACHE=cache),
+                     timeout=60) is True
