@@ -446,3 +446,67 @@ def test_a_fifo_where_an_unpickled_library_once_went_never_blocks(host_pipelines
     as_other_user("mkfifo", "-m", "666", cache / "libraries" / f"{hashlib.sha256(data).hexdigest()}.so")
     assert run_child(UNPICKLE, pickled, env=child_env(tmp_path, HALIDE_SHIM_CACHE=cache),
                      timeout=60) is True
+
+
+# --- the pipeline build cache, building, outputs the shim names (issue 24, item 6) -------------
+
+@as_root
+@pytest.mark.parametrize("given_by", ["HALIDE_SHIM_PIPELINES", "directory"])
+@pytest.mark.parametrize("make", [theirs, world_writable], ids=["another user's folder",
+                                                                "a world-writable folder"])
+def test_the_build_cache_never_loads_a_library_another_user_planted(
+        evil_host_library, shared, monkeypatch, make, given_by):
+    folder, _ = make(shared)
+    spec = Build("brighten", "host", "bundled")
+    plant(evil_host_library.read_bytes(), spec.path(folder))  # the name the victim looks for
+    if given_by == "HALIDE_SHIM_PIPELINES":
+        monkeypatch.setenv("HALIDE_SHIM_PIPELINES", str(folder))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        path = build(spec, folder if given_by == "directory" else None)
+    out = shim.load(path)(IMAGE, scale=2.0, offset=0.0, output=IMAGE.shape).numpy()
+    np.testing.assert_array_equal(out, brighten_reference())  # numpy's, not 1000 more
+    assert path.parent != folder
+    [warning] = unsafe_cache_warnings(caught)
+    assert "private temporary folder" in warning, warning
+    assert path.parent.stat().st_mode & 0o777 == 0o700 and path.parent.stat().st_uid == os.geteuid()
+
+
+@as_root
+def test_building_runs_no_code_from_the_working_directory(shared, tmp_path):
+    """``python -m`` puts the working directory first on the path: a halide.py the other user
+    left where the user happens to be must not be what the generator imports."""
+    folder, _ = theirs(shared)
+    marker = tmp_path / "planted code ran"
+    planted = f"open({str(marker)!r}, 'w').close()\nraise ImportError('a planted halide')\n"
+    plant(planted.encode(), folder / "halide.py")
+    script = tmp_path / "victim.py"
+    script.write_text("import sys\nfrom shim.pipelines.build import Build, build\n"
+                      "print(build(Build('brighten', 'host', 'bundled'), sys.argv[1]))\n")
+    done = subprocess.run([sys.executable, str(script), str(tmp_path / "out")], cwd=folder,
+                          env=child_env(tmp_path), capture_output=True, text=True, timeout=600)
+    assert not marker.exists()
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert Path(done.stdout.strip()).parent == tmp_path / "out"
+
+
+@as_root
+def test_a_chunked_run_writes_through_no_file_another_user_named(host_pipelines, shared, tmp_path):
+    """A .npy output is computed into a file beside it and renamed: under a name known in
+    advance, the other user could have put a link there to a file of the user's."""
+    pytest.importorskip("dask.array")
+    out_folder = folder_of(shared, "outputs", mode=0o777)  # a folder the user chose, shared
+    precious = tmp_path / "precious.txt"
+    precious.write_bytes(b"the user's own file")
+    as_other_user("ln", "-s", precious, out_folder / "out.npy.partial")
+    image = np.random.default_rng(5).integers(0, 1 << 16, (40, 50), dtype=np.uint16)
+    np.save(tmp_path / "in.npy", image)
+    done = subprocess.run([sys.executable, "-m", "shim", "run", str(host_pipelines["blur3x3", "bundled"]),
+                           f"input={tmp_path / 'in.npy'}", f"output={out_folder / 'out.npy'}",
+                           "--chunks", "16x16"], env=child_env(tmp_path), capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert precious.read_bytes() == b"the user's own file"
+    assert not (out_folder / "out.npy").is_symlink()
+    np.testing.assert_array_equal(np.load(out_folder / "out.npy"), blur_reference(image))
+    assert sorted(p.name for p in out_folder.iterdir()) == ["out.npy", "out.npy.partial"]  # (theirs)
