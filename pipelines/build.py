@@ -159,8 +159,15 @@ def _temporary_folder() -> str:
     with _temporary_lock:
         if _temporary is None:
             _temporary = tempfile.mkdtemp(prefix="halide-shim-pipelines-")
-            atexit.register(shutil.rmtree, _temporary, ignore_errors=True)
+            atexit.register(_remove_temporary_folder, _temporary, os.getpid())
         return _temporary
+
+
+def _remove_temporary_folder(path: str, owner: int) -> None:
+    # Only by the process that made it: a child forked from it runs its exit handlers too, and
+    # would leave the parent to make it again under a name others can see in /tmp (and take).
+    if os.getpid() == owner:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 _temporary: str | None = None

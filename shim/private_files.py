@@ -204,7 +204,7 @@ def _problem(info: os.stat_result, where: Path, last: bool) -> str:
         return f"{where} belongs to uid {info.st_uid}, not to this user (uid {user})"
     writable = info.st_mode & _WRITABLE_BY_OTHERS
     if writable and (last or not info.st_mode & stat.S_ISVTX):
-        by = "others" if writable & stat.S_IWOTH else "its group"
+        by = "others" if writable & stat.S_IWOTH else "its group or users its ACL names"
         return f"{where} is writable by {by} (mode {stat.S_IMODE(info.st_mode):o})"
     return ""
 

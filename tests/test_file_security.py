@@ -216,7 +216,7 @@ UNSAFE_FOLDERS = {
     "another user's folder": (theirs, "theirs belongs to uid 65534, not to this user"),
     "a world-writable folder": (world_writable, "shared is writable by others (mode 777)"),
     "a sticky world-writable folder": (sticky_world_writable, "sticky is writable by others (mode 1777)"),
-    "the user's own folder, writable by its group": (group_writable, "ours is writable by its group (mode 770)"),
+    "the user's own folder, writable by its group": (group_writable, "ours is writable by its group"),
     "a link into another user's folder": (link_into_theirs, "theirs belongs to uid 65534"),
 }
 
@@ -510,3 +510,28 @@ def test_a_chunked_run_writes_through_no_file_another_user_named(host_pipelines,
     assert not (out_folder / "out.npy").is_symlink()
     np.testing.assert_array_equal(np.load(out_folder / "out.npy"), blur_reference(image))
     assert sorted(p.name for p in out_folder.iterdir()) == ["out.npy", "out.npy.partial"]  # (theirs)
+
+
+FORK = textwrap.dedent("""
+    import json, os, sys, warnings
+    from shim.pipelines.build import build_folder
+    warnings.simplefilter("ignore")
+    with build_folder(sys.argv[1]) as folder:  # refused: this process's private folder
+        private = folder.path
+    child = os.fork()
+    if child == 0:
+        sys.exit(0)  # a normal exit: the exit handlers inherited from the parent run
+    os.waitpid(child, 0)
+    print(json.dumps([str(private), private.is_dir()]))
+    """)
+
+
+def test_the_private_build_folder_is_removed_by_its_own_process_only(tmp_path):
+    """Else a forked child's exit would remove it under the parent, which would make it again
+    under a name anyone can see in /tmp, and take first."""
+    refused = tmp_path / "refused"
+    refused.mkdir(mode=0o777)
+    refused.chmod(0o777)
+    private, there_after_the_child = run_child(FORK, refused, env=child_env(tmp_path), timeout=120)
+    assert there_after_the_child
+    assert not Path(private).exists()  # and gone once the process that made it ended
