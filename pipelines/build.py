@@ -315,12 +315,15 @@ def build(spec: Build, directory: Path | None = None) -> Path:
         installed = installed_halide_version()
         if installed is None:
             raise _missing(spec, out)
-        with tempfile.TemporaryDirectory(prefix="halide-shim-build-") as tmp:
+        # Compiled in a folder of its own inside the checked one, not under $TMPDIR: what is
+        # compiled there is cached and loaded, and $TMPDIR may be a folder others can write
+        # (with no sticky bit, they could swap the folder for theirs mid-build).
+        with tempfile.TemporaryDirectory(prefix=".tmp-build-", dir=folder.path) as tmp:
             # The generator runs as generators.NAME, this folder on the path: as
             # shim.pipelines.generators.NAME it would import the shim package first, loading
-            # the shim's runtime into Halide's compiler for nothing. It runs in the private
-            # temporary folder: python -m puts the working directory first on the path, and
-            # a halide.py or generators/ someone left in the caller's would be imported.
+            # the shim's runtime into Halide's compiler for nothing. It runs in that private
+            # folder: python -m puts the working directory first on the path, and a halide.py
+            # or generators/ someone left in the caller's would be imported.
             env = dict(os.environ)
             env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(GENERATORS_DIR.parent), env.get("PYTHONPATH")]))
             _run([sys.executable, "-m", f"generators.{spec.module}", "-g", spec.name,

@@ -535,3 +535,27 @@ def test_the_private_build_folder_is_removed_by_its_own_process_only(tmp_path):
     private, there_after_the_child = run_child(FORK, refused, env=child_env(tmp_path), timeout=120)
     assert there_after_the_child
     assert not Path(private).exists()  # and gone once the process that made it ended
+
+
+@as_root
+def test_a_library_is_never_compiled_in_a_folder_others_can_write(shared, tmp_path):
+    """$TMPDIR may be such a folder (a cluster's /scratch): without a sticky bit, the other user
+    can rename the build's temporary folder away and put theirs, holding their library, in its
+    place before it is cached. The compiler is watched: where it writes the library."""
+    scratch = folder_of(shared, "scratch", mode=0o777)
+    compiler = tmp_path / "cc"
+    compiler.write_text(f'#!/bin/sh\necho "$@" >> {tmp_path / "compiled"}\nexec cc "$@"\n')
+    compiler.chmod(0o755)
+    script = tmp_path / "victim.py"
+    script.write_text("import sys\nfrom shim.pipelines.build import Build, build\n"
+                      "print(build(Build('brighten', 'host', 'bundled'), sys.argv[1]))\n")
+    done = subprocess.run([sys.executable, str(script), str(tmp_path / "out")], timeout=600,
+                          env=child_env(tmp_path, TMPDIR=scratch, CC=compiler),
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    [arguments] = (tmp_path / "compiled").read_text().splitlines()
+    written = Path(arguments.split()[arguments.split().index("-o") + 1])
+    assert written.parent.parent == tmp_path / "out", written  # inside the private build folder
+    assert list(scratch.iterdir()) == [] and not list((tmp_path / "out").glob(".tmp-build-*"))
+    out = shim.load(done.stdout.strip())(IMAGE, scale=2.0, offset=0.0, output=IMAGE.shape).numpy()
+    np.testing.assert_array_equal(out, brighten_reference())
