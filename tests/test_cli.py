@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -74,7 +75,8 @@ def test_demo_runs_checks_its_results_and_ends_with_a_profile():
     folder = Path(trace).parent
     assert folder.name.startswith("halide-shim-demo-") and folder.stat().st_uid == os.geteuid()
     assert folder.stat().st_mode & 0o777 == 0o700
-    events = json.loads(open(trace).read())["traceEvents"]
+    events = json.loads(Path(trace).read_text())["traceEvents"]
+    shutil.rmtree(folder)  # (left for the user to open; not by the test suite)
     blur = [e for e in events if e["ph"] == "X" and e["name"] == "blur3x3"]
     profiled = [e["args"]["halide profiler"] for e in blur if "halide profiler" in e["args"]]
     assert len(profiled) == 21
