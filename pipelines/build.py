@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import atexit
 import hashlib
 import importlib.util
 import os
@@ -104,30 +105,73 @@ def generator_names() -> list[str]:
 
 
 def cache_dir() -> Path:
+    """Where builds are kept: $HALIDE_SHIM_PIPELINES, else the caches' root's pipelines folder.
+    (Used only if it passes shim/private_files.py's rule: see build_folder.)"""
     configured = os.environ.get("HALIDE_SHIM_PIPELINES")
     if configured:
         return Path(configured)
-    return _shim_cache_root() / "pipelines"
+    return _private_files().cache_root() / "pipelines"
 
 
-def _shim_cache_root() -> Path:
-    """shim.binary_cache.cache_root(), the one definition of the caches' root. Imported as
-    shim.pipelines.build, this module comes with the shim package. A process that runs Halide's
-    stock runtime must not load the shim's (pipelines/stock.py): it imports this module from a
-    checkout by the folder's own name, pipelines.build, and binary_cache.py (standard library
-    only) is loaded from its file in shim/, beside the folder."""
+def _private_files():
+    """shim/private_files.py, the rule every cache follows (and the caches' root). Imported as
+    shim.pipelines.build, this module comes with the shim package. A process that runs
+    Halide's stock runtime must not load the shim's (pipelines/stock.py): it imports this
+    module from a checkout by the folder's own name, pipelines.build, and private_files.py
+    (standard library only) is loaded from its file in shim/, beside the folder."""
     if __package__ == "shim.pipelines":
-        from shim.binary_cache import cache_root
+        from shim import private_files
 
-        return cache_root()
-    module = sys.modules.get("_halide_shim_binary_cache")
+        return private_files
+    module = sys.modules.get("_halide_shim_private_files")
     if module is None:
         spec = importlib.util.spec_from_file_location(
-            "_halide_shim_binary_cache", PIPELINES_DIR.parent / "shim" / "binary_cache.py")
+            "_halide_shim_private_files", PIPELINES_DIR.parent / "shim" / "private_files.py")
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
         sys.modules[spec.name] = module
-    return module.cache_root()
+    return module
+
+
+def build_folder(directory: Path | None = None):
+    """The folder (a shim.private_files.PrivateFolder, open: use it in a ``with`` block) that
+    builds go into and are loaded from: ``directory`` (default: cache_dir()), made if missing,
+    where it passes the rule of shim/private_files.py (its .so files are loaded into the
+    user's processes, so nobody else may be able to write there). Otherwise, after a warning
+    that says why, a private temporary folder of this process's, removed at exit."""
+    private_files = _private_files()
+    folder = private_files.open_folder(
+        cache_dir() if directory is None else directory,
+        instead="Pipelines are built into a private temporary folder instead, for this "
+                "process only.")
+    if folder is None:
+        temporary = _temporary_folder()
+        folder = private_files.open_folder(temporary)
+        if folder is None:
+            raise RuntimeError(f"no private folder to build pipelines in: neither the cache nor "
+                               f"{temporary} can be trusted (see the warnings)")
+    return folder
+
+
+def _temporary_folder() -> str:
+    """This process's private temporary build folder (made once, removed at exit)."""
+    global _temporary
+    with _temporary_lock:
+        if _temporary is None:
+            _temporary = tempfile.mkdtemp(prefix="halide-shim-pipelines-")
+            atexit.register(_remove_temporary_folder, _temporary, os.getpid())
+        return _temporary
+
+
+def _remove_temporary_folder(path: str, owner: int) -> None:
+    # Only by the process that made it: a child forked from it runs its exit handlers too, and
+    # would leave the parent to make it again under a name others can see in /tmp (and take).
+    if os.getpid() == owner:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+_temporary: str | None = None
+_temporary_lock = threading.Lock()
 
 
 def installed_halide_version() -> str | None:
@@ -145,12 +189,18 @@ def installed_halide_version() -> str | None:
 
 
 def stamped_halide_version(directory: Path | None = None) -> str | None:
-    """The halide version recorded in a directory of built libraries, or None."""
-    stamp = (cache_dir() if directory is None else Path(directory)) / VERSION_STAMP
+    """The halide version recorded in a directory of built libraries, or None (also where the
+    directory cannot be used: see build_folder)."""
     try:
-        return stamp.read_text().strip() or None
+        folder = _private_files().open_folder(cache_dir() if directory is None else directory,
+                                              create=False)
     except OSError:
         return None
+    if folder is None:
+        return None
+    with folder:
+        stamp = folder.read(VERSION_STAMP)
+    return (stamp or b"").decode(errors="replace").strip() or None
 
 
 def halide_version(directory: Path | None = None) -> str:
@@ -169,13 +219,12 @@ def halide_version(directory: Path | None = None) -> str:
 
 def record_halide_version(directory: Path, version: str) -> None:
     """Write the version stamp into ``directory`` (atomically; unchanged if it says that)."""
-    directory = Path(directory)
     if stamped_halide_version(directory) == version:
         return
-    directory.mkdir(parents=True, exist_ok=True)
-    staged = directory / f".{VERSION_STAMP}.{os.getpid()}.{time.monotonic_ns()}"
-    staged.write_text(version + "\n")
-    os.replace(staged, directory / VERSION_STAMP)
+    folder = _private_files().open_folder(directory)
+    if folder is not None:  # (refused, with a warning: nothing is loaded from there either)
+        with folder:
+            folder.write(VERSION_STAMP, (version + "\n").encode())
 
 
 @dataclass(frozen=True)
@@ -256,37 +305,41 @@ def _missing(spec: Build, out: Path) -> MissingLibrary:
 
 
 def build(spec: Build, directory: Path | None = None) -> Path:
-    """The .so for ``spec``, compiling it unless an up-to-date one is cached. Without halide,
-    only a cached one can be returned: else MissingLibrary."""
-    out = spec.path(directory)
-    if out.exists():
-        return out
-    installed = installed_halide_version()
-    if installed is None:
-        raise _missing(spec, out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="halide-shim-build-") as tmp:
-        # The generator runs as generators.NAME, this folder on the path: as
-        # shim.pipelines.generators.NAME it would import the shim package first, loading the
-        # shim's runtime into Halide's compiler for nothing.
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(GENERATORS_DIR.parent), env.get("PYTHONPATH")]))
-        _run([sys.executable, "-m", f"generators.{spec.module}", "-g", spec.name,
-              "-o", tmp, "-e", "object", "-f", spec.name, f"target={spec.halide_target}"], env)
-        library = Path(tmp) / f"{spec.name}.so"
-        compiler = os.environ.get("CC", "cc")
-        _run([compiler, "-shared", "-o", str(library), str(Path(tmp) / f"{spec.name}.o"),
-              "-lpthread", "-ldl", "-lm"], env)
-        # Rename into place so a concurrent reader never sees a half-written library.
-        staged = out.with_name(f".{out.name}.{os.getpid()}")
-        shutil.copyfile(library, staged)
-        os.replace(staged, out)
+    """The .so for ``spec``, compiling it unless an up-to-date one is cached (in
+    build_folder(directory)). Without halide, only a cached one can be returned: else
+    MissingLibrary."""
+    with build_folder(directory) as folder:
+        out = spec.path(folder.path)
+        if folder.has(out.name):
+            return out
+        installed = installed_halide_version()
+        if installed is None:
+            raise _missing(spec, out)
+        # Compiled in a folder of its own inside the checked one, not under $TMPDIR: what is
+        # compiled there is cached and loaded, and $TMPDIR may be a folder others can write
+        # (with no sticky bit, they could swap the folder for theirs mid-build).
+        with tempfile.TemporaryDirectory(prefix=".tmp-build-", dir=folder.path) as tmp:
+            # The generator runs as generators.NAME, this folder on the path: as
+            # shim.pipelines.generators.NAME it would import the shim package first, loading
+            # the shim's runtime into Halide's compiler for nothing. It runs in that private
+            # folder: python -m puts the working directory first on the path, and a halide.py
+            # or generators/ someone left in the caller's would be imported.
+            env = dict(os.environ)
+            env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(GENERATORS_DIR.parent), env.get("PYTHONPATH")]))
+            _run([sys.executable, "-m", f"generators.{spec.module}", "-g", spec.name,
+                  "-o", tmp, "-e", "object", "-f", spec.name, f"target={spec.halide_target}"], env, tmp)
+            library = Path(tmp) / f"{spec.name}.so"
+            compiler = os.environ.get("CC", "cc")
+            _run([compiler, "-shared", "-o", str(library), str(Path(tmp) / f"{spec.name}.o"),
+                  "-lpthread", "-ldl", "-lm"], env, tmp)
+            # Renamed into place: a concurrent reader never sees a half-written library.
+            folder.write(out.name, library.read_bytes())
     record_halide_version(out.parent, installed)
     return out
 
 
-def _run(command, env):
-    done = subprocess.run(command, env=env, capture_output=True, text=True)
+def _run(command, env, cwd):
+    done = subprocess.run(command, env=env, cwd=cwd, capture_output=True, text=True)
     if done.returncode != 0:
         raise RuntimeError(f"{' '.join(command)} failed ({done.returncode}):\n{done.stdout}{done.stderr}")
 
@@ -294,7 +347,9 @@ def _run(command, env):
 def build_all(specs, directory=None, jobs=None, progress=print) -> dict[Build, Path]:
     """Build many specs in parallel (one compiler process per core); reports each as it ends."""
     specs = list(dict.fromkeys(specs))
-    todo = [s for s in specs if not s.path(directory).exists()]
+    with build_folder(directory) as folder:
+        directory = folder.path  # (where the cache was refused: this process's own folder)
+        todo = [s for s in specs if not folder.has(s.path(directory).name)]
     results = {s: s.path(directory) for s in specs if s not in todo}
     installed = installed_halide_version()
     if installed is None and todo:
@@ -305,7 +360,7 @@ def build_all(specs, directory=None, jobs=None, progress=print) -> dict[Build, P
         raise error
     if installed is not None and results:
         # Directories filled before versions were recorded get their stamp here.
-        record_halide_version(next(iter(results.values())).parent, installed)
+        record_halide_version(directory, installed)
     if not todo:
         return results
     started = time.monotonic()

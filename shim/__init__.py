@@ -26,6 +26,7 @@ from shim.errors import (
     DirtyBufferWarning,
     PipelineError,
     ShimError,
+    UnsafeCacheWarning,
 )
 from shim.metadata import Argument, ArgumentKind
 from shim.pipeline import Pipeline, load
@@ -55,6 +56,7 @@ __all__ = [
     "Profile",
     "PipelineError",
     "ShimError",
+    "UnsafeCacheWarning",
     "can_reuse_device_allocations",
     "default_device",
     "device",

@@ -1,15 +1,16 @@
 """An on-disk cache of compiled device code (OpenCL program binaries), shared by processes.
 
-The root of the project's caches is $XDG_CACHE_HOME/halide-shim (``cache_root()``); this
-module is standard library only and imports nothing from the shim, so that pipelines/build.py
-can load it by path for ``cache_root()`` without importing the shim (which loads the native
-runtime, something Halide's stock runtime must not share a process with).
-
 One file per entry, ``<namespace>-<sha256 of the key>.bin``: a header (magic, format version,
 lengths, sha256 of key and payload), the key text, the payload.
 
+Trust: a payload reaches a driver, and on PoCL a program binary is native code, while anyone
+can compute an entry's name and checksum. So the folder is used only under the rule of
+shim/private_files.py (ours, with every folder above it, and nobody else can write into it;
+otherwise a warning once and no cache at all), and an entry is read only if it is a regular
+file of ours, opened without following a link.
+
 Concurrency without locks: a writer writes a temporary file in the same directory and
-``os.replace``s it over the entry, so a reader opens either the old complete file or the new
+renames it over the entry, so a reader opens either the old complete file or the new
 complete one, and concurrent writers of one entry just replace each other (their payloads are
 equivalent: same key). Without fsync, though, a crash or power loss can leave a renamed file
 whose data never reached the disk (zeros, or short), and a file can be truncated or damaged
@@ -19,35 +20,31 @@ the header's lengths and checksum before anything reaches the driver: a damaged 
 miss, and the next store replaces it. The checksum costs well under a millisecond for the
 binaries involved (tens of KB to a few MB).
 
-Size: beyond ``max_bytes`` (256 MiB by default, $HALIDE_SHIM_CACHE_MAX_MB), the entries used
-least recently (by mtime, refreshed on every hit) are deleted after each store. An OpenCL
-program binary is ~10 KB-1 MB on GPU drivers and ~0.1-1 MB on PoCL, so 256 MiB holds hundreds
-to thousands of programs, more than the pipelines x devices x driver versions one user runs,
-while a cache left behind by many driver upgrades cannot grow without limit. Temporary files
-a killed writer left are deleted when over an hour old.
+Size: beyond ``max_bytes`` (256 MiB by default, $HALIDE_SHIM_CACHE_MAX_MB), the namespace's
+entries used least recently (by mtime, refreshed on every hit) are deleted after each store.
+An OpenCL program binary is ~10 KB-1 MB on GPU drivers and ~0.1-1 MB on PoCL, so 256 MiB
+holds hundreds to thousands of programs, more than the pipelines x devices x driver versions
+one user runs, while a cache left behind by many driver upgrades cannot grow without limit.
+Temporary files a killed writer left are deleted when over an hour old. Only files the cache
+named itself are ever deleted (an entry's exact name, or its temporary's): the folder may be
+one the user keeps other files in.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import re
 import struct
-import tempfile
-import time
 from pathlib import Path
+
+from shim import private_files
 
 FORMAT_VERSION = 1
 MAGIC = b"HSHIMBIN"
 _HEADER = struct.Struct("<8sIIQ32s")  # magic, format version, key length, payload length, sha256
 DEFAULT_MAX_BYTES = 256 << 20
 STALE_TEMPORARY_SECONDS = 3600
-_TEMPORARY_PREFIX = ".tmp-"
-
-
-def cache_root() -> Path:
-    """The root of halide-shim's on-disk caches: $XDG_CACHE_HOME/halide-shim (an unset or empty
-    $XDG_CACHE_HOME means ~/.cache, as the XDG spec says)."""
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "halide-shim"
 
 
 def max_bytes_from_environment() -> int:
@@ -88,89 +85,77 @@ def decode(data: bytes, key: str) -> bytes | None:
 
 
 class BinaryCache:
-    """Entries of one ``namespace`` (say "opencl") in ``directory``; the size bound covers every
-    entry in the directory. Every failure to read or write (a missing, read-only or full
-    directory) is a miss, never an error: the cache only ever saves time."""
+    """Entries of one ``namespace`` (say "opencl") in ``directory``; the size bound covers the
+    namespace's entries. Every failure to read or write (a missing, read-only or full
+    directory, one refused as unsafe) is a miss, never an error: the cache only ever saves
+    time."""
 
     def __init__(self, directory, namespace: str, max_bytes: int | None = None):
         self.directory = Path(directory)
         self.namespace = namespace
         self.max_bytes = max_bytes_from_environment() if max_bytes is None else max_bytes
+        self._entry_names = re.compile(re.escape(namespace) + r"-[0-9a-f]{64}\.bin")
+
+    def name(self, key: str) -> str:
+        """The file name of ``key``'s entry."""
+        return f"{self.namespace}-{hashlib.sha256(key.encode()).hexdigest()}.bin"
 
     def path(self, key: str) -> Path:
-        return self.directory / f"{self.namespace}-{hashlib.sha256(key.encode()).hexdigest()}.bin"
+        return self.directory / self.name(key)
 
     def load(self, key: str) -> bytes | None:
-        """The payload stored for ``key``, or None (missing or damaged)."""
-        path = self.path(key)
-        try:
-            with open(path, "rb") as f:
-                data = f.read(self.max_bytes + 1)
-        except OSError:
+        """The payload stored for ``key``, or None (missing, damaged, or not ours)."""
+        folder = self._folder(create=False)
+        if folder is None:
             return None
-        payload = decode(data, key)
-        if payload is not None:
-            try:
-                os.utime(path)  # recently used: evicted last
-            except OSError:
-                pass
+        with folder:
+            payload = decode(folder.read(self.name(key), self.max_bytes + 1) or b"", key)
+            if payload is not None:
+                folder.touch(self.name(key))  # recently used: evicted last
         return payload
 
     def store(self, key: str, payload: bytes) -> bool:
         """Write the entry for ``key`` (replacing any), then evict beyond the size bound.
-        False if it was not written (empty, too large, or the directory is not writable)."""
+        False if it was not written (empty, too large, or the directory is not usable)."""
         data = encode(key, payload)
         if not payload or len(data) > self.max_bytes:
             return False
-        temporary = None
-        try:
-            self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-            fd, temporary = tempfile.mkstemp(prefix=_TEMPORARY_PREFIX, suffix=".bin", dir=self.directory)
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-            os.replace(temporary, self.path(key))
-            temporary = None
-        except OSError:
+        folder = self._folder(create=True)
+        if folder is None:
             return False
-        finally:
-            if temporary is not None:
-                try:
-                    os.unlink(temporary)
-                except OSError:
-                    pass
-        self.evict()
+        with folder:
+            try:
+                folder.write(self.name(key), data)
+            except OSError:
+                return False
+            self._evict(folder)
         return True
 
     def evict(self) -> None:
         """Delete the least recently used entries until the rest fit in ``max_bytes``, and
         temporary files left by writers that died. Races with other processes only make it
         delete a little more or find a file gone."""
-        entries, total, now = [], 0, time.time()
-        try:
-            listing = list(os.scandir(self.directory))
-        except OSError:
-            return
-        for entry in listing:
-            try:
-                info = entry.stat(follow_symlinks=False)
-            except OSError:
-                continue
-            if entry.name.startswith(_TEMPORARY_PREFIX):
-                if now - info.st_mtime > STALE_TEMPORARY_SECONDS:
-                    _unlink(entry.path)
-            elif entry.name.endswith(".bin") and entry.is_file(follow_symlinks=False):
-                entries.append((info.st_mtime_ns, info.st_size, entry.path))
-                total += info.st_size
-        entries.sort()
-        for _, size, path in entries:
+        folder = self._folder(create=False)
+        if folder is not None:
+            with folder:
+                self._evict(folder)
+
+    def _evict(self, folder) -> None:
+        folder.remove_stale_temporaries(self._entry_names, STALE_TEMPORARY_SECONDS)
+        entries = sorted((info.st_mtime_ns, info.st_size, name)
+                         for name, info in folder.files(self._entry_names))
+        total = sum(size for _, size, _ in entries)
+        for _, size, name in entries:
             if total <= self.max_bytes:
                 break
-            _unlink(path)
+            folder.remove(name)
             total -= size
 
-
-def _unlink(path) -> None:
-    try:
-        os.unlink(path)
-    except OSError:
-        pass
+    def _folder(self, create: bool):
+        """The cache's folder, open, or None where it is missing, unreachable or refused."""
+        try:
+            return private_files.open_folder(
+                self.directory, create=create,
+                instead=f"Its {self.namespace} entries are neither read nor written.")
+        except OSError:
+            return None

@@ -38,8 +38,6 @@ def _blur_reference(image: np.ndarray) -> np.ndarray:
     return ((blur_x[:-2] + blur_x[1:-1] + blur_x[2:]) // 3).astype(np.uint16)
 
 
-TRACE_PATH = os.path.join(tempfile.gettempdir(), "halide-shim-demo-trace.json")
-
 # Builds of the blur with Halide's profiler and with its tracing. They run on a larger image:
 # Halide's profiler samples every millisecond, and the small image's calls would mostly fall
 # between two samples.
@@ -73,7 +71,10 @@ def _demo(say) -> int:
     say("What the runtime did during the demo (shim.profile; the blur's -profile build adds "
         "Halide's per-Func figures, its -trace_realizations build Halide's realizations):")
     say(prof.summary())
-    say(f"timeline: {prof.save_trace(TRACE_PATH)} (open it in https://ui.perfetto.dev; the "
+    # In a new folder of its own (0700): a fixed name in the shared temporary folder is one
+    # another user can take first, as a link to a file of this user's that the demo overwrites.
+    trace = os.path.join(tempfile.mkdtemp(prefix="halide-shim-demo-"), "trace.json")
+    say(f"timeline: {prof.save_trace(trace)} (open it in https://ui.perfetto.dev; the "
         "-profile build's calls carry Halide's figures, the -trace_realizations build's calls "
         "hold realize and produce slices)")
     say("all results match numpy" if not failures else f"{failures} result(s) differ from numpy")

@@ -7,6 +7,7 @@ shim/native.py, which raises these errors."""
 from __future__ import annotations
 
 from shim._native import ffi, lib
+from shim.private_files import UnsafeCacheWarning  # noqa: F401 (defined there: see that module)
 
 _ERROR_NAMES = ffi.typeof("enum halide_error_code_t").elements
 

@@ -50,8 +50,8 @@ class Library:
 
     @functools.cached_property
     def digest(self) -> str:
-        """The sha256 of ``data`` (hex): what names the library in pickles and the cache of
-        unpickled libraries. Computed at the first pickle, which most libraries never see."""
+        """The sha256 of ``data`` (hex): what names the library in pickles. Computed at the
+        first pickle, which most libraries never see."""
         return hashlib.sha256(self.data).hexdigest()
 
 

@@ -82,7 +82,7 @@ class Pipeline(CallPlan):
     def __reduce__(self):
         """A Pipeline pickles as its library's bytes as loaded (even if the file has since been
         deleted or rebuilt), their sha256 and its name; it unpickles, in any process, as the
-        same pipeline: the one that process already has, else loaded from a cache folder."""
+        same pipeline: the one that process already has, else loaded from exactly those bytes."""
         return Pipeline._from_pickle, pipeline_pickle.state(self, self._library)
 
     @classmethod

@@ -6,39 +6,35 @@ What travels is what the pickling process loaded: the library reads its file's b
 loads it (shim/library.py), so a file deleted or rebuilt since still pickles the code that
 process runs.
 
-Unpickling checks the bytes against the hash, writes them once into a cache directory
-($HALIDE_SHIM_CACHE/libraries, else ~/.cache/halide-shim/libraries, as ``<sha256>.so``) and
-loads them from there; the same (hash, name) again in the process is the same Pipeline object,
-found before anything is hashed or read. A pipeline pickled in this process is found there
-too, so an in-process round trip gives back the original. Unpickled pipelines stay for the
-process's life (their code cannot be unloaded anyway); loaded ones only while someone holds
-them.
+Unpickling checks the bytes against the hash and loads exactly those bytes: they go into a
+sealed memory file (memfd_create, then F_SEAL_WRITE, F_SEAL_SHRINK, F_SEAL_GROW and
+F_SEAL_SEAL: from then on nobody, this process included, can change them) and the library is
+opened as /proc/self/fd/N. No folder is involved, so nothing another user does to a file can
+put other code in between the check and the load (or block the load, as a FIFO would), and
+nothing is left behind. shim/library.py reads the library's bytes back from that path: the
+same bytes, for later pickles. The descriptor stays open for the life of the process: the
+dynamic loader knows the libraries it loaded by name, and a later library opened at a reused
+/proc/self/fd/N would be taken for this one (nor could the code be unloaded anyway).
 
-The cache needs no lock across processes: an entry's name is its content's hash, a writer
-writes a temporary file in the same directory and ``os.replace``s it into place (a reader sees
-no file or a complete one, and concurrent writers write the same bytes), and an existing entry
-is loaded only after its bytes hash to its name (a file damaged by a crash or a full disk is
-rewritten). Entries are small (a library is tens of KB to a few MB) and are not evicted;
-deleting the folder is safe whenever no process is unpickling into it. Where the directory
-cannot be written (read-only, full), the library goes through a private temporary directory
-that is deleted as soon as the library is loaded.
+The same (hash, name) again in the process is the same Pipeline object, found before anything
+is hashed or loaded. A pipeline pickled in this process is found there too, so an in-process
+round trip gives back the original. Unpickled pipelines stay for the process's life (their
+code cannot be unloaded); loaded ones only while someone holds them.
 """
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import pickle
-import shutil
-import tempfile
 import threading
 import weakref
-from pathlib import Path
 
-from shim.binary_cache import cache_root
 from shim.errors import ShimError
 
-_TEMPORARY_PREFIX = ".tmp-"
+# What makes a memory file's contents final (see the docstring).
+_SEALS = fcntl.F_SEAL_WRITE | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
 
 
 class PickledPipelineError(ShimError, pickle.UnpicklingError):
@@ -49,6 +45,7 @@ class PickledPipelineError(ShimError, pickle.UnpicklingError):
 # (sha256, name) -> Pipeline: every pipeline pickled or unpickled in this process, while alive.
 _known: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 _unpickled: list = []  # keeps unpickled pipelines alive (see the docstring)
+_library_files: list[int] = []  # the sealed memory files they were loaded from: never closed
 _lock = threading.Lock()
 
 
@@ -72,8 +69,8 @@ def state(pipeline, library) -> tuple:
 
 def restore(digest: str, name: str, data: bytes, load):
     """The Pipeline that ``state`` described: the one this process already has, else
-    ``load(path, name)`` of the bytes written into the cache. Raises PickledPipelineError if
-    the bytes do not hash to ``digest``."""
+    ``load(path, name)`` of a sealed memory file holding the bytes. Raises PickledPipelineError
+    if the bytes do not hash to ``digest``."""
     key = (digest, name)
     with _lock:
         pipeline = _known.get(key)
@@ -82,57 +79,27 @@ def restore(digest: str, name: str, data: bytes, load):
                 raise PickledPipelineError(
                     f"the library bytes of the pickled pipeline {name!r} do not match their "
                     f"sha256 {digest}: the pickle was damaged on the way")
-            pipeline = _load(digest, name, data, load)
+            pipeline = load(_sealed_file(f"halide-shim {digest}", data), name)
             _known[key] = pipeline
             _unpickled.append(pipeline)
     return pipeline
 
 
-def cache_directory() -> Path:
-    """Where unpickled libraries are written: $HALIDE_SHIM_CACHE/libraries, else the caches'
-    root's libraries folder."""
-    configured = os.environ.get("HALIDE_SHIM_CACHE")
-    return (Path(configured) if configured else cache_root()) / "libraries"
-
-
-def _load(digest: str, name: str, data: bytes, load):
+def _sealed_file(label: str, data: bytes) -> str:
+    """The path (/proc/self/fd/N) of a new sealed memory file holding ``data``. Its descriptor
+    is kept open (see the docstring), even if loading it then fails: the loader may hold it by
+    then."""
+    fd = os.memfd_create(label, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
     try:
-        path = _stored(cache_directory(), digest, data)
-    except OSError:
-        # Nowhere to keep it: a private directory, gone once the library is loaded (a loaded
-        # library needs no file, and the Pipeline keeps the bytes it read for later pickles).
-        private = tempfile.mkdtemp(prefix="halide-shim-")
-        try:
-            return load(_stored(Path(private), digest, data), name)
-        finally:
-            shutil.rmtree(private, ignore_errors=True)
-    return load(path, name)
-
-
-def _stored(directory: Path, digest: str, data: bytes) -> Path:
-    """The path of a file in ``directory`` holding ``data`` (whose sha256 is ``digest``),
-    written unless an intact one is there already. Raises OSError if it cannot be written."""
-    path = directory / f"{digest}.so"
-    try:
-        with open(path, "rb") as f:
-            if _sha256(f.read()) == digest:
-                return path
-    except OSError:
-        pass  # not there yet (or unreadable: replaced below)
-    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-    fd, temporary = tempfile.mkstemp(prefix=_TEMPORARY_PREFIX, suffix=".so", dir=directory)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        # A reader that opened the old entry (or dlopen'ed it) keeps the old file's contents.
-        os.replace(temporary, path)
+        rest = memoryview(data)
+        while rest:
+            rest = rest[os.write(fd, rest):]
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, _SEALS)
     except BaseException:
-        try:
-            os.unlink(temporary)
-        except OSError:
-            pass
+        os.close(fd)
         raise
-    return path
+    _library_files.append(fd)
+    return f"/proc/self/fd/{fd}"
 
 
 def _sha256(data) -> str:

@@ -227,10 +227,11 @@ def _compute(da, scheduler, saves: dict) -> None:
     streamed = {name: save for name, save in saves.items()
                 if images.suffix_of(save[0].path) == ".npy"}
     whole = {name: save for name, save in saves.items() if name not in streamed}
-    partial = {name: f"{plan.path}.partial" for name, (plan, _) in streamed.items()}
+    partial = {}
     try:
         targets = []
-        for name, (_, array) in streamed.items():
+        for name, (plan, array) in streamed.items():
+            partial[name] = _new_file_beside(plan.path)
             np.lib.format.open_memmap(partial[name], mode="w+", dtype=array.dtype,
                                       shape=array.shape).flush()
             targets.append(NpyFile(partial[name], mode="r+"))
@@ -241,11 +242,24 @@ def _compute(da, scheduler, saves: dict) -> None:
         for (name, (plan, _)), array in zip(whole.items(), computed[len(work):]):
             images.save(plan, np.asarray(array), name)
         for name, (plan, _) in streamed.items():
-            os.replace(partial[name], plan.path)
+            os.replace(partial.pop(name), plan.path)
     finally:
-        for path in partial.values():
+        for path in partial.values():  # (only those never renamed: the names are ours)
             if os.path.exists(path):
                 os.remove(path)
+
+
+def _new_file_beside(path: str) -> str:
+    """The name of a new empty file beside ``path``, ``PATH.RANDOM.partial``, made by this call
+    (exclusively): never a file or a link someone else put there first, as they could under a
+    name known in advance in a folder they can write into."""
+    while True:
+        candidate = f"{path}.{os.urandom(6).hex()}.partial"
+        try:
+            os.close(os.open(candidate, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666))
+        except FileExistsError:
+            continue
+        return candidate
 
 
 def _with_progress(scheduler, work: list) -> list:

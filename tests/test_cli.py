@@ -1,8 +1,11 @@
 """The command line, as a user runs it."""
 
 import json
+import os
+import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -68,7 +71,12 @@ def test_demo_runs_checks_its_results_and_ends_with_a_profile():
     # Halide's profiler report at exit would repeat the Stages table: the demo leaves it out
     assert "total time:" not in done.stderr, done.stderr
     trace = next(line.split()[1] for line in lines if line.startswith("timeline: "))
-    events = json.loads(open(trace).read())["traceEvents"]
+    # In a new private folder: a fixed name in /tmp is one another user could take first.
+    folder = Path(trace).parent
+    assert folder.name.startswith("halide-shim-demo-") and folder.stat().st_uid == os.geteuid()
+    assert folder.stat().st_mode & 0o777 == 0o700
+    events = json.loads(Path(trace).read_text())["traceEvents"]
+    shutil.rmtree(folder)  # (left for the user to open; not by the test suite)
     blur = [e for e in events if e["ph"] == "X" and e["name"] == "blur3x3"]
     profiled = [e["args"]["halide profiler"] for e in blur if "halide profiler" in e["args"]]
     assert len(profiled) == 21

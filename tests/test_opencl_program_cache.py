@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from shim.pipelines.build import Build, build_all
-from shim import binary_cache
+from shim import binary_cache, private_files
 from shim.backends import opencl as opencl_backend
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -31,7 +31,7 @@ CHILD = textwrap.dedent("""
     from gpu_cases import assert_matches_reference, cases
 
     if os.environ.get("FORBID_SOURCE") == "1":
-        def refuse(self, source, pyopencl_cache=True):
+        def refuse(self, source):
             raise AssertionError("built from source although the cache holds the binary")
         opencl.OpenCLBackend._build_from_source = refuse
     library, name = sys.argv[1:3]
@@ -279,7 +279,7 @@ def test_entries_round_trip_and_reject_damage(tmp_path):
         assert cache.load("k") is None
     path.write_bytes(data)
     other = binary_cache.BinaryCache(tmp_path, "test")
-    other.path = lambda key: path  # an entry filed under another key's name is not that key's
+    other.name = lambda key: path.name  # an entry filed under another key's name is not that key's
     assert other.load("not k") is None
     assert not cache.store("k", b"")  # drivers without binaries give empty ones: not stored
 
@@ -293,10 +293,10 @@ def test_least_recently_used_entries_are_evicted_beyond_the_bound(tmp_path):
     assert cache.store("d", bytes(1000))  # 4 x ~1.1 KB > 3.5 KB: the oldest, "b", goes
     assert [cache.load(n) is not None for n in "abcd"] == [True, False, True, True]
     assert not cache.store("huge", bytes(4000))  # larger than the whole cache: not stored
-    stale = tmp_path / ".tmp-dead-writer.bin"
+    stale = tmp_path / f".tmp-{cache.name('e')}.{'0' * 16}"  # what a writer killed left
     stale.write_bytes(b"half")
     os.utime(stale, (0, 0))
-    fresh = tmp_path / ".tmp-live-writer.bin"
+    fresh = tmp_path / f".tmp-{cache.name('f')}.{'1' * 16}"
     fresh.write_bytes(b"half")
     cache.evict()
     assert not stale.exists() and fresh.exists()
@@ -316,11 +316,11 @@ def test_the_cache_root_follows_xdg(monkeypatch, tmp_path):
     monkeypatch.delenv("HALIDE_SHIM_PIPELINES", raising=False)
     monkeypatch.delenv("HALIDE_SHIM_CACHE", raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    assert binary_cache.cache_root() == tmp_path / "halide-shim"
+    assert private_files.cache_root() == tmp_path / "halide-shim"
     assert cache_dir() == tmp_path / "halide-shim" / "pipelines"
     assert opencl_backend._program_cache().directory == tmp_path / "halide-shim" / "opencl"
     monkeypatch.setenv("XDG_CACHE_HOME", "")
-    assert binary_cache.cache_root() == Path.home() / ".cache" / "halide-shim"
+    assert private_files.cache_root() == Path.home() / ".cache" / "halide-shim"
     monkeypatch.setenv("HALIDE_SHIM_CACHE", str(tmp_path / "mine"))
     assert opencl_backend._program_cache().directory == tmp_path / "mine"
 

@@ -1,7 +1,7 @@
 """Pickling shim.Pipeline (its library's bytes, hash and name; shim/pipeline_pickle.py) and
 shim.Buffer (host data and shape): round trips in this process and in fresh processes that
-never saw the library's file, the unpickling cache under concurrency, damage, and directories
-that cannot be written."""
+never saw the library's file, unpickling in several processes at once, damage, and no file
+written anywhere. (What another user could do to the files: tests/test_file_security.py.)"""
 
 import hashlib
 import multiprocessing
@@ -40,9 +40,17 @@ def image():
 
 @pytest.fixture
 def cache(tmp_path, monkeypatch):
-    """This test's unpickling cache (for this process and the processes it starts)."""
+    """This test's cache folder (for this process and the processes it starts), which
+    unpickling must leave alone: libraries are loaded from memory, never written to disk."""
     monkeypatch.setenv("HALIDE_SHIM_CACHE", str(tmp_path / "cache"))
-    return tmp_path / "cache" / "libraries"
+    return tmp_path / "cache"
+
+
+def loaded_from_memory(pipeline, data: bytes) -> bool:
+    """Whether ``pipeline`` was loaded from a sealed memory file holding exactly ``data``."""
+    return (pipeline.path.startswith("/proc/self/fd/")
+            and os.readlink(pipeline.path).startswith("/memfd:halide-shim ")
+            and Path(pipeline.path).read_bytes() == data)
 
 
 def run_python(code: str, *args, env=None) -> str:
@@ -76,10 +84,10 @@ def test_a_pipeline_pickles_what_was_loaded_after_its_file_is_deleted_or_rebuilt
     path.unlink()
     pickled = pickle.dumps(brighten)
     del brighten
-    restored = pickle.loads(pickled)  # no one holds the original now: loaded from the cache
+    restored = pickle.loads(pickled)  # no one holds the original now: loaded from the bytes
     assert restored.name == "brighten"
-    assert Path(restored.path) == cache / f"{digest}.so"
-    assert (cache / f"{digest}.so").read_bytes() == loaded_bytes
+    assert loaded_from_memory(restored, loaded_bytes)
+    assert not cache.exists()
     np.testing.assert_array_equal(restored(image, output=image.shape).numpy(), brighten_reference(image))
     assert pickle.loads(pickle.dumps(restored)) is restored
 
@@ -94,42 +102,31 @@ def test_damaged_library_bytes_are_refused(host_pipelines, tmp_path, cache):
         shim.Pipeline._from_pickle(digest, "brighten", bytes(damaged))
     assert isinstance(raised.value, shim.ShimError)
     assert isinstance(raised.value, pickle.UnpicklingError)
-    assert not (cache / f"{digest}.so").exists()
+    assert not cache.exists()
 
 
-def test_a_damaged_cache_entry_is_rewritten(host_pipelines, tmp_path, cache, image):
-    path = private_copy(host_pipelines["brighten", "no_runtime"], tmp_path, "entry")
-    data = path.read_bytes()
-    digest = hashlib.sha256(data).hexdigest()
-    cache.mkdir(parents=True)
-    (cache / f"{digest}.so").write_bytes(data[: len(data) // 3])  # a crash before the data landed
-    restored = shim.Pipeline._from_pickle(digest, "brighten", data)
-    assert (cache / f"{digest}.so").read_bytes() == data
-    assert [p.name for p in cache.iterdir()] == [f"{digest}.so"]  # no temporary left
-    np.testing.assert_array_equal(restored(image, output=image.shape).numpy(), brighten_reference(image))
-
-
-def test_an_unwritable_cache_falls_back_to_a_private_temporary_directory(
-        host_pipelines, tmp_path, monkeypatch, image):
-    # A file where the cache's folder should be: unwritable even for root, who ignores modes.
+def test_unpickling_writes_no_file(host_pipelines, runtime, tmp_path, monkeypatch, image):
+    # A file where a cache folder would be, and an empty temporary folder: neither is needed.
     blocked = tmp_path / "blocked"
     blocked.write_text("not a folder")
     monkeypatch.setenv("HALIDE_SHIM_CACHE", str(blocked))
     temporary = tmp_path / "tmp"
     temporary.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(temporary))
-    path = private_copy(host_pipelines["brighten", "bundled"], tmp_path, "unwritable")
+    path = private_copy(host_pipelines["brighten", runtime], tmp_path, f"no-file-{runtime}")
     data = path.read_bytes()
     restored = shim.Pipeline._from_pickle(hashlib.sha256(data).hexdigest(), "brighten", data)
     np.testing.assert_array_equal(restored(image, output=image.shape).numpy(), brighten_reference(image))
-    assert list(temporary.iterdir()) == []  # the library needs no file once loaded
+    assert loaded_from_memory(restored, data)
+    assert list(temporary.iterdir()) == [] and blocked.read_text() == "not a folder"
     assert pickle.loads(pickle.dumps(restored)) is restored
+    assert restored.__reduce__()[1] == (hashlib.sha256(data).hexdigest(), "brighten", data)
 
 
 # --- Pipeline, in processes that never saw its file ----------------------------------------------
 
 WORKER = """
-import pickle, sys
+import os, pickle, sys
 import numpy as np
 import shim
 from shim.pipeline_pickle import PickledPipelineError
@@ -146,7 +143,7 @@ pipeline = pickle.loads(pickled)
 assert pickle.loads(pickled) is pipeline  # loaded once per process
 image = np.load(sys.argv[2])
 np.save(sys.argv[2] + ".out.npy", pipeline(image, output=image.shape).numpy())
-print(pipeline.path)
+print(os.readlink(pipeline.path))
 """
 
 
@@ -158,11 +155,11 @@ def test_a_pickled_pipeline_runs_in_a_process_that_never_saw_its_file(
     pickled.write_bytes(pickle.dumps(shim.load(path)))
     path.unlink()
     np.save(inputs, image)
-    for _ in range(2):  # the second process finds the library in the cache
+    for _ in range(2):
         printed = run_python(WORKER, pickled, inputs, "whole")
-        assert printed.strip() == str(cache / f"{digest}.so")
+        assert printed.strip() == f"/memfd:halide-shim {digest} (deleted)"
         np.testing.assert_array_equal(np.load(f"{inputs}.out.npy"), brighten_reference(image))
-    assert [p.name for p in cache.iterdir()] == [f"{digest}.so"]
+    assert not cache.exists()
 
 
 def test_a_damaged_pickle_is_refused_in_a_fresh_process(host_pipelines, tmp_path, cache):
@@ -175,20 +172,19 @@ def test_a_damaged_pickle_is_refused_in_a_fresh_process(host_pipelines, tmp_path
     (tmp_path / "damaged.pickle").write_bytes(pickled)
     printed = run_python(WORKER, tmp_path / "damaged.pickle", "-", "damaged")
     assert "refused:" in printed and "do not match their sha256" in printed
-    assert not cache.exists() or list(cache.iterdir()) == []
+    assert not cache.exists()
 
 
 def unpickle_together(pickled: bytes, barrier, image, results) -> None:
     barrier.wait()
     pipeline = pickle.loads(pickled)
-    results.put(pipeline(image, output=image.shape).numpy())
+    results.put((os.readlink(pipeline.path), pipeline(image, output=image.shape).numpy()))
 
 
-def test_processes_unpickling_together_share_one_intact_cache_entry(
+def test_processes_unpickling_together_each_run_the_pickled_library(
         host_pipelines, tmp_path, cache, image):
     path = private_copy(host_pipelines["brighten", "bundled"], tmp_path, "together")
-    data = path.read_bytes()
-    digest = hashlib.sha256(data).hexdigest()
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
     pickled = pickle.dumps(shim.load(path))
     path.unlink()
     context = multiprocessing.get_context("spawn")
@@ -202,10 +198,10 @@ def test_processes_unpickling_together_share_one_intact_cache_entry(
     for worker in workers:
         worker.join(timeout=60)
         assert worker.exitcode == 0
-    for output in outputs:
+    for loaded_from, output in outputs:
+        assert loaded_from == f"/memfd:halide-shim {digest} (deleted)"
         np.testing.assert_array_equal(output, brighten_reference(image))
-    assert [p.name for p in cache.iterdir()] == [f"{digest}.so"]
-    assert (cache / f"{digest}.so").read_bytes() == data
+    assert not cache.exists()
 
 
 def test_the_name_is_part_of_what_travels(host_pipelines, tmp_path, cache):

@@ -18,7 +18,7 @@ The contract:
   bits say nothing needs copying, are right only because of this.
 - Methods raise BackendError for what the driver refuses; the core turns it into the Halide
   error code of the operation (shim/bridge.py). A backend never imports the core: only the
-  native layer and small shared helpers (regions, errors, streams, binary_cache).
+  native layer and small shared helpers (regions, errors, streams, private_files, binary_cache).
 
 A backend is bound to one device for the life of the process: Halide's handles (a cl_mem, a
 CUdeviceptr) do not say which device they belong to, so there is one interface, one context

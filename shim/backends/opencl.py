@@ -22,7 +22,7 @@ import threading
 import time
 from collections import Counter, OrderedDict
 
-from shim import binary_cache
+from shim import binary_cache, private_files
 from shim.backends.base import Backend, BackendError, Memory, fork_guard
 from shim.errors import DeviceUnavailable
 from shim.native import ffi, lib
@@ -447,18 +447,18 @@ class OpenCLBackend(Backend):
             if binary is not None:
                 program = self._build_from_binary(binary)
         if program is None:
-            program = self._build_from_source(source, pyopencl_cache=key is None)
+            program = self._build_from_source(source)
             if key is not None:
                 self._store_binary(cache, key, program)
         return program
 
-    def _build_from_source(self, source: bytes, pyopencl_cache: bool = True):
+    def _build_from_source(self, source: bytes):
         cl = _cl()
         program = cl.Program(self.context, source.decode("utf-8", "replace"))
         try:
-            # pyopencl keeps binaries of its own on drivers it thinks cache nothing: not while
-            # ours does (its cache_dir=False builds plainly).
-            program.build(options=self._build_options, cache_dir=None if pyopencl_cache else False)
+            # Never through pyopencl's own cache of binaries (cache_dir=False): it keeps them
+            # in $XDG_CACHE_HOME/pyopencl, with pickles beside them, whoever owns that folder.
+            program.build(options=self._build_options, cache_dir=False)
         except cl.Error as e:
             try:
                 log = program.get_build_info(self._device, cl.program_build_info.LOG)
@@ -529,9 +529,10 @@ program_builds: Counter = Counter()
 
 def _program_cache():
     """The on-disk cache of built program binaries: $HALIDE_SHIM_CACHE, else
-    $XDG_CACHE_HOME/halide-shim/opencl (see shim/binary_cache.py); None where
-    $HALIDE_SHIM_NO_PROGRAM_CACHE is set (to anything but 0). Read at every build."""
+    $XDG_CACHE_HOME/halide-shim/opencl (see shim/binary_cache.py, and shim/private_files.py
+    for when a folder is not used); None where $HALIDE_SHIM_NO_PROGRAM_CACHE is set (to
+    anything but 0). Read at every build."""
     if os.environ.get("HALIDE_SHIM_NO_PROGRAM_CACHE", "").strip() not in ("", "0"):
         return None
-    directory = os.environ.get("HALIDE_SHIM_CACHE") or binary_cache.cache_root() / "opencl"
+    directory = os.environ.get("HALIDE_SHIM_CACHE") or private_files.cache_root() / "opencl"
     return binary_cache.BinaryCache(directory, "opencl")
