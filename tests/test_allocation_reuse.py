@@ -5,11 +5,10 @@ reused allocation showing another Buffer's bytes, memory reused while a crop, a 
 a DLPack export still holds it, a forked child handing out its parent's pool), with a
 Hypothesis state machine comparing every Buffer with numpy while memory is recycled.
 
-Longer runs: HALIDE_SHIM_STATEFUL_EXAMPLES=500 python -m pytest tests/test_allocation_reuse.py
+Longer runs: HALIDE_SHIM_LONG_TESTS=1 (150 examples), or HALIDE_SHIM_STATEFUL_EXAMPLES=500
 """
 
 import gc
-import os
 import random
 import threading
 import warnings
@@ -33,10 +32,11 @@ from shim.backends.base import BackendError
 from shim.backends.host import HostBackend
 from shim.native import ffi, lib
 from shim.regions import host_memory
+from support.budget import scaled
 from support.threads import run_threads
 from test_fork import run_isolated
 
-EXAMPLES = int(os.environ.get("HALIDE_SHIM_STATEFUL_EXAMPLES", "25"))
+EXAMPLES = scaled(25, 150, "HALIDE_SHIM_STATEFUL_EXAMPLES")
 
 
 @pytest.fixture(autouse=True)

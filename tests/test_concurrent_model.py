@@ -13,13 +13,12 @@ worker then copies that over first and writes again, as the README says to).
 A third thread works on the parents themselves meanwhile: reads them whole, copies them to the
 device, frees their handles (the crops keep the allocation).
 
-Longer runs: HALIDE_SHIM_CONCURRENT_ROUNDS=2000 python -m pytest tests/test_concurrent_model.py
+Longer runs: HALIDE_SHIM_LONG_TESTS=1 (400 rounds), or HALIDE_SHIM_CONCURRENT_ROUNDS=2000
 """
 
 import faulthandler
 import gc
 import itertools
-import os
 import random
 import sys
 import threading
@@ -30,8 +29,9 @@ import pytest
 import shim
 from shim.pipelines.build import Build, build_all
 from shim.native import lib
+from support.budget import scaled
 
-ROUNDS = int(os.environ.get("HALIDE_SHIM_CONCURRENT_ROUNDS", "40"))
+ROUNDS = scaled(40, 400, "HALIDE_SHIM_CONCURRENT_ROUNDS")
 WORKERS = 4
 PARENTS = 2
 HEIGHT, WIDTH = 8, 32

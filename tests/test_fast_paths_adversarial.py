@@ -25,6 +25,7 @@ import shim
 from shim.pipelines.build import Build, build_all
 from shim import call_uses, families, interrupts, runtime
 from shim.native import PreparedRun
+from support.budget import scaled
 from support.hooks import OnEntry
 
 
@@ -778,7 +779,7 @@ def test_opencl_fast_calls_follow_a_numpy_model(opencl_brighten):
     OpenCLModel.pipeline = opencl_brighten
     opencl_brighten(np.ones((8, 8), np.float32), 2.0, 0.5, np.zeros((8, 8), np.float32))
     run = OpenCLModel.TestCase
-    run.settings = settings(max_examples=30, stateful_step_count=15, deadline=None,
+    run.settings = settings(max_examples=scaled(30, 150), stateful_step_count=15, deadline=None,
                             suppress_health_check=[HealthCheck.function_scoped_fixture])
     run("runTest").runTest()
 
@@ -850,7 +851,7 @@ def test_host_fast_calls_follow_a_numpy_model(load):
     HostModel.pipeline = load("times_k")
     HostModel.pipeline(np.ones((6, 6), np.float32), 1.0, np.zeros((6, 6), np.float32))
     run = HostModel.TestCase
-    run.settings = settings(max_examples=40, stateful_step_count=20, deadline=None,
+    run.settings = settings(max_examples=scaled(40, 200), stateful_step_count=20, deadline=None,
                             suppress_health_check=[HealthCheck.function_scoped_fixture])
     run("runTest").runTest()
 

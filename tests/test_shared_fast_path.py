@@ -22,8 +22,9 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 import shim
 from shim.pipelines.build import Build, build_all
+from support.budget import scaled
 
-EXAMPLES = int(os.environ.get("HALIDE_SHIM_STATEFUL_EXAMPLES", "25"))
+EXAMPLES = scaled(25, 150, "HALIDE_SHIM_STATEFUL_EXAMPLES")
 STEPS = int(os.environ.get("HALIDE_SHIM_STATEFUL_STEPS", "30"))
 
 SHAPE = (6, 8)  # numpy order: (height, width)
