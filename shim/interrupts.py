@@ -33,6 +33,7 @@ thread's last release delivers it again, for its handler to run at Python's next
 from __future__ import annotations
 
 import functools
+import os
 import signal
 import sys
 import threading
@@ -178,6 +179,18 @@ class _Deferred:
 
 
 _DEFERRED = _Deferred()
+
+
+def _after_fork_in_child() -> None:
+    """The child's main thread is the thread that forked (Python's threading says so too): its
+    sections count from now on. Forked from another thread, the child is inside none of them."""
+    global _MAIN, _depth, _pending
+    me = threading.get_ident()
+    if me != _MAIN:
+        _MAIN, _depth, _pending = me, 0, None
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def deferred() -> _Deferred:

@@ -886,3 +886,29 @@ def test_ctrl_c_at_a_finalizers_first_bytecode_is_raised_after_it(what, host_dev
     gc.collect()
     assert families.live_counts() == before
     assert alive() is None  # the producer's tensor (or the Buffer's array) was let go
+
+
+def test_a_child_forked_from_another_thread_holds_signal_handlers_on_its_main_thread():
+    """In a child forked from a thread other than the main one, that thread is the child's main
+    thread, where Python runs the handlers: the shim held them on the parent's main thread,
+    which the child does not have, and a handler's exception could land inside the layer."""
+    done = run_script("""
+        import os, threading
+        import shim
+        from shim import interrupts
+
+        def fork_here():
+            pid = os.fork()
+            if pid == 0:
+                with interrupts.deferred():
+                    inside = interrupts.held()
+                os._exit(0 if inside and not interrupts.held() else 1)
+            _, status = os.waitpid(pid, 0)
+            print("child", os.waitstatus_to_exitcode(status))
+
+        thread = threading.Thread(target=fork_here)
+        thread.start()
+        thread.join()
+        """)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "child 0" in done.stdout, done.stdout
