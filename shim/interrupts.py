@@ -43,7 +43,7 @@ from shim.native import lib
 _MAIN = threading.main_thread().ident
 _depth = 0  # deferred() sections the main thread is inside (only the main thread changes it)
 # Signals noted inside one, each once, in the order they arrived; None when there are none.
-# (native_stubs/call_records.c reads and clears it too.)
+# (Inside a hold from C they are noted in C instead: native_stubs/signals_held.c.)
 _pending: list[int] | None = None
 _installed = False
 
