@@ -426,3 +426,67 @@ def test_a_child_keeps_the_thread_count_and_runs_its_loops_on_workers_of_its_own
     assert json.loads(done.stdout.splitlines()[-1]) == {
         "num_threads": 3, "threads before": 1, "threads after": 3}
 
+
+# A thread stalls inside what `stalled` names, computing it for one object, while the main thread
+# forks; the child then computes the same for another object: a numpy dtype of a Halide type (a
+# pipeline's first call, through Python), or a library's digest (a pickle). Python 3.11's
+# functools.cached_property held one lock for all objects meanwhile: the child waited for good.
+# argv: what, a pipeline, another pipeline.
+STALLED = r"""
+import hashlib, os, pickle, signal, sys, threading
+import numpy as np
+import shim
+import shim.library, shim.types
+from shim.types import FLOAT, HalideType
+
+what, path, other = sys.argv[1:4]
+parent, inside, forked = os.getpid(), threading.Event(), threading.Event()
+
+
+class Stalling:
+    # numpy or hashlib, whose `name` waits, in the parent's thread `stalling`, until the fork
+    def __init__(self, module, name):
+        self.module, self.name = module, name
+
+    def __getattr__(self, attribute):
+        found = getattr(self.module, attribute)
+        if attribute != self.name or threading.current_thread().name != "stalling" \
+                or os.getpid() != parent:
+            return found
+
+        def stalled(*args):
+            inside.set()
+            forked.wait()
+            return found(*args)
+        return stalled
+
+
+p, q = shim.load(path), shim.load(other)
+if what == "dtype":
+    shim.types.np = Stalling(np, "dtype")
+    stall = lambda: HalideType(FLOAT, 16).dtype
+    in_child = lambda: p(np.zeros((34, 66), np.uint16), output=(32, 64))  # (uint16: another)
+else:
+    shim.library.hashlib = Stalling(hashlib, "sha256")
+    stall = lambda: p._library.digest
+    in_child = lambda: pickle.dumps(q)
+thread = threading.Thread(target=stall, name="stalling")
+thread.start()
+assert inside.wait(%(guard)d), "the thread never got inside: the test needs updating"
+pid = os.fork()
+if pid == 0:
+    signal.alarm(%(guard)d)
+    in_child()
+    os._exit(0)
+forked.set()
+thread.join()
+_, status = os.waitpid(pid, 0)
+sys.exit(os.waitstatus_to_exitcode(status))
+""" % {"guard": HANG_GUARD_S}
+
+
+@pytest.mark.parametrize("what", ["dtype", "digest"])
+def test_a_child_forked_while_another_thread_computes_a_cached_value_computes_its_own(what):
+    paths = [str(build(Build(name, "host", "bundled"))) for name in ("blur3x3", "brighten")]
+    done = run_isolated(STALLED, what, *paths)
+    assert done.returncode == 0, (done.returncode, done.stderr)
