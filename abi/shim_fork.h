@@ -1,4 +1,5 @@
-/* What a fork resets in the child of Halide's runtime internals (native_stubs/fork.c). See
+/* Halide's runtime internals that a fork resets in the child, or locks across the fork
+ * (native_stubs/fork.c). See
  * abi/shim_calls.h for what every abi/shim_*.h header is.
  *
  * These objects of Halide's host runtime are in no header; the native library finds them by
@@ -9,7 +10,8 @@ enum shim_fork_object {
     SHIM_FORK_PARKING_LOT = 1,     /* ...::Synchronization::table (halide_mutex/cond waiters) */
     SHIM_FORK_TRACE_FILE_LOCK = 2, /* ...::halide_trace_file_lock (a spin lock, one byte) */
     SHIM_FORK_TRACE_BUFFER = 3,    /* ...::halide_trace_buffer (a pointer to the buffer) */
-    SHIM_FORK_OBJECTS = 4
+    SHIM_FORK_MEMOIZATION_LOCK = 4, /* ...::memoization_lock (a halide_mutex) */
+    SHIM_FORK_OBJECTS = 5
 };
 
 /* The object's address, and its size in `*size`; NULL and 0 where the library did not find

@@ -24,19 +24,26 @@
  * - the profiler state's lock and sampling thread (the child's first profiled call starts
  *   one), and in its list of calls in flight only the forking thread's own: the others never
  *   end in the child, and their records, on other threads' stacks, may be reused.
- * None of Halide's locks is taken before the fork instead, to hand the child a state no thread
+ * None of those locks is taken before the fork instead, to hand the child a state no thread
  * was changing: a thread holding Halide's profiler lock may be waiting for the GIL
  * (shim/halide_profiler.py reads the state from Python), which a thread forking from Python
  * holds all through the fork. Nor need they be: what the child keeps of what they guard is
  * usable whatever the holder was doing (the queue is emptied; the list of calls in flight is
  * rebuilt from the forking thread's own records; a pipeline's totals may miss part of a call
  * of the parent's, which the child never reports as its own).
- * The native library's own counters (profile.c) are locked before the fork and let go on
- * both sides after it: their holders only add and link counters, and the child reads them.
  *
- * A fork from inside one of a parallel loop's tasks (an extern stage the loop runs) is not
- * covered: the loop's other tasks ran on the parent's workers, and the child would wait for
- * them. */
+ * Two locks are taken before the fork and let go on both sides after it, since the child
+ * needs what they guard whole and their holders wait for nothing the forking thread may hold
+ * (they only allocate, copy and link, in C): Halide's memoization cache (memoize()'d Funcs'
+ * entries, which the child's calls look up and evict), then the native library's counters
+ * (profile.c). In that order: a cache eviction frees an entry's buffer through
+ * halide_device_free, which counts the no-op, and a thread's first count takes the counters'
+ * lock.
+ *
+ * A fork from inside a task of a parallel loop or an async stage (an extern stage run there)
+ * is not covered: the job's other tasks ran on the parent's workers, and the child would wait
+ * for them. (With a pool of one thread the child used to finish such a loop alone; now its job
+ * is emptied out of the queue with the others'. A child that execs at once is unaffected.) */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <link.h>
@@ -56,6 +63,8 @@ extern char halide_parking_lot[] __asm__("_ZN6Halide7Runtime8Internal15Synchroni
 extern char halide_trace_file_lock[] __asm__("_ZN6Halide7Runtime8Internal22halide_trace_file_lockE")
     __attribute__((weak));
 extern char halide_trace_buffer[] __asm__("_ZN6Halide7Runtime8Internal19halide_trace_bufferE")
+    __attribute__((weak));
+extern char halide_memoization_lock[] __asm__("_ZN6Halide7Runtime8Internal16memoization_lockE")
     __attribute__((weak));
 
 /* Halide 21's layouts (src/runtime/thread_pool_common.h, tracing.cpp), checked by
@@ -143,12 +152,22 @@ static void keep_own_profiled_calls(struct halide_profiler_state *state) {
     *link = NULL;
 }
 
+static struct halide_mutex *memoization_lock(void) {
+    return objects[SHIM_FORK_MEMOIZATION_LOCK].address;
+}
+
 static void before_fork(void) {
+    if (memoization_lock() != NULL) {
+        halide_mutex_lock(memoization_lock());
+    }
     shim_profile_lock_for_fork();
 }
 
 static void after_fork_in_parent(void) {
     shim_profile_unlock_after_fork();
+    if (memoization_lock() != NULL) {
+        halide_mutex_unlock(memoization_lock());
+    }
 }
 
 static void after_fork_in_child(void) {
@@ -169,6 +188,7 @@ static void after_fork_in_child(void) {
     memset(&state->lock, 0, sizeof state->lock);
     state->sampling_thread = NULL;
     keep_own_profiled_calls(state);
+    clear(SHIM_FORK_MEMOIZATION_LOCK, 0); /* (taken before the fork; its waiters are gone) */
     shim_profile_unlock_after_fork();
     shim_calls_keep_own();
     shim_trace_forget_other_threads();
@@ -180,6 +200,7 @@ __attribute__((constructor)) static void watch_forks(void) {
     find(SHIM_FORK_PARKING_LOT, halide_parking_lot, 1);
     find(SHIM_FORK_TRACE_FILE_LOCK, halide_trace_file_lock, 1);
     find(SHIM_FORK_TRACE_BUFFER, halide_trace_buffer, sizeof(void *));
+    find(SHIM_FORK_MEMOIZATION_LOCK, halide_memoization_lock, sizeof(struct halide_mutex));
     pthread_atfork(before_fork, after_fork_in_parent, after_fork_in_child);
 }
 

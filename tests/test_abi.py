@@ -81,7 +81,7 @@ def test_the_buffer_layout_is_the_documented_one():
     assert ffi.offsetof("halide_buffer_t", "dim") == 40
 
 
-# Halide's runtime internals a fork resets in the child (native_stubs/fork.c, abi/shim_fork.h):
+# Halide's runtime internals a fork resets or locks (native_stubs/fork.c, abi/shim_fork.h):
 # no header has them, so what fork.c assumes of each is observed in a fresh process. argv: a
 # parallel pipeline (blur3x3), and a trace file for HL_TRACE_FILE.
 FORK_OBJECTS = r"""
@@ -108,6 +108,8 @@ queue = found("work queue", lib.SHIM_FORK_WORK_QUEUE)
 lot = found("parking lot", lib.SHIM_FORK_PARKING_LOT)
 lock = found("trace file lock", lib.SHIM_FORK_TRACE_FILE_LOCK)
 buffer = found("trace buffer", lib.SHIM_FORK_TRACE_BUFFER)
+memo = found("memoization lock", lib.SHIM_FORK_MEMOIZATION_LOCK)
+seen["memoization lock free"] = zero(memo)
 
 # The work queue: its mutex (free), the thread count, then fields that are all zeros until the
 # first parallel loop, which records the pool's workers there.
@@ -168,6 +170,7 @@ def test_the_halide_internals_a_fork_resets_are_laid_out_as_fork_c_assumes(tmp_p
     assert seen.pop("parking lot size") > 0
     assert seen == {
         "trace file lock size": 1, "trace buffer size": ffi.sizeof("void *"),
+        "memoization lock size": ffi.sizeof("struct halide_mutex"), "memoization lock free": True,
         "queue before a loop": [True, 5, True],
         "queue after a loop": [True, 5, False],
         "parking lot before any wait": True, "parking lot with idle workers": False,

@@ -118,9 +118,10 @@ CALLERS, THREADS, FORKS = 2, 4, 300
 # joined the parent's workers: a crash before); the others with _exit, which is quicker.
 NORMAL_EXIT = 10
 
-# argv: the pipeline (blur3x3), "python" or "c" (who forks), "profiled" or "plain" (whether a
-# shim.profile() records in the parent while it forks), the output's height and width, FORKS,
-# then the C helper's path. Prints what became of the children, and of the parent's calls.
+# argv: the pipeline, which it is ("blur3x3", or "async": async.so below), "python" or "c" (who
+# forks), "profiled" or "plain" (whether a shim.profile() records in the parent while it
+# forks), the output's height and width, FORKS, then the C helpers' library. Prints what became
+# of the children, and of the parent's calls.
 STORM = r"""
 import ctypes, json, os, signal, sys, threading
 import numpy as np
@@ -128,15 +129,20 @@ import shim
 from shim import halide_profiler
 from shim.native import ffi
 
-path, forker, profiled, height, width, forks, helper = sys.argv[1:8]
+path, which, forker, profiled, height, width, forks, helper = sys.argv[1:9]
 height, width, forks = int(height), int(width), int(forks)
 guard, callers, normal_exit = %(guard)d, %(callers)d, %(normal_exit)d
 shim.set_num_threads(%(threads)d)
 p = shim.load(path)
-inp = np.random.default_rng(0).integers(0, 1 << 16, (height + 2, width + 2), dtype=np.uint16)
-wide = inp.astype(np.uint32)
-blur_x = (wide[:, :-2] + wide[:, 1:-1] + wide[:, 2:]) // 3
-expected = ((blur_x[:-2] + blur_x[1:-1] + blur_x[2:]) // 3).astype(np.uint16)
+rng = np.random.default_rng(0)
+if which == "blur3x3":
+    inp = rng.integers(0, 1 << 16, (height + 2, width + 2), dtype=np.uint16)
+    wide = inp.astype(np.uint32)
+    blur_x = (wide[:, :-2] + wide[:, 1:-1] + wide[:, 2:]) // 3
+    expected = ((blur_x[:-2] + blur_x[1:-1] + blur_x[2:]) // 3).astype(np.uint16)
+else:
+    inp = rng.random((height + 1, width), dtype=np.float32)
+    expected = inp[:-1] * 2 + inp[1:] * 2
 
 
 def right():
@@ -228,9 +234,11 @@ print(json.dumps(outcomes))
 """ % {"guard": HANG_GUARD_S, "callers": CALLERS, "threads": THREADS,
        "normal_exit": NORMAL_EXIT}
 
-# Forks from C, where no Python at-fork hook runs: the child runs the pipeline on `in` and
-# `out`, compares `out` with `expected` (uint16) and exits, with exit() where `normal`.
-FORK_FROM_C = r"""
+# C helpers, called through ctypes (which lets go of the GIL meanwhile).
+# fork_and_run forks from C, where no Python at-fork hook runs: the child runs the pipeline on
+# `in` and `out`, compares `out` with `expected` (uint16) and exits, with exit() where `normal`.
+# hold_mutex holds a halide_mutex for `ms` milliseconds, setting *held once it has it.
+HELPERS_C = r"""
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -250,17 +258,24 @@ int fork_and_run(int (*pipeline)(halide_buffer_t *, halide_buffer_t *), halide_b
     }
     _exit(code);
 }
+
+void hold_mutex(struct halide_mutex *mutex, int ms, volatile int *held) {
+    halide_mutex_lock(mutex);
+    *held = 1;
+    usleep(ms * 1000);
+    halide_mutex_unlock(mutex);
+}
 """
 
 
 @pytest.fixture(scope="module")
-def fork_from_c(tmp_path_factory):
-    halide = pytest.importorskip("halide", reason="the C helper includes HalideRuntime.h")
-    work = tmp_path_factory.mktemp("fork_from_c")
-    (work / "fork.c").write_text(FORK_FROM_C)
+def helpers(tmp_path_factory):
+    halide = pytest.importorskip("halide", reason="the C helpers include HalideRuntime.h")
+    work = tmp_path_factory.mktemp("fork_helpers")
+    (work / "helpers.c").write_text(HELPERS_C)
     subprocess.run(["cc", "-shared", "-fPIC", "-I", os.path.join(halide.install_dir(), "include"),
-                    "-o", str(work / "fork.so"), str(work / "fork.c")], check=True)
-    return str(work / "fork.so")
+                    "-o", str(work / "helpers.so"), str(work / "helpers.c")], check=True)
+    return str(work / "helpers.so")
 
 
 # (build features, HL_TRACE_FILE or not, the output's height and width). A parallel loop over
@@ -274,25 +289,31 @@ CASES = {
 }
 
 
-def storm(case, forker, profiled, fork_from_c, tmp_path):
+def blur3x3_storm(case, forker, profiled, helpers, tmp_path):
     features, to_file, height, width = CASES[case]
     path = str(build(Build("blur3x3", "host", "bundled", features)))
-    env = dict(os.environ, HALIDE_SHIM_PROFILER_REPORT="off")
-    env.pop("HL_TRACE_FILE", None)
-    trace_file = tmp_path / "trace.bin"
-    if to_file:
-        env["HL_TRACE_FILE"] = str(trace_file)
-    done = run_isolated(STORM, path, forker, profiled, str(height), str(width), str(FORKS),
-                        fork_from_c, env=env)
-    assert done.returncode == 0, done.stdout + done.stderr[-5000:]
-    outcomes = json.loads(done.stdout.splitlines()[-1])
-    assert outcomes["hung"] == 0 and outcomes["failed"] == [], outcomes
-    assert outcomes["finished"] == FORKS and outcomes["parent wrong"] == 0, outcomes
+    trace_file = tmp_path / "trace.bin" if to_file else None
+    outcomes = storm(path, "blur3x3", forker, profiled, height, width, helpers, trace_file)
     if to_file:
         # One begin and one end of a pipeline per call, the parent's and each child's: a child
         # writes only its own events (the parent's still buffered at the fork are the parent's).
         calls = outcomes["parent calls outside a profile"] + (FORKS if profiled == "plain" else 0)
         assert pipeline_events(trace_file.read_bytes()) == (calls, calls)
+
+
+def storm(path, which, forker, profiled, height, width, helpers, trace_file=None) -> dict:
+    """Runs STORM; checks that every child finished, and the parent's calls; its outcomes."""
+    env = dict(os.environ, HALIDE_SHIM_PROFILER_REPORT="off")
+    env.pop("HL_TRACE_FILE", None)
+    if trace_file is not None:
+        env["HL_TRACE_FILE"] = str(trace_file)
+    done = run_isolated(STORM, path, which, forker, profiled, str(height), str(width),
+                        str(FORKS), helpers, env=env)
+    assert done.returncode == 0, done.stdout + done.stderr[-5000:]
+    outcomes = json.loads(done.stdout.splitlines()[-1])
+    assert outcomes["hung"] == 0 and outcomes["failed"] == [], outcomes
+    assert outcomes["finished"] == FORKS and outcomes["parent wrong"] == 0, outcomes
+    return outcomes
 
 
 def pipeline_events(trace: bytes) -> tuple[int, int]:
@@ -310,26 +331,32 @@ def pipeline_events(trace: bytes) -> tuple[int, int]:
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_every_child_forked_while_other_threads_call_finishes_its_call(case, fork_from_c,
-                                                                        tmp_path):
+def test_every_child_forked_while_other_threads_call_finishes_its_call(case, helpers, tmp_path):
     """Every child's call of a parallel, -trace_all or -profile build ends with the right
     result and the child exits; the parent's calls stay right. To HL_TRACE_FILE, each call's
     events are in the file once."""
-    storm(case, "python", "plain", fork_from_c, tmp_path)
+    blur3x3_storm(case, "python", "plain", helpers, tmp_path)
 
 
 @pytest.mark.parametrize("case", ["profile", "trace_all to HL_TRACE_FILE"])
-def test_every_child_forked_inside_a_profile_finishes_its_call(case, fork_from_c, tmp_path):
+def test_every_child_forked_inside_a_profile_finishes_its_call(case, helpers, tmp_path):
     """The parent's calls are recorded (Halide's figures per profiled call, trace events into
     the shim's buffer) while it forks; the children record theirs into their copy."""
-    storm(case, "python", "profiled", fork_from_c, tmp_path)
+    blur3x3_storm(case, "python", "profiled", helpers, tmp_path)
 
 
 @pytest.mark.parametrize("case", ["parallel", "profile"])
-def test_every_child_forked_from_c_finishes_its_call(case, fork_from_c, tmp_path):
+def test_every_child_forked_from_c_finishes_its_call(case, helpers, tmp_path):
     """fork() called from C runs no Python at-fork hook: what the child needs of Halide's
     runtime is reset in C."""
-    storm(case, "c", "plain", fork_from_c, tmp_path)
+    blur3x3_storm(case, "c", "plain", helpers, tmp_path)
+
+
+def test_every_child_forked_while_other_threads_run_async_stages_finishes_its_call(built,
+                                                                                 helpers):
+    """Async producers keep the pool's workers on semaphores and jobs most of the time: before
+    the fix, 262 of 300 children hung."""
+    storm(built["async"], "async", "python", "plain", 200, 16, helpers)
 
 
 # A parallel loop of n tasks, each of which waits in the extern stage fork_meet until all n
@@ -358,23 +385,46 @@ void fork_meet_reset(void) {
 }
 """
 
-MEET_BUILD = r"""
+# meet.so: the loop above. memo.so: memo_out(x, y) = table(x) + y, table(x) = x * k memoize()'d.
+# async.so: output(x, y) = producer(x, y) + producer(x, y + 1), producer = 2 * inp, computed
+# row by row ahead of output on another thread (async).
+BUILD = r"""
 import os, subprocess, sys
 import halide as hl
 
 work = sys.argv[1]
 x, y = hl.Var("x"), hl.Var("y")
+
+
+def link(out, args, name, *extra):
+    out.compile_to({hl.OutputFileType.object: os.path.join(work, name + ".o")}, args, name,
+                   hl.Target("host"))
+    subprocess.run(["cc", "-shared", "-fPIC", "-I", os.path.join(hl.install_dir(), "include"),
+                    "-o", os.path.join(work, name + ".so"), os.path.join(work, name + ".o"),
+                    *extra, "-lpthread", "-ldl"], check=True)
+
+
 n = hl.Param(hl.Int(32), "n", 1)
 meet, out = hl.Func("meet"), hl.Func("out")
 meet.define_extern("fork_meet", [n], hl.Int(32), [x])
 out[x, y] = meet[x] + y
 meet.compute_at(out, y)
 out.parallel(y)
-out.compile_to({hl.OutputFileType.object: os.path.join(work, "meet.o")}, [n], "meet",
-               hl.Target("host"))
-subprocess.run(["cc", "-shared", "-fPIC", "-I", os.path.join(hl.install_dir(), "include"), "-o",
-                os.path.join(work, "meet.so"), os.path.join(work, "meet.o"),
-                os.path.join(work, "meet.c"), "-lpthread", "-ldl"], check=True)
+link(out, [n], "meet", os.path.join(work, "meet.c"))
+
+k = hl.Param(hl.Int(32), "k", 0)
+table, out = hl.Func("table"), hl.Func("memo_out")
+table[x] = x * k
+table.compute_root().memoize()
+out[x, y] = table[x] + y
+link(out, [k], "memo")
+
+inp = hl.ImageParam(hl.Float(32), 2, "inp")
+producer, out = hl.Func("producer"), hl.Func("output")
+producer[x, y] = inp[x, y] * 2
+out[x, y] = producer[x, y] + producer[x, y + 1]
+producer.compute_at(out, y).store_root().fold_storage(y, 4).async_()
+link(out, [inp], "async")
 """
 
 WORKERS = r"""
@@ -383,7 +433,7 @@ import numpy as np
 import shim
 
 shim.set_num_threads(3)
-p, meet = shim.load(sys.argv[1]), ctypes.CDLL(sys.argv[1])
+p, meet = shim.load(sys.argv[1]), ctypes.CDLL(sys.argv[1])  # (meet.so)
 
 
 def run():
@@ -410,18 +460,19 @@ sys.exit(os.waitstatus_to_exitcode(status))
 
 
 @pytest.fixture(scope="module")
-def meet(tmp_path_factory):
-    pytest.importorskip("halide", reason="compiling the test pipeline needs halide")
-    work = tmp_path_factory.mktemp("fork_meet")
+def built(tmp_path_factory):
+    """{"meet": path, "memo": path, "async": path}"""
+    pytest.importorskip("halide", reason="compiling the test pipelines needs halide")
+    work = tmp_path_factory.mktemp("fork_pipelines")
     (work / "meet.c").write_text(MEET_C)
-    subprocess.run([sys.executable, "-c", MEET_BUILD, str(work)], check=True)
-    return str(work / "meet.so")
+    subprocess.run([sys.executable, "-c", BUILD, str(work)], check=True)
+    return {name: str(work / f"{name}.so") for name in ("meet", "memo", "async")}
 
 
-def test_a_child_keeps_the_thread_count_and_runs_its_loops_on_workers_of_its_own(meet):
+def test_a_child_keeps_the_thread_count_and_runs_its_loops_on_workers_of_its_own(built):
     """shim.set_num_threads(3) holds in the child, whose first parallel loop starts two workers
     (the parent's do not exist there) and runs its three tasks on three threads at once."""
-    done = run_isolated(WORKERS, meet)
+    done = run_isolated(WORKERS, built["meet"])
     assert done.returncode == 0, done.stdout + done.stderr
     assert json.loads(done.stdout.splitlines()[-1]) == {
         "num_threads": 3, "threads before": 1, "threads after": 3}
@@ -489,4 +540,89 @@ sys.exit(os.waitstatus_to_exitcode(status))
 def test_a_child_forked_while_another_thread_computes_a_cached_value_computes_its_own(what):
     paths = [str(build(Build(name, "host", "bundled"))) for name in ("blur3x3", "brighten")]
     done = run_isolated(STALLED, what, *paths)
+    assert done.returncode == 0, (done.returncode, done.stderr)
+
+
+# Threads read and reset the counts of calls decided in C (native_stubs/profile.c, under its
+# lock) while the main thread forks; each child reads them once. argv: forks.
+COUNTS = r"""
+import os, signal, sys, threading
+from shim.native import lib
+
+stop = threading.Event()
+
+
+def count():
+    while not stop.is_set():
+        lib.shim_profile_count(lib.SHIM_FN_COPY_TO_HOST, 0)  # (cffi releases the GIL)
+        lib.shim_profile_reset()
+
+
+threads = [threading.Thread(target=count) for _ in range(2)]
+for t in threads:
+    t.start()
+children = []
+for _ in range(int(sys.argv[1])):
+    pid = os.fork()
+    if pid == 0:
+        signal.alarm(%(guard)d)
+        lib.shim_profile_count(lib.SHIM_FN_COPY_TO_HOST, 0)
+        os._exit(0)
+    children.append(pid)
+stop.set()
+for t in threads:
+    t.join()
+print(sum(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) != 0 for pid in children))
+""" % {"guard": HANG_GUARD_S}
+
+
+def test_a_child_forked_while_other_threads_read_the_c_counts_reads_them():
+    """The fork waits for the counts' lock (its holders wait for nothing), so the child gets
+    it free and the counts whole. Before: 8 and 41 children of 500 hung (two runs)."""
+    done = run_isolated(COUNTS, "500")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["0"], f"children failed or hung: {done.stdout}"
+
+
+# A thread holds Halide's memoization cache lock (from C) while the main thread forks; the
+# child calls a memoize()'d pipeline: a lookup that hits, one that misses and stores. argv:
+# memo.so, the C helpers.
+MEMOIZED = r"""
+import ctypes, os, signal, sys, threading
+import numpy as np
+import shim
+from shim import _native
+
+p, helpers = shim.load(sys.argv[1]), ctypes.CDLL(sys.argv[2])
+
+
+def right(k):
+    out = np.empty((4, 8), np.int32)
+    p(k, memo_out=out)
+    return np.array_equal(out, np.arange(8) * k + np.arange(4)[:, None])
+
+
+assert right(3)
+lock = ctypes.c_char.in_dll(ctypes.CDLL(_native.__file__),
+                           "_ZN6Halide7Runtime8Internal16memoization_lockE")
+held = ctypes.c_int(0)
+holder = threading.Thread(target=helpers.hold_mutex, args=(ctypes.byref(lock), 300,
+                                                         ctypes.byref(held)))
+holder.start()
+while not held.value:
+    pass
+pid = os.fork()
+if pid == 0:
+    signal.alarm(%(guard)d)
+    os._exit(0 if right(3) and right(4) else 3)
+holder.join()
+assert right(4)
+sys.exit(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
+""" % {"guard": HANG_GUARD_S}
+
+
+def test_a_child_forked_while_another_thread_is_in_the_memoization_cache_uses_it(built, helpers):
+    """The fork waits for the cache's lock (its holders only look up, copy and evict, in C), so
+    the child finds the cache whole and the lock free. Before: the child waited for good."""
+    done = run_isolated(MEMOIZED, built["memo"], helpers)
     assert done.returncode == 0, (done.returncode, done.stderr)
