@@ -23,22 +23,22 @@
  *   writes them; the child writing them too would put them twice in the file;
  * - the profiler state's lock and sampling thread (the child's first profiled call starts
  *   one), and in its list of calls in flight only the forking thread's own: the others never
- *   end in the child, and their records, on other threads' stacks, may be reused.
+ *   end in the child, and their records, on other threads' stacks, may be reused;
+ * - the memoization cache (memoize()'d Funcs' results), empty, all but its size limit: the
+ *   entries stay in memory (an entry the forking thread's call is using is released as it
+ *   ends), only the child's lookups no longer find them, since another thread may have been
+ *   linking or evicting one.
  * None of those locks is taken before the fork instead, to hand the child a state no thread
- * was changing: a thread holding Halide's profiler lock may be waiting for the GIL
- * (shim/halide_profiler.py reads the state from Python), which a thread forking from Python
- * holds all through the fork. Nor need they be: what the child keeps of what they guard is
- * usable whatever the holder was doing (the queue is emptied; the list of calls in flight is
- * rebuilt from the forking thread's own records; a pipeline's totals may miss part of a call
- * of the parent's, which the child never reports as its own).
+ * was changing: a thread holding one may be waiting for the GIL, which a thread forking from
+ * Python holds all through the fork (shim/halide_profiler.py reads the profiler state from
+ * Python; a cache eviction frees a GPU entry through the backend, in Python). Nor need they be:
+ * what the child keeps of what they guard is usable whatever the holder was doing (the queue
+ * and the cache are emptied; the list of calls in flight is rebuilt from the forking thread's
+ * own records; a pipeline's totals may miss part of a call of the parent's, which the child
+ * never reports as its own).
  *
- * Two locks are taken before the fork and let go on both sides after it, since the child
- * needs what they guard whole and their holders wait for nothing the forking thread may hold
- * (they only allocate, copy and link, in C): Halide's memoization cache (memoize()'d Funcs'
- * entries, which the child's calls look up and evict), then the native library's counters
- * (profile.c). In that order: a cache eviction frees an entry's buffer through
- * halide_device_free, which counts the no-op, and a thread's first count takes the counters'
- * lock.
+ * The native library's own counters (profile.c) are locked before the fork and let go on
+ * both sides after it: their holders only add and link counters, and the child reads them.
  *
  * A fork from inside a task of a parallel loop or an async stage (an extern stage run there)
  * is not covered: the job's other tasks ran on the parent's workers, and the child would wait
@@ -65,6 +65,14 @@ extern char halide_trace_file_lock[] __asm__("_ZN6Halide7Runtime8Internal22halid
 extern char halide_trace_buffer[] __asm__("_ZN6Halide7Runtime8Internal19halide_trace_bufferE")
     __attribute__((weak));
 extern char halide_memoization_lock[] __asm__("_ZN6Halide7Runtime8Internal16memoization_lockE")
+    __attribute__((weak));
+extern char halide_cache_entries[] __asm__("_ZN6Halide7Runtime8Internal13cache_entriesE")
+    __attribute__((weak));
+extern char halide_most_recently_used[] __asm__("_ZN6Halide7Runtime8Internal18most_recently_usedE")
+    __attribute__((weak));
+extern char halide_least_recently_used[]
+    __asm__("_ZN6Halide7Runtime8Internal19least_recently_usedE") __attribute__((weak));
+extern char halide_current_cache_size[] __asm__("_ZN6Halide7Runtime8Internal18current_cache_sizeE")
     __attribute__((weak));
 
 /* Halide 21's layouts (src/runtime/thread_pool_common.h, tracing.cpp), checked by
@@ -152,22 +160,12 @@ static void keep_own_profiled_calls(struct halide_profiler_state *state) {
     *link = NULL;
 }
 
-static struct halide_mutex *memoization_lock(void) {
-    return objects[SHIM_FORK_MEMOIZATION_LOCK].address;
-}
-
 static void before_fork(void) {
-    if (memoization_lock() != NULL) {
-        halide_mutex_lock(memoization_lock());
-    }
     shim_profile_lock_for_fork();
 }
 
 static void after_fork_in_parent(void) {
     shim_profile_unlock_after_fork();
-    if (memoization_lock() != NULL) {
-        halide_mutex_unlock(memoization_lock());
-    }
 }
 
 static void after_fork_in_child(void) {
@@ -188,7 +186,11 @@ static void after_fork_in_child(void) {
     memset(&state->lock, 0, sizeof state->lock);
     state->sampling_thread = NULL;
     keep_own_profiled_calls(state);
-    clear(SHIM_FORK_MEMOIZATION_LOCK, 0); /* (taken before the fork; its waiters are gone) */
+    clear(SHIM_FORK_MEMOIZATION_LOCK, 0);
+    clear(SHIM_FORK_CACHE_ENTRIES, 0);
+    clear(SHIM_FORK_MOST_RECENTLY_USED, 0);
+    clear(SHIM_FORK_LEAST_RECENTLY_USED, 0);
+    clear(SHIM_FORK_CACHE_SIZE, 0);
     shim_profile_unlock_after_fork();
     shim_calls_keep_own();
     shim_trace_forget_other_threads();
@@ -201,6 +203,10 @@ __attribute__((constructor)) static void watch_forks(void) {
     find(SHIM_FORK_TRACE_FILE_LOCK, halide_trace_file_lock, 1);
     find(SHIM_FORK_TRACE_BUFFER, halide_trace_buffer, sizeof(void *));
     find(SHIM_FORK_MEMOIZATION_LOCK, halide_memoization_lock, sizeof(struct halide_mutex));
+    find(SHIM_FORK_CACHE_ENTRIES, halide_cache_entries, sizeof(void *));
+    find(SHIM_FORK_MOST_RECENTLY_USED, halide_most_recently_used, sizeof(void *));
+    find(SHIM_FORK_LEAST_RECENTLY_USED, halide_least_recently_used, sizeof(void *));
+    find(SHIM_FORK_CACHE_SIZE, halide_current_cache_size, sizeof(int64_t));
     pthread_atfork(before_fork, after_fork_in_parent, after_fork_in_child);
 }
 

@@ -85,7 +85,7 @@ def test_the_buffer_layout_is_the_documented_one():
 # no header has them, so what fork.c assumes of each is observed in a fresh process. argv: a
 # parallel pipeline (blur3x3), and a trace file for HL_TRACE_FILE.
 FORK_OBJECTS = r"""
-import ctypes, json, os, sys, time
+import ctypes, json, sys, time
 import numpy as np
 import shim
 from shim.native import ffi, lib
@@ -96,7 +96,7 @@ seen = {}
 def found(name, which):
     size = ffi.new("size_t *")
     address = lib.shim_fork_object(which, size)
-    seen[name + " size"] = size[0] if address != ffi.NULL else None
+    seen[name + " bytes"] = size[0] if address != ffi.NULL else None
     return ffi.buffer(ffi.cast("char *", address), size[0])
 
 
@@ -108,8 +108,14 @@ queue = found("work queue", lib.SHIM_FORK_WORK_QUEUE)
 lot = found("parking lot", lib.SHIM_FORK_PARKING_LOT)
 lock = found("trace file lock", lib.SHIM_FORK_TRACE_FILE_LOCK)
 buffer = found("trace buffer", lib.SHIM_FORK_TRACE_BUFFER)
-memo = found("memoization lock", lib.SHIM_FORK_MEMOIZATION_LOCK)
-seen["memoization lock free"] = zero(memo)
+# The memoization cache: its lock, table, LRU ends and size are all zeros in a fresh process.
+seen["memoization cache empty"] = [
+    zero(found(name, which)) for name, which in [
+        ("memoization lock", lib.SHIM_FORK_MEMOIZATION_LOCK),
+        ("cache entries", lib.SHIM_FORK_CACHE_ENTRIES),
+        ("most recently used", lib.SHIM_FORK_MOST_RECENTLY_USED),
+        ("least recently used", lib.SHIM_FORK_LEAST_RECENTLY_USED),
+        ("current cache size", lib.SHIM_FORK_CACHE_SIZE)]]
 
 # The work queue: its mutex (free), the thread count, then fields that are all zeros until the
 # first parallel loop, which records the pool's workers there.
@@ -166,11 +172,15 @@ def test_the_halide_internals_a_fork_resets_are_laid_out_as_fork_c_assumes(tmp_p
                           text=True, env=env, timeout=120)
     assert done.returncode == 0, done.stderr
     seen = json.loads(done.stdout.splitlines()[-1])
-    assert seen.pop("work queue size") > 12
-    assert seen.pop("parking lot size") > 0
+    assert seen.pop("work queue bytes") > 12
+    assert seen.pop("parking lot bytes") > 0
+    assert seen.pop("cache entries bytes") % ffi.sizeof("void *") == 0
     assert seen == {
-        "trace file lock size": 1, "trace buffer size": ffi.sizeof("void *"),
-        "memoization lock size": ffi.sizeof("struct halide_mutex"), "memoization lock free": True,
+        "trace file lock bytes": 1, "trace buffer bytes": ffi.sizeof("void *"),
+        "memoization lock bytes": ffi.sizeof("struct halide_mutex"),
+        "most recently used bytes": ffi.sizeof("void *"),
+        "least recently used bytes": ffi.sizeof("void *"), "current cache size bytes": 8,
+        "memoization cache empty": [True] * 5,
         "queue before a loop": [True, 5, True],
         "queue after a loop": [True, 5, False],
         "parking lot before any wait": True, "parking lot with idle workers": False,

@@ -622,7 +622,7 @@ sys.exit(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
 
 
 def test_a_child_forked_while_another_thread_is_in_the_memoization_cache_uses_it(built, helpers):
-    """The fork waits for the cache's lock (its holders only look up, copy and evict, in C), so
-    the child finds the cache whole and the lock free. Before: the child waited for good."""
+    """The child's cache starts empty, its lock free (the parent's may have been in the middle
+    of any change). Before: the child waited for good."""
     done = run_isolated(MEMOIZED, built["memo"], helpers)
     assert done.returncode == 0, (done.returncode, done.stderr)
