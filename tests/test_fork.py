@@ -626,3 +626,65 @@ def test_a_child_forked_while_another_thread_is_in_the_memoization_cache_uses_it
     of any change). Before: the child waited for good."""
     done = run_isolated(MEMOIZED, built["memo"], helpers)
     assert done.returncode == 0, (done.returncode, done.stderr)
+
+
+# A thread holds one of the shim's own short locks (each guards a counter or a dict, never
+# work) while the main thread forks; the child uses the host device: a copy up, a copy home,
+# an injected copy failure (reported through the bridge), and the device made in the child.
+# argv: which lock.
+SHIM_LOCK = r"""
+import os, signal, sys, threading
+import numpy as np
+import shim
+from shim import bridge
+from shim.backends.host import HostBackend
+
+devices = sys.modules["shim.devices"]  # (shim.devices is also a function)
+which = sys.argv[1]
+if which == "device creation":  # the child makes the host device: not yet made here
+    assert HostBackend.index not in devices._backends, "the test needs updating"
+    lock = devices._creation_lock
+else:
+    host = shim.device("host")
+    lock = {"transfers": host.transfers._lock, "host counters": host._counter_lock,
+            "exceptions": bridge._exceptions_guard}[which]
+held, forked = threading.Event(), threading.Event()
+
+
+def hold():
+    with lock:
+        held.set()
+        forked.wait()
+
+
+holder = threading.Thread(target=hold)
+holder.start()
+held.wait()
+pid = os.fork()
+if pid == 0:
+    signal.alarm(%(guard)d)
+    host = shim.device("host")
+    data = np.arange(12, dtype=np.float32).reshape(3, 4)
+    buf = shim.Buffer(data.copy())
+    buf.copy_to_device(host)
+    buf.set_device_dirty()
+    buf.copy_to_host()
+    host.set_faults(fail_copy=1)
+    buf.set_device_dirty()
+    try:
+        buf.copy_to_host()
+    except shim.DeviceError:
+        os._exit(0 if np.array_equal(buf.numpy(), data) else 3)
+    os._exit(4)
+forked.set()
+holder.join()
+sys.exit(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
+""" % {"guard": HANG_GUARD_S}
+
+
+@pytest.mark.parametrize("which", ["transfers", "host counters", "exceptions",
+                                   "device creation"])
+def test_a_child_forked_while_another_thread_holds_a_shim_lock_uses_the_host_device(which):
+    """The child renews the lock (before: it waited for good)."""
+    done = run_isolated(SHIM_LOCK, which)
+    assert done.returncode == 0, (done.returncode, done.stderr)
