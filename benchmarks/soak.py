@@ -9,7 +9,10 @@ copies them to the host and the device, frees their device memory, drops and re-
 and frees the whole shared parents (checking its own band of them); after every write
 and on every read it checks the data against what it wrote itself: a difference is a lost
 write. On ``host`` the pipelines are the CPU builds and the Buffers live on the simulated
-host device.
+host device. It also runs a parallel CPU pipeline (brighten) on arrays of its own, and forks
+while the others are in the middle of all that: the child (where the README says CPU
+pipelines and the host device work) reads the Buffer and runs brighten; a child that fails,
+or has not ended FORK_HANG_GUARD_S after the fork, is an error of the fork operation.
 
 Reported: operations done per kind, errors per kind (exception type and Halide code), lost
 writes, resident memory growth (VmRSS after a warm-up and at the end) and the device's live
@@ -24,7 +27,9 @@ import argparse
 import collections
 import gc
 import itertools
+import os
 import random
+import signal
 import sys
 import threading
 import time
@@ -44,6 +49,9 @@ PROGRESS_SECONDS = 10
 # The one refusal the README documents for these operations, -37 for a host write over newer
 # device data: counted and reported, not fatal. The same code from any other operation is.
 DOCUMENTED = {("host_write", "DeviceError", lib.halide_error_code_host_and_device_dirty)}
+# A forked child still running this long after the fork is hung (SIGALRM ends it): a hang
+# guard, never a check of speed.
+FORK_HANG_GUARD_S = 30
 
 
 def rss_kib() -> int:
@@ -88,6 +96,10 @@ class Stats:
                 self.lost_examples.append(message)
 
 
+class ForkedChildFailed(Exception):
+    """A child forked by the fork operation failed, crashed or hung."""
+
+
 class Target:
     """One Buffer a thread writes (a band of a shared parent, or its own whole Buffer) and
     what it must read; ``expected`` is None after a failed operation left it unknown."""
@@ -103,10 +115,12 @@ class Target:
 
 
 class SoakThread:
-    def __init__(self, index, parents, device, crop_fill, stats: Stats, seed: int):
+    def __init__(self, index, parents, device, crop_fill, brighten, stats: Stats, seed: int):
         self.index = index
         self.device = device
         self.crop_fill = crop_fill
+        self.brighten = brighten  # its CPU build, a parallel loop over rows
+        self.source = np.arange(HEIGHT * 64, dtype=np.float32).reshape(-1, 8)  # brighten's input
         self.stats = stats
         self.random = random.Random(seed * 1000 + index)
         self.values = itertools.count(index * 10_000_000 + 1)
@@ -119,7 +133,7 @@ class SoakThread:
         self.operations = [self.pipeline, self.host_write, self.read, self.copy_to_host,
                            self.copy_to_device, self.device_free, self.recrop, self.sub_crop,
                            self.dlpack, self.parent_read, self.parent_copy_to_device,
-                           self.parent_device_free]
+                           self.parent_device_free, self.cpu_pipeline, self.fork]
 
     def step(self) -> None:
         target = self.random.choice(self.targets)
@@ -214,6 +228,44 @@ class SoakThread:
         self.check(target, np.asarray(imported), "a DLPack round trip")
 
 
+    def cpu_pipeline(self, target: Target) -> None:
+        """brighten's CPU build on arrays of the thread's own: a parallel loop on Halide's
+        thread pool (while other threads fork)."""
+        if not self.brightened():
+            self.stats.lost_write(f"thread {self.index}: brighten's CPU build computed wrong "
+                                  f"values")
+
+    def brightened(self) -> bool:
+        out = self.brighten(self.source, scale=2.0, offset=1.0, output=self.source.shape)
+        return np.array_equal(out.numpy(), self.source * 2 + 1)
+
+    def fork(self, target: Target) -> None:
+        """Fork while the other threads are in pipeline calls and device operations. The child
+        reads the target (its data may be only on a device the child cannot use: a
+        DeviceError then, as the README says) and runs brighten's CPU build."""
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                signal.alarm(FORK_HANG_GUARD_S)
+                try:
+                    actual = np.asarray(target.buf)
+                    code = 3 if target.expected is not None and \
+                        not np.array_equal(actual, target.expected) else 0
+                except shim.DeviceError:
+                    code = 0 if self.device.kind != "host" else 4
+                if not self.brightened():
+                    code = 5
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        code = os.waitstatus_to_exitcode(status)
+        if code != 0:
+            what = {-signal.SIGALRM: "hung", 3: "read wrong data", 4: "refused the host device",
+                    5: "got a wrong result from the CPU pipeline"}.get(code, f"ended with {code}")
+            raise ForkedChildFailed(f"a forked child {what}")
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=8)
@@ -228,14 +280,16 @@ def main(argv=None) -> int:
     sys.setswitchinterval(args.switch_interval)
 
     device = shim.device(args.device)
-    (path,) = build_all([Build("crop_fill", args.device, "no_runtime")], progress=None).values()
-    crop_fill = shim.load(path)
+    specs = Build("crop_fill", args.device, "no_runtime"), Build("brighten", "host", "no_runtime")
+    paths = build_all(specs, progress=None)
+    crop_fill, brighten = (shim.load(paths[spec]) for spec in specs)
     warnings.simplefilter("ignore", shim.DirtyBufferWarning)  # dropped unread results: expected
 
     parents = [shim.Buffer(np.full((HEIGHT, BAND * args.threads), -1, np.int32))
                for _ in range(PARENTS)]
     stats = Stats()
-    threads = [SoakThread(i, parents, device, crop_fill, stats, args.seed) for i in range(args.threads)]
+    threads = [SoakThread(i, parents, device, crop_fill, brighten, stats, args.seed)
+               for i in range(args.threads)]
     stop = threading.Event()
 
     def body(worker: SoakThread) -> None:

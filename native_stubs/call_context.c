@@ -68,14 +68,10 @@ static int calls_running;
 static int calls_closed;
 static __thread int own_calls_running; /* this thread's part of calls_running */
 
-/* A child of fork has only the forking thread: the calls the others were running never end
- * there, and exit must not wait for them. */
-static void keep_own_calls(void) {
+/* In a child of fork (fork.c): the calls the other threads were running never end there, and
+ * exit must not wait for them. */
+void shim_calls_keep_own(void) {
     __atomic_store_n(&calls_running, own_calls_running, __ATOMIC_SEQ_CST);
-}
-
-__attribute__((constructor)) static void watch_forks_for_calls(void) {
-    pthread_atfork(NULL, NULL, keep_own_calls);
 }
 
 bool shim_calls_begin(void) {

@@ -63,6 +63,16 @@ static counter_block *thread_block(void) {
     return own_block;
 }
 
+/* Around a fork (fork.c): the list and the totals must be whole in the child, which reads
+ * them; whoever holds the lock only adds up or links counters, so the fork waits for it. */
+void shim_profile_lock_for_fork(void) {
+    pthread_mutex_lock(&blocks_lock);
+}
+
+void shim_profile_unlock_after_fork(void) {
+    pthread_mutex_unlock(&blocks_lock);
+}
+
 void shim_profile_enable(bool on) {
     __atomic_store_n(&shim_profiling, on ? 1 : 0, __ATOMIC_RELEASE);
 }

@@ -27,6 +27,7 @@
 #include "shim_signals.h"
 #include "shim_profile.h"
 #include "shim_trace.h"
+#include "shim_fork.h"
 #include "shim_callbacks.h"
 
 /* Signal handlers held from C (signals_held.c): while a thread is inside a hold, the shim's
@@ -43,6 +44,11 @@ void shim_signals_release(void);
  * halide_error, naming `api`) in a forked child. */
 pid_t shim_bound_process(void);
 int shim_refuse_after_fork(void *user_context, pid_t bound, const char *api);
+/* What fork.c's handlers have the other files do. A child has only the forking thread: */
+void shim_calls_keep_own(void);              /* call_context.c: its calls alone are running */
+void shim_trace_forget_other_threads(void);  /* tracing.c: no other thread is in the handler */
+void shim_profile_lock_for_fork(void);       /* profile.c: its counters whole in the child... */
+void shim_profile_unlock_after_fork(void);   /* ...and free again, on both sides */
 
 /* The fast path's calls (fastcall.c): begin returns false once calls are closed at exit. */
 bool shim_calls_begin(void);

@@ -28,7 +28,6 @@
  * frees the buffer: a handler increments in_flight before it checks `recording`, and the stop
  * clears `recording` before it checks in_flight (both sequentially consistent), so either the
  * handler sees the stop or the stop sees the handler. */
-#include <pthread.h>
 #include <sched.h>
 #include <stdlib.h>
 #include <string.h>
@@ -342,16 +341,15 @@ static int32_t shim_trace_handler(void *user_context, const struct halide_trace_
     return previous_handler(user_context, e);
 }
 
-/* A child of fork has only the forking thread: handlers other threads were in do not exist
- * there, and a stop must not wait for them; and that thread has a new kernel thread id. */
-static void forget_other_threads(void) {
+/* In a child of fork (fork.c): handlers other threads were in do not exist there, and a stop
+ * must not wait for them; and the forking thread has a new kernel thread id. */
+void shim_trace_forget_other_threads(void) {
     __atomic_store_n(&in_flight, 0, __ATOMIC_SEQ_CST);
     own_thread_id = 0;
 }
 
 __attribute__((constructor)) static void install_handler(void) {
     previous_handler = halide_set_custom_trace(shim_trace_handler);
-    pthread_atfork(NULL, NULL, forget_other_threads);
 }
 
 void shim_trace_stop(void) {

@@ -24,6 +24,16 @@ _backends: dict[int, Backend] = {}
 _creation_lock = threading.Lock()
 
 
+def _after_fork_in_child() -> None:
+    # Another thread may have been creating a backend at the fork: the child creates its own
+    # (a backend is listed only once it is made).
+    global _creation_lock
+    _creation_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 def kinds() -> list[str]:
     """The device kinds the shim has backends for, as shim.device() takes them."""
     return list(_BY_KIND)

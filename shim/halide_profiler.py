@@ -37,16 +37,16 @@ profiled call still running; calls the shim stopped waiting for at exit (shim/sh
 would keep the process from ending, so then the report is written here and Halide's shutdown
 skipped.
 
-Fork: a child has none of its parent's other threads, so it starts with Halide's profiler lock
-free, no sampling thread (its first profiled call starts one), the per-name locks new, and in
-Halide's list of calls in flight only the forking thread's own (it may be inside calls, in an
-extern stage that forked: each unlinks itself as it ends).
+Fork: a child has none of its parent's other threads, so it starts with the per-name locks
+new, and (native_stubs/fork.c, for forks from C too) Halide's profiler lock free, no sampling
+thread (its first profiled call starts one), and in Halide's list of calls in flight only the
+forking thread's own (it may be inside calls, in an extern stage that forked: each unlinks
+itself as it ends).
 """
 
 from __future__ import annotations
 
 import atexit
-import ctypes
 import os
 import sys
 import threading
@@ -473,57 +473,11 @@ def _at_exit() -> None:
 
 
 def _after_fork_in_child() -> None:
-    """The child has only the thread that forked: whatever the others held is let go."""
+    """The child has only the thread that forked: the turns other threads held are let go.
+    (Halide's own state, its lock and list of calls in flight, is reset in C before this runs:
+    native_stubs/fork.c.)"""
     global _locks, _locks_lock, _handovers
     _locks, _locks_lock, _handovers = {}, threading.Lock(), {}
-    state = lib.halide_profiler_get_state()
-    state.lock._private[0] = 0  # (a thread that held it is gone: unlocked, nobody waiting)
-    # Calls in flight on other threads never end here, and their records (on those threads'
-    # stacks) may be reused: only the forking thread's own calls stay listed (it may be inside
-    # some, in an extern stage that forked; each unlinks its record as it ends). The sampling
-    # thread is gone too: the next call starts one.
-    _keep_only_own_calls(state)
-    state.sampling_thread = ffi.NULL
-
-
-def _keep_only_own_calls(state) -> None:
-    """Relink Halide's list of calls in flight to hold only the records on this thread's stack
-    (Halide keeps a call's record on its calling thread's stack)."""
-    stack = _own_stack()
-    own = []
-    instance = state.instances
-    while instance != ffi.NULL:
-        if stack is not None and stack[0] <= _key(instance) < stack[1]:
-            own.append(instance)
-        instance = instance.next
-    link = ffi.addressof(state, "instances")
-    for instance in own:
-        link[0] = instance
-        instance.prev_next = link
-        link = ffi.addressof(instance, "next")
-    link[0] = ffi.NULL
-
-
-def _own_stack() -> tuple[int, int] | None:
-    """[lowest, highest) address of the calling thread's stack (glibc's pthread_getattr_np), or
-    None where it cannot be told."""
-    try:
-        libc = ctypes.CDLL(None)
-        getattr_np = libc.pthread_getattr_np
-    except (OSError, AttributeError):
-        return None
-    libc.pthread_self.restype = ctypes.c_void_p
-    getattr_np.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
-    attr = ctypes.create_string_buffer(256)  # (a pthread_attr_t: 56 bytes on x86-64 glibc)
-    if getattr_np(libc.pthread_self(), attr) != 0:
-        return None
-    try:
-        base, size = ctypes.c_void_p(), ctypes.c_size_t()
-        if libc.pthread_attr_getstack(attr, ctypes.byref(base), ctypes.byref(size)) != 0:
-            return None
-        return (base.value or 0), (base.value or 0) + size.value
-    finally:
-        libc.pthread_attr_destroy(attr)
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -36,6 +36,7 @@ class Library:
         # (shim/pipeline_pickle.py). Read now rather than at the first pickle so that a file
         # deleted or rebuilt after loading still pickles the code this process runs.
         self.data = _read(self.path)
+        self._digest: str | None = None
         self.argv_address = _symbol_address(self._handle, self.name + "_argv")
         self.argv_fn = ffi.cast("int (*)(void **)", self.argv_address)
         metadata_fn = ffi.cast("const struct halide_filter_metadata_t *(*)(void)",
@@ -48,11 +49,14 @@ class Library:
             raise ArgumentError("path", f"{self.path}: metadata names the pipeline {md_name!r}, "
                                         f"exported as {self.name!r}")
 
-    @functools.cached_property
+    @property
     def digest(self) -> str:
         """The sha256 of ``data`` (hex): what names the library in pickles. Computed at the
-        first pickle, which most libraries never see."""
-        return hashlib.sha256(self.data).hexdigest()
+        first pickle, which most libraries never see. (Not a functools.cached_property: see
+        HalideType.dtype in shim/types.py.)"""
+        if self._digest is None:
+            self._digest = hashlib.sha256(self.data).hexdigest()  # (two threads: the same value)
+        return self._digest
 
 
 def _open_library(path: str):

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
-from functools import cached_property
 
 import numpy as np
 
@@ -25,18 +25,11 @@ class HalideType:
     def bytes(self) -> int:
         return (self.bits + 7) // 8
 
-    @cached_property
+    @property
     def dtype(self) -> np.dtype | None:
         """The numpy dtype with the same storage, or None where numpy has none (bfloat16,
         handles, vectors)."""
-        if self.lanes != 1:
-            return None
-        if self.code == UINT and self.bits == 1:
-            return np.dtype(np.bool_)
-        kind = {INT: "i", UINT: "u", FLOAT: "f"}.get(self.code)
-        if kind is None or self.bits not in (8, 16, 32, 64) or (kind == "f" and self.bits == 8):
-            return None
-        return np.dtype(f"{kind}{self.bytes}")
+        return _numpy_dtype(self.code, self.bits, self.lanes)
 
     @property
     def is_handle(self) -> bool:
@@ -97,3 +90,18 @@ class HalideType:
         if prefix == "f" and self.bits == 16:
             return "u16"  # float16 travels as its bits
         return f"{prefix}{self.bits}"
+
+
+# Not a functools.cached_property: Python 3.11's holds one lock, for every instance, while it
+# computes, and a child forked meanwhile found it held for good (its first call of a pipeline
+# then waited forever). functools.cache takes no lock.
+@functools.cache
+def _numpy_dtype(code: int, bits: int, lanes: int) -> np.dtype | None:
+    if lanes != 1:
+        return None
+    if code == UINT and bits == 1:
+        return np.dtype(np.bool_)
+    kind = {INT: "i", UINT: "u", FLOAT: "f"}.get(code)
+    if kind is None or bits not in (8, 16, 32, 64) or (kind == "f" and bits == 8):
+        return None
+    return np.dtype(f"{kind}{bits // 8}")

@@ -1,12 +1,15 @@
 """The ABI cffi sees matches Halide 21's real HalideRuntime.h, byte for byte."""
 
+import json
 import os
 import subprocess
+import sys
 
 import halide
 import pytest
 
 from shim.native import ffi
+from shim.pipelines.build import Build, build
 
 STRUCTS = {
     "halide_buffer_t": ["device", "device_interface", "host", "flags", "type", "dimensions",
@@ -76,3 +79,113 @@ def test_the_buffer_layout_is_the_documented_one():
     assert ffi.sizeof("halide_buffer_t") == 56
     assert ffi.offsetof("halide_buffer_t", "flags") == 24
     assert ffi.offsetof("halide_buffer_t", "dim") == 40
+
+
+# Halide's runtime internals a fork resets or locks (native_stubs/fork.c, abi/shim_fork.h):
+# no header has them, so what fork.c assumes of each is observed in a fresh process. argv: a
+# parallel pipeline (blur3x3), and a trace file for HL_TRACE_FILE.
+FORK_OBJECTS = r"""
+import ctypes, json, sys, time
+import numpy as np
+import shim
+from shim.native import ffi, lib
+
+seen = {}
+
+
+def found(name, which):
+    size = ffi.new("size_t *")
+    address = lib.shim_fork_object(which, size)
+    seen[name + " bytes"] = size[0] if address != ffi.NULL else None
+    return ffi.buffer(ffi.cast("char *", address), size[0])
+
+
+def zero(memory):
+    return not any(bytes(memory))
+
+
+queue = found("work queue", lib.SHIM_FORK_WORK_QUEUE)
+lot = found("parking lot", lib.SHIM_FORK_PARKING_LOT)
+lock = found("trace file lock", lib.SHIM_FORK_TRACE_FILE_LOCK)
+buffer = found("trace buffer", lib.SHIM_FORK_TRACE_BUFFER)
+# The memoization cache: its lock, table, LRU ends and size are all zeros in a fresh process.
+seen["memoization cache empty"] = [
+    zero(found(name, which)) for name, which in [
+        ("memoization lock", lib.SHIM_FORK_MEMOIZATION_LOCK),
+        ("cache entries", lib.SHIM_FORK_CACHE_ENTRIES),
+        ("most recently used", lib.SHIM_FORK_MOST_RECENTLY_USED),
+        ("least recently used", lib.SHIM_FORK_LEAST_RECENTLY_USED),
+        ("current cache size", lib.SHIM_FORK_CACHE_SIZE)]]
+
+# The work queue: its mutex (free), the thread count, then fields that are all zeros until the
+# first parallel loop, which records the pool's workers there.
+seen["parking lot before any wait"] = zero(lot)
+shim.set_num_threads(5)
+seen["queue before a loop"] = [zero(queue[:8]), int.from_bytes(queue[8:12], "little"),
+                               zero(queue[12:])]
+p = shim.load(sys.argv[1])
+p(np.zeros((34, 66), np.uint16), output=(32, 64))
+seen["queue after a loop"] = [zero(queue[:8]), int.from_bytes(queue[8:12], "little"),
+                              zero(queue[12:])]
+# The parking lot: the workers, idle once the loop is done, wait in it (a bucket of the table
+# holds each; the guard only ends a hang).
+deadline = time.monotonic() + 60
+while zero(lot) and time.monotonic() < deadline:
+    time.sleep(0.001)
+seen["parking lot with idle workers"] = zero(lot)
+seen["trace file lock"] = bytes(lock)[0]
+
+# The trace buffer: a pointer, set at the first event once HL_TRACE_FILE is open, to a header of
+# lock, cursor and overage: a begin_pipeline event of Func "f" takes a 32-byte packet
+# (halide_trace_packet_t's 28 bytes, "f", an empty tag, rounded up to 4); its end flushes it.
+so = ctypes.CDLL(shim._native.__file__)
+
+
+class Event(ctypes.Structure):  # struct halide_trace_event_t
+    _fields_ = [("func", ctypes.c_char_p), ("value", ctypes.c_void_p),
+                ("coordinates", ctypes.c_void_p), ("trace_tag", ctypes.c_char_p),
+                ("type", ctypes.c_uint32), ("event", ctypes.c_int), ("parent_id", ctypes.c_int32),
+                ("value_index", ctypes.c_int32), ("dimensions", ctypes.c_int32)]
+
+
+so.halide_trace.argtypes = [ctypes.c_void_p, ctypes.POINTER(Event)]
+pointer = ctypes.c_void_p.from_buffer(buffer)
+
+
+def header():
+    return list((ctypes.c_uint32 * 3).from_address(pointer.value))
+
+
+seen["trace buffer before any event"] = pointer.value
+begin = so.halide_trace(None, Event(b"f", None, None, None, 0, lib.halide_trace_begin_pipeline))
+seen["trace buffer after a begin"] = header()
+so.halide_trace(None, Event(b"f", None, None, None, 0, lib.halide_trace_end_pipeline, begin))
+seen["trace buffer after its end"] = header()
+print(json.dumps(seen))
+"""
+
+
+def test_the_halide_internals_a_fork_resets_are_laid_out_as_fork_c_assumes(tmp_path):
+    parallel = str(build(Build("blur3x3", "host", "bundled")))
+    env = dict(os.environ, HL_TRACE_FILE=str(tmp_path / "trace.bin"))
+    done = subprocess.run([sys.executable, "-c", FORK_OBJECTS, parallel], capture_output=True,
+                          text=True, env=env, timeout=120)
+    assert done.returncode == 0, done.stderr
+    seen = json.loads(done.stdout.splitlines()[-1])
+    assert seen.pop("work queue bytes") > 12
+    assert seen.pop("parking lot bytes") > 0
+    assert seen.pop("cache entries bytes") % ffi.sizeof("void *") == 0
+    assert seen == {
+        "trace file lock bytes": 1, "trace buffer bytes": ffi.sizeof("void *"),
+        "memoization lock bytes": ffi.sizeof("struct halide_mutex"),
+        "most recently used bytes": ffi.sizeof("void *"),
+        "least recently used bytes": ffi.sizeof("void *"), "current cache size bytes": 8,
+        "memoization cache empty": [True] * 5,
+        "queue before a loop": [True, 5, True],
+        "queue after a loop": [True, 5, False],
+        "parking lot before any wait": True, "parking lot with idle workers": False,
+        "trace file lock": 0,
+        "trace buffer before any event": None,
+        "trace buffer after a begin": [0, 32, 0],
+        "trace buffer after its end": [0, 0, 0],
+    }

@@ -48,6 +48,9 @@ INCOMPATIBLE_INTERFACE = lib.halide_error_code_incompatible_device_interface  # 
 # Rules pick live Buffers by an index taken modulo how many there are: it shrinks well and
 # needs no Bundle, which could not forget dropped Buffers.
 PICK = st.integers(0, 1 << 16)
+# A forked child still running this long after the fork is hung (SIGALRM ends it): a hang
+# guard, never a check of speed.
+FORK_HANG_GUARD_S = 30
 
 _pipelines = {}
 
@@ -656,6 +659,53 @@ class BufferMachine(RuleBasedStateMachine):
             gc.collect()
         problems = [str(w.message) for w in caught]
         assert not problems, f"dropping Buffers warned: {problems}"
+
+    # --- fork ------------------------------------------------------------------------------
+
+    @precondition(lambda self: not self.armed)
+    @rule(runtime=st.sampled_from(RUNTIMES))
+    def fork(self, runtime):
+        """os.fork while another thread is in a CPU pipeline's parallel loop. The README: CPU
+        pipelines and the host device work in the child. There every Buffer whose family is in
+        host memory or on the host device reads as the model says, and a parallel CPU pipeline
+        runs right; the child exits, its result through its status."""
+        brighten = pipelines("host", runtime)["brighten"]
+        source = np.arange(200 * 8, dtype=np.float32).reshape(200, 8)
+        stop, calls = threading.Event(), []
+
+        def call_in_a_loop():
+            while not stop.is_set():
+                brighten(source, scale=2.0, offset=1.0, output=source.shape)
+                calls.append(1)
+
+        caller = threading.Thread(target=call_in_a_loop)
+        caller.start()
+        while not calls and caller.is_alive():
+            pass
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: nothing of Hypothesis or pytest runs here
+            code = 1
+            try:
+                signal.alarm(FORK_HANG_GUARD_S)
+                for view in self.views:
+                    if view.root.device in (None, "host"):
+                        self.check_read(view, np.asarray(view.buf), "np.asarray in a forked child")
+                out = brighten(source, scale=2.0, offset=1.0, output=source.shape).numpy()
+                np.testing.assert_array_equal(out, source * 2 + 1)
+                code = 0
+            except BaseException as e:  # noqa: BLE001 - reported to the parent
+                os.write(write, repr(e).encode()[:4000])
+            finally:
+                os._exit(code)
+        os.close(write)
+        stop.set()
+        caller.join()
+        with os.fdopen(read, "rb") as report:
+            problem = report.read().decode()
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0, \
+            f"a forked child (status {os.waitstatus_to_exitcode(status)}): {problem}"
 
     # --- faults (simulated host device only) -----------------------------------------------
 

@@ -66,6 +66,11 @@ class Transfers:
         with self._lock:
             setattr(self, direction, getattr(self, direction) + nbytes)
 
+    def forget_after_fork(self) -> None:
+        """In a forked child: a new lock, since another thread of the parent may have held
+        this one at the fork (a count may miss that thread's last copy)."""
+        self._lock = threading.Lock()
+
     @property
     def total(self) -> int:
         return self.uploaded + self.downloaded + self.device_copied
@@ -368,16 +373,22 @@ class Backend(ABC):
     def __repr__(self) -> str:
         return f"<shim device {self.kind}: {self.name}>"
 
+    def forget_after_fork(self) -> None:
+        """In a forked child: it never touches the pools (their memory is the parent's driver
+        state), and the locks the parent's other threads may have held are new. A backend
+        with locks of its own that the child takes renews them here too."""
+        self._forked = True
+        self._pool.forget_after_fork()
+        self.transfers.forget_after_fork()
+
 
 # Every backend made, for the fork handler below.
 _backends: weakref.WeakSet = weakref.WeakSet()
 
 
 def _after_fork_in_child() -> None:
-    """A forked child never touches the pools: their memory is the parent's driver state."""
     for backend in list(_backends):
-        backend._forked = True
-        backend._pool.forget_after_fork()
+        backend.forget_after_fork()
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -77,6 +77,10 @@ class HostBackend(Backend):
     def clear_faults(self) -> None:
         self.set_faults()
 
+    def forget_after_fork(self) -> None:
+        super().forget_after_fork()
+        self._counter_lock = threading.Lock()  # (the host device works in a forked child)
+
     def _before_allocation(self) -> None:
         with self._counter_lock:
             self._allocations_seen += 1
