@@ -215,7 +215,9 @@ pid_t shim_bound_process(void) {
 }
 
 int shim_refuse_after_fork(void *user_context, pid_t bound, const char *api) {
-    if (__builtin_expect(bound == __atomic_load_n(&current_process, __ATOMIC_RELAXED), 1)) {
+    /* (0: the device is not initialized yet, in any process: its first use binds it here) */
+    if (__builtin_expect(bound == __atomic_load_n(&current_process, __ATOMIC_RELAXED), 1) ||
+        bound == 0) {
         return halide_error_code_success;
     }
     char message[160];
