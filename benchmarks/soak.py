@@ -14,6 +14,14 @@ while the others are in the middle of all that: the child (where the README says
 pipelines and the host device work) reads the Buffer and runs brighten; a child that fails,
 or has not ended FORK_HANG_GUARD_S after the fork, is an error of the fork operation.
 
+What a program brings along (``--no-disturb`` leaves it out): the main thread is one of the
+workers, with a signal handler of the program's own that raises (Interrupted, as a timeout
+would), and a disturber thread sends it that signal at random moments, starts and stops
+profiles over and over, and keeps putting pyopencl.array in sys.modules half-imported, as
+another thread importing it would. An operation the handler's exception comes out of is done
+or not done at all: the worker forgets what it expected and takes what it next reads (counted
+as "interrupted"); the exception turned into a ShimError is an error.
+
 Reported: operations done per kind, errors per kind (exception type and Halide code), lost
 writes, resident memory growth (VmRSS after a warm-up and at the end) and the device's live
 allocations once everything is dropped. Exit status 1 if a write was lost, an allocation is
@@ -33,6 +41,8 @@ import signal
 import sys
 import threading
 import time
+import traceback
+import types
 import warnings
 
 import numpy as np
@@ -76,6 +86,7 @@ class Stats:
         self.ops = collections.Counter()
         self.errors = collections.Counter()
         self.first_error: dict[tuple, str] = {}
+        self.first_traceback: dict[tuple, str] = {}
         self.lost = 0
         self.lost_examples: list[str] = []
 
@@ -87,7 +98,9 @@ class Stats:
         key = (operation, type(e).__name__, getattr(e, "code", None))
         with self.lock:
             self.errors[key] += 1
-            self.first_error.setdefault(key, f"{where}: {e}")
+            if key not in self.first_error:
+                self.first_error[key] = f"{where}: {e}"
+                self.first_traceback[key] = "".join(traceback.format_exception(e))
 
     def lost_write(self, message: str) -> None:
         with self.lock:
@@ -98,6 +111,56 @@ class Stats:
 
 class ForkedChildFailed(Exception):
     """A child forked by the fork operation failed, crashed or hung."""
+
+
+class Interrupted(BaseException):
+    """What the program's own signal handler raises (as KeyboardInterrupt, not an Exception)."""
+
+
+class Alarm:
+    """The program's signal handler: raises Interrupted while armed, disarming itself as it
+    does, so that its exceptions come out of the operations the main worker armed it for (a
+    handler raising anywhere in this script's own loop would test the script, not the shim)."""
+
+    def __init__(self):
+        self.armed = False
+
+    def __call__(self, signum, frame):
+        if self.armed:
+            self.armed = False
+            raise Interrupted(f"signal {signum}")
+
+
+class Disturber(threading.Thread):
+    """Sends the main thread SIGUSR1 (whose handler raises Interrupted) at random moments,
+    starts and stops profiles, and puts pyopencl.array in sys.modules half-imported and back,
+    until ``stop``; what fails is an error of the "profile" operation."""
+
+    def __init__(self, stats: Stats, seed: int):
+        super().__init__(daemon=True)
+        self.stats, self.random, self.done = stats, random.Random(seed), threading.Event()
+
+    def run(self) -> None:
+        main = threading.main_thread().ident
+        profile = None
+        while not self.done.wait(self.random.uniform(0, 0.004)):
+            signal.pthread_kill(main, signal.SIGUSR1)
+            try:
+                profile = profile.stop() and None if profile else shim.profile().start()
+                self.stats.op("profile")
+            except Exception as e:  # noqa: BLE001 - counted by kind, judged at the end
+                self.stats.error("profile", e, "the disturber")
+                profile = None
+            self.half_import()
+        if profile is not None:
+            profile.stop()
+
+    def half_import(self) -> None:
+        name, real = "pyopencl.array", sys.modules.get("pyopencl.array")
+        if isinstance(real, types.ModuleType) and hasattr(real, "Array"):
+            sys.modules[name] = types.ModuleType(name)  # (as another thread's import begins)
+            time.sleep(0.0005)
+            sys.modules[name] = real
 
 
 class Target:
@@ -117,6 +180,7 @@ class Target:
 class SoakThread:
     def __init__(self, index, parents, device, crop_fill, brighten, stats: Stats, seed: int):
         self.index = index
+        self.alarm = None  # the main thread's worker: the Alarm it arms around each operation
         self.device = device
         self.crop_fill = crop_fill
         self.brighten = brighten  # its CPU build, a parallel loop over rows
@@ -139,8 +203,21 @@ class SoakThread:
         target = self.random.choice(self.targets)
         operation = self.random.choice(self.operations)
         try:
-            operation(target)
+            # (Not around a fork: os.fork runs Python's own at-fork handlers, logging's among
+            # them, which an exception cut short leaves with a lock taken or freed twice.)
+            if self.alarm is not None and operation != self.fork:
+                self.alarm.armed = True
+            try:
+                operation(target)
+            finally:
+                if self.alarm is not None:
+                    self.alarm.armed = False
             self.stats.op(operation.__name__)
+        except Interrupted:
+            self.stats.op("interrupted")  # done or not done at all: take what is read next
+            target.expected = None
+            if target.buf is None:
+                target.buf = target.make()  # (recrop, cut between dropping and re-making)
         except Exception as e:  # noqa: BLE001 - counted by kind, judged at the end
             self.stats.error(operation.__name__, e, f"thread {self.index} on {target.name}")
             target.expected = None  # unknown now: the next read re-syncs
@@ -272,6 +349,10 @@ def main(argv=None) -> int:
     parser.add_argument("--minutes", type=float, default=5.0)
     parser.add_argument("--device", choices=("opencl", "host"), default="opencl")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--disturb", action=argparse.BooleanOptionalAction, default=True,
+                        help="the main thread works too, with signals whose handler raises, "
+                             "profiles started and stopped, pyopencl.array half-imported "
+                             "(default: on)")
     parser.add_argument("--switch-interval", type=float, default=1e-5,
                         help="seconds between Python thread switches (default 1e-5; Python's "
                              "own 5 ms lets each thread run dozens of operations alone, and "
@@ -296,16 +377,27 @@ def main(argv=None) -> int:
         while not stop.is_set():
             worker.step()
 
-    runners = [threading.Thread(target=body, args=(t,), daemon=True) for t in threads]
+    # With --disturb the main thread is worker 0 (where Python runs signal handlers).
+    on_main = threads[0] if args.disturb else None
+    runners = [threading.Thread(target=body, args=(t,), daemon=True) for t in threads
+               if t is not on_main]
+    disturber = Disturber(stats, args.seed) if args.disturb else None
+    if disturber is not None:
+        on_main.alarm = Alarm()
+        signal.signal(signal.SIGUSR1, on_main.alarm)
     started = time.monotonic()
-    for runner in runners:
+    for runner in runners + ([disturber] if disturber else []):
         runner.start()
-    time.sleep(WARM_UP_SECONDS)
-    rss_start = rss_kib()
+    rss_start = None
     deadline = started + args.minutes * 60
     next_report = time.monotonic() + PROGRESS_SECONDS
     while time.monotonic() < deadline:
-        time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
+        if on_main is not None:
+            on_main.step()
+        else:
+            time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
+        if rss_start is None and time.monotonic() >= started + WARM_UP_SECONDS:
+            rss_start = rss_kib()
         if time.monotonic() >= next_report:
             next_report += PROGRESS_SECONDS
             with stats.lock:
@@ -313,13 +405,17 @@ def main(argv=None) -> int:
             print(f"[{time.monotonic() - started:6.0f} s] {done} ops, {errors} errors, "
                   f"{lost} lost writes, VmRSS {rss_kib() / 1024:.1f} MiB", flush=True)
     stop.set()
-    for runner in runners:
+    if disturber is not None:
+        disturber.done.set()
+        disturber.join(60)
+    for runner in runners + ([disturber] if disturber else []):
         runner.join(60)
-    hung = sum(runner.is_alive() for runner in runners)
+    hung = sum(runner.is_alive() for runner in runners + ([disturber] if disturber else []))
+    rss_start = rss_kib() if rss_start is None else rss_start
     rss_end = rss_kib()
 
     # Drop everything; what is left on the device is a leak.
-    del threads, parents, runners
+    del threads, parents, runners, on_main
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         warnings.simplefilter("ignore", shim.DirtyBufferWarning)
@@ -335,6 +431,8 @@ def main(argv=None) -> int:
         note = "documented refusal" if key in DOCUMENTED else "UNEXPECTED"
         print(f"  {key[1]} code {key[2]} in {key[0]}: {count} ({note}); first: "
               f"{stats.first_error[key]}")
+        if key not in DOCUMENTED:
+            print("    " + stats.first_traceback[key].replace("\n", "\n    "))
     print(f"lost writes: {stats.lost}")
     for example in stats.lost_examples:
         print(f"  {example}")

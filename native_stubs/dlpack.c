@@ -41,15 +41,35 @@ void shim_dlpack_capsule_destructor(void *object) {
  * entered), where cffi swallows it ("Exception ignored from cffi callback") and the pin leaks
  * for good. So signal handlers are held (signals_held.c) around the whole callback, and a
  * signal noted meanwhile is handled in the code that dropped the capsule, once the tensor is
- * released. (cffi takes the GIL inside.) */
-void shim_dlpack_delete(DLManagedTensor *self) {
+ * released. */
+/* A consumer may drop the tensor while an exception is being raised (numpy frees an array it
+ * had just made when the next bytecode raises: `[np.from_dlpack(buf)][missing]`): the
+ * deleter's Python code must not run with that exception set, which lost it for good (cffi
+ * reported the deleter's SystemError and cleared both). It is kept aside meanwhile, as a
+ * finalizer keeps it (signals_held.c). */
+static PyGILState_STATE deleter_enter(PyObject *saved[3]) {
+    PyGILState_STATE gil = PyGILState_Ensure();
+    PyErr_Fetch(&saved[0], &saved[1], &saved[2]);
     shim_signals_hold();
-    shim_py_dlpack_delete(self);
+    return gil;
+}
+
+static void deleter_leave(PyGILState_STATE gil, PyObject *saved[3]) {
     shim_signals_release();
+    PyErr_Restore(saved[0], saved[1], saved[2]);
+    PyGILState_Release(gil);
+}
+
+void shim_dlpack_delete(DLManagedTensor *self) {
+    PyObject *saved[3];
+    PyGILState_STATE gil = deleter_enter(saved);
+    shim_py_dlpack_delete(self);
+    deleter_leave(gil, saved);
 }
 
 void shim_dlpack_delete_versioned(DLManagedTensorVersioned *self) {
-    shim_signals_hold();
+    PyObject *saved[3];
+    PyGILState_STATE gil = deleter_enter(saved);
     shim_py_dlpack_delete_versioned(self);
-    shim_signals_release();
+    deleter_leave(gil, saved);
 }

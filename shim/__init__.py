@@ -4,11 +4,13 @@ Importing shim loads its native runtime library into the global symbol scope fir
 pipeline loaded afterwards calls the shim's halide_* functions instead of Halide's own.
 """
 
+import os
+
 from shim import native  # noqa: F401  (must come first: see shim/native.py)
 from shim._version import __version__  # noqa: F401  (its one source, which setup.cfg reads)
 from shim import callbacks  # noqa: F401  (registers the device layer's callbacks)
 from shim import shutdown  # noqa: F401  (an orderly exit)
-from shim import interrupts
+from shim import families, interrupts
 from shim.allocation_reuse import (
     can_reuse_device_allocations,
     release_unused_device_allocations,
@@ -38,6 +40,9 @@ from shim.threads import num_threads, set_num_threads
 from shim.types import HalideType
 
 interrupts.install()  # no signal handler runs inside the device layer's bookkeeping
+# Last of the at-fork hooks (after those every module above registered): until it has run, a
+# forked child's finalizers give nothing back (see shim/families.py).
+os.register_at_fork(after_in_child=families.after_fork_in_child)
 
 __all__ = [
     "Argument",

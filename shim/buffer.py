@@ -24,6 +24,7 @@ from shim import (
     dlpack_export,
     families,
     flags,
+    interrupts,
     shutdown,
 )
 from shim.aliasing import has_allocation
@@ -209,10 +210,6 @@ class Buffer(Finalized):
         self._set_dims(dims)
         self._array = array
         self._type = htype
-        self._family = Family() if family is None else family
-        families.register_owned(raw, self._family)
-        # What the C fast paths need to record calls on this Buffer (never changes either).
-        self._record = families.call_record(raw, self._family, array)
         # Where this Buffer lies in its family's root (itself, unless it is a crop or slice):
         # its box in the root's coordinates, and which root dimension each of its is (None for
         # one that embedded() added).
@@ -224,6 +221,15 @@ class Buffer(Finalized):
         self._unread = False
         # What the memory belongs to, if not the shim (a DLPack producer's tensor).
         self._keepalive = keepalive
+        family = Family() if family is None else family
+        # Last, and in one piece (signal handlers held): the struct joins its family, which
+        # _finalize takes as the sign that there is something to give back. Joined with an
+        # attribute still missing, the finalizer failed and the registry kept the entry.
+        with interrupts.deferred():
+            self._family = family
+            families.register_owned(raw, family)
+            # What the C fast paths need to record calls on this Buffer (never changes).
+            self._record = families.call_record(raw, family, array)
 
     def _set_dims(self, dims) -> None:
         """Give the struct ``dims``: (min, extent, stride) per Halide dimension, x first."""
@@ -551,11 +557,14 @@ class Buffer(Finalized):
 
     def _init_as_view(self, parent: Buffer, array: np.ndarray, mins, root_box, root_dims,
                       mins_argument: str = "mins") -> None:
-        # (Memory a DLPack producer owns outlives every view.)
-        self._init_from_array(array, "crop", mins=mins, family=parent._family,
-                              keepalive=parent._keepalive, mins_argument=mins_argument)
-        self._root_box, self._root_dims = root_box, root_dims
-        buffer_operations.adopt(parent._raw, parent._root_box, self._raw, root_box)
+        # In one piece (signal handlers held): a view registered in its family but never
+        # adopted as its member would be one the family does not know.
+        with interrupts.deferred():
+            # (Memory a DLPack producer owns outlives every view.)
+            self._init_from_array(array, "crop", mins=mins, family=parent._family,
+                                  keepalive=parent._keepalive, mins_argument=mins_argument)
+            self._root_box, self._root_dims = root_box, root_dims
+            buffer_operations.adopt(parent._raw, parent._root_box, self._raw, root_box)
 
     def _reshape(self, array: np.ndarray, mins, root_dims, argument: str) -> None:
         """Give this Buffer's own struct another geometry over the same elements, as
@@ -922,6 +931,8 @@ class Buffer(Finalized):
             return  # construction failed before the struct joined a family: nothing to release
         if shutdown.shut_down():
             return  # the interpreter is exiting: device memory goes with the process
+        if families.forking() or families.abandoned(self._family):
+            return  # a forked child: another thread's Buffer, as it left it (see families)
         if self._family.lock.held_by_current_thread():
             # The collector ran inside this family's own critical section: what keeps the
             # struct and its memory alive goes to the family, which finishes the job once its

@@ -16,6 +16,7 @@ after acquiring and retries with the right one.
 
 from __future__ import annotations
 
+import os
 import threading
 from contextlib import contextmanager
 from typing import NamedTuple
@@ -34,13 +35,16 @@ class FamilyLock(LockState):
     ``owner`` and ``waiting`` are C fields of its base class: the C fast paths read them at
     every call (native_stubs/call_records.c)."""
 
-    __slots__ = ("_lock", "_changed")
+    __slots__ = ("_lock", "_changed", "abandoned")
 
     def __init__(self):
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
         self.owner = None
         self.waiting = 0  # threads in wait(): notify_all costs nothing without them
+        # In a forked child: another thread of the parent was changing or using the family
+        # at the fork (see after_fork_in_child), and never goes on here.
+        self.abandoned = False
 
     def acquire(self) -> None:
         me = threading.get_ident()
@@ -50,9 +54,12 @@ class FamilyLock(LockState):
             raise ShimError("this thread already holds the lock of this Buffer's allocation "
                             "family (a signal handler that uses the Buffers of a device "
                             "operation it interrupted?): it would wait for itself forever")
-        # Blocking here releases the GIL, so a thread waiting for a family never stops the
-        # thread that holds it from running Python.
-        self._lock.acquire()
+        if not self._lock.acquire(blocking=False):
+            if self.abandoned or forking():  # (then its holder is another thread's)
+                raise _abandoned_error()
+            # Blocking here releases the GIL, so a thread waiting for a family never stops
+            # the thread that holds it from running Python.
+            self._lock.acquire()
         self.owner = me
 
     def release(self) -> None:
@@ -70,6 +77,15 @@ class FamilyLock(LockState):
 
     def held_by_current_thread(self) -> bool:
         return self.owner == threading.get_ident()
+
+    def taken(self) -> bool:
+        """Whether another thread holds it (or is in the middle of taking or giving it back:
+        in a forked child, threading.Lock.locked() can say no of a lock whose semaphore a
+        thread of the parent was still holding, so this asks the semaphore)."""
+        if self._lock.acquire(blocking=False):
+            self._lock.release()
+            return False
+        return True
 
     def wait(self, timeout: float) -> None:
         """With the lock held: release it until ``notify_all`` (or ``timeout``), then hold it
@@ -425,11 +441,60 @@ def await_calls(family: Family | None, raw=None, *, writers_only: bool = False) 
     no two calls ever wait for each other."""
     if family is None or not family.uses or _inside_pipeline_call():
         return
+    if abandoned(family):
+        raise _abandoned_error()  # (the calls it would wait for never end in this child)
     member = family.members.get(address_of(raw)) if family.shared and raw is not None else None
     box = member.box if member is not None else None
     while any(_conflicts(use, box, writers_only) for use in family.uses):
         interrupts.run_pending()  # (a safe point: a handler's exception ends the wait)
         family.lock.wait(0.05)
+
+
+# --- forks ------------------------------------------------------------------------------------
+#
+# A forked child has only the thread that forked. A family another thread of the parent was
+# changing (its lock held) or using (a pipeline call recorded on it) stays as that thread left
+# it, and that thread never goes on there: its operations would wait for good. Such a family is
+# abandoned: operations on its Buffers raise ShimError instead, and its Buffers' finalizers let
+# go without giving anything back (the memory goes with the process). Python runs finalizers
+# inside os.fork itself, as it deletes the other threads' states (for the Buffers only their
+# frames held: other threads' Buffers), before the at-fork hooks, while the shim's locks other
+# threads held are still held: until the last hook (after_fork_in_child, which shim/__init__.py
+# registers after every module's own) has run, the child is ``forking()``, finalizers give
+# nothing back, and ``abandoned`` judges each family as that hook will. (A call of the forking
+# thread's own, from an extern stage that forked, records uses that do end: with one running,
+# only families whose lock is held are abandoned.)
+
+_process = os.getpid()  # the process whose threads the families' locks and uses are
+
+
+def forking() -> bool:
+    """Whether this is a forked child whose at-fork hooks have not all run yet."""
+    return os.getpid() != _process
+
+
+def _left_by_another_thread(family: Family) -> bool:
+    return family.lock.taken() or bool(family.uses and lib.shim_current_call() == ffi.NULL)
+
+
+def abandoned(family: Family) -> bool:
+    """Whether ``family`` was left by another thread of the parent process at a fork."""
+    return family.lock.abandoned or (forking() and _left_by_another_thread(family))
+
+
+def _abandoned_error() -> ShimError:
+    return ShimError("this Buffer was in use by another thread of the parent process when this "
+                     "process was forked, and that thread does not exist here: the Buffer cannot "
+                     "be used in this process (make it again, or fork when no other thread is "
+                     "using it)")
+
+
+def after_fork_in_child() -> None:
+    global _process
+    for family in {id(f): f for f in (*_owned.values(), *_by_handle.values())}.values():
+        if _left_by_another_thread(family):
+            family.lock.abandoned = True
+    _process = os.getpid()
 
 
 def _conflicts(use: Use, box, writers_only: bool) -> bool:

@@ -533,3 +533,25 @@ def test_a_pipeline_writes_into_imported_device_memory(opencl, load):
     load("brighten")(image, scale=1.0, offset=2.0, output=OpenCLProducer(target))  # a CPU pipeline
     assert target.device_dirty()  # the results went to its device memory
     np.testing.assert_array_equal(target.numpy(), image + 2)
+
+
+@pytest.mark.parametrize("versioned", [True, False], ids=["versioned", "legacy"])
+def test_an_exception_raised_as_a_consumer_drops_an_export_is_not_lost(versioned):
+    """numpy frees an array it has just made when the next bytecode raises (the list below,
+    still on Python's stack, goes as the NameError unwinds it), and so runs the export's
+    deleter with that exception set: the deleter's Python code ran with it, cffi reported a
+    SystemError and cleared both, and the program went on as if nothing had been raised."""
+    buf = shim.Buffer(np.zeros((4, 4), np.int32))
+    capsule_of = (lambda: buf.__dlpack__(max_version=(1, 0))) if versioned else buf.__dlpack__
+
+    class Consumer:
+        def __dlpack__(self, **kwargs):
+            return capsule_of()
+
+        def __dlpack_device__(self):
+            return buf.__dlpack_device__()
+
+    with pytest.raises(NameError, match="undefined_name"):
+        [np.from_dlpack(Consumer())][undefined_name]  # noqa: F821, B018
+    gc.collect()
+    assert buf.numpy().sum() == 0  # (and the pin is gone: the Buffer is used as before)

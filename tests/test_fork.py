@@ -688,3 +688,57 @@ def test_a_child_forked_while_another_thread_holds_a_shim_lock_uses_the_host_dev
     """The child renews the lock (before: it waited for good)."""
     done = run_isolated(SHIM_LOCK, which)
     assert done.returncode == 0, (done.returncode, done.stderr)
+
+
+BUSY_BUFFERS = r"""
+import os, signal, sys, threading
+import numpy as np
+import shim
+
+buf = shim.Buffer(np.arange(16, dtype=np.int32).reshape(4, 4))
+held, release = threading.Event(), threading.Event()
+
+
+def holder():
+    # Another thread in the middle of an operation on buf's family, and the only one that
+    # holds `mine`, whose family it is using too: in the child, `mine` is freed as Python
+    # deletes this thread's state, inside os.fork.
+    mine = shim.Buffer(np.zeros((4, 4), np.int32))
+    with buf.family.lock, mine.family.lock:
+        held.set()
+        release.wait()
+    del mine
+
+
+thread = threading.Thread(target=holder)
+thread.start()
+held.wait()
+pid = os.fork()
+if pid == 0:
+    signal.alarm(int(sys.argv[1]))  # (a hang guard)
+    try:
+        buf.copy_to_device(shim.device("host"))  # (takes the family's lock)
+        code = 1  # it went through a family another thread was changing
+    except shim.ShimError as e:
+        code = 0 if "another thread of the parent" in str(e) else 2
+    fresh = shim.Buffer(np.ones((4, 4), np.int32))
+    fresh.copy_to_device(shim.device("host"))
+    fresh.copy_to_host()
+    os._exit(code if fresh.numpy().sum() == 16 else 3)
+release.set()
+thread.join()
+_, status = os.waitpid(pid, 0)
+print("child", os.waitstatus_to_exitcode(status))
+buf.copy_to_host()  # (the parent's own use goes on)
+"""
+
+
+def test_a_child_forked_while_another_thread_uses_buffers_refuses_them_instead_of_hanging():
+    """A child inherits the families another thread of the parent was in the middle of (its
+    lock held, or a pipeline call on it): that thread never goes on there. The child hung
+    right inside os.fork, as Python freed a Buffer only that thread's frame held and its
+    finalizer waited for the lock; and an operation on such a Buffer waited for good. Now the
+    finalizer lets go, the operation raises ShimError, and fresh Buffers work."""
+    done = run_isolated(BUSY_BUFFERS, str(HANG_GUARD_S))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "child 0" in done.stdout, done.stdout + done.stderr

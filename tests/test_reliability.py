@@ -912,3 +912,52 @@ def test_a_child_forked_from_another_thread_holds_signal_handlers_on_its_main_th
         """)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "child 0" in done.stdout, done.stdout
+
+
+@pytest.mark.parametrize("made", ["buffer", "crop"])
+def test_a_buffer_whose_making_a_handler_interrupts_leaves_nothing_behind(made):
+    """A handler's exception landing at any line of making a Buffer (or a crop) outside the
+    layer's sections: once, between the struct joining its family and the Buffer getting the
+    rest of what its finalizer reads, the finalizer failed ("Exception ignored ... has no
+    attribute '_keepalive'") and the family's registry kept the struct for good."""
+    if threading.current_thread() is not threading.main_thread():
+        pytest.fail("signals land on the main thread: run this test there")
+    from shim import families
+    from shim.buffer import Buffer
+
+    parent = shim.Buffer(np.zeros((6, 8), np.int32))
+    codes = {Buffer._init_from_array.__code__, Buffer._init_as_view.__code__}
+    before, unraisable, interrupted = families.live_counts(), [], 0
+    previous_signal = signal.signal(signal.SIGUSR1, raise_stop)
+    previous_hook, sys.unraisablehook = sys.unraisablehook, unraisable.append
+    try:
+        for nth in range(1, 60):
+            lines = [0]
+
+            def trace(frame, event, arg):
+                if frame.f_code in codes:
+                    if event == "line":
+                        lines[0] += 1
+                        if lines[0] == nth:
+                            signal.raise_signal(signal.SIGUSR1)  # (its handler runs here)
+                    return trace
+                return None
+
+            sys.settrace(trace)
+            try:
+                made_one = parent.cropped(0, 2, 4) if made == "crop" else \
+                    Buffer(np.zeros((3, 5), np.float32))
+                del made_one
+            except Stop:
+                interrupted += 1
+            finally:
+                sys.settrace(None)
+            if lines[0] < nth:
+                break  # (every line has been tried)
+            gc.collect()
+            assert families.live_counts() == before, f"interrupted at line {nth}"
+    finally:
+        sys.unraisablehook = previous_hook
+        signal.signal(signal.SIGUSR1, previous_signal)
+    assert interrupted > 5
+    assert not unraisable, [str(u.exc_value) for u in unraisable]
