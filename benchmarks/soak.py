@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import faulthandler
 import gc
 import itertools
 import os
@@ -62,6 +63,9 @@ DOCUMENTED = {("host_write", "DeviceError", lib.halide_error_code_host_and_devic
 # A forked child still running this long after the fork is hung (SIGALRM ends it): a hang
 # guard, never a check of speed.
 FORK_HANG_GUARD_S = 30
+# No progress line for this long means the soak itself hangs: every thread's stack goes to
+# stderr and the process ends (a hang guard again, never a check of speed).
+HANG_GUARD_S = 120
 
 
 def rss_kib() -> int:
@@ -391,6 +395,7 @@ def main(argv=None) -> int:
     rss_start = None
     deadline = started + args.minutes * 60
     next_report = time.monotonic() + PROGRESS_SECONDS
+    faulthandler.dump_traceback_later(HANG_GUARD_S, exit=True)
     while time.monotonic() < deadline:
         if on_main is not None:
             on_main.step()
@@ -404,6 +409,7 @@ def main(argv=None) -> int:
                 done, errors, lost = sum(stats.ops.values()), sum(stats.errors.values()), stats.lost
             print(f"[{time.monotonic() - started:6.0f} s] {done} ops, {errors} errors, "
                   f"{lost} lost writes, VmRSS {rss_kib() / 1024:.1f} MiB", flush=True)
+            faulthandler.dump_traceback_later(HANG_GUARD_S, exit=True)
     stop.set()
     if disturber is not None:
         disturber.done.set()
@@ -421,6 +427,7 @@ def main(argv=None) -> int:
         warnings.simplefilter("ignore", shim.DirtyBufferWarning)
         gc.collect()
     live = device.live_allocations
+    faulthandler.cancel_dump_traceback_later()
 
     elapsed = time.monotonic() - started
     print(f"\n{args.threads} threads on {device.kind} for {elapsed:.0f} s")

@@ -3,8 +3,7 @@
  * run (shim/call_uses.py's begin_call and end_call, PreparedCall._results), done with a few
  * C-API calls on the same Python objects, for the common case where they are simple:
  *
- * - no thread holds a family's lock (FamilyLock.owner is None) and none has deferred work to
- *   it; a shared family (a Buffer and its crops, which keep regions) is in a state for which
+ * - no thread holds a family's lock (FamilyLock.owner is None); a shared family (a Buffer and its crops, which keep regions) is in a state for which
  *   shared_records.c has a plan;
  * - array inputs' families have no call in flight and no changes on the device side.
  *
@@ -32,7 +31,7 @@
 #include "shim_native.h"
 #include "fastcall.h"
 
-static PyObject *s_run_deferred, *s_copy_to_host;
+static PyObject *s_copy_to_host;
 
 /* --- slots read and written directly ------------------------------------------------------ */
 
@@ -85,8 +84,7 @@ PyObject *shim_buffer_record(PyObject *buffer) {
 bool shim_member_init(shim_member *m, PyObject *buffer, PyObject *record, bool output,
                       bool replaces, bool array_input, bool to_host) {
     if (!PyTuple_Check(record) || PyTuple_Size(record) != RECORD_FIELDS ||
-        !PyList_Check(PyTuple_GetItem(record, RECORD_USES)) ||
-        !PyList_Check(PyTuple_GetItem(record, RECORD_DEFERRED))) {
+        !PyList_Check(PyTuple_GetItem(record, RECORD_USES))) {
         PyErr_SetString(PyExc_TypeError, "a Buffer's call record is malformed");
         return false;
     }
@@ -125,10 +123,6 @@ static bool lock_free(const shim_member *m, bool no_waiters) {
 
 static bool shared_family(const shim_member *m) {
     return shim_flags_get(m->raw) & SHIM_BUFFER_FLAG_REGIONS;
-}
-
-static bool nothing_deferred(const shim_member *m) {
-    return PyList_Size(shim_record_field(m, RECORD_DEFERRED)) == 0;
 }
 
 /* --- beginning and ending a use ---------------------------------------------------------- */
@@ -196,7 +190,7 @@ static int end_in_python(const shim_member *m, PyObject *end_call) {
  * first, after which the lock is checked again. */
 static bool begin_use(shim_member *m, bool host_write) {
     for (bool plan = true;; plan = false) {
-        if (!nothing_deferred(m) || !lock_free(m, false)) {
+        if (!lock_free(m, false)) {
             return false;
         }
         if (!shared_family(m)) {
@@ -215,7 +209,7 @@ static bool begin_use(shim_member *m, bool host_write) {
  * an exception set if that failed. */
 static int end_use(const shim_member *m, PyObject *end_call) {
     for (bool plan = true;; plan = false) {
-        if (!nothing_deferred(m) || !lock_free(m, true)) {
+        if (!lock_free(m, true)) {
             break;
         }
         if (m->shared_use == NULL) {
@@ -234,19 +228,6 @@ static int end_use(const shim_member *m, PyObject *end_call) {
         }
     }
     return end_in_python(m, end_call);
-}
-
-/* Run whatever other threads deferred to the family while the call held it. */
-static int run_deferred(const shim_member *m) {
-    if (PyList_Size(shim_record_field(m, RECORD_DEFERRED)) == 0) {
-        return 0;
-    }
-    shim_signals_hold();
-    PyObject *done = PyObject_CallMethodObjArgs(shim_record_field(m, RECORD_FAMILY), s_run_deferred,
-                                                NULL);
-    shim_signals_release();
-    Py_XDECREF(done);
-    return done == NULL ? -1 : 0;
 }
 
 bool shim_members_begin(shim_member *members, int count, PyObject *end_call, bool host_write) {
@@ -276,11 +257,6 @@ int shim_members_end(const shim_member *members, int count, PyObject *end_call) 
     PyObject *type = NULL, *value = NULL, *traceback = NULL;
     for (int i = 0; i < count; i++) {
         if (end_use(&members[i], end_call) < 0) {
-            keep_first_error(&type, &value, &traceback);
-        }
-    }
-    for (int i = 0; i < count; i++) {
-        if (run_deferred(&members[i]) < 0) {
             keep_first_error(&type, &value, &traceback);
         }
     }
@@ -338,8 +314,7 @@ static bool lock_type_ready(PyObject *lock_type) {
 }
 
 bool shim_call_records_ready(PyObject *buffer_type, PyObject *lock_type) {
-    if ((s_run_deferred == NULL && (s_run_deferred = PyUnicode_InternFromString("run_deferred")) == NULL) ||
-        (s_copy_to_host == NULL && (s_copy_to_host = PyUnicode_InternFromString("copy_to_host")) == NULL)) {
+    if (s_copy_to_host == NULL && (s_copy_to_host = PyUnicode_InternFromString("copy_to_host")) == NULL) {
         return false;
     }
     if (!slot_init(&buffer_record, buffer_type, "_record") ||

@@ -60,7 +60,6 @@ enum {
     RECORD_FAMILY,        /* its Family */
     RECORD_LOCK,          /* family.lock */
     RECORD_USES,          /* family.uses, a list */
-    RECORD_DEFERRED,      /* family.deferred, a list */
     RECORD_USE_INPUT,     /* the Use of a call reading it */
     RECORD_USE_REPLACING, /* ... of a call writing it without reading it */
     RECORD_USE_UPDATING,  /* ... of a call writing it and reading it */

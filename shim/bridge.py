@@ -12,10 +12,9 @@ raises shim.DeviceError, chained from that kept exception, when a runtime call f
 from __future__ import annotations
 
 import os
-import threading
 from contextlib import contextmanager
 
-from shim import interrupts, profiler, streams
+from shim import interrupts, profiler, sections, streams
 from shim.backends.base import BackendError
 from shim.errors import DeviceError
 from shim.native import CallContext, ffi, lib
@@ -36,14 +35,14 @@ class Failure(Exception):
 
 # Exceptions behind failures, by call context id, for the caller to chain from.
 _exceptions: dict[int, BaseException] = {}
-_exceptions_guard = threading.Lock()  # only for this dict, never held across work
+_exceptions_guard = sections.Lock()  # only for this dict, never held across work
 
 
 def _after_fork_in_child() -> None:
     # Another thread may have held the guard at the fork; its entries are left (no call of the
     # child has their ids).
     global _exceptions_guard
-    _exceptions_guard = threading.Lock()
+    _exceptions_guard = sections.Lock()
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)

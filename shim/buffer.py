@@ -25,6 +25,7 @@ from shim import (
     families,
     flags,
     interrupts,
+    sections,
     shutdown,
 )
 from shim.aliasing import has_allocation
@@ -933,16 +934,10 @@ class Buffer(Finalized):
             return  # the interpreter is exiting: device memory goes with the process
         if families.forking() or families.abandoned(self._family):
             return  # a forked child: another thread's Buffer, as it left it (see families)
-        if self._family.lock.held_by_current_thread():
-            # The collector ran inside this family's own critical section: what keeps the
-            # struct and its memory alive goes to the family, which finishes the job once its
-            # lock is free.
-            state = _Dropped(raw, self._dims, self._array, self._keepalive, self._family,
-                             self._exposed, self._unread, repr(self))
-            self._family.deferred.append(state.release)
-            return
-        _Dropped(raw, self._dims, self._array, self._keepalive, self._family, self._exposed,
-                 self._unread, repr(self)).release()
+        # (Inside one of the layer's critical sections on this thread, the release waits
+        # until the thread is out of them: shim/sections.py.)
+        sections.later(_Dropped(raw, self._dims, self._array, self._keepalive, self._family,
+                                self._exposed, self._unread, repr(self)).release)
 
     def __repr__(self) -> str:
         return f"<shim.Buffer {self._type} shape={self.shape}>"

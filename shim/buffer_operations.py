@@ -8,7 +8,7 @@ calls running on the same elements (families.await_calls).
 
 from __future__ import annotations
 
-from shim import aliasing, families, flags, interrupts, runtime
+from shim import aliasing, families, flags, interrupts, runtime, sections
 from shim.aliasing import has_allocation
 from shim.backends.base import interface_of
 from shim.bridge import E, Failure, run_for_python
@@ -147,8 +147,8 @@ def pin_device(raw, backend):
         memory = family.memory_of(handle)
 
     def unpin() -> None:
-        if family.lock.held_by_current_thread():  # a finalizer inside the family's own work
-            family.deferred.append(unpin)
+        if sections.inside():  # a finalizer inside the layer's own work (see shim/sections.py)
+            sections.later(unpin)
             return
         with interrupts.deferred():
             family.lock.acquire()
@@ -156,7 +156,6 @@ def pin_device(raw, backend):
                 runtime.drop_handle(family, handle)
             finally:
                 family.lock.release()
-        family.run_deferred()
 
     return unpin, handle, memory
 

@@ -30,8 +30,6 @@ def begin_call(call_id: int, arguments, host_write: bool) -> list:
                 with family.lock:
                     uses.append((raw, family, _begin_use(call_id, raw, family, output, inputs,
                                                          host_write)))
-                if family.deferred:
-                    family.run_deferred()
     except BaseException:
         end_call(call_id, uses)
         raise
@@ -89,8 +87,6 @@ def end_call(call_id: int, uses: list) -> None:
                     failure = failure or e
                 finally:
                     family.lock.notify_all()
-            if family.deferred:
-                family.run_deferred()
     if failure is not None:
         raise failure
 

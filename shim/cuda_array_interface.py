@@ -24,10 +24,9 @@ reuse): a consumer never reads memory the shim gave to someone else.
 
 from __future__ import annotations
 
-import threading
 import weakref
 
-from shim import device_export, shutdown
+from shim import device_export, sections, shutdown
 from shim.dlpack_capsules import DLDeviceType
 
 VERSION = 3
@@ -35,7 +34,7 @@ LEGACY_DEFAULT_STREAM = 1  # the spec's (and DLPack's) number for it
 
 # Buffer -> the handles pinned for its CUDA Array Interface consumers (one pin per handle).
 _pinned: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-_pinned_lock = threading.Lock()  # for the dictionary only
+_pinned_lock = sections.Lock()  # for the dictionary only
 
 
 def describe(buf) -> dict:

@@ -4,8 +4,8 @@ device interfaces to the backends behind them."""
 from __future__ import annotations
 
 import os
-import threading
 
+from shim import sections
 from shim.backends.base import Backend
 from shim.backends.cuda import CUDABackend
 from shim.backends.host import HostBackend
@@ -21,14 +21,14 @@ _BY_INDEX = {cls.index: cls for cls in BACKEND_CLASSES}
 
 _backends: dict[int, Backend] = {}
 # Serializes creating a backend (a driver's context is made once), never device operations.
-_creation_lock = threading.Lock()
+_creation_lock = sections.Lock()
 
 
 def _after_fork_in_child() -> None:
     # Another thread may have been creating a backend at the fork: the child creates its own
     # (a backend is listed only once it is made).
     global _creation_lock
-    _creation_lock = threading.Lock()
+    _creation_lock = sections.Lock()
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -21,7 +21,7 @@ import threading
 from contextlib import contextmanager
 from typing import NamedTuple
 
-from shim import flags, interrupts
+from shim import flags, interrupts, sections
 from shim.errors import ShimError
 from shim.flags import DEVICE_DIRTY, HOST_DIRTY
 from shim.native import FamilyState, LockState, MemberPlans, ffi, lib
@@ -54,17 +54,23 @@ class FamilyLock(LockState):
             raise ShimError("this thread already holds the lock of this Buffer's allocation "
                             "family (a signal handler that uses the Buffers of a device "
                             "operation it interrupted?): it would wait for itself forever")
-        if not self._lock.acquire(blocking=False):
-            if self.abandoned or forking():  # (then its holder is another thread's)
-                raise _abandoned_error()
-            # Blocking here releases the GIL, so a thread waiting for a family never stops
-            # the thread that holds it from running Python.
-            self._lock.acquire()
+        sections.enter()
+        try:
+            if not self._lock.acquire(blocking=False):
+                if self.abandoned or forking():  # (then its holder is another thread's)
+                    raise _abandoned_error()
+                # Blocking here releases the GIL, so a thread waiting for a family never
+                # stops the thread that holds it from running Python.
+                self._lock.acquire()
+        except BaseException:
+            sections.leave()
+            raise
         self.owner = me
 
     def release(self) -> None:
         self.owner = None
         self._lock.release()
+        sections.leave()
 
     # ``with family.lock:`` for a family known not to change (a shim.Buffer's): cheaper than
     # ``locked``, which finds a struct's family first and checks it once it has the lock.
@@ -180,7 +186,7 @@ class Family(FamilyState):
     object of an earlier generation again.
     """
 
-    __slots__ = ("lock", "backend", "memory", "handles", "deferred", "members", "root_host",
+    __slots__ = ("lock", "backend", "memory", "handles", "members", "root_host",
                  "root_layout", "device_base", "generation", "uses", "__weakref__")
 
     def __init__(self, backend=None, lock: FamilyLock | None = None):
@@ -190,8 +196,6 @@ class Family(FamilyState):
         # handle -> [byte offset into its memory, number of halide_buffer_t (and DLPack
         # exports) carrying it, that memory, its backend]
         self.handles: dict[int, list] = {}
-        # Work that had to wait for the lock to be free (see run_deferred).
-        self.deferred: list = []
         # Shared families only (see share()).
         self.members: dict[int, Member] | None = None
         self.root_host = 0
@@ -321,10 +325,6 @@ class Family(FamilyState):
             backend.detached(memory)
         return backend
 
-    def run_deferred(self) -> None:
-        while self.deferred:
-            self.deferred.pop()()
-
 
 # (backend index, handle) -> Family, for every handle the shim has given out.
 _by_handle: dict[tuple[int, int], Family] = {}
@@ -420,9 +420,6 @@ def locked(*raws):
                     _retire(address, lock)
             for lock in reversed(locks):
                 lock.release()
-            for _, family in targets:
-                if family is not None and family.deferred:
-                    family.run_deferred()
 
 
 def _inside_pipeline_call() -> bool:
@@ -511,6 +508,6 @@ def call_record(raw, family: Family, array) -> tuple:
     paths keep what calls on this struct do once its family is shared
     (native_stubs/shared_records.c)."""
     address = address_of(raw)
-    return (address, raw, family, family.lock, family.uses, family.deferred,
+    return (address, raw, family, family.lock, family.uses,
             Use(0, address, None, False, False), Use(0, address, None, True, True),
             Use(0, address, None, True, False), array, MemberPlans())

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import threading
 
+from shim import sections
 from shim.native import LIBRARY_PATH
 
 _MALLOC = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t)
@@ -23,7 +23,7 @@ class MemoryTracker:
     """Bytes allocated now, and the most allocated at once, through halide_malloc."""
 
     def __init__(self):
-        self._lock = threading.Lock()
+        self._lock = sections.Lock()
         self._sizes: dict[int, int] = {}
         self.allocated = 0
         self.highwater = 0

@@ -29,7 +29,7 @@ import threading
 import time
 from dataclasses import dataclass, field, replace
 
-from shim import halide_profiler, halide_trace, interrupts
+from shim import halide_profiler, halide_trace, interrupts, sections
 from shim.devices import backend_for_interface, kind_of_index
 from shim.errors import ArgumentError, ShimError
 from shim.native import HeldContext, ffi, lib
@@ -136,7 +136,7 @@ class Profile(HeldContext):
         self._buffers: dict[tuple, BufferInfo] = {}
         self._calls: dict[int, int] = {}  # call context id -> pipeline record id
         self._clocks: dict = {}  # backend -> its timing origin
-        self._lock = threading.Lock()
+        self._lock = sections.Lock()
         self._recording = False
 
     # --- control ---------------------------------------------------------------------------
@@ -400,7 +400,7 @@ def _after_fork_in_child() -> None:
     global _start_lock
     _start_lock = threading.Lock()
     if _active is not None:
-        _active._lock = threading.Lock()
+        _active._lock = sections.Lock()
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)

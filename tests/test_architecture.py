@@ -11,7 +11,7 @@ PACKAGE = Path(shim.__file__).resolve().parent
 
 # What a backend may import: the native layer and small shared helpers.
 BACKEND_MAY_IMPORT = {"shim.native", "shim.errors", "shim.regions", "shim.streams",
-                      "shim.binary_cache", "shim.private_files"}
+                      "shim.sections", "shim.binary_cache", "shim.private_files"}
 
 # The one module of the core that names backend classes: it registers them.
 BACKEND_REGISTRY = "shim.devices"

@@ -400,3 +400,40 @@ def test_stopping_profiles_on_one_thread_never_fails_a_call_on_another(opencl):
     assert done.returncode == 0, done.stderr[-3000:]
     assert "errors []" in done.stdout, done.stdout
     assert "Exception ignored" not in done.stderr, done.stderr[-3000:]
+
+
+def test_a_buffer_dropped_inside_the_recording_of_a_call_is_released_after_it():
+    """A dropped Buffer's finalizer runs wherever its thread is when the last reference goes:
+    the collector can run it inside a profile's lock, held while a call is recorded, and its
+    release is recorded too. The soak hung so: that thread waited for the lock it held, and
+    every other thread for it. Here the last reference goes at that very point."""
+    done = subprocess.run([sys.executable, "-c", textwrap.dedent("""
+        import numpy as np
+        import shim
+        from shim import profiler
+
+        device = shim.device("host")
+        before = device.live_allocations
+        victim = [shim.Buffer(np.zeros((4, 4), np.float32))]
+        victim[0].copy_to_device(device)
+        recording = profiler.Profile._buffer_info
+
+        def dropping_the_victim(self, raw):  # (runs with the profile's lock held)
+            if victim:
+                victim.pop()
+                print("dropped inside the lock, allocations", device.live_allocations - before)
+            return recording(self, raw)
+
+        profiler.Profile._buffer_info = dropping_the_victim
+        other = shim.Buffer(np.ones((4, 4), np.float32))
+        with shim.profile() as prof:
+            other.copy_to_device(device)
+        print("allocations after", device.live_allocations - before)
+        print("device frees recorded", prof.count("device_free"))
+        """)], capture_output=True, text=True, timeout=120)  # (a hang guard)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.splitlines()
+    # The victim's memory is given back once the recording thread is out of the lock, and the
+    # other Buffer's is what is left.
+    assert lines == ["dropped inside the lock, allocations 1", "allocations after 1",
+                     "device frees recorded 1"], done.stdout

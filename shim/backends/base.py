@@ -29,10 +29,10 @@ from __future__ import annotations
 
 import contextlib
 import os
-import threading
 import weakref
 from abc import ABC, abstractmethod
 
+from shim import sections
 from shim.backends import pool as pools
 from shim.native import ffi, lib
 from shim.regions import CopyPlan
@@ -59,7 +59,7 @@ class Transfers:
     """Bytes a backend moved, by direction; the generic layer counts every copy it asks for."""
 
     def __init__(self):
-        self._lock = threading.Lock()  # for the counters only
+        self._lock = sections.Lock()  # for the counters only
         self.uploaded = self.downloaded = self.device_copied = 0
 
     def add(self, direction: str, nbytes: int) -> None:
@@ -69,7 +69,7 @@ class Transfers:
     def forget_after_fork(self) -> None:
         """In a forked child: a new lock, since another thread of the parent may have held
         this one at the fork (a count may miss that thread's last copy)."""
-        self._lock = threading.Lock()
+        self._lock = sections.Lock()
 
     @property
     def total(self) -> int:

@@ -22,11 +22,10 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-import threading
 import time
 from contextlib import contextmanager
 
-from shim import streams
+from shim import sections, streams
 from shim.backends.base import Backend, BackendError, Memory, fork_guard
 from shim.errors import DeviceUnavailable
 from shim.native import Finalized, ffi, lib
@@ -183,8 +182,8 @@ class CUDABackend(Backend):
         self._device = _check(cu.cuDeviceGet(self.ordinal), "cuDeviceGet")
         self.context = _check(cu.cuDevicePrimaryCtxRetain(self._device), "cuDevicePrimaryCtxRetain")
         self._modules: dict[tuple, tuple] = {}
-        self._module_lock = threading.Lock()
-        self._fence_lock = threading.Lock()  # every CUDAMemory.fences
+        self._module_lock = sections.Lock()
+        self._fence_lock = sections.Lock()  # every CUDAMemory.fences
         # Events no fence holds: recorded again for new fences instead of created (as many as
         # fences were ever alive at once).
         self._spare_events: list = []

@@ -9,12 +9,12 @@ leak checks.
 
 from __future__ import annotations
 
-import threading
 import time
 from dataclasses import dataclass
 
 import numpy as np
 
+from shim import sections
 from shim.backends.base import Backend, BackendError, Memory
 from shim.native import lib
 from shim.regions import CopyPlan, host_memory
@@ -50,7 +50,7 @@ class HostBackend(Backend):
     def __init__(self):
         super().__init__()
         self._faults = Faults()
-        self._counter_lock = threading.Lock()  # guards the counters below, never held across work
+        self._counter_lock = sections.Lock()  # guards the counters below, never held across work
         self._allocations_seen = 0
         self._copies_seen = 0
         # Detached allocations now belong to whoever detached them; host memory has no
@@ -79,7 +79,7 @@ class HostBackend(Backend):
 
     def forget_after_fork(self) -> None:
         super().forget_after_fork()
-        self._counter_lock = threading.Lock()  # (the host device works in a forked child)
+        self._counter_lock = sections.Lock()  # (the host device works in a forked child)
 
     def _before_allocation(self) -> None:
         with self._counter_lock:

@@ -22,7 +22,7 @@ import threading
 import time
 from collections import Counter, OrderedDict
 
-from shim import binary_cache, private_files
+from shim import binary_cache, private_files, sections
 from shim.backends.base import Backend, BackendError, Memory, fork_guard
 from shim.errors import DeviceUnavailable
 from shim.native import ffi, lib
@@ -173,7 +173,7 @@ class OpenCLBackend(Backend):
         self._queue = cl.CommandQueue(self._context, self._device,
                                       properties=cl.command_queue_properties.PROFILING_ENABLE)
         self._consumer_queues: OrderedDict[int, object] = OrderedDict()
-        self._consumer_lock = threading.Lock()  # for the dict only
+        self._consumer_lock = sections.Lock()  # for the dict only
         self.alignment = max(self._device.mem_base_addr_align // 8, 1)
         self._programs: dict[bytes, tuple] = {}  # source digest -> (program, module cdata)
         self._compile_lock = threading.Lock()  # one compile per source, never held by launches

@@ -25,7 +25,7 @@ The pool's lock guards its list and counters only: it is never held across a dri
 
 from __future__ import annotations
 
-import threading
+from shim import sections
 
 #: Halide's number (cuda.cpp): how many freed allocations are kept, the most recent first.
 MAX_COUNT = 32
@@ -53,7 +53,7 @@ class AllocationPool:
     def __init__(self, max_count: int, max_bytes: int):
         self.max_count = max_count
         self.max_bytes = max_bytes
-        self._lock = threading.Lock()
+        self._lock = sections.Lock()
         self._entries: list = []
         self.bytes = 0
         # Allocations made by the driver, served from the pool, and freed to the driver.
@@ -112,6 +112,6 @@ class AllocationPool:
         """In a forked child: the pool's memory is the parent's. Keep it referenced forever
         and hand none of it out; a new lock, since another thread of the parent may have held
         this one at the fork."""
-        self._lock = threading.Lock()
+        self._lock = sections.Lock()
         self.abandoned.extend(self._entries)
         self._entries, self.bytes = [], 0
