@@ -6,10 +6,14 @@ program binary, which on PoCL is native code; a pipeline's .so) runs in the user
 and an entry's name can be computed by anyone, so a folder someone else can write into is a
 folder they can plant code in. ``open_folder(path)`` therefore uses a folder only if
 
-- every folder on its resolved path (``os.path.realpath``: a link into someone else's folder
-  is judged where it leads) is owned by root or the user, and is not writable by its group or
-  others, unless it is sticky as /tmp is (then others cannot rename or delete what is in it,
-  and the next folder down must be ours or root's, as every folder must); and
+- every folder on its resolved path (its links followed, as ``os.path.realpath`` does: a link
+  into someone else's folder is judged where it leads) is owned by root or the user, and is not
+  writable by its group or others, unless it is sticky as /tmp is (then others cannot rename or
+  delete what is in it, and the next folder down must be ours or root's, as every folder must);
+- every link on the way is the user's or root's: whoever owns a link chooses where it leads,
+  and another user's link in /tmp would have the user make folders and write where that user
+  chose (the kernel's fs.protected_symlinks refuses to follow such a link for the same reason,
+  but realpath reads links rather than following them, so it never asks the kernel); and
 - the folder itself is the user's and not writable by its group or others (sticky or not);
 
 it creates the folders missing on the way (mode 0700, each one: ``mkdir(parents=True)`` would
@@ -32,6 +36,7 @@ file by path in processes that must not load the shim's runtime (see ``_private_
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import stat
@@ -163,25 +168,72 @@ def open_folder(path, create: bool = True, instead: str = "") -> PrivateFolder |
     (what the caller does without it). Folders missing on the way are made when ``create``.
     Raises OSError where the folder cannot be reached (missing and not ``create``, a file in
     the way, no permission)."""
-    resolved = Path(os.path.realpath(path))
+    resolved, problem = _resolve(path)
+    if not problem:
+        folder = _walk(resolved, create)
+        if isinstance(folder, PrivateFolder):
+            return folder
+        problem = folder
+    _warn_once(path, resolved, problem, instead)
+    return None
+
+
+def _resolve(path) -> tuple[Path, str]:
+    """``path``, absolute, its links followed as ``os.path.realpath`` follows them, and '';
+    or, where a link on the way is someone else's (see the module's docstring), that link and
+    why it is not followed."""
+    user = os.geteuid()
+    given = os.fsdecode(path)
+    rest = (given if given.startswith("/") else os.path.join(os.getcwd(), given)).split("/")[::-1]
+    names: list[str] = []
+    links = 0
+    while rest:
+        name = rest.pop()
+        if name in ("", "."):
+            continue
+        if name == "..":
+            names = names[:-1]
+            continue
+        here = Path("/", *names, name)
+        try:
+            info = os.lstat(here)
+        except OSError:  # (missing, or not reachable: the walk says which)
+            info = None
+        if info is None or not stat.S_ISLNK(info.st_mode):
+            names.append(name)
+            continue
+        if info.st_uid not in (user, 0):
+            return here, (f"{here} is a link of uid {info.st_uid}'s, not this user's (uid {user}): "
+                          "whoever owns a link chooses where it leads")
+        links += 1
+        if links > 40:  # (as the kernel's limit: a loop)
+            raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), os.fsdecode(path))
+        target = os.readlink(here)
+        if target.startswith("/"):
+            names = []
+        rest.extend(target.split("/")[::-1])
+    return Path("/", *names), ""
+
+
+def _walk(resolved: Path, create: bool) -> PrivateFolder | str:
+    """The folder ``resolved`` (no link on its path), checked folder by folder from / and
+    open, or why it cannot be trusted."""
     names = resolved.parts[1:]
     fd = os.open("/", _WALK)
     try:
         for depth in range(len(names) + 1):
+            where = Path("/", *names[:depth])
             if depth:
                 child = _open_child(fd, names[depth - 1], create)
                 os.close(fd)
                 fd = child
-            problem = _problem(os.fstat(fd), Path("/", *names[:depth]), last=depth == len(names))
+            problem = _problem(os.fstat(fd), where, last=depth == len(names))
             if problem:
-                break
-        else:
-            # Opened again, from the descriptor that was checked, so that it can be listed.
-            return PrivateFolder(resolved, os.open(".", _FOLDER, dir_fd=fd))
+                return problem
+        # Opened again, from the descriptor that was checked, so that it can be listed.
+        return PrivateFolder(resolved, os.open(".", _FOLDER, dir_fd=fd))
     finally:
         os.close(fd)
-    _warn_once(path, resolved, problem, instead)
-    return None
 
 
 def _open_child(parent: int, name: str, create: bool) -> int:

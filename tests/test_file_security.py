@@ -335,6 +335,28 @@ def test_a_folder_under_one_others_can_write_is_not_used_unless_that_one_is_stic
     assert caught == []
 
 
+@as_root
+@pytest.mark.parametrize("where", ["sticky", "theirs"])
+def test_a_link_another_user_made_does_not_choose_where_the_cache_goes(shared, tmp_path, where):
+    """The other user's link, in /tmp or in a folder of theirs, where the user's cache is to
+    be: followed, it would have the user make folders and write entries wherever that user
+    chose among the user's own folders (realpath reads links: fs.protected_symlinks, which
+    would refuse to follow it in /tmp, is never asked)."""
+    folder = folder_of(shared, where, mode=0o1777) if where == "sticky" else theirs(shared)[0]
+    chosen = tmp_path / "chosen by them"
+    as_other_user("ln", "-s", chosen / "deep", folder / "cache")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert not binary_cache.BinaryCache(folder / "cache", "opencl").store("k", b"payload")
+        assert not binary_cache.BinaryCache(folder / "cache" / "below", "opencl").store("k", b"x")
+        with build_module.build_folder(folder / "cache") as built:
+            assert built.path.parent != chosen
+    assert not chosen.exists()
+    warned = unsafe_cache_warnings(caught)
+    [warning] = warned  # once: it is the link that is refused
+    assert "is a link of uid 65534's" in warning, warning
+
+
 def test_an_entry_that_is_a_fifo_is_a_miss_and_never_blocks(tmp_path):
     cache = binary_cache.BinaryCache(tmp_path, "test")
     os.mkfifo(cache.path("k"))
