@@ -166,8 +166,9 @@ def open_folder(path, create: bool = True, instead: str = "") -> PrivateFolder |
     """The folder at ``path``, checked and open (see the module's docstring), or None where it
     breaks the rule: then an UnsafeCacheWarning, once per folder, says why and adds ``instead``
     (what the caller does without it). Folders missing on the way are made when ``create``.
-    Raises OSError where the folder cannot be reached (missing and not ``create``, a file in
-    the way, no permission)."""
+    Raises OSError where the folder cannot be reached (missing and not ``create``, a file of
+    the user's or root's in the way, no permission); someone else's file in the way is theirs
+    to have put there, and refused as a folder of theirs would be."""
     resolved, problem = _resolve(path)
     if not problem:
         folder = _walk(resolved, create)
@@ -224,7 +225,16 @@ def _walk(resolved: Path, create: bool) -> PrivateFolder | str:
         for depth in range(len(names) + 1):
             where = Path("/", *names[:depth])
             if depth:
-                child = _open_child(fd, names[depth - 1], create)
+                try:
+                    child = _open_child(fd, names[depth - 1], create)
+                except NotADirectoryError:
+                    # A file or a link in the way (put there since _resolve looked, maybe): in
+                    # a folder others can write, that is theirs to put, and the cache is unsafe
+                    # as if it were a folder of theirs, not unreachable.
+                    info = os.stat(names[depth - 1], dir_fd=fd, follow_symlinks=False)
+                    if info.st_uid in (os.geteuid(), 0):
+                        raise
+                    return f"{where} belongs to uid {info.st_uid}, not to this user (uid {os.geteuid()})"
                 os.close(fd)
                 fd = child
             problem = _problem(os.fstat(fd), where, last=depth == len(names))

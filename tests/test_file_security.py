@@ -26,7 +26,7 @@ import pytest
 
 import shim
 from gpu_cases import blur_reference
-from shim import binary_cache, pipeline_pickle
+from shim import binary_cache, pipeline_pickle, private_files
 from shim.pipelines import build as build_module
 from shim.pipelines.build import Build, build
 
@@ -355,6 +355,35 @@ def test_a_link_another_user_made_does_not_choose_where_the_cache_goes(shared, t
     warned = unsafe_cache_warnings(caught)
     [warning] = warned  # once: it is the link that is refused
     assert "is a link of uid 65534's" in warning, warning
+
+
+@as_root
+@pytest.mark.parametrize("taken_by", ["a file", "a link made once the path was resolved"])
+def test_a_name_another_user_took_where_the_cache_goes_is_refused_not_raised(
+        shared, monkeypatch, taken_by):
+    """In /tmp, they can take the cache's name first: as a folder of theirs it is refused with
+    a warning, and so it must be as a file of theirs, or a link they make between the path's
+    resolving and its walk (both raised NotADirectoryError from build())."""
+    sticky = folder_of(shared, "sticky", mode=0o1777)
+    taken = sticky / "taken"
+    if taken_by == "a file":
+        as_other_user("touch", taken)
+    else:
+        resolve = private_files._resolve
+
+        def resolve_then_link(path):
+            resolved = resolve(path)
+            if not taken.is_symlink():
+                as_other_user("ln", "-s", "/nonexistent", taken)
+            return resolved
+
+        monkeypatch.setattr(private_files, "_resolve", resolve_then_link)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with build_module.build_folder(taken / "pipelines") as built:
+            assert sticky not in built.path.parents  # this process's private folder
+    [warning] = unsafe_cache_warnings(caught)
+    assert f"{taken} belongs to uid 65534" in warning, warning
 
 
 def test_an_entry_that_is_a_fifo_is_a_miss_and_never_blocks(tmp_path):
