@@ -227,14 +227,11 @@ def _walk(resolved: Path, create: bool) -> PrivateFolder | str:
             if depth:
                 try:
                     child = _open_child(fd, names[depth - 1], create)
-                except NotADirectoryError:
-                    # A file or a link in the way (put there since _resolve looked, maybe): in
-                    # a folder others can write, that is theirs to put, and the cache is unsafe
-                    # as if it were a folder of theirs, not unreachable.
-                    info = os.stat(names[depth - 1], dir_fd=fd, follow_symlinks=False)
-                    if info.st_uid in (os.geteuid(), 0):
+                except (NotADirectoryError, FileNotFoundError) as error:
+                    problem = _in_the_way(fd, names[depth - 1], where, error, create)
+                    if not problem:
                         raise
-                    return f"{where} belongs to uid {info.st_uid}, not to this user (uid {os.geteuid()})"
+                    return problem
                 os.close(fd)
                 fd = child
             problem = _problem(os.fstat(fd), where, last=depth == len(names))
@@ -257,6 +254,24 @@ def _open_child(parent: int, name: str, create: bool) -> int:
     except FileExistsError:
         pass  # made meanwhile (another process): checked as any other
     return os.open(name, _WALK, dir_fd=parent)
+
+
+def _in_the_way(parent: int, name: str, where: Path, error: OSError, create: bool) -> str:
+    """Why ``name``, which the walk could not open as a folder in ``parent`` (a folder that
+    passed), makes the cache unsafe rather than unreachable, or '' (then ``error`` stands).
+    In a sticky folder others can write, such as /tmp, they can take the name first, with a
+    file or a link (put there since _resolve looked, maybe), or put a folder there and take it
+    away again between two steps of the walk: theirs to do, unsafe as a folder of theirs is."""
+    try:
+        info = os.stat(name, dir_fd=parent, follow_symlinks=False)
+    except FileNotFoundError:
+        # Not a folder a moment ago, or there when mkdir looked (create), and gone since.
+        if isinstance(error, NotADirectoryError) or create:
+            return f"{where} changed while it was checked: made and removed by someone else"
+        return ""  # simply missing
+    if info.st_uid in (os.geteuid(), 0):
+        return ""  # the user's own file in the way
+    return f"{where} belongs to uid {info.st_uid}, not to this user (uid {os.geteuid()})"
 
 
 def _problem(info: os.stat_result, where: Path, last: bool) -> str:

@@ -386,6 +386,51 @@ def test_a_name_another_user_took_where_the_cache_goes_is_refused_not_raised(
     assert f"{taken} belongs to uid 65534" in warning, warning
 
 
+@as_root
+@pytest.mark.parametrize("taken_by", ["a folder", "a file"])
+def test_a_name_another_user_puts_and_takes_away_mid_check_is_refused_not_raised(
+        shared, monkeypatch, taken_by):
+    """The same race, tighter: their folder appears as the user's mkdir runs (which then finds
+    it there) and is gone before it is opened; or their file is gone before it is looked at.
+    Each raised FileNotFoundError out of build() (a loop of theirs in /tmp did it hundreds
+    of times a minute)."""
+    sticky = folder_of(shared, "sticky", mode=0o1777)
+    taken = sticky / "taken"
+    if taken_by == "a folder":
+        mkdir = os.mkdir
+
+        def mkdir_raced(path, *args, **kwargs):
+            if path == "taken":
+                as_other_user("mkdir", taken)
+                try:
+                    return mkdir(path, *args, **kwargs)
+                finally:
+                    as_other_user("rmdir", taken)
+            return mkdir(path, *args, **kwargs)
+
+        monkeypatch.setattr(os, "mkdir", mkdir_raced)
+    else:
+        open_child = private_files._open_child
+
+        def open_child_raced(parent, name, create):
+            if name != "taken":
+                return open_child(parent, name, create)
+            as_other_user("touch", taken)
+            try:
+                return open_child(parent, name, create)
+            finally:
+                as_other_user("rm", taken)
+
+        monkeypatch.setattr(private_files, "_open_child", open_child_raced)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with build_module.build_folder(taken / "pipelines") as built:
+            assert sticky not in built.path.parents
+    [warning] = unsafe_cache_warnings(caught)
+    assert f"{taken} changed while it was checked" in warning, warning
+    assert not taken.exists()
+
+
 def test_an_entry_that_is_a_fifo_is_a_miss_and_never_blocks(tmp_path):
     cache = binary_cache.BinaryCache(tmp_path, "test")
     os.mkfifo(cache.path("k"))
