@@ -10,10 +10,11 @@ folder they can plant code in. ``open_folder(path)`` therefore uses a folder onl
   into someone else's folder is judged where it leads) is owned by root or the user, and is not
   writable by its group or others, unless it is sticky as /tmp is (then others cannot rename or
   delete what is in it, and the next folder down must be ours or root's, as every folder must);
-- every link on the way is the user's or root's: whoever owns a link chooses where it leads,
-  and another user's link in /tmp would have the user make folders and write where that user
-  chose (the kernel's fs.protected_symlinks refuses to follow such a link for the same reason,
-  but realpath reads links rather than following them, so it never asks the kernel); and
+- every link on the way is the user's or root's, in a folder that passes the rule above:
+  whoever owns a link, or can replace it, chooses where it leads, and another user's link in
+  /tmp would have the user make folders and write where that user chose (the kernel's
+  fs.protected_symlinks refuses to follow such a link for the same reason, but realpath reads
+  links rather than following them, so it never asks the kernel); and
 - the folder itself is the user's and not writable by its group or others (sticky or not);
 
 it creates the folders missing on the way (mode 0700, each one: ``mkdir(parents=True)`` would
@@ -201,6 +202,14 @@ def _resolve(path) -> tuple[Path, str]:
         except OSError:  # (missing, or not reachable: the walk says which)
             info = None
         if info is None or not stat.S_ISLNK(info.st_mode):
+            # Judged as the walk judges a folder on the way, also where it is not on the
+            # resolved path (a folder a link is in): a link in a folder others can replace it
+            # in (between its lstat and its readlink, too) leads wherever they choose. Each
+            # folder is judged before anything in it is looked at, so what passed cannot be
+            # changed by anyone else while this runs.
+            problem = "" if info is None else _problem(info, here, last=False)
+            if problem:
+                return here, problem
             names.append(name)
             continue
         if info.st_uid not in (user, 0):

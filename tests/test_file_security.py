@@ -353,8 +353,25 @@ def test_a_link_another_user_made_does_not_choose_where_the_cache_goes(shared, t
             assert built.path.parent != chosen
     assert not chosen.exists()
     warned = unsafe_cache_warnings(caught)
-    [warning] = warned  # once: it is the link that is refused
-    assert "is a link of uid 65534's" in warning, warning
+    [warning] = warned  # once: it is the link (or the folder it is in) that is refused
+    reason = "cache is a link of uid 65534's" if where == "sticky" else "theirs belongs to uid 65534"
+    assert reason in warning, warning
+
+
+@as_root
+def test_a_link_of_the_users_in_a_folder_others_can_write_is_not_followed(shared, tmp_path):
+    """The link is the user's, but anyone can replace it there, between its check and its
+    reading too: where it leads is theirs to choose, as if it were their link."""
+    open_folder = folder_of(shared, "open", mode=0o777)
+    mine = tmp_path / "mine"
+    mine.mkdir(mode=0o700)
+    (open_folder / "cache").symlink_to(mine)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert not binary_cache.BinaryCache(open_folder / "cache", "opencl").store("k", b"x")
+    [warning] = unsafe_cache_warnings(caught)
+    assert "open is writable by others" in warning, warning
+    assert list(mine.iterdir()) == []
 
 
 @as_root
