@@ -625,6 +625,39 @@ def test_a_chunked_run_writes_through_no_file_another_user_named(host_pipelines,
     assert sorted(p.name for p in out_folder.iterdir()) == ["out.npy", "out.npy.partial"]  # (theirs)
 
 
+@as_root
+def test_the_demo_timeline_is_never_written_through_a_folder_another_user_swapped_in(
+        shared, tmp_path, monkeypatch, capsys):
+    """$TMPDIR may be a folder others can write that is not sticky (a cluster's /scratch):
+    there the other user can rename the demo's new folder away and put theirs in its place,
+    holding a link to a file of the user's, before the timeline is written into it by path.
+    (The demo's pipelines are left out: only where its timeline goes is tested.)"""
+    from shim import demo
+
+    scratch = folder_of(shared, "scratch", mode=0o777)
+    precious = tmp_path / "precious.txt"
+    precious.write_bytes(b"the user's own file")
+    mkdtemp = tempfile.mkdtemp
+
+    def mkdtemp_then_swapped(*args, **kwargs):
+        made = Path(mkdtemp(*args, **{**kwargs, "dir": scratch}))
+        as_other_user("mv", made, f"{made}.moved")
+        as_other_user("mkdir", made)
+        as_other_user("ln", "-s", precious, made / "trace.json")
+        return str(made)
+
+    monkeypatch.setattr(tempfile, "mkdtemp", mkdtemp_then_swapped)
+    monkeypatch.setattr(demo, "build_all", lambda specs, progress: {})
+    monkeypatch.setattr(demo, "_run_all", lambda say, specs, paths: 0)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        demo._demo(print)
+    assert precious.read_bytes() == b"the user's own file"
+    [warning] = unsafe_cache_warnings(caught)
+    assert "scratch is writable by others" in warning, warning
+    assert "timeline: not saved" in capsys.readouterr().out
+
+
 FORK = textwrap.dedent("""
     import json, os, sys, warnings
     from shim.pipelines.build import build_folder
