@@ -18,6 +18,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import time
 import warnings
 from pathlib import Path
 
@@ -681,6 +682,52 @@ def test_the_private_build_folder_is_removed_by_its_own_process_only(tmp_path):
     private, there_after_the_child = run_child(FORK, refused, env=child_env(tmp_path), timeout=120)
     assert there_after_the_child
     assert not Path(private).exists()  # and gone once the process that made it ended
+
+
+OUTLIVES = textwrap.dedent("""
+    import json, os, sys, time, warnings
+    from pathlib import Path
+    from shim.pipelines.build import build_folder
+    warnings.simplefilter("ignore")
+    with build_folder(sys.argv[1]) as folder:  # refused: this process's private folder
+        made = folder.path
+    if os.fork() == 0:  # a child that outlives this process, which removes it as it ends
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, 1)
+        os.dup2(devnull, 2)
+        go = Path(sys.argv[2] + ".go")
+        while not go.exists():
+            time.sleep(0.02)
+        try:
+            with build_folder(sys.argv[1]) as folder:
+                info = folder.path.stat()
+                result = [str(folder.path), info.st_uid, info.st_mode & 0o777]
+        except Exception as e:
+            result = repr(e)
+        Path(sys.argv[2]).write_text(json.dumps(result))
+        sys.exit(0)
+    print(json.dumps(str(made)))
+    """)
+
+
+@as_root
+def test_a_child_that_outlives_the_process_never_makes_its_private_folder_again(shared, tmp_path):
+    """The folder's name was seen in /tmp: once the process that made it has ended and removed
+    it, the other user can take it. A child forked from that process, still building, must
+    not make it again (nor use theirs, nor give up: it raised RuntimeError), but a new one."""
+    refused = folder_of(shared, "refused", mode=0o777)
+    result = tmp_path / "child.json"
+    made = run_child(OUTLIVES, refused, result, env=child_env(tmp_path), timeout=120)
+    assert not Path(made).exists()  # removed by its process, as it ended
+    as_other_user("mkdir", made)
+    (tmp_path / "child.json.go").touch()
+    for _ in range(3000):
+        if result.exists():
+            break
+        time.sleep(0.02)
+    shutil.rmtree(made)
+    path, uid, mode = json.loads(result.read_text())
+    assert path != made and uid == os.geteuid() and mode == 0o700, (path, made)
 
 
 @as_root
