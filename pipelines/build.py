@@ -345,6 +345,9 @@ def build(spec: Build, directory: Path | None = None) -> Path:
             # or generators/ someone left in the caller's would be imported.
             env = dict(os.environ)
             env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(GENERATORS_DIR.parent), env.get("PYTHONPATH")]))
+            # The tools' own temporary files too (gcc's collect2 and LTO resolution files, which
+            # a link reads back): in $TMPDIR, they could be swapped for others' as the library is.
+            env["TMPDIR"] = tmp
             _run([sys.executable, "-m", f"generators.{spec.module}", "-g", spec.name,
                   "-o", tmp, "-e", "object", "-f", spec.name, f"target={spec.halide_target}"], env, tmp)
             library = Path(tmp) / f"{spec.name}.so"

@@ -734,10 +734,13 @@ def test_a_child_that_outlives_the_process_never_makes_its_private_folder_again(
 def test_a_library_is_never_compiled_in_a_folder_others_can_write(shared, tmp_path):
     """$TMPDIR may be such a folder (a cluster's /scratch): without a sticky bit, the other user
     can rename the build's temporary folder away and put theirs, holding their library, in its
-    place before it is cached. The compiler is watched: where it writes the library."""
+    place before it is cached. The compiler is watched: where it writes the library, and where
+    its own temporary files go ($TMPDIR: gcc's collect2 and LTO resolution files, which a
+    link reads back)."""
     scratch = folder_of(shared, "scratch", mode=0o777)
     compiler = tmp_path / "cc"
-    compiler.write_text(f'#!/bin/sh\necho "$@" >> {tmp_path / "compiled"}\nexec cc "$@"\n')
+    compiler.write_text(f'#!/bin/sh\necho "$@" >> {tmp_path / "compiled"}\n'
+                        f'echo "$TMPDIR" >> {tmp_path / "temporaries"}\nexec cc "$@"\n')
     compiler.chmod(0o755)
     script = tmp_path / "victim.py"
     script.write_text("import sys\nfrom shim.pipelines.build import Build, build\n"
@@ -749,6 +752,8 @@ def test_a_library_is_never_compiled_in_a_folder_others_can_write(shared, tmp_pa
     [arguments] = (tmp_path / "compiled").read_text().splitlines()
     written = Path(arguments.split()[arguments.split().index("-o") + 1])
     assert written.parent.parent == tmp_path / "out", written  # inside the private build folder
+    [temporaries] = (tmp_path / "temporaries").read_text().splitlines()
+    assert Path(temporaries) == written.parent, temporaries  # and the compiler's own files too
     assert list(scratch.iterdir()) == [] and not list((tmp_path / "out").glob(".tmp-build-*"))
     out = shim.load(done.stdout.strip())(IMAGE, scale=2.0, offset=0.0, output=IMAGE.shape).numpy()
     np.testing.assert_array_equal(out, brighten_reference())
