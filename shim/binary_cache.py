@@ -57,8 +57,9 @@ def max_bytes_from_environment() -> int:
         megabytes = math.nan
     if math.isnan(megabytes):
         return DEFAULT_MAX_BYTES
-    # (clamped before int(): "inf" or "1e400", no bound, would raise OverflowError there)
-    return int(min(max(megabytes * (1 << 20), 0), sys.maxsize))
+    # (clamped before int(): "inf" or "1e400", no bound, would raise OverflowError there;
+    # and below sys.maxsize, since load reads up to one byte more than the bound)
+    return int(min(max(megabytes * (1 << 20), 0), sys.maxsize - 1))
 
 
 def _digest(key_bytes: bytes, payload: bytes) -> bytes:

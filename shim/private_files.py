@@ -96,7 +96,12 @@ class PrivateFolder:
         except OSError:
             return None
         with open(fd, "rb") as f:
-            return f.read(limit) if _is_own_file(os.fstat(fd)) else None
+            info = os.fstat(fd)
+            if not _is_own_file(info):
+                return None
+            # Never asking for more than the file holds (and one byte, to see it grew): read()
+            # allocates what it is asked for at once, 256 MiB for a program-cache entry.
+            return f.read(min(limit, info.st_size + 1) if limit >= 0 else -1)
 
     def has(self, name: str) -> bool:
         """Whether ``name`` is a regular file of the user's that nobody else can write (what
