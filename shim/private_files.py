@@ -187,11 +187,12 @@ def open_folder(path, create: bool = True, instead: str = "") -> PrivateFolder |
 
 def _resolve(path) -> tuple[Path, str]:
     """``path``, absolute, its links followed as ``os.path.realpath`` follows them, and '';
-    or, where a link on the way is someone else's (see the module's docstring), that link and
-    why it is not followed."""
+    or, where a link or a folder met on the way breaks the rule (see the module's docstring),
+    ``path`` made absolute but not resolved (the problem names what breaks it), and why."""
     user = os.geteuid()
     given = os.fsdecode(path)
-    rest = (given if given.startswith("/") else os.path.join(os.getcwd(), given)).split("/")[::-1]
+    absolute = given if given.startswith("/") else os.path.join(os.getcwd(), given)
+    rest = absolute.split("/")[::-1]
     names: list[str] = []
     links = 0
     while rest:
@@ -214,11 +215,11 @@ def _resolve(path) -> tuple[Path, str]:
             # changed by anyone else while this runs.
             problem = "" if info is None else _problem(info, here, last=False)
             if problem:
-                return here, problem
+                return Path(os.path.normpath(absolute)), problem
             names.append(name)
             continue
         if info.st_uid not in (user, 0):
-            return here, (f"{here} is a link of uid {info.st_uid}'s, not this user's (uid {user}): "
+            return Path(os.path.normpath(absolute)), (f"{here} is a link of uid {info.st_uid}'s, not this user's (uid {user}): "
                           "whoever owns a link chooses where it leads")
         links += 1
         if links > 40:  # (as the kernel's limit: a loop)
