@@ -193,6 +193,7 @@ def _resolve(path) -> tuple[Path, str]:
     given = os.fsdecode(path)
     absolute = given if given.startswith("/") else os.path.join(os.getcwd(), given)
     rest = absolute.split("/")[::-1]
+    asked = Path(os.path.normpath(absolute))  # (what a problem is reported for)
     names: list[str] = []
     links = 0
     while rest:
@@ -215,12 +216,12 @@ def _resolve(path) -> tuple[Path, str]:
             # changed by anyone else while this runs.
             problem = "" if info is None else _problem(info, here, last=False)
             if problem:
-                return Path(os.path.normpath(absolute)), problem
+                return asked, problem
             names.append(name)
             continue
         if info.st_uid not in (user, 0):
-            return Path(os.path.normpath(absolute)), (f"{here} is a link of uid {info.st_uid}'s, not this user's (uid {user}): "
-                          "whoever owns a link chooses where it leads")
+            return asked, (f"{here} is a link of uid {info.st_uid}'s, not this user's (uid "
+                           f"{user}): whoever owns a link chooses where it leads")
         links += 1
         if links > 40:  # (as the kernel's limit: a loop)
             raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), os.fsdecode(path))

@@ -355,7 +355,8 @@ def test_a_link_another_user_made_does_not_choose_where_the_cache_goes(shared, t
     assert not chosen.exists()
     warned = unsafe_cache_warnings(caught)
     # once per folder asked for (build_folder asked for the first again)
-    reason = "cache is a link of uid 65534's" if where == "sticky" else "theirs belongs to uid 65534"
+    reason = ("cache is a link of uid 65534's" if where == "sticky"
+              else "theirs belongs to uid 65534")
     assert len(warned) == 2 and all(reason in warning for warning in warned), warned
 
 
