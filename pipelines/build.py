@@ -30,6 +30,7 @@ import importlib.util
 import os
 import re
 import shutil
+import stat
 import subprocess
 import sys
 import tempfile
@@ -146,21 +147,39 @@ def build_folder(directory: Path | None = None):
                 "process only.")
     if folder is None:
         temporary = _temporary_folder()
-        folder = private_files.open_folder(temporary)
+        if not _is_own_folder(temporary):
+            # Gone (removed by the process this one was forked from, as it ended; or by a
+            # cleaner of old files in /tmp), or taken since: never made again under that name,
+            # which others saw in /tmp and may have taken, but anew, for this process.
+            temporary = _temporary_folder(gone=temporary)
+        try:
+            folder = private_files.open_folder(temporary, create=False)
+        except FileNotFoundError:
+            folder = None  # (gone meanwhile: the next build makes another)
         if folder is None:
             raise RuntimeError(f"no private folder to build pipelines in: neither the cache nor "
                                f"{temporary} can be trusted (see the warnings)")
     return folder
 
 
-def _temporary_folder() -> str:
-    """This process's private temporary build folder (made once, removed at exit)."""
+def _temporary_folder(gone: str | None = None) -> str:
+    """This process's private temporary build folder (made once, removed at exit by the
+    process that made it; made anew where it is ``gone``)."""
     global _temporary
     with _temporary_lock:
-        if _temporary is None:
+        if _temporary is None or _temporary == gone:
             _temporary = tempfile.mkdtemp(prefix="halide-shim-pipelines-")
             atexit.register(_remove_temporary_folder, _temporary, os.getpid())
         return _temporary
+
+
+def _is_own_folder(path: str) -> bool:
+    """Whether ``path`` is a folder of this user's (a first look: open_folder decides)."""
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        return False
+    return stat.S_ISDIR(info.st_mode) and info.st_uid == os.geteuid()
 
 
 def _remove_temporary_folder(path: str, owner: int) -> None:
@@ -326,6 +345,9 @@ def build(spec: Build, directory: Path | None = None) -> Path:
             # or generators/ someone left in the caller's would be imported.
             env = dict(os.environ)
             env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(GENERATORS_DIR.parent), env.get("PYTHONPATH")]))
+            # The tools' own temporary files too (gcc's collect2 and LTO resolution files, which
+            # a link reads back): in $TMPDIR, they could be swapped for others' as the library is.
+            env["TMPDIR"] = tmp
             _run([sys.executable, "-m", f"generators.{spec.module}", "-g", spec.name,
                   "-o", tmp, "-e", "object", "-f", spec.name, f"target={spec.halide_target}"], env, tmp)
             library = Path(tmp) / f"{spec.name}.so"

@@ -33,9 +33,11 @@ one the user keeps other files in.
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 import re
 import struct
+import sys
 from pathlib import Path
 
 from shim import private_files
@@ -50,9 +52,14 @@ STALE_TEMPORARY_SECONDS = 3600
 def max_bytes_from_environment() -> int:
     configured = os.environ.get("HALIDE_SHIM_CACHE_MAX_MB", "").strip()
     try:
-        return max(int(float(configured) * (1 << 20)), 0) if configured else DEFAULT_MAX_BYTES
+        megabytes = float(configured) if configured else math.nan
     except ValueError:
+        megabytes = math.nan
+    if math.isnan(megabytes):
         return DEFAULT_MAX_BYTES
+    # (clamped before int(): "inf" or "1e400", no bound, would raise OverflowError there;
+    # and below sys.maxsize, since load reads up to one byte more than the bound)
+    return int(min(max(megabytes * (1 << 20), 0), sys.maxsize - 1))
 
 
 def _digest(key_bytes: bytes, payload: bytes) -> bytes:

@@ -9,7 +9,7 @@ the second."""
 
 from __future__ import annotations
 
-import os
+import json
 import sys
 import tempfile
 import time
@@ -17,7 +17,7 @@ import time
 import numpy as np
 
 import shim
-from shim import halide_profiler
+from shim import halide_profiler, private_files, profile_report
 from shim.pipelines.build import Build, MissingLibrary, build_all
 
 
@@ -71,14 +71,33 @@ def _demo(say) -> int:
     say("What the runtime did during the demo (shim.profile; the blur's -profile build adds "
         "Halide's per-Func figures, its -trace_realizations build Halide's realizations):")
     say(prof.summary())
-    # In a new folder of its own (0700): a fixed name in the shared temporary folder is one
-    # another user can take first, as a link to a file of this user's that the demo overwrites.
-    trace = os.path.join(tempfile.mkdtemp(prefix="halide-shim-demo-"), "trace.json")
-    say(f"timeline: {prof.save_trace(trace)} (open it in https://ui.perfetto.dev; the "
-        "-profile build's calls carry Halide's figures, the -trace_realizations build's calls "
-        "hold realize and produce slices)")
+    trace = _save_timeline(prof)
+    if trace is None:
+        say("timeline: not saved (the warning above says why)")
+    else:
+        say(f"timeline: {trace} (open it in https://ui.perfetto.dev; the -profile build's "
+            "calls carry Halide's figures, the -trace_realizations build's calls hold realize "
+            "and produce slices)")
     say("all results match numpy" if not failures else f"{failures} result(s) differ from numpy")
     return 1 if failures else 0
+
+
+def _save_timeline(prof) -> str | None:
+    """Write the profile's timeline into a new folder of its own (0700), and say where; None
+    where that folder cannot be trusted (an UnsafeCacheWarning says why). A fixed name in the
+    shared temporary folder is one another user can take first, as a link to a file of this
+    user's that the demo would overwrite; and where $TMPDIR is a folder others can write
+    without a sticky bit (a cluster's /scratch), they can rename the new folder away and put
+    theirs in its place, holding such a link. So the folder is checked as the caches are and
+    written through its descriptor (shim/private_files.py), never by path."""
+    made = tempfile.mkdtemp(prefix="halide-shim-demo-")
+    folder = private_files.open_folder(made, create=False,
+                                       instead="The demo's timeline is not saved.")
+    if folder is None:
+        return None
+    with folder:
+        folder.write("trace.json", json.dumps(profile_report.chrome_trace(prof)).encode())
+        return str(folder.path / "trace.json")
 
 
 def _run_all(say, specs, paths) -> int:

@@ -6,10 +6,15 @@ program binary, which on PoCL is native code; a pipeline's .so) runs in the user
 and an entry's name can be computed by anyone, so a folder someone else can write into is a
 folder they can plant code in. ``open_folder(path)`` therefore uses a folder only if
 
-- every folder on its resolved path (``os.path.realpath``: a link into someone else's folder
-  is judged where it leads) is owned by root or the user, and is not writable by its group or
-  others, unless it is sticky as /tmp is (then others cannot rename or delete what is in it,
-  and the next folder down must be ours or root's, as every folder must); and
+- every folder on its resolved path (its links followed, as ``os.path.realpath`` does: a link
+  into someone else's folder is judged where it leads) is owned by root or the user, and is not
+  writable by its group or others, unless it is sticky as /tmp is (then others cannot rename or
+  delete what is in it, and the next folder down must be ours or root's, as every folder must);
+- every link on the way is the user's or root's, in a folder that passes the rule above:
+  whoever owns a link, or can replace it, chooses where it leads, and another user's link in
+  /tmp would have the user make folders and write where that user chose (the kernel's
+  fs.protected_symlinks refuses to follow such a link for the same reason, but realpath reads
+  links rather than following them, so it never asks the kernel); and
 - the folder itself is the user's and not writable by its group or others (sticky or not);
 
 it creates the folders missing on the way (mode 0700, each one: ``mkdir(parents=True)`` would
@@ -32,6 +37,7 @@ file by path in processes that must not load the shim's runtime (see ``_private_
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import stat
@@ -90,7 +96,12 @@ class PrivateFolder:
         except OSError:
             return None
         with open(fd, "rb") as f:
-            return f.read(limit) if _is_own_file(os.fstat(fd)) else None
+            info = os.fstat(fd)
+            if not _is_own_file(info):
+                return None
+            # Never asking for more than the file holds (and one byte, to see it grew): read()
+            # allocates what it is asked for at once, 256 MiB for a program-cache entry.
+            return f.read(min(limit, info.st_size + 1) if limit >= 0 else -1)
 
     def has(self, name: str) -> bool:
         """Whether ``name`` is a regular file of the user's that nobody else can write (what
@@ -161,27 +172,91 @@ def open_folder(path, create: bool = True, instead: str = "") -> PrivateFolder |
     """The folder at ``path``, checked and open (see the module's docstring), or None where it
     breaks the rule: then an UnsafeCacheWarning, once per folder, says why and adds ``instead``
     (what the caller does without it). Folders missing on the way are made when ``create``.
-    Raises OSError where the folder cannot be reached (missing and not ``create``, a file in
-    the way, no permission)."""
-    resolved = Path(os.path.realpath(path))
+    Raises OSError where the folder cannot be reached (missing and not ``create``, a file of
+    the user's or root's in the way, no permission); someone else's file in the way is theirs
+    to have put there, and refused as a folder of theirs would be."""
+    resolved, problem = _resolve(path)
+    if not problem:
+        folder = _walk(resolved, create)
+        if isinstance(folder, PrivateFolder):
+            return folder
+        problem = folder
+    _warn_once(path, resolved, problem, instead)
+    return None
+
+
+def _resolve(path) -> tuple[Path, str]:
+    """``path``, absolute, its links followed as ``os.path.realpath`` follows them, and '';
+    or, where a link or a folder met on the way breaks the rule (see the module's docstring),
+    ``path`` made absolute but not resolved (the problem names what breaks it), and why."""
+    user = os.geteuid()
+    given = os.fsdecode(path)
+    absolute = given if given.startswith("/") else os.path.join(os.getcwd(), given)
+    rest = absolute.split("/")[::-1]
+    asked = Path(os.path.normpath(absolute))  # (what a problem is reported for)
+    names: list[str] = []
+    links = 0
+    while rest:
+        name = rest.pop()
+        if name in ("", "."):
+            continue
+        if name == "..":
+            names = names[:-1]
+            continue
+        here = Path("/", *names, name)
+        try:
+            info = os.lstat(here)
+        except OSError:  # (missing, or not reachable: the walk says which)
+            info = None
+        if info is None or not stat.S_ISLNK(info.st_mode):
+            # Judged as the walk judges a folder on the way, also where it is not on the
+            # resolved path (a folder a link is in): a link in a folder others can replace it
+            # in (between its lstat and its readlink, too) leads wherever they choose. Each
+            # folder is judged before anything in it is looked at, so what passed cannot be
+            # changed by anyone else while this runs.
+            problem = "" if info is None else _problem(info, here, last=False)
+            if problem:
+                return asked, problem
+            names.append(name)
+            continue
+        if info.st_uid not in (user, 0):
+            return asked, (f"{here} is a link of uid {info.st_uid}'s, not this user's (uid "
+                           f"{user}): whoever owns a link chooses where it leads")
+        links += 1
+        if links > 40:  # (as the kernel's limit: a loop)
+            raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), os.fsdecode(path))
+        target = os.readlink(here)
+        if target.startswith("/"):
+            names = []
+        rest.extend(target.split("/")[::-1])
+    return Path("/", *names), ""
+
+
+def _walk(resolved: Path, create: bool) -> PrivateFolder | str:
+    """The folder ``resolved`` (no link on its path), checked folder by folder from / and
+    open, or why it cannot be trusted."""
     names = resolved.parts[1:]
     fd = os.open("/", _WALK)
     try:
         for depth in range(len(names) + 1):
+            where = Path("/", *names[:depth])
             if depth:
-                child = _open_child(fd, names[depth - 1], create)
+                try:
+                    child = _open_child(fd, names[depth - 1], create)
+                except (NotADirectoryError, FileNotFoundError) as error:
+                    problem = _in_the_way(fd, names[depth - 1], where, error, create)
+                    if not problem:
+                        raise
+                    return problem
                 os.close(fd)
                 fd = child
-            problem = _problem(os.fstat(fd), Path("/", *names[:depth]), last=depth == len(names))
+            problem = _problem(os.fstat(fd), where, last=depth == len(names))
             if problem:
-                break
-        else:
-            # Opened again, from the descriptor that was checked, so that it can be listed.
-            return PrivateFolder(resolved, os.open(".", _FOLDER, dir_fd=fd))
+                return problem
+        # Opened again, from the descriptor that was checked, so that it can be listed.
+        return PrivateFolder(resolved, os.open(".", _FOLDER, dir_fd=fd))
     finally:
         os.close(fd)
-    _warn_once(path, resolved, problem, instead)
-    return None
 
 
 def _open_child(parent: int, name: str, create: bool) -> int:
@@ -195,6 +270,24 @@ def _open_child(parent: int, name: str, create: bool) -> int:
     except FileExistsError:
         pass  # made meanwhile (another process): checked as any other
     return os.open(name, _WALK, dir_fd=parent)
+
+
+def _in_the_way(parent: int, name: str, where: Path, error: OSError, create: bool) -> str:
+    """Why ``name``, which the walk could not open as a folder in ``parent`` (a folder that
+    passed), makes the cache unsafe rather than unreachable, or '' (then ``error`` stands).
+    In a sticky folder others can write, such as /tmp, they can take the name first, with a
+    file or a link (put there since _resolve looked, maybe), or put a folder there and take it
+    away again between two steps of the walk: theirs to do, unsafe as a folder of theirs is."""
+    try:
+        info = os.stat(name, dir_fd=parent, follow_symlinks=False)
+    except FileNotFoundError:
+        # Not a folder a moment ago, or there when mkdir looked (create), and gone since.
+        if isinstance(error, NotADirectoryError) or create:
+            return f"{where} changed while it was checked: made and removed by someone else"
+        return ""  # simply missing
+    if info.st_uid in (os.geteuid(), 0):
+        return ""  # the user's own file in the way
+    return f"{where} belongs to uid {info.st_uid}, not to this user (uid {os.geteuid()})"
 
 
 def _problem(info: os.stat_result, where: Path, last: bool) -> str:

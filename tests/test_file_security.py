@@ -18,6 +18,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import time
 import warnings
 from pathlib import Path
 
@@ -26,7 +27,7 @@ import pytest
 
 import shim
 from gpu_cases import blur_reference
-from shim import binary_cache, pipeline_pickle
+from shim import binary_cache, pipeline_pickle, private_files
 from shim.pipelines import build as build_module
 from shim.pipelines.build import Build, build
 
@@ -335,6 +336,120 @@ def test_a_folder_under_one_others_can_write_is_not_used_unless_that_one_is_stic
     assert caught == []
 
 
+@as_root
+@pytest.mark.parametrize("where", ["sticky", "theirs"])
+def test_a_link_another_user_made_does_not_choose_where_the_cache_goes(shared, tmp_path, where):
+    """The other user's link, in /tmp or in a folder of theirs, where the user's cache is to
+    be: followed, it would have the user make folders and write entries wherever that user
+    chose among the user's own folders (realpath reads links: fs.protected_symlinks, which
+    would refuse to follow it in /tmp, is never asked)."""
+    folder = folder_of(shared, where, mode=0o1777) if where == "sticky" else theirs(shared)[0]
+    chosen = tmp_path / "chosen by them"
+    as_other_user("ln", "-s", chosen / "deep", folder / "cache")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert not binary_cache.BinaryCache(folder / "cache", "opencl").store("k", b"payload")
+        assert not binary_cache.BinaryCache(folder / "cache" / "below", "opencl").store("k", b"x")
+        with build_module.build_folder(folder / "cache") as built:
+            assert built.path.parent != chosen
+    assert not chosen.exists()
+    warned = unsafe_cache_warnings(caught)
+    # once per folder asked for (build_folder asked for the first again)
+    reason = ("cache is a link of uid 65534's" if where == "sticky"
+              else "theirs belongs to uid 65534")
+    assert len(warned) == 2 and all(reason in warning for warning in warned), warned
+
+
+@as_root
+def test_a_link_of_the_users_in_a_folder_others_can_write_is_not_followed(shared, tmp_path):
+    """The link is the user's, but anyone can replace it there, between its check and its
+    reading too: where it leads is theirs to choose, as if it were their link."""
+    open_folder = folder_of(shared, "open", mode=0o777)
+    mine = tmp_path / "mine"
+    mine.mkdir(mode=0o700)
+    (open_folder / "cache").symlink_to(mine)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert not binary_cache.BinaryCache(open_folder / "cache", "opencl").store("k", b"x")
+    [warning] = unsafe_cache_warnings(caught)
+    assert "open is writable by others" in warning, warning
+    assert list(mine.iterdir()) == []
+
+
+@as_root
+@pytest.mark.parametrize("taken_by", ["a file", "a link made once the path was resolved"])
+def test_a_name_another_user_took_where_the_cache_goes_is_refused_not_raised(
+        shared, monkeypatch, taken_by):
+    """In /tmp, they can take the cache's name first: as a folder of theirs it is refused with
+    a warning, and so it must be as a file of theirs, or a link they make between the path's
+    resolving and its walk (both raised NotADirectoryError from build())."""
+    sticky = folder_of(shared, "sticky", mode=0o1777)
+    taken = sticky / "taken"
+    if taken_by == "a file":
+        as_other_user("touch", taken)
+    else:
+        resolve = private_files._resolve
+
+        def resolve_then_link(path):
+            resolved = resolve(path)
+            if not taken.is_symlink():
+                as_other_user("ln", "-s", "/nonexistent", taken)
+            return resolved
+
+        monkeypatch.setattr(private_files, "_resolve", resolve_then_link)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with build_module.build_folder(taken / "pipelines") as built:
+            assert sticky not in built.path.parents  # this process's private folder
+    [warning] = unsafe_cache_warnings(caught)
+    assert f"{taken} belongs to uid 65534" in warning, warning
+
+
+@as_root
+@pytest.mark.parametrize("taken_by", ["a folder", "a file"])
+def test_a_name_another_user_puts_and_takes_away_mid_check_is_refused_not_raised(
+        shared, monkeypatch, taken_by):
+    """The same race, tighter: their folder appears as the user's mkdir runs (which then finds
+    it there) and is gone before it is opened; or their file is gone before it is looked at.
+    Each raised FileNotFoundError out of build() (a loop of theirs in /tmp did it hundreds
+    of times a minute)."""
+    sticky = folder_of(shared, "sticky", mode=0o1777)
+    taken = sticky / "taken"
+    if taken_by == "a folder":
+        mkdir = os.mkdir
+
+        def mkdir_raced(path, *args, **kwargs):
+            if path == "taken":
+                as_other_user("mkdir", taken)
+                try:
+                    return mkdir(path, *args, **kwargs)
+                finally:
+                    as_other_user("rmdir", taken)
+            return mkdir(path, *args, **kwargs)
+
+        monkeypatch.setattr(os, "mkdir", mkdir_raced)
+    else:
+        open_child = private_files._open_child
+
+        def open_child_raced(parent, name, create):
+            if name != "taken":
+                return open_child(parent, name, create)
+            as_other_user("touch", taken)
+            try:
+                return open_child(parent, name, create)
+            finally:
+                as_other_user("rm", taken)
+
+        monkeypatch.setattr(private_files, "_open_child", open_child_raced)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with build_module.build_folder(taken / "pipelines") as built:
+            assert sticky not in built.path.parents
+    [warning] = unsafe_cache_warnings(caught)
+    assert f"{taken} changed while it was checked" in warning, warning
+    assert not taken.exists()
+
+
 def test_an_entry_that_is_a_fifo_is_a_miss_and_never_blocks(tmp_path):
     cache = binary_cache.BinaryCache(tmp_path, "test")
     os.mkfifo(cache.path("k"))
@@ -512,6 +627,39 @@ def test_a_chunked_run_writes_through_no_file_another_user_named(host_pipelines,
     assert sorted(p.name for p in out_folder.iterdir()) == ["out.npy", "out.npy.partial"]  # (theirs)
 
 
+@as_root
+def test_the_demo_timeline_is_never_written_through_a_folder_another_user_swapped_in(
+        shared, tmp_path, monkeypatch, capsys):
+    """$TMPDIR may be a folder others can write that is not sticky (a cluster's /scratch):
+    there the other user can rename the demo's new folder away and put theirs in its place,
+    holding a link to a file of the user's, before the timeline is written into it by path.
+    (The demo's pipelines are left out: only where its timeline goes is tested.)"""
+    from shim import demo
+
+    scratch = folder_of(shared, "scratch", mode=0o777)
+    precious = tmp_path / "precious.txt"
+    precious.write_bytes(b"the user's own file")
+    mkdtemp = tempfile.mkdtemp
+
+    def mkdtemp_then_swapped(*args, **kwargs):
+        made = Path(mkdtemp(*args, **{**kwargs, "dir": scratch}))
+        as_other_user("mv", made, f"{made}.moved")
+        as_other_user("mkdir", made)
+        as_other_user("ln", "-s", precious, made / "trace.json")
+        return str(made)
+
+    monkeypatch.setattr(tempfile, "mkdtemp", mkdtemp_then_swapped)
+    monkeypatch.setattr(demo, "build_all", lambda specs, progress: {})
+    monkeypatch.setattr(demo, "_run_all", lambda say, specs, paths: 0)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        demo._demo(print)
+    assert precious.read_bytes() == b"the user's own file"
+    [warning] = unsafe_cache_warnings(caught)
+    assert "scratch is writable by others" in warning, warning
+    assert "timeline: not saved" in capsys.readouterr().out
+
+
 FORK = textwrap.dedent("""
     import json, os, sys, warnings
     from shim.pipelines.build import build_folder
@@ -537,14 +685,63 @@ def test_the_private_build_folder_is_removed_by_its_own_process_only(tmp_path):
     assert not Path(private).exists()  # and gone once the process that made it ended
 
 
+OUTLIVES = textwrap.dedent("""
+    import json, os, sys, time, warnings
+    from pathlib import Path
+    from shim.pipelines.build import build_folder
+    warnings.simplefilter("ignore")
+    with build_folder(sys.argv[1]) as folder:  # refused: this process's private folder
+        made = folder.path
+    if os.fork() == 0:  # a child that outlives this process, which removes it as it ends
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, 1)
+        os.dup2(devnull, 2)
+        go = Path(sys.argv[2] + ".go")
+        while not go.exists():
+            time.sleep(0.02)
+        try:
+            with build_folder(sys.argv[1]) as folder:
+                info = folder.path.stat()
+                result = [str(folder.path), info.st_uid, info.st_mode & 0o777]
+        except Exception as e:
+            result = repr(e)
+        Path(sys.argv[2]).write_text(json.dumps(result))
+        sys.exit(0)
+    print(json.dumps(str(made)))
+    """)
+
+
+@as_root
+def test_a_child_that_outlives_the_process_never_makes_its_private_folder_again(shared, tmp_path):
+    """The folder's name was seen in /tmp: once the process that made it has ended and removed
+    it, the other user can take it. A child forked from that process, still building, must
+    not make it again (nor use theirs, nor give up: it raised RuntimeError), but a new one."""
+    refused = folder_of(shared, "refused", mode=0o777)
+    result = tmp_path / "child.json"
+    made = run_child(OUTLIVES, refused, result, env=child_env(tmp_path), timeout=120)
+    assert not Path(made).exists()  # removed by its process, as it ended
+    as_other_user("mkdir", made)
+    (tmp_path / "child.json.go").touch()
+    for _ in range(3000):
+        if result.exists():
+            break
+        time.sleep(0.02)
+    shutil.rmtree(made)
+    path, uid, mode = json.loads(result.read_text())
+    assert path != made and uid == os.geteuid() and mode == 0o700, (path, made)
+
+
 @as_root
 def test_a_library_is_never_compiled_in_a_folder_others_can_write(shared, tmp_path):
     """$TMPDIR may be such a folder (a cluster's /scratch): without a sticky bit, the other user
     can rename the build's temporary folder away and put theirs, holding their library, in its
-    place before it is cached. The compiler is watched: where it writes the library."""
+    place before it is cached. The compiler is watched: where it writes the library, and where
+    its own temporary files go ($TMPDIR: gcc's collect2 and LTO resolution files, which a
+    link reads back)."""
     scratch = folder_of(shared, "scratch", mode=0o777)
     compiler = tmp_path / "cc"
-    compiler.write_text(f'#!/bin/sh\necho "$@" >> {tmp_path / "compiled"}\nexec cc "$@"\n')
+    compiler.write_text(f'#!/bin/sh\necho "$@" >> {tmp_path / "compiled"}\n'
+                        f'echo "$TMPDIR" >> {tmp_path / "temporaries"}\nexec cc "$@"\n')
     compiler.chmod(0o755)
     script = tmp_path / "victim.py"
     script.write_text("import sys\nfrom shim.pipelines.build import Build, build\n"
@@ -556,6 +753,8 @@ def test_a_library_is_never_compiled_in_a_folder_others_can_write(shared, tmp_pa
     [arguments] = (tmp_path / "compiled").read_text().splitlines()
     written = Path(arguments.split()[arguments.split().index("-o") + 1])
     assert written.parent.parent == tmp_path / "out", written  # inside the private build folder
+    [temporaries] = (tmp_path / "temporaries").read_text().splitlines()
+    assert Path(temporaries) == written.parent, temporaries  # and the compiler's own files too
     assert list(scratch.iterdir()) == [] and not list((tmp_path / "out").glob(".tmp-build-*"))
     out = shim.load(done.stdout.strip())(IMAGE, scale=2.0, offset=0.0, output=IMAGE.shape).numpy()
     np.testing.assert_array_equal(out, brighten_reference())

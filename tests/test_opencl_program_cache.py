@@ -302,6 +302,20 @@ def test_least_recently_used_entries_are_evicted_beyond_the_bound(tmp_path):
     assert not stale.exists() and fresh.exists()
 
 
+@pytest.mark.parametrize("given, bound", [
+    ("1", 1 << 20), ("0.5", 1 << 19), ("-3", 0), ("", binary_cache.DEFAULT_MAX_BYTES),
+    ("lots", binary_cache.DEFAULT_MAX_BYTES), ("nan", binary_cache.DEFAULT_MAX_BYTES),
+    ("inf", sys.maxsize - 1), ("1e400", sys.maxsize - 1), ("-inf", 0)])
+def test_the_size_bound_from_the_environment(monkeypatch, tmp_path, given, bound):
+    """Whatever $HALIDE_SHIM_CACHE_MAX_MB says, never an error (inf raised OverflowError out
+    of every OpenCL program build): beyond any number is no bound."""
+    monkeypatch.setenv("HALIDE_SHIM_CACHE_MAX_MB", given)
+    assert binary_cache.max_bytes_from_environment() == bound
+    cache = binary_cache.BinaryCache(tmp_path, "test")
+    assert cache.store("k", b"payload") == (bound > 1000)
+    assert cache.load("k") == (b"payload" if bound > 1000 else None)
+
+
 def test_an_unwritable_directory_is_only_a_miss(tmp_path):
     blocked = tmp_path / "file"
     blocked.write_text("not a directory")
