@@ -193,6 +193,16 @@ _temporary: str | None = None
 _temporary_lock = threading.Lock()
 
 
+def _after_fork_in_child() -> None:
+    # Another thread of the parent may have held these at the fork (as it parsed the
+    # generators or made the temporary folder): the child's are new.
+    global _parse_lock, _temporary_lock
+    _parse_lock, _temporary_lock = threading.Lock(), threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 def installed_halide_version() -> str | None:
     """The version of the halide package this interpreter can import, or None. (An import
     that is blocked, ``sys.modules["halide"] = None``, counts as not installed.)"""

@@ -285,7 +285,10 @@ class Profile(HeldContext):
         if info is None:
             crop_of = None
             if family is not None and family.shared:
-                root = next(iter(family.members.values())).raw
+                # (Without the family's lock: another thread may be adding or removing a
+                # member, so the members are taken in one step, which the GIL keeps whole.)
+                members = tuple(family.members.values())
+                root = members[0].raw if members else raw
                 if families.address_of(root) != address:
                     crop_of = self._buffer_info(root).id
             shape = tuple(raw.dim[i].extent for i in reversed(range(raw.dimensions)))

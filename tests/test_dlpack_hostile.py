@@ -256,7 +256,7 @@ BROKEN = {
 }
 
 
-def test_broken_tensors_are_refused_unconsumed():
+def test_broken_tensors_are_refused_unconsumed(opencl):
     # In a subprocess: a NULL shape crashed numpy, NULL data was read as fresh garbage memory.
     out = run_isolated("""
 from shim.pipelines.build import Build, build

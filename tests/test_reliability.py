@@ -753,7 +753,7 @@ def test_exports_racing_device_free_raise_only_buffer_errors(opencl):
     exports.clear()
 
 
-def test_ctrl_c_during_dlpack_exports_leaks_no_pins():
+def test_ctrl_c_during_dlpack_exports_leaks_no_pins(opencl):
     done = run_script("""
         import _signal, gc, random, signal, threading, time
         import numpy as np
@@ -806,7 +806,7 @@ def test_ctrl_c_during_dlpack_exports_leaks_no_pins():
     assert "leaked 0" in done.stdout
 
 
-def test_ctrl_c_at_the_start_of_a_dlpack_deleter_is_raised_after_it():
+def test_ctrl_c_at_the_start_of_a_dlpack_deleter_is_raised_after_it(opencl):
     """A deleter is Python called from C (here by a dropped capsule's destructor): Ctrl-C at its
     first bytecode, before any deferred() inside could be entered, once went to cffi, which
     printed and swallowed it, and left the tensor's pin for good. It waits until the deleter
