@@ -72,7 +72,7 @@ def as_table(table):
 
 
 @pytest.fixture(scope="module")
-def stock_table():
+def stock_table(opencl):
     library = build(Build("brighten", "opencl", "bundled"))
     script = Path(__file__).parent / "support" / "conformance.py"
     done = subprocess.run([sys.executable, str(script), str(library)], capture_output=True, text=True)
