@@ -3,6 +3,7 @@ a leak check after every test."""
 
 import gc
 import importlib
+import signal
 
 import pytest
 
@@ -27,6 +28,13 @@ for _module in ("torch", "dask.array", "distributed", "hypothesis", "pyopencl"):
         pass  # (an optional one; the tests that need it skip, saying so)
 gc.collect()
 gc.freeze()
+
+# The Ctrl-C tests send SIGINT to children they start, and need it to reach Python as it does
+# in a terminal. A shell starts background jobs (``cmd &`` in a script, nohup) with SIGINT
+# ignored, and a child inherits that: Python then leaves it ignored and no KeyboardInterrupt
+# ever comes. Python's own handler here makes the children start with the default again.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(scope="session")
