@@ -117,6 +117,12 @@ def no_device_leaks(request):
     if report is not None and report.failed:
         return  # its traceback keeps its Buffers alive; the failure itself is what to fix
     after = live_device_state()
+    # What is alive now (the test's fixtures, modules its imports loaded, caches) leaves the
+    # collector's sight, as the libraries above did: every later test's two collections then
+    # walk only what that test made, not what the whole session holds (0.05-0.1 s each, a
+    # couple of minutes of the run). Garbage among it later is not collected: its memory
+    # stays, and its device memory, which no later test's counts include.
+    gc.freeze()
     grown = {key: f"{before.get(key, 0)} -> {count}" for key, count in after.items()
              if count > before.get(key, 0)}
     assert not grown, f"this test leaked device state: {grown}"

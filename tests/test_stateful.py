@@ -12,7 +12,8 @@ Beside the operations, disturbances a program brings: a signal handler of its ow
 (a timeout) at any point inside the device layer, pyopencl.array half-imported by another
 thread, and profiles started and stopped on another thread while the machine works.
 
-Examples per run and steps per example are modest for CI; for a long run:
+Examples per run are few in a newcomer's run and more where HALIDE_SHIM_LONG_TESTS=1 (CI);
+for a long run by hand:
 
     HALIDE_SHIM_STATEFUL_EXAMPLES=2000 HALIDE_SHIM_STATEFUL_STEPS=100 \
         python -m pytest tests/test_stateful.py -q -x
@@ -36,9 +37,10 @@ import shim
 from shim import interrupts
 from shim.pipelines.build import RUNTIMES, Build, build_all
 from shim.native import lib
+from support.budget import scaled
 
-EXAMPLES = int(os.environ.get("HALIDE_SHIM_STATEFUL_EXAMPLES", "40"))
-STEPS = int(os.environ.get("HALIDE_SHIM_STATEFUL_STEPS", "30"))
+EXAMPLES = scaled(15, 100, "HALIDE_SHIM_STATEFUL_EXAMPLES")
+STEPS = scaled(30, 40, "HALIDE_SHIM_STATEFUL_STEPS")
 
 SHAPES = [(4, 6), (6, 8), (5, 7)]  # numpy order: (height, width)
 DTYPES = [np.int32, np.float32]
