@@ -18,7 +18,7 @@ dynamic loader knows the libraries it loaded by name, and a later library opened
 
 The same (hash, name) again in the process is the same Pipeline object, found before anything
 is hashed or loaded. A pipeline pickled in this process is found there too, so an in-process
-round trip gives back the original. Unpickled pipelines stay for the process's life (their
+round trip gives back the original (of a library loaded more than once, the one pickled last). Unpickled pipelines stay for the process's life (their
 code cannot be unloaded); loaded ones only while someone holds them.
 """
 
@@ -63,7 +63,8 @@ def state(pipeline, library) -> tuple:
     (sha256, name, bytes). Registers it, so that unpickling in this process finds it."""
     key = (library.digest, library.name)
     with _lock:
-        _known.setdefault(key, pipeline)
+        # (The library may be loaded more than once: unpickling gives the one pickled last.)
+        _known[key] = pipeline
     return (library.digest, library.name, library.data)
 
 

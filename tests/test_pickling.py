@@ -69,6 +69,17 @@ def test_an_in_process_round_trip_is_the_same_pipeline(load, image):
     np.testing.assert_array_equal(again(image, output=image.shape).numpy(), brighten_reference(image))
 
 
+def test_of_a_library_loaded_twice_a_round_trip_gives_back_the_pipeline_pickled(
+        host_pipelines, runtime):
+    """The one registered first came back, whichever was pickled (while it lived)."""
+    first = shim.load(host_pipelines["brighten", runtime])
+    second = shim.load(host_pipelines["brighten", runtime])
+    assert first is not second
+    assert pickle.loads(pickle.dumps(first)) is first
+    assert pickle.loads(pickle.dumps(second)) is second
+    assert pickle.loads(pickle.dumps(first)) is first
+
+
 def test_a_pipeline_pickles_what_was_loaded_after_its_file_is_deleted_or_rebuilt(
         host_pipelines, runtime, tmp_path, cache, image):
     path = private_copy(host_pipelines["brighten", runtime], tmp_path, "rebuilt")
