@@ -934,10 +934,14 @@ class Buffer(Finalized):
             return  # the interpreter is exiting: device memory goes with the process
         if families.forking() or families.abandoned(self._family):
             return  # a forked child: another thread's Buffer, as it left it (see families)
-        # (Inside one of the layer's critical sections on this thread, the release waits
-        # until the thread is out of them: shim/sections.py.)
-        sections.later(_Dropped(raw, self._dims, self._array, self._keepalive, self._family,
-                                self._exposed, self._unread, repr(self)).release)
+        dropped = _Dropped(raw, self._dims, self._array, self._keepalive, self._family,
+                           self._exposed, self._unread, repr(self))
+        if sections.inside():
+            # The collector ran this inside one of the layer's critical sections on this
+            # thread: the release waits until the thread is out of them (shim/sections.py).
+            sections.later(dropped.release)
+        else:
+            dropped.release()  # (its warnings name the line that dropped the Buffer)
 
     def __repr__(self) -> str:
         return f"<shim.Buffer {self._type} shape={self.shape}>"

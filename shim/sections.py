@@ -36,12 +36,9 @@ def inside() -> bool:
 
 
 def later(work) -> None:
-    """Run ``work()`` once the calling thread is out of every critical section (now, if it is
-    in none)."""
-    if _thread.depth:
-        _thread.later.append(work)
-    else:
-        work()
+    """Run ``work()`` once the calling thread, which is ``inside()`` one, is out of every
+    critical section."""
+    _thread.later.append(work)
 
 
 def enter() -> None:

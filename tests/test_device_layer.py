@@ -94,10 +94,12 @@ def test_dropping_a_dirty_buffer_copies_back_and_warns(device):
     buf.copy_to_device(device)
     data[:] = 5
     buf.set_device_dirty()
-    with pytest.warns(shim.DirtyBufferWarning):
+    with pytest.warns(shim.DirtyBufferWarning) as caught:
         del buf
         gc.collect()
     np.testing.assert_array_equal(data, 0)
+    # The warning names the line that dropped the Buffer, not the shim's own.
+    assert {warning.filename for warning in caught} == {__file__}, [str(w) for w in caught]
 
 
 def test_dropping_a_clean_buffer_frees_quietly(device):
