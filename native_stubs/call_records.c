@@ -20,7 +20,7 @@
  * coming back from wait(), after which it looks at the uses again; one that set owner holds it
  * for real, and then this code leaves the family to Python.
  *
- * The Python code this calls for the end of a call (runtime.end_call, deferred work) runs with
+ * The Python code this calls for the end of a call (runtime.end_call) runs with
  * signal handlers held (shim_signals_hold), as the Python run's bookkeeping does: a
  * KeyboardInterrupt (or any handler's exception) landing before end_call's own deferred() would
  * leave the use recorded, and every later operation on the Buffer waiting for it.

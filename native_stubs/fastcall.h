@@ -11,8 +11,8 @@ enum { SHIM_FAST_RAN, SHIM_FAST_DECLINED };
  * may be SHIM_CALL_NEEDS_PREPARATION: then it did not run either) and `report`: NULL when the
  * call succeeded without printing, else what it printed and its failure, taken from the
  * context at once (a new reference, for shim_fast_report). Taken at once because the end of
- * the call's uses may run Python code (runtime.end_call, deferred work, a finalizer the
- * collector runs then), which may make another call on this thread, in the same context.
+ * the call's uses may run Python code (runtime.end_call, a finalizer the collector runs
+ * then, or work finalizers left for the end of a critical section: shim/sections.py), which may make another call on this thread, in the same context.
  * GIL held. */
 int shim_fast_run(int (*argv_fn)(void **), void **argv, halide_buffer_t **buffers, int count,
                   unsigned backends, int *status, PyObject **report);
@@ -93,7 +93,7 @@ int shim_members_end(const shim_member *members, int count, PyObject *end_call);
 int shim_members_results(const shim_member *members, int count);
 
 /* A call's uses of members of shared families (shared_records.c), for call_records.c, which
- * has checked that no thread holds the family's lock and none deferred work to it. What these
+ * has checked that no thread holds the family's lock. What these
  * do depends only on the family's state, so they do it from plans remembered by state, made
  * in Python (shim/aliasing.py) the first time: PLANNED when one was just made (Python code
  * ran: the caller checks the lock again, then calls again with `plan` false). */

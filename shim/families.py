@@ -29,8 +29,9 @@ from shim.regions import Layout, intersect, overlaps
 
 
 class FamilyLock(LockState):
-    """A mutex that knows which thread holds it: code that can run at any moment (a
-    finalizer, from the garbage collector) must not wait for a lock its own thread holds. Its
+    """A mutex that knows which thread holds it (a signal handler using the family it
+    interrupted is refused, not left waiting for itself) and counts as one of the layer's
+    critical sections (shim/sections.py: a finalizer run inside it leaves its work for later). Its
     condition wakes threads waiting for pipeline calls on the family to end (``Family.uses``).
     ``owner`` and ``waiting`` are C fields of its base class: the C fast paths read them at
     every call (native_stubs/call_records.c)."""
@@ -80,9 +81,6 @@ class FamilyLock(LockState):
 
     def __exit__(self, *exc) -> None:
         self.release()
-
-    def held_by_current_thread(self) -> bool:
-        return self.owner == threading.get_ident()
 
     def taken(self) -> bool:
         """Whether another thread holds it (or is in the middle of taking or giving it back:
