@@ -32,7 +32,7 @@ from shim.aliasing import has_allocation
 from shim.backends.base import Backend, interface_of
 from shim.bridge import runtime_call
 from shim.dlpack_capsules import host_array, span_bytes
-from shim.errors import ArgumentError, CoordinateError, DirtyBufferWarning
+from shim.errors import ArgumentError, CoordinateError, DeviceError, DirtyBufferWarning
 from shim.families import Family
 from shim.flags import DEVICE_DIRTY, HOST_DIRTY
 from shim.metadata import dimension_label
@@ -798,7 +798,15 @@ class Buffer(Finalized):
                 and self._raw.device_interface != interface:
             buffer_operations.move_device(self._raw, interface)
             return 0
-        self._runtime("copy_to_device", lib.halide_copy_to_device, self._raw, interface)
+        try:
+            self._runtime("copy_to_device", lib.halide_copy_to_device, self._raw, interface)
+        except DeviceError as e:
+            # Another thread put the buffer on another device after the check above: the
+            # move decides again, under the family's lock.
+            switched = e.code == lib.halide_error_code_incompatible_device_interface
+            if interface == ffi.NULL or not switched:
+                raise
+            buffer_operations.move_device(self._raw, interface)
         return 0
 
     def copy_to_host(self) -> int:

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import shim
-from shim import buffer_operations
+from shim import bridge, buffer_operations
 from shim.errors import DeviceError
 from shim.native import lib
 from support.hooks import OnEntry
@@ -186,6 +186,24 @@ def test_an_export_that_fails_once_the_pin_has_a_keeper_gives_it_up_once(opencl,
     buf.device_free()
     assert live_allocations(opencl) == baseline  # no pin kept it
     np.testing.assert_array_equal(shim.to_pyopencl(buf).get(), np.arange(8))
+    del buf
+    assert live_allocations(opencl) == baseline
+
+
+def test_a_buffer_another_thread_puts_on_another_device_first_still_moves(opencl, baseline):
+    # copy_to_device(opencl) finds no allocation and leaves the work to Halide's entry point;
+    # before that runs, another thread puts the buffer on the host device. The entry point
+    # refuses to switch interfaces (-42); the Buffer method moves the buffer, as it would
+    # have had it seen the other allocation first (an export's first step: the race the
+    # threads below ran into).
+    data = np.arange(32, dtype=np.float32).reshape(4, 8)
+    buf = shim.Buffer(data.copy())
+    host = shim.device("host")
+    with at_entry(bridge.runtime_call.__wrapped__, lambda: buf.copy_to_device(host)):
+        buf.copy_to_device(opencl)
+    assert buf.device is opencl
+    buf.copy_to_host()
+    np.testing.assert_array_equal(buf.numpy(), data)
     del buf
     assert live_allocations(opencl) == baseline
 
