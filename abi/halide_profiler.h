@@ -1,6 +1,6 @@
 /* Halide 21's profiler state (HalideRuntime.h, src/runtime/profiler_common.cpp), as cffi sees
  * it: what a pipeline built with the `profile` or `profile_by_timer` target feature keeps per
- * pipeline and per Func, read by shim/halide_profiler.py. The shim links Halide's standalone
+ * pipeline and per Func, read by shim/profiling/halide_profiler.py. The shim links Halide's standalone
  * host runtime, so these functions are Halide's own. Layouts are checked against the real
  * header by tests/test_abi.py.
  */
@@ -37,7 +37,7 @@ struct halide_profiler_pipeline_stats {
 
 /* One running call of a pipeline, on the stack of the calling thread; listed in the state's
  * `instances` from the call's start to its end, when its figures are added to its pipeline's
- * stats (read by shim/halide_profiler.py: which pipelines have calls in flight). */
+ * stats (read by shim/profiling/halide_profiler.py: which pipelines have calls in flight). */
 struct halide_profiler_instance_state {
     uint64_t billed_time;
     uint64_t start_time;

@@ -13,7 +13,7 @@ void shim_flags_assign(struct halide_buffer_t *buf, uint64_t bits, bool value);
  * (a Buffer with crops or slices). Such a member's dirty bits are derived from the family's
  * regions, so both can be set at once without a conflict (a parent with one crop newer on the
  * device and a disjoint one newer on the host); the native layer leaves that case to the
- * Python core, which knows the regions (shim/aliasing.py). */
+ * Python core, which knows the regions (shim/memory/aliasing.py). */
 #define SHIM_BUFFER_FLAG_REGIONS 65536
 
 /* Atomic stores Python uses for the device fields; release order, so that a fast path that

@@ -1,5 +1,5 @@
 /* The Python runtime core, as C sees it: one callback per device-interface operation,
- * implemented in shim/runtime.py and registered from the table in shim/callbacks.py.
+ * implemented in shim/core/runtime.py and registered from the table in shim/core/callbacks.py.
  *
  * Plain prototypes, so that this is their one declaration: the native library's C files
  * include them (through native_stubs/shim_native.h) and call them, and native_stubs/build.py
@@ -45,7 +45,7 @@ int shim_py_compute_capability(void *user_context, int *major, int *minor,
                                const struct halide_device_interface_t *device_interface);
 /* Give the idle allocations the shim keeps for reuse back to the driver: those of
  * `backend` (enum shim_backend), or of every backend made so far for SHIM_BACKEND_COUNT
- * (shim/allocation_reuse.py). */
+ * (shim/core/allocation_reuse.py). */
 int shim_py_release_unused_allocations(void *user_context, int backend);
 
 /* GPU backends, the one of `device_interface`: compile a module's kernels (once per source;

@@ -1,4 +1,4 @@
-/* The native library's own API for DLPack (native_stubs/dlpack.c, shim/dlpack_capsules.py). See
+/* The native library's own API for DLPack (native_stubs/dlpack.c, shim/exchange/dlpack_capsules.py). See
  * abi/shim_calls.h for what every abi/shim_*.h header is.
  */
 
@@ -6,7 +6,7 @@
  * no consumer took the capsule, and the capsule names, which must outlive every capsule. */
 void shim_dlpack_capsule_destructor(void *capsule);
 const char *shim_dlpack_capsule_name(int versioned, int used);
-/* The deleters exported tensors get: the Python ones (shim/dlpack_capsules.py), called with
+/* The deleters exported tensors get: the Python ones (shim/exchange/dlpack_capsules.py), called with
  * signal handlers held from before the first bytecode to after the last (abi/shim_signals.h). */
 void shim_dlpack_delete(DLManagedTensor *self);
 void shim_dlpack_delete_versioned(DLManagedTensorVersioned *self);

@@ -3,7 +3,7 @@
  */
 
 /* The fast paths' types, PyObject *s, borrowed, to be called with the GIL held (not cffi calls:
- * see shim/native.py): a pipeline's call plan (native_stubs/fastcall.c), a prepared call's
+ * see shim/native/__init__.py): a pipeline's call plan (native_stubs/fastcall.c), a prepared call's
  * run (native_stubs/prepared_call.c) and the base of an allocation family
  * (native_stubs/family_state.c) and a Buffer's plans in it (native_stubs/shared_records.c),
  * and the bases of objects whose finalizer, or whose with statement's entering and leaving, a

@@ -1,5 +1,5 @@
 /* Halide's tracing, recorded while a profile records (native_stubs/tracing.c, read by
- * shim/halide_trace.py). See abi/shim_calls.h for what every abi/shim_*.h header is.
+ * shim/profiling/halide_trace.py). See abi/shim_calls.h for what every abi/shim_*.h header is.
  *
  * A pipeline built with -trace_realizations, -trace_pipeline, -trace_loads, -trace_stores or
  * -trace_all calls halide_trace for every event. The native library installs its own handler

@@ -83,7 +83,7 @@ class Row:
 ROWS = [
     Row("host: plain call, numpy in and out (vs Halide bindings, numpy)", "host.shim.numpy",
         "host.halide.numpy", 1.0),
-    Row("host: plain call, Buffers (vs Halide bindings, halide.Buffer)", "host.shim.buffer",
+    Row("host: plain call, Buffers (vs Halide bindings, halide.Buffer)", "host.shim.buffers.buffer",
         "host.halide.buffer", 1.0),
     Row("host: prepared call, Buffers (vs Halide bindings, halide.Buffer)", "host.shim.prepared",
         "host.halide.buffer", 0.7),
@@ -355,14 +355,14 @@ class Bench:
         self.loops.update({
             "host.shim.numpy": timed_loop("p(a, k=k, output=o)", p=p, a=a, k=K, o=o_shim),
             "host.halide.numpy": timed_loop("c(a, k, o)", c=c, a=a, k=K, o=o_hl),
-            "host.shim.buffer": timed_loop("p(b, k=k, output=ob)", p=p, b=b, k=K, ob=ob),
+            "host.shim.buffers.buffer": timed_loop("p(b, k=k, output=ob)", p=p, b=b, k=K, ob=ob),
             "host.halide.buffer": timed_loop("c(hb, k, hob)", c=c, hb=hb, k=K, hob=hob),
             "host.shim.prepared": timed_loop("run()", run=prepared),
             "host.shim.prepared_numpy": timed_loop("run()", run=prepared_numpy),
         })
         self.checks += [("host.shim.numpy", lambda: o_shim, expected),
                         ("host.halide.numpy", lambda: o_hl, expected),
-                        ("host.shim.buffer", lambda: np.asarray(ob), expected),
+                        ("host.shim.buffers.buffer", lambda: np.asarray(ob), expected),
                         ("host.halide.buffer", lambda: np.asarray(hob), expected),
                         ("host.shim.prepared", lambda: np.asarray(ob_prep), expected),
                         ("host.shim.prepared_numpy", lambda: o_prep, expected)]

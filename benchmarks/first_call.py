@@ -94,7 +94,7 @@ def child(side: str, case: str) -> None:
         import shim
         from shim.backends import opencl
 
-        from shim.devices import created
+        from shim.backends.devices import created
 
         pipeline = shim.load(build(Build(name, "opencl", "no_runtime")))
         assert not created(), "the device must be set up in the timed call, as the stock side's is"

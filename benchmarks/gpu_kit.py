@@ -65,17 +65,18 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(HERE))
 
 
-def package_module(name: str):
-    """shim/<name>.py, loaded by path: importing shim needs a native module that prepare may be
+def package_module(path: str):
+    """shim/<path>, loaded by path: importing shim needs a native module that prepare may be
     about to build, and that run's interpreter may not be able to load."""
-    spec = importlib.util.spec_from_file_location(f"gpu_kit_{name}", ROOT / "shim" / f"{name}.py")
+    name = path.removesuffix(".py").replace("/", "_")
+    spec = importlib.util.spec_from_file_location(f"gpu_kit_{name}", ROOT / "shim" / path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
 # The native module's stamp: what it was built from, against this tree's sources.
-native_stamp = package_module("native_stamp")
+native_stamp = package_module("native/stamp.py")
 
 
 def log(message: str) -> None:
@@ -256,7 +257,7 @@ def prepare_native(kit: Path, how: str) -> dict:
         _check_abi3(library)
         shutil.copyfile(library, path)
     stamp = native_stamp.read(path)
-    problems = native_stamp.problems(stamp, package_module("_version").__version__, ROOT)
+    problems = native_stamp.problems(stamp, package_module("_version.py").__version__, ROOT)
     if problems:
         raise RuntimeError(f"{library} would not import with this tree: {'; '.join(problems)} "
                            "(--native build makes a fresh one)")

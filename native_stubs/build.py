@@ -7,10 +7,10 @@ setup.py names this file in ``cffi_modules``. The module is one shared object ho
   halide_error_* family), compiled here with ``halide.compile_standalone_runtime``. Every
   symbol in it is weak, so where this folder defines a function too, ours wins at link time;
 - the cffi glue for the declarations in ``abi/``;
-- its stamp (shim/native_stamp.py): the package version and the digests of the sources it is
+- its stamp (shim/native/stamp.py): the package version and the digests of the sources it is
   built from, which ``import shim`` checks.
 
-Python loads it with RTLD_GLOBAL|RTLD_NOW before any pipeline (see shim/native.py), so its
+Python loads it with RTLD_GLOBAL|RTLD_NOW before any pipeline (see shim/native/__init__.py), so its
 definitions also win over the runtime a pipeline carries inside its own .so.
 """
 
@@ -38,10 +38,11 @@ CDEF_FILES = ["halide_runtime.h", "halide_profiler.h", "halide_runtime_gpu.h",
 CALLBACKS_FILE = "shim_callbacks.h"
 
 
-def _package_module(name):
-    """shim/<name>.py, loaded by path: importing shim needs the module built here."""
+def _package_module(path):
+    """shim/<path>, loaded by path: importing shim needs the module built here."""
+    name = path.removesuffix(".py").replace("/", "_")
     spec = importlib.util.spec_from_file_location(f"shim_build_{name}",
-                                                  os.path.join(ROOT, "shim", f"{name}.py"))
+                                                  os.path.join(ROOT, "shim", path))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -74,8 +75,8 @@ def standalone_runtime_object():
 
 
 def build_ffi():
-    native_stamp = _package_module("native_stamp")
-    stamp = native_stamp.make(_package_module("_version").__version__, ROOT)
+    native_stamp = _package_module("native/stamp.py")
+    stamp = native_stamp.make(_package_module("_version.py").__version__, ROOT)
     ffibuilder = cffi.FFI()
     for name in CDEF_FILES:
         ffibuilder.cdef(_read_abi(name))

@@ -62,7 +62,7 @@ uint64_t shim_next_call_id(void) {
 }
 
 /* Calls the fast path (fastcall.c) is running, and the refusal of new ones at exit (see
- * shim/native.py, close_calls): a call either sees the refusal or is counted running, since
+ * shim/native/__init__.py, close_calls): a call either sees the refusal or is counted running, since
  * it counts itself before it looks. */
 static int calls_running;
 static int calls_closed;

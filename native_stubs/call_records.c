@@ -1,6 +1,6 @@
 /* A pipeline call's records in its buffers' families, kept from C for the fast paths (a plain
  * call, fastcall.c; a prepared call's run, prepared_call.c): the same steps as the Python
- * run (shim/call_uses.py's begin_call and end_call, PreparedCall._results), done with a few
+ * run (shim/core/call_uses.py's begin_call and end_call, PreparedCall._results), done with a few
  * C-API calls on the same Python objects, for the common case where they are simple:
  *
  * - no thread holds a family's lock (FamilyLock.owner is None); a shared family (a Buffer and its crops, which keep regions) is in a state for which

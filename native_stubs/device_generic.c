@@ -207,7 +207,7 @@ int halide_copy_to_device(void *user_context, struct halide_buffer_t *buf,
         device_interface = current;
     }
     /* A crop carrying the proxy interface is not on a device yet: the backend asked for
-     * allocates its parent and makes it alias that (shim/runtime.py). */
+     * allocates its parent and makes it alias that (shim/core/runtime.py). */
     bool allocated = shim_has_allocation(shim_device_load(buf), current);
     if (allocated && current != device_interface) {
         return refuse_interface_switch(user_context, "halide_copy_to_device");

@@ -1,5 +1,5 @@
 /* The C side of DLPack capsules: their destructor and their names. The export and import
- * logic is Python's (shim/dlpack_capsules.py, shim/dlpack_export.py, shim/dlpack.py). */
+ * logic is Python's (shim/exchange/dlpack_capsules.py, shim/exchange/dlpack_export.py, shim/interop/dlpack.py). */
 #include <Python.h>
 
 #include "shim_native.h"

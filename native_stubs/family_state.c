@@ -1,4 +1,4 @@
-/* FamilyState and LockState, the bases of shim.families.Family and FamilyLock: what the C
+/* FamilyState and LockState, the bases of shim.memory.families.Family and FamilyLock: what the C
  * fast paths read and write at every call (call_records.c, shared_records.c), kept in C
  * fields. As __slots__ slots, each read and each write would be a call through a descriptor,
  * costing more than the rest of the call's records together.
@@ -12,7 +12,7 @@
 
 static PyMemberDef state_members[] = {
     {"regions", T_OBJECT_EX, offsetof(shim_family_state, regions), 0,
-     "(host, device): frozensets of boxes newer on that side (see shim/families.py)"},
+     "(host, device): frozensets of boxes newer on that side (see shim/memory/families.py)"},
     {NULL, 0, 0, 0, NULL},
 };
 
@@ -25,7 +25,7 @@ static PyType_Slot state_slots[] = {
     {Py_tp_members, state_members},
     {Py_tp_dealloc, state_dealloc},
     {Py_tp_new, PyType_GenericNew},
-    {Py_tp_doc, "The base of shim.families.Family: its state the C fast paths read "
+    {Py_tp_doc, "The base of shim.memory.families.Family: its state the C fast paths read "
                 "(native_stubs/family_state.c)."},
     {0, NULL},
 };
@@ -37,7 +37,7 @@ static PyType_Spec state_spec = {
 
 static PyMemberDef lock_members[] = {
     {"owner", T_OBJECT, offsetof(shim_lock_state, owner), 0,
-     "the id of the thread holding the lock, or None (see shim/families.py)"},
+     "the id of the thread holding the lock, or None (see shim/memory/families.py)"},
     {"waiting", T_INT, offsetof(shim_lock_state, waiting), 0, "threads waiting on it"},
     {NULL, 0, 0, 0, NULL},
 };
@@ -51,7 +51,7 @@ static PyType_Slot lock_slots[] = {
     {Py_tp_members, lock_members},
     {Py_tp_dealloc, lock_dealloc},
     {Py_tp_new, PyType_GenericNew},
-    {Py_tp_doc, "The base of shim.families.FamilyLock: its state the C fast paths read "
+    {Py_tp_doc, "The base of shim.memory.families.FamilyLock: its state the C fast paths read "
                 "(native_stubs/family_state.c)."},
     {0, NULL},
 };

@@ -1,4 +1,4 @@
-/* The fast path of a pipeline call (shim/pipeline.py): a pipeline called with shim.Buffers,
+/* The fast path of a pipeline call (shim/calls/pipeline.py): a pipeline called with shim.Buffers,
  * numpy arrays (CPU pipelines) and Python numbers runs from here, with no per-argument Python
  * work: the arrays' buffer views become halide_buffer_t structs on the stack, Buffers give
  * their own struct and have the call recorded in their families (call_records.c), scalars
@@ -13,7 +13,7 @@
  *
  * This translation unit uses Python's C API (the limited API of 3.11, which has the buffer
  * protocol); the rest of the library is plain C behind cffi. Python reaches it through
- * shim_fastcall_plan_type(), which shim/native.py calls with the GIL held (ctypes).
+ * shim_fastcall_plan_type(), which shim/native/__init__.py calls with the GIL held (ctypes).
  */
 #define Py_LIMITED_API 0x030B0000
 #include <Python.h>

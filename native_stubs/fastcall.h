@@ -12,7 +12,7 @@ enum { SHIM_FAST_RAN, SHIM_FAST_DECLINED };
  * call succeeded without printing, else what it printed and its failure, taken from the
  * context at once (a new reference, for shim_fast_report). Taken at once because the end of
  * the call's uses may run Python code (runtime.end_call, a finalizer the collector runs
- * then, or work finalizers left for the end of a critical section: shim/sections.py), which may make another call on this thread, in the same context.
+ * then, or work finalizers left for the end of a critical section: shim/base/sections.py), which may make another call on this thread, in the same context.
  * GIL held. */
 int shim_fast_run(int (*argv_fn)(void **), void **argv, halide_buffer_t **buffers, int count,
                   unsigned backends, int *status, PyObject **report);
@@ -26,14 +26,14 @@ int shim_fast_report(PyObject *finish, PyObject *report);
  * type's reference. */
 void shim_object_free(PyObject *self);
 
-/* An allocation family's state that the fast paths read (shim.families.Family's base,
+/* An allocation family's state that the fast paths read (shim.memory.families.Family's base,
  * family_state.c). */
 typedef struct {
     PyObject_HEAD
     PyObject *regions; /* Family.regions: a tuple, replaced, never changed in place */
 } shim_family_state;
 
-/* A family lock's state that the fast paths read (shim.families.FamilyLock's base). */
+/* A family lock's state that the fast paths read (shim.memory.families.FamilyLock's base). */
 typedef struct {
     PyObject_HEAD
     PyObject *owner; /* FamilyLock.owner: the holding thread's id, None or NULL when free */
@@ -43,7 +43,7 @@ typedef struct {
 /* A buffer argument of a call, for its records in its family (call_records.c). */
 typedef struct {
     halide_buffer_t *raw;
-    PyObject *record; /* the shim.Buffer's call record (shim/families.py, call_record) */
+    PyObject *record; /* the shim.Buffer's call record (shim/memory/families.py, call_record) */
     PyObject *buffer; /* the shim.Buffer */
     PyObject *use;    /* the Use the call records (borrowed: from the record or shared_use) */
     PyObject *shared_use; /* the Use recorded in a shared family (shared_records.c), or NULL */
@@ -95,7 +95,7 @@ int shim_members_results(const shim_member *members, int count);
 /* A call's uses of members of shared families (shared_records.c), for call_records.c, which
  * has checked that no thread holds the family's lock. What these
  * do depends only on the family's state, so they do it from plans remembered by state, made
- * in Python (shim/aliasing.py) the first time: PLANNED when one was just made (Python code
+ * in Python (shim/memory/aliasing.py) the first time: PLANNED when one was just made (Python code
  * ran: the caller checks the lock again, then calls again with `plan` false). */
 enum { SHIM_SHARED_DONE, SHIM_SHARED_DECLINED, SHIM_SHARED_PLANNED };
 /* The beginning of the use (m->use, m->shared_use set when DONE). */

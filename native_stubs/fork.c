@@ -30,7 +30,7 @@
  *   linking or evicting one.
  * None of those locks is taken before the fork instead, to hand the child a state no thread
  * was changing: a thread holding one may be waiting for the GIL, which a thread forking from
- * Python holds all through the fork (shim/halide_profiler.py reads the profiler state from
+ * Python holds all through the fork (shim/profiling/halide_profiler.py reads the profiler state from
  * Python; a cache eviction frees a GPU entry through the backend, in Python). Nor need they be:
  * what the child keeps of what they guard is usable whatever the holder was doing (the queue
  * and the cache are emptied; the list of calls in flight is rebuilt from the forking thread's

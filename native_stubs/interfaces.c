@@ -2,7 +2,7 @@
  *
  * As in Halide, the public members point to the generic halide_* entry points
  * (device_generic.c), and each interface's impl table reaches the backend. Here every impl
- * entry calls the Python runtime core (shim/runtime.py), which locks the allocation family,
+ * entry calls the Python runtime core (shim/core/runtime.py), which locks the allocation family,
  * re-checks the flags, has the backend move the bytes and updates the flags; the same callbacks
  * serve every backend, told apart by the interface they are passed.
  */

@@ -699,7 +699,7 @@ uint64_t halide_opencl_get_crop_offset(void *user_context, struct halide_buffer_
  * A .so with Halide's runtime bundled registers halide_opencl_cleanup as a destructor, which
  * calls halide_opencl_device_release when the library unloads at exit, after Python is gone.
  * Both resolve to these definitions, since the shim's library comes first: the device state
- * is the shim's, released by Python at exit (shim/shutdown.py), so there is nothing to do. */
+ * is the shim's, released by Python at exit (shim/core/shutdown.py), so there is nothing to do. */
 
 int halide_opencl_device_release(void *user_context) {
     (void)user_context;

@@ -1,4 +1,4 @@
-/* The run of a PreparedCall (shim/pipeline.py) in C: the call's records in its buffers'
+/* The run of a PreparedCall (shim/calls/pipeline.py) in C: the call's records in its buffers'
  * families (call_records.c), the pipeline run with the GIL released, the Buffers' read state.
  * The same steps as its Python run (PreparedCall._run_in_python), which takes every call this
  * declines before anything has run: profiled calls, calls at exit, buffers whose records

@@ -1,4 +1,4 @@
-/* The native side of the profiler (shim/profiler.py): counts of the calls decided in C, and
+/* The native side of the profiler (shim/profiling/profiler.py): counts of the calls decided in C, and
  * kernel launches reported around the launch. Everything else is recorded in Python, where
  * the calls arrive anyway.
  *

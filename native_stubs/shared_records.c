@@ -1,5 +1,5 @@
 /* A pipeline call's records in a shared family (a Buffer and its crops and slices, whose
- * device state is kept as regions: shim/aliasing.py), kept from C for the fast paths.
+ * device state is kept as regions: shim/memory/aliasing.py), kept from C for the fast paths.
  *
  * What beginning and ending a call's use of a member does to its family depends only on the
  * family's state: its regions (host and device), its members, and the dirty bits the call
@@ -16,7 +16,7 @@
  * changes to bring home first (a CPU call writing the member); at the end, no other use of the
  * family (refreshing the dirty bits of members other calls are running on is theirs to do) and
  * no conflict (an output left newer on both sides). Elsewhere the call is left to Python
- * (shim/call_uses.py's begin_call and end_call), which does the same from scratch.
+ * (shim/core/call_uses.py's begin_call and end_call), which does the same from scratch.
  *
  * call_records.c calls this with the GIL held, having checked that no thread holds the
  * family's lock (see there why that stands for taking it). Making a plan runs Python code,
@@ -39,7 +39,7 @@ enum {
     PLANS = BEGIN_PLANS + USE_KINDS * SIDES
 };
 
-/* A plan's fields (tuples made by shim/aliasing.py): the state it was made for first. */
+/* A plan's fields (tuples made by shim/memory/aliasing.py): the state it was made for first. */
 enum { PLAN_REGIONS, BEGIN_USE, BEGIN_AFTER };
 enum { END_AFTER = 1, END_BITS, END_MEMBERS };
 
@@ -60,7 +60,7 @@ typedef struct {
     Py_ssize_t count;
 } member_plan;
 
-/* A record's plans (its RECORD_PLANS, shim/families.py's call_record makes it). */
+/* A record's plans (its RECORD_PLANS, shim/memory/families.py's call_record makes it). */
 typedef struct {
     PyObject_HEAD
     member_plan *plans; /* PLANS of them, made with the first (most Buffers never need one) */
@@ -285,8 +285,8 @@ bool shim_shared_records_ready(void) {
     if (s_begin_plan != NULL) {
         return true;
     }
-    PyObject *aliasing = PyImport_ImportModule("shim.aliasing");
-    PyObject *families = PyImport_ImportModule("shim.families");
+    PyObject *aliasing = PyImport_ImportModule("shim.memory.aliasing");
+    PyObject *families = PyImport_ImportModule("shim.memory.families");
     PyObject *family_type = families ? PyObject_GetAttrString(families, "Family") : NULL;
     PyObject *base = shim_family_state_type();
     PyObject *begin_plan = aliasing ? PyObject_GetAttrString(aliasing, "begin_plan") : NULL;
@@ -298,7 +298,7 @@ bool shim_shared_records_ready(void) {
     Py_XDECREF(families);
     if (!ready) {
         if (!PyErr_Occurred()) {
-            PyErr_SetString(PyExc_TypeError, "shim.families.Family is not a FamilyState");
+            PyErr_SetString(PyExc_TypeError, "shim.memory.families.Family is not a FamilyState");
         }
         Py_XDECREF(family_type);
         Py_XDECREF(begin_plan);

@@ -116,7 +116,7 @@ static inline bool shim_is_proxy(const struct halide_device_interface_t *device_
 /* Whether a buffer whose device and device_interface fields read `device` and `interface` has
  * device memory of its own: a handle, and not the proxy interface a member of a shared family
  * carries until the family is on a device (its "handle" is then the member's own address).
- * The Python core asks the same with shim/aliasing.py's has_allocation. */
+ * The Python core asks the same with shim/memory/aliasing.py's has_allocation. */
 static inline bool shim_has_allocation(uint64_t device,
                                        const struct halide_device_interface_t *interface) {
     return device != 0 && interface != NULL && !shim_is_proxy(interface);

@@ -1,6 +1,6 @@
 /* Python code that a signal handler's exception must not cut short: it runs with signal
  * handlers held from C. Python runs a handler on the main thread between any two bytecodes;
- * the shim's handlers (shim/interrupts.py) only note a signal that arrives while a hold is on
+ * the shim's handlers (shim/native/interrupts.py) only note a signal that arrives while a hold is on
  * (shim_signals_held, shim_signals_note), and when the thread's last hold is released the
  * signal is delivered again (PyErr_SetInterruptEx), for its handler to run at Python's next
  * check, outside. The holds: the fast paths around a call (fastcall.c, prepared_call.c) and

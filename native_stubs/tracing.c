@@ -1,5 +1,5 @@
 /* Halide's trace events while a profile records (abi/shim_trace.h; read by
- * shim/halide_trace.py).
+ * shim/profiling/halide_trace.py).
  *
  * The handler runs on whatever thread Halide traces from, the pool's workers included, for
  * every event: with -trace_all, for every load and store a pipeline makes. So it never enters

@@ -107,7 +107,7 @@ def generator_names() -> list[str]:
 
 def cache_dir() -> Path:
     """Where builds are kept: $HALIDE_SHIM_PIPELINES, else the caches' root's pipelines folder.
-    (Used only if it passes shim/private_files.py's rule: see build_folder.)"""
+    (Used only if it passes shim/base/private_files.py's rule: see build_folder.)"""
     configured = os.environ.get("HALIDE_SHIM_PIPELINES")
     if configured:
         return Path(configured)
@@ -115,13 +115,13 @@ def cache_dir() -> Path:
 
 
 def _private_files():
-    """shim/private_files.py, the rule every cache follows (and the caches' root). Imported as
+    """shim/base/private_files.py, the rule every cache follows (and the caches' root). Imported as
     shim.pipelines.build, this module comes with the shim package. A process that runs
     Halide's stock runtime must not load the shim's (pipelines/stock.py): it imports this
     module from a checkout by the folder's own name, pipelines.build, and private_files.py
     (standard library only) is loaded from its file in shim/, beside the folder."""
     if __package__ == "shim.pipelines":
-        from shim import private_files
+        from shim.base import private_files
 
         return private_files
     module = sys.modules.get("_halide_shim_private_files")
@@ -135,9 +135,9 @@ def _private_files():
 
 
 def build_folder(directory: Path | None = None):
-    """The folder (a shim.private_files.PrivateFolder, open: use it in a ``with`` block) that
+    """The folder (a shim.base.private_files.PrivateFolder, open: use it in a ``with`` block) that
     builds go into and are loaded from: ``directory`` (default: cache_dir()), made if missing,
-    where it passes the rule of shim/private_files.py (its .so files are loaded into the
+    where it passes the rule of shim/base/private_files.py (its .so files are loaded into the
     user's processes, so nobody else may be able to write there). Otherwise, after a warning
     that says why, a private temporary folder of this process's, removed at exit."""
     private_files = _private_files()

@@ -6,20 +6,21 @@ pipeline loaded afterwards calls the shim's halide_* functions instead of Halide
 
 import os
 
-from shim import native  # noqa: F401  (must come first: see shim/native.py)
+from shim import native  # noqa: F401  (must come first: see shim/native/__init__.py)
 from shim._version import __version__  # noqa: F401  (its one source, which setup.cfg reads)
-from shim import callbacks  # noqa: F401  (registers the device layer's callbacks)
-from shim import shutdown  # noqa: F401  (an orderly exit)
-from shim import families, interrupts
-from shim.allocation_reuse import (
+from shim.core import callbacks  # noqa: F401  (registers the device layer's callbacks)
+from shim.core import shutdown  # noqa: F401  (an orderly exit)
+from shim.memory import families
+from shim.native import interrupts
+from shim.core.allocation_reuse import (
     can_reuse_device_allocations,
     release_unused_device_allocations,
     reuse_device_allocations,
 )
-from shim.buffer import Buffer, Dimension
-from shim.devices import default_device, device, devices
-from shim.dlpack import from_dlpack
-from shim.errors import (
+from shim.buffers.buffer import Buffer, Dimension
+from shim.backends.devices import default_device, device, devices
+from shim.interop.dlpack import from_dlpack
+from shim.base.errors import (
     ArgumentError,
     BoundsError,
     CoordinateError,
@@ -30,18 +31,18 @@ from shim.errors import (
     ShimError,
     UnsafeCacheWarning,
 )
-from shim.metadata import Argument, ArgumentKind
-from shim.pipeline import Pipeline, load
-from shim.profiler import Profile, profile
-from shim.pyopencl_interop import from_pyopencl, to_pyopencl
-from shim.running import PreparedCall
-from shim.streams import stream
-from shim.threads import num_threads, set_num_threads
-from shim.types import HalideType
+from shim.calls.metadata import Argument, ArgumentKind
+from shim.calls.pipeline import Pipeline, load
+from shim.profiling.profiler import Profile, profile
+from shim.interop.pyopencl_interop import from_pyopencl, to_pyopencl
+from shim.calls.running import PreparedCall
+from shim.native.streams import stream
+from shim.native.threads import num_threads, set_num_threads
+from shim.base.types import HalideType
 
 interrupts.install()  # no signal handler runs inside the device layer's bookkeeping
 # Last of the at-fork hooks (after those every module above registered): until it has run, a
-# forked child's finalizers give nothing back (see shim/families.py).
+# forked child's finalizers give nothing back (see shim/memory/families.py).
 os.register_at_fork(after_in_child=families.after_fork_in_child)
 
 __all__ = [

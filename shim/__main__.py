@@ -1,5 +1,5 @@
 import sys
 
-from shim.cli import main
+from shim.cli.main import main
 
 sys.exit(main())

@@ -24,10 +24,10 @@ import numpy as np
 from dask.base import tokenize
 from dask.highlevelgraph import HighLevelGraph
 
-from shim.binding import size_guesses
-from shim.buffer import Buffer
-from shim.devices import device as shim_device
-from shim.errors import ArgumentError, BoundsError
+from shim.calls.binding import size_guesses
+from shim.buffers.buffer import Buffer
+from shim.backends.devices import device as shim_device
+from shim.base.errors import ArgumentError, BoundsError
 
 
 def map_pipeline(pipeline, *arrays, output_dtype=None, chunks=None, shape=None, device=None,

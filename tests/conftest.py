@@ -9,8 +9,9 @@ import pytest
 
 import shim
 from shim.pipelines.build import RUNTIMES, Build, build_all, generator_names
-from shim import families, halide_profiler
-from shim.devices import created
+from shim.memory import families
+from shim.profiling import halide_profiler
+from shim.backends.devices import created
 
 # Pipelines built with Halide's profiler are loaded by several tests; Halide's report of them
 # at exit would be printed after the test summary (the report's own tests run children).

@@ -31,7 +31,7 @@ from shim.backends import pool as pools
 from shim.backends.base import BackendError
 from shim.backends.host import HostBackend
 from shim.native import ffi, lib
-from shim.regions import host_memory
+from shim.native.regions import host_memory
 from support.budget import scaled
 from support.threads import run_threads
 from test_fork import run_isolated

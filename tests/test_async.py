@@ -14,7 +14,7 @@ import pytest
 
 import shim
 from shim.pipelines.build import RUNTIMES, Build, build, build_all
-from shim import families
+from shim.memory import families
 
 WATCHDOG_SECONDS = 120
 LESSON = ["async_producer", "async_two_producers", "async_fold_storage", "async_ring_buffer",

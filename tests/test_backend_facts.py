@@ -10,11 +10,12 @@ import numpy as np
 import pytest
 
 import shim
-from shim import callbacks, profiler
+from shim.core import callbacks
+from shim.profiling import profiler
 from shim.backends.base import Backend, interface_of
 from shim.native import lib
 
-devices = sys.modules["shim.devices"]  # (shim.devices is also the function)
+devices = sys.modules["shim.backends.devices"]  # (shim.backends.devices is also the function)
 
 
 def test_every_backend_class_is_registered_once_with_its_own_facts():
@@ -43,7 +44,7 @@ def test_the_default_order_follows_the_classes_ranks():
 
 
 def test_the_cli_offers_exactly_the_backends_kinds(capsys):
-    from shim import cli
+    from shim.cli.main import main as cli
 
     with contextlib.suppress(SystemExit):  # (argparse's help may exit; the CLI's returns)
         cli.main(["run", "--help"])

@@ -192,7 +192,7 @@ def test_version_and_the_programs_own_name():
     # As the console script: its own name.
     as_script = subprocess.run(
         [sys.executable, "-c", "import sys; sys.argv[0] = '/venv/bin/halide-shim'; "
-                               "from shim.cli import main; main(['run', '--help'])"],
+                               "from shim.cli.main import main; main(['run', '--help'])"],
         capture_output=True, text=True)
     assert as_script.stdout.startswith("usage: halide-shim run PIPELINE.so"), as_script.stderr
 

@@ -367,7 +367,7 @@ def test_a_float16_output_saved_as_png(odd, tmp_path):
     (np.array([1.0], np.float32), np.int32, [-1]),
 ])
 def test_float_conversions_do_not_overflow(values, dtype, expected):
-    from shim.images import convert
+    from shim.cli.images import convert
 
     with np.errstate(all="raise"):
         converted = convert(values, dtype)
@@ -392,7 +392,7 @@ def test_out_of_memory_is_an_error_not_a_traceback(host_pipelines):
 def test_a_huge_benchmark_min_time_caps_the_iterations_per_sample(monkeypatch):
     from types import SimpleNamespace
 
-    from shim import timing
+    from shim.cli.main import timing
 
     # A clock on which the first three samples take a microsecond, and each later one an age.
     steps = iter([1e-6] * 6 + [1e306] * 2)

@@ -82,7 +82,7 @@ def test_a_distributed_scheduler_runs_the_chunks_with_its_progress_bar(blur, ima
 
 
 def test_without_dask_chunks_names_the_extra_to_install(blur, tmp_path):
-    code = ("import sys; sys.modules['dask'] = None; from shim.cli import main; "
+    code = ("import sys; sys.modules['dask'] = None; from shim.cli.main import main; "
             "sys.exit(main(sys.argv[1:]))")
     done = subprocess.run([sys.executable, "-c", code, "run", blur, "input=in.npy",
                            "output=out.npy", "--chunks", "16x16"], capture_output=True,

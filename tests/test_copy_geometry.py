@@ -1,4 +1,4 @@
-"""Copy plans as the drivers' rectangle copies (shim.regions.rectangles): the bytes a sequence
+"""Copy plans as the drivers' rectangle copies (shim.native.regions.rectangles): the bytes a sequence
 of rectangles moves, done the way clEnqueueCopyBufferRect and cuMemcpy3D define it, equal the
 plan's own strided copy done by numpy, and each rectangle keeps the drivers' rules."""
 
@@ -6,7 +6,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shim.regions import plan, rectangles
+from shim.native.regions import plan, rectangles
 
 
 @st.composite

@@ -131,7 +131,7 @@ def device_view(buf):
     element in device memory, with the buffer's strides)."""
     array = buf._array
     span = sum((n - 1) * s for n, s in zip(array.shape, array.strides)) + array.itemsize
-    memory = shim.regions.host_memory(buf.raw.device, span)
+    memory = shim.native.regions.host_memory(buf.raw.device, span)
     return np.lib.stride_tricks.as_strided(memory.view(array.dtype), array.shape, array.strides).copy()
 
 
@@ -139,7 +139,7 @@ def write_on_device(buf, value):
     """What a kernel does to ``buf`` on the host device: new values in device memory only."""
     array = buf._array
     span = sum((n - 1) * s for n, s in zip(array.shape, array.strides)) + array.itemsize
-    memory = shim.regions.host_memory(buf.raw.device, span)
+    memory = shim.native.regions.host_memory(buf.raw.device, span)
     view = np.lib.stride_tricks.as_strided(memory.view(array.dtype), array.shape, array.strides)
     view[...] = value
     buf.set_device_dirty()
@@ -166,7 +166,7 @@ def test_device_writes_through_crops_reach_the_parent(host_device):
 
 def test_many_crops_written_in_turn(libraries, host_device):
     """A member remembers what calls do to its family's regions, state by state (Member in
-    shim/families.py); writing 80 crops in turn takes the family through more states than a
+    shim/memory/families.py); writing 80 crops in turn takes the family through more states than a
     member keeps, so it forgets them and works them out again, and the results stay right."""
     crop_fill = shim.load(libraries["crop_fill", "host", "no_runtime"])
     data = np.full((4, 80), -1, np.int32)
@@ -183,7 +183,7 @@ def test_many_crops_written_in_turn(libraries, host_device):
         assert not parent.host_dirty() and not any(column.host_dirty() for column in columns)
         np.testing.assert_array_equal(device_view(parent), fill(xs, ys, param))
     members = parent.family.members.values()
-    assert max(len(member._known) for member in members) <= shim.families._REMEMBERED_STATES
+    assert max(len(member._known) for member in members) <= shim.memory.families._REMEMBERED_STATES
 
 
 def test_a_host_dirty_parent_is_uploaded_before_a_crop_is_used(libraries, opencl):
@@ -237,7 +237,7 @@ def test_device_release_crop_of_a_dirty_crop_keeps_its_data(host_device):
     crop.copy_to_device(host_device)
     write_on_device(crop, 3)
     lib.shim_flags_assign(crop.raw, DEVICE_DIRTY, True)  # as generated code would leave it
-    with shim.bridge.runtime_call("release crop") as check:
+    with shim.core.bridge.runtime_call("release crop") as check:
         check(lib.halide_device_release_crop(ffi.NULL, crop.raw))
     parent.copy_to_host()
     np.testing.assert_array_equal(data[:2, :2], 3)

@@ -1,5 +1,5 @@
 """An adversarial pass over the C fast paths' calls on crops and slices (members of a shared
-family: native_stubs/shared_records.c, carrying out plans that shim/aliasing.py makes once per
+family: native_stubs/shared_records.c, carrying out plans that shim/memory/aliasing.py makes once per
 state of the family). They must leave every family exactly as the Python run does
 (call_uses.begin_call / end_call), also when attacked: CPU and GPU pipelines taking turns on one
 member, one PreparedCall run by several threads while its Buffers join a shared family,
@@ -19,8 +19,9 @@ import pytest
 
 import shim
 from shim.pipelines.build import Build, build_all
-from shim import aliasing, interrupts
-from shim.families import dirty_bits
+from shim.memory import aliasing
+from shim.native import interrupts
+from shim.memory.families import dirty_bits
 from shim.native import lib
 from support.hooks import OnEntry
 

@@ -60,11 +60,11 @@ def test_wrapping_device_memory(device):
     cuda_backend._check(driver.cuMemcpyHtoD(pointer, data.ctypes.data, data.nbytes), "cuMemcpyHtoD")
     buf = shim.Buffer(np.zeros(16, np.int32))
     buf.set_host_dirty(False)
-    with shim.bridge.runtime_call("wrap") as check:
+    with shim.core.bridge.runtime_call("wrap") as check:
         check(lib.halide_cuda_wrap_device_ptr(ffi.NULL, buf.raw, pointer))
     buf.set_device_dirty()
     np.testing.assert_array_equal(buf.numpy(), data)
-    with shim.bridge.runtime_call("detach") as check:
+    with shim.core.bridge.runtime_call("detach") as check:
         check(lib.halide_cuda_detach_device_ptr(ffi.NULL, buf.raw))
     assert not buf.has_device_allocation()
     cuda_backend._check(driver.cuMemFree(pointer), "cuMemFree")
@@ -97,7 +97,7 @@ def test_dlpack_stream_values(device):
 
 def test_a_consumer_stream_waits_for_the_kernels_without_a_device_sync(libraries, device,
                                                                        monkeypatch):
-    from shim import dlpack_capsules
+    from shim.exchange import dlpack_capsules
 
     driver = cuda_backend._driver()
     producer = int(cuda_backend._check(driver.cuStreamCreate(1), "cuStreamCreate"))

@@ -88,7 +88,7 @@ def test_dlpack_consumers_and_frees_wait_for_a_destroyed_streams_kernels(librari
     run_child(libraries, """
         sys.path.insert(0, os.path.join(os.path.dirname(fake_cuda.__file__)))
         from producers import Producer
-        from shim import dlpack_capsules
+        from shim.exchange import dlpack_capsules
         brighten = shim.load(libraries["no_runtime"])
         image = np.ones((48, 64), np.float32)
         stream, consumer = driver.cuStreamCreate(1)[1], driver.cuStreamCreate(1)[1]
@@ -353,7 +353,7 @@ def test_a_stream_value_that_is_no_stream_handle_is_refused(handle):
     # A handle is a pointer: one past 64 bits would be cut to another stream (or to 0, the
     # legacy default) on its way to the driver.
     import shim
-    from shim import streams
+    from shim.native import streams
 
     with pytest.raises(shim.ArgumentError):
         streams.as_handle(handle)
@@ -362,7 +362,7 @@ def test_a_stream_value_that_is_no_stream_handle_is_refused(handle):
 @pytest.mark.parametrize("handle, expected", [(None, 0), (0, 0), (1, 0), (3, 3),
                                               ((1 << 64) - 1, (1 << 64) - 1)])
 def test_stream_handles_as_the_driver_takes_them(handle, expected):
-    from shim import streams
+    from shim.native import streams
 
     assert streams.as_handle(handle) == expected
 

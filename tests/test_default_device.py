@@ -6,7 +6,7 @@ import pytest
 
 import shim
 
-devices = importlib.import_module("shim.devices")  # (shim.devices is also the function)
+devices = importlib.import_module("shim.backends.devices")  # (shim.backends.devices is also the function)
 
 
 @pytest.fixture

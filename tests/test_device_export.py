@@ -1,4 +1,4 @@
-"""Exporting a Buffer's device memory to another library (shim/device_export.py): DLPack's device
+"""Exporting a Buffer's device memory to another library (shim/exchange/device_export.py): DLPack's device
 export and ``shim.to_pyopencl`` here, on the machine's OpenCL device (``__cuda_array_interface__``
 takes the same steps: tests/test_cuda_fake_driver.py). Another thread may free the memory, move
 it or write the host memory at any point of an export: the export then fails with a BufferError
@@ -14,8 +14,9 @@ import numpy as np
 import pytest
 
 import shim
-from shim import bridge, buffer_operations
-from shim.errors import DeviceError
+from shim.core import bridge
+from shim.core import buffer_operations
+from shim.base.errors import DeviceError
 from shim.native import lib
 from support.hooks import OnEntry
 from support.threads import run_threads

@@ -29,7 +29,7 @@ def device_contents(buf, device):
     assert device.kind == "host"
     array = buf._array
     span = sum((n - 1) * s for n, s in zip(array.shape, array.strides)) + array.itemsize
-    memory = shim.regions.host_memory(buf.raw.device, span)
+    memory = shim.native.regions.host_memory(buf.raw.device, span)
     return np.lib.stride_tricks.as_strided(memory.view(array.dtype), array.shape,
                                            array.strides).copy()
 
@@ -244,7 +244,7 @@ def test_buffer_copy_between_host_and_device_over_the_overlap(device):
     dst_host = np.zeros((4, 8), np.uint16)
     dst = raw_like(dst_host, mins=(4, 2))
     # Device -> host (dst has no device): the source's device data is valid.
-    with shim.bridge.runtime_call("buffer_copy") as check:
+    with shim.core.bridge.runtime_call("buffer_copy") as check:
         check(lib.halide_buffer_copy(ffi.NULL, src.raw, ffi.NULL, dst.raw))
     np.testing.assert_array_equal(dst_host[:, :4], src_data[2:6, 4:8])
     np.testing.assert_array_equal(dst_host[:, 4:], 0)
@@ -253,7 +253,7 @@ def test_buffer_copy_between_host_and_device_over_the_overlap(device):
     interface = lib.shim_backend_interface(device.index)
     dst2_host = np.full((8, 8), 1, np.uint16)
     dst2 = raw_like(dst2_host, mins=(0, 0))
-    with shim.bridge.runtime_call("buffer_copy") as check:
+    with shim.core.bridge.runtime_call("buffer_copy") as check:
         check(lib.halide_buffer_copy(ffi.NULL, src.raw, interface, dst2.raw))
     assert dst2.raw.flags == lib.halide_buffer_flag_device_dirty
     dst2.raw.flags = lib.halide_buffer_flag_device_dirty
@@ -269,7 +269,7 @@ def test_buffer_copy_device_to_device(device):
     dst = shim.Buffer(np.zeros((4, 5), np.float32))
     dst.device_malloc(device)
     copied = device.transfers.total
-    with shim.bridge.runtime_call("buffer_copy") as check:
+    with shim.core.bridge.runtime_call("buffer_copy") as check:
         check(lib.halide_buffer_copy(ffi.NULL, src.raw, lib.shim_backend_interface(device.index),
                                      dst.raw))
     assert device.transfers.total - copied == src_data.nbytes  # one copy, device to device
@@ -281,13 +281,13 @@ def test_wrap_and_detach_native_memory(device):
     backing = np.arange(12, dtype=np.int32)
     buf = shim.Buffer(np.zeros(12, np.int32))
     interface = lib.shim_backend_interface(device.index)
-    with shim.bridge.runtime_call("wrap") as check:
+    with shim.core.bridge.runtime_call("wrap") as check:
         check(lib.halide_device_wrap_native(ffi.NULL, buf.raw, backing.ctypes.data, interface))
     assert buf.raw.device == backing.ctypes.data
     buf.set_host_dirty(False)
     buf.set_device_dirty()
     np.testing.assert_array_equal(buf.numpy(), backing)
-    with shim.bridge.runtime_call("detach") as check:
+    with shim.core.bridge.runtime_call("detach") as check:
         check(lib.halide_device_detach_native(ffi.NULL, buf.raw))
     assert not buf.has_device_allocation()
     np.testing.assert_array_equal(backing, np.arange(12))  # wrapped memory is never freed

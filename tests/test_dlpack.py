@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import shim
-from shim import dlpack_capsules
+from shim.exchange import dlpack_capsules
 from shim.native import ffi
 from shim.pipelines.build import Build, build
 from support.producers import Producer

@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import shim
-from shim.pipeline import Pipeline
+from shim.calls.pipeline import Pipeline
 
 # Derandomized: how many generated calls are valid varies a lot from seed to seed, and the
 # fixture below checks that both paths were exercised.

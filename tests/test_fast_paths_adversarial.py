@@ -23,7 +23,10 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 import shim
 from shim.pipelines.build import Build, build_all
-from shim import call_uses, families, interrupts, runtime
+from shim.core import call_uses
+from shim.memory import families
+from shim.native import interrupts
+from shim.core import runtime
 from shim.native import PreparedRun
 from support.budget import scaled
 from support.hooks import OnEntry
@@ -338,14 +341,14 @@ def test_a_call_plan_whose_making_failed_is_not_made_again(host_pipelines):
         import numpy as np
         import shim
         from shim.native import CallPlan
-        from shim.pipeline import Pipeline
+        from shim.calls.pipeline import Pipeline
         import sys
         good = shim.load(sys.argv[1])
         entries = good._signature.plan_entries()
         p = Pipeline.__new__(Pipeline)
         args = [good._library.argv_address, entries[::-1] + [("bad",)], True, True, 0,
-                np.ndarray, shim.Buffer, shim.families.FamilyLock, good._runner.finish_fast,
-                shim.call_uses.end_call]
+                np.ndarray, shim.Buffer, shim.memory.families.FamilyLock, good._runner.finish_fast,
+                shim.core.call_uses.end_call]
         try:
             CallPlan.__init__(p, *args)
         except TypeError:

@@ -1,5 +1,5 @@
 """What another local user can do through the files the shim reads, writes, loads and deletes
-(DESIGN.md, invariant 11; shim/private_files.py): plant an OpenCL program binary or a pipeline
+(DESIGN.md, invariant 11; shim/base/private_files.py): plant an OpenCL program binary or a pipeline
 library in a cache, swap the library an unpickling process loads, put a FIFO or a link where
 the shim opens a file, leave code in the working directory, or watch a cache delete files it
 never wrote.
@@ -27,7 +27,9 @@ import pytest
 
 import shim
 from gpu_cases import blur_reference
-from shim import binary_cache, pipeline_pickle, private_files
+from shim.base import binary_cache
+from shim.calls import pipeline_pickle
+from shim.base import private_files
 from shim.pipelines import build as build_module
 from shim.pipelines.build import Build, build
 
@@ -288,7 +290,7 @@ def test_an_entry_that_is_not_a_regular_file_of_the_users_is_never_read(
 
 LOAD = textwrap.dedent("""
     import json, sys
-    from shim.binary_cache import BinaryCache
+    from shim.base.binary_cache import BinaryCache
     print(json.dumps(BinaryCache(sys.argv[1], "test").load("k") is None))
     """)
 
@@ -634,7 +636,7 @@ def test_the_demo_timeline_is_never_written_through_a_folder_another_user_swappe
     there the other user can rename the demo's new folder away and put theirs in its place,
     holding a link to a file of the user's, before the timeline is written into it by path.
     (The demo's pipelines are left out: only where its timeline goes is tested.)"""
-    from shim import demo
+    from shim.cli.main import demo
 
     scratch = folder_of(shared, "scratch", mode=0o777)
     precious = tmp_path / "precious.txt"

@@ -126,7 +126,7 @@ STORM = r"""
 import ctypes, json, os, signal, sys, threading
 import numpy as np
 import shim
-from shim import halide_profiler
+from shim.profiling import halide_profiler
 from shim.native import ffi
 
 path, which, forker, profiled, height, width, forks, helper = sys.argv[1:9]
@@ -487,8 +487,8 @@ STALLED = r"""
 import hashlib, os, pickle, signal, sys, threading
 import numpy as np
 import shim
-import shim.library, shim.types
-from shim.types import FLOAT, HalideType
+import shim.calls.library, shim.base.types
+from shim.base.types import FLOAT, HalideType
 
 what, path, other = sys.argv[1:4]
 parent, inside, forked = os.getpid(), threading.Event(), threading.Event()
@@ -514,11 +514,11 @@ class Stalling:
 
 p, q = shim.load(path), shim.load(other)
 if what == "dtype":
-    shim.types.np = Stalling(np, "dtype")
+    shim.base.types.np = Stalling(np, "dtype")
     stall = lambda: HalideType(FLOAT, 16).dtype
     in_child = lambda: p(np.zeros((34, 66), np.uint16), output=(32, 64))  # (uint16: another)
 else:
-    shim.library.hashlib = Stalling(hashlib, "sha256")
+    shim.calls.library.hashlib = Stalling(hashlib, "sha256")
     stall = lambda: p._library.digest
     in_child = lambda: pickle.dumps(q)
 thread = threading.Thread(target=stall, name="stalling")
@@ -636,10 +636,10 @@ SHIM_LOCK = r"""
 import os, signal, sys, threading
 import numpy as np
 import shim
-from shim import bridge
+from shim.core import bridge
 from shim.backends.host import HostBackend
 
-devices = sys.modules["shim.devices"]  # (shim.devices is also a function)
+devices = sys.modules["shim.backends.devices"]  # (shim.backends.devices is also a function)
 which = sys.argv[1]
 if which == "device creation":  # the child makes the host device: not yet made here
     assert HostBackend.index not in devices._backends, "the test needs updating"

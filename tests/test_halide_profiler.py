@@ -1,5 +1,5 @@
 """Halide's own profiler (-profile, -profile_by_timer) read per call inside shim.profile():
-shim/halide_profiler.py."""
+shim/profiling/halide_profiler.py."""
 
 import json
 import os
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import shim
-from shim import halide_profiler
+from shim.profiling import halide_profiler
 from shim.native import ffi, lib
 
 NAME = "hp_stages"

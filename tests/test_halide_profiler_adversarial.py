@@ -1,4 +1,4 @@
-"""Attacks on Halide's profiler read per pipeline call (shim/halide_profiler.py): profiles that
+"""Attacks on Halide's profiler read per pipeline call (shim/profiling/halide_profiler.py): profiles that
 start or stop around calls in flight, one pipeline name in two libraries, failing, interrupted,
 cropped, prepared, dask and worker-thread calls, many and oddly named Funcs, fork, and Halide's
 report at exit.
@@ -29,7 +29,7 @@ import numpy as np
 import pytest
 
 import shim
-from shim import halide_profiler
+from shim.profiling import halide_profiler
 from shim.native import ffi, lib
 
 REPO = Path(__file__).resolve().parent.parent
@@ -405,7 +405,7 @@ WAITS_SCRIPT = r'''
 import ctypes, json, os, sys, threading
 import numpy as np
 import shim
-from shim import halide_profiler
+from shim.profiling import halide_profiler
 
 path, name, mode = sys.argv[1:4]
 p, gates = shim.load(path), ctypes.CDLL(path)
@@ -1076,7 +1076,7 @@ FORK_IN_CALL_SCRIPT = r'''
 import ctypes, json, os, sys, threading, time
 import numpy as np
 import shim
-from shim import halide_profiler
+from shim.profiling import halide_profiler
 from shim.native import ffi, lib
 
 path, out = sys.argv[1:3]
@@ -1148,8 +1148,8 @@ EXIT_SCRIPT = '''
 import atexit, ctypes, os, sys, threading, time
 import numpy as np
 import shim
-import shim.shutdown
-from shim import halide_profiler
+import shim.core.shutdown
+from shim.profiling import halide_profiler
 
 path, mode = sys.argv[1:3]
 p, gates = shim.load(path), ctypes.CDLL(path)
@@ -1170,7 +1170,7 @@ elif mode == "thread":
     t.join()
     os.chdir(sys.argv[5])
 elif mode.startswith("stuck"):  # a call that never ends, on a daemon thread
-    shim.shutdown.CALLS_TIMEOUT = 0.2
+    shim.core.shutdown.CALLS_TIMEOUT = 0.2
     if mode == "stuck profiled":
         shim.profile().start()
     threading.Thread(target=run, args=(100, 80, 1), daemon=True).start()
@@ -1232,7 +1232,7 @@ def test_set_exit_report_from_a_thread_with_a_relative_path(gated, tmp_path):
 @pytest.mark.parametrize("profiled", [True, False])
 def test_exit_with_a_call_stuck_on_a_daemon_thread_does_not_hang(gated, tmp_path, setting,
                                                                 profiled):
-    """The shim stops waiting for calls still running at exit (shim/shutdown.py); Halide's
+    """The shim stops waiting for calls still running at exit (shim/core/shutdown.py); Halide's
     profiler must not wait for them either, and the report still goes where it is sent."""
     report = tmp_path / "report.txt"
     mode = "stuck profiled" if profiled else "stuck"

@@ -1,4 +1,4 @@
-"""Halide's tracing inside shim.profile() (native_stubs/tracing.c, shim/halide_trace.py).
+"""Halide's tracing inside shim.profile() (native_stubs/tracing.c, shim/profiling/halide_trace.py).
 
 The test pipelines are compiled once per module in a child process (halide's compiler stays
 out of this process), each in its own forked child so that every one gets the Func names it
@@ -22,8 +22,8 @@ import numpy as np
 import pytest
 
 import shim
-import shim.threads
-from shim import halide_trace
+import shim.native.threads
+from shim.profiling import halide_trace
 from shim.native import ffi, lib
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -438,7 +438,7 @@ def test_parallel_calls_from_two_threads_each_get_their_own_spans(libs, load, tm
         except BaseException as e:  # pragma: no cover - reported below
             errors.append(e)
 
-    previous = shim.threads.set_num_threads(3)  # (two workers)
+    previous = shim.native.threads.set_num_threads(3)  # (two workers)
     try:
         with shim.profile() as prof:
             threads = [threading.Thread(target=work, args=(i,)) for i in widths]
@@ -455,7 +455,7 @@ def test_parallel_calls_from_two_threads_each_get_their_own_spans(libs, load, tm
             for t in threads:
                 t.join()
     finally:
-        shim.threads.set_num_threads(previous)
+        shim.native.threads.set_num_threads(previous)
     assert not errors
     assert gates.tr_gate_count(GATE_COUNTS["B on A"]), "A's thread ran none of B's tasks"
     workers = _check_parallel_profile(prof, {native[i]: w for i, w in widths.items()},
@@ -803,7 +803,7 @@ def test_a_profile_stopped_mid_call_prints_no_ends_of_what_it_recorded(load, cap
     ("trace_limit", 1.5), ("sample_accesses", 2**40), ("sample_accesses", -1),
     ("sample_accesses", None)])
 def test_bad_arguments_raise_argument_errors_naming_them(argument, value):
-    assert shim.ArgumentError is shim.errors.ArgumentError
+    assert shim.ArgumentError is shim.base.errors.ArgumentError
     with pytest.raises(shim.ArgumentError) as caught:
         shim.profile(**{argument: value})
     assert caught.value.argument == argument and argument in str(caught.value)
@@ -919,10 +919,10 @@ def test_a_span_begun_in_an_earlier_profile_takes_no_room_in_the_next(load):
 MID_CALL = """
 import ctypes, json, sys, threading, time
 import numpy as np
-import shim, shim.threads
+import shim, shim.native.threads
 p, gates = shim.load(sys.argv[1]), ctypes.CDLL(sys.argv[1])
 HELD, TILE = int(sys.argv[2]), int(sys.argv[3])
-shim.threads.set_num_threads(3)
+shim.native.threads.set_num_threads(3)
 width, height = 64, 32 * TILE
 inp = np.random.default_rng(0).random((height + 2, width + 2), dtype=np.float32)
 out = np.empty((height, width), np.float32)
@@ -1201,7 +1201,8 @@ def test_spans_in_a_forked_child_are_on_the_childs_thread(libs):
 CRAFT = r'''
 import ctypes, subprocess, sys, threading
 import shim
-from shim import _native, halide_trace
+from shim import _native
+from shim.profiling import halide_trace
 
 so = ctypes.CDLL(_native.__file__)
 

@@ -8,7 +8,7 @@ import pytest
 
 import shim
 from shim.native import ffi, lib
-from shim.bridge import runtime_call
+from shim.core.bridge import runtime_call
 
 
 def proxy_crop():

@@ -1,4 +1,4 @@
-"""The native module's stamp (shim/native_stamp.py): ``import shim`` refuses a module built for
+"""The native module's stamp (shim/native/stamp.py): ``import shim`` refuses a module built for
 another package version or from another ABI than the checkout's, with an error that says what
 is stale and how to rebuild, instead of failing strangely later."""
 
@@ -14,7 +14,7 @@ import pytest
 from setuptools.config.setupcfg import read_configuration
 
 import shim
-from shim import native_stamp
+from shim.native import stamp as native_stamp
 from shim.native import ffi, lib
 
 ROOT = Path(__file__).resolve().parent.parent

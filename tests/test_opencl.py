@@ -58,7 +58,7 @@ def test_build_failure_is_a_device_error_with_the_build_log(device):
     state = ffi.new("void **")
     source = b"__kernel void broken(__global int *a) { this is not OpenCL; }\0"
     with pytest.raises(shim.DeviceError) as e:
-        with shim.bridge.runtime_call("initialize") as check:
+        with shim.core.bridge.runtime_call("initialize") as check:
             check(lib.halide_opencl_initialize_kernels(ffi.NULL, state, source, len(source)))
     assert "clBuildProgram failed" in str(e.value) and "build log" in str(e.value)
     assert "undeclared identifier 'this'" in str(e.value)  # the compiler's own words
@@ -67,7 +67,7 @@ def test_build_failure_is_a_device_error_with_the_build_log(device):
 def test_launch_failure_is_a_device_error(device):
     state = ffi.new("void **")
     source = b"__kernel void k(__global int *a, __local int16 *s) { a[0] = 1; }\0"
-    with shim.bridge.runtime_call("initialize") as check:
+    with shim.core.bridge.runtime_call("initialize") as check:
         check(lib.halide_opencl_initialize_kernels(ffi.NULL, state, source, len(source)))
     buf = shim.Buffer(np.zeros(4, np.int32))
     buf.copy_to_device(device)
@@ -75,7 +75,7 @@ def test_launch_failure_is_a_device_error(device):
     args = ffi.new("void *[]", [buf.raw, ffi.NULL])
     is_buffer = ffi.new("int8_t[]", [1, 0])
     with pytest.raises(shim.DeviceError) as e:
-        with shim.bridge.runtime_call("run") as check:
+        with shim.core.bridge.runtime_call("run") as check:
             # A work-group far larger than any device allows.
             check(lib.halide_opencl_run(ffi.NULL, state[0], b"k", 1, 1, 1, 1 << 20, 1, 1, 0,
                                         sizes, args, is_buffer))
@@ -107,11 +107,11 @@ def test_wrapping_a_pyopencl_buffer(device):
                         hostbuf=data)
     buf = shim.Buffer(np.zeros(16, np.int32))
     buf.set_host_dirty(False)
-    with shim.bridge.runtime_call("wrap") as check:
+    with shim.core.bridge.runtime_call("wrap") as check:
         check(lib.halide_opencl_wrap_cl_mem(ffi.NULL, buf.raw, foreign.int_ptr))
     buf.set_device_dirty()
     np.testing.assert_array_equal(buf.numpy(), data)
-    with shim.bridge.runtime_call("detach") as check:
+    with shim.core.bridge.runtime_call("detach") as check:
         check(lib.halide_opencl_detach_cl_mem(ffi.NULL, buf.raw))
     assert not buf.has_device_allocation()
 

@@ -1,4 +1,4 @@
-"""The on-disk cache of built OpenCL program binaries (shim/binary_cache.py, used by
+"""The on-disk cache of built OpenCL program binaries (shim/base/binary_cache.py, used by
 shim/backends/opencl.py): a later process builds from the cache, damaged or refused entries are
 rebuilt and replaced, changed sources and options miss, concurrent writers never leave a broken
 entry, and the off switch works. Builds are counted (opencl.program_builds, or a build from
@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from shim.pipelines.build import Build, build_all
-from shim import binary_cache, private_files
+from shim.base import binary_cache
+from shim.base import private_files
 from shim.backends import opencl as opencl_backend
 
 ROOT = Path(__file__).resolve().parent.parent

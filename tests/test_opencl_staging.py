@@ -10,7 +10,7 @@ import pytest
 import shim
 from gpu_cases import blur_reference
 from shim.pipelines.build import Build, build_all
-from shim import families
+from shim.memory import families
 from shim.native import ffi, lib
 from support.threads import run_threads
 
@@ -205,7 +205,7 @@ def test_a_reader_never_puts_old_values_back_over_a_writer(load, opencl):
 def initialized(source: bytes):
     state = ffi.new("void **")
     source += b"\0"
-    with shim.bridge.runtime_call("initialize") as check:
+    with shim.core.bridge.runtime_call("initialize") as check:
         check(lib.halide_opencl_initialize_kernels(ffi.NULL, state, source, len(source)))
     return state[0]
 
@@ -216,7 +216,7 @@ def run_kernel(module, name: bytes, buffers, threads: int, rows: int = 1) -> Non
     args = ffi.new("void *[]", [b.raw if isinstance(b, shim.Buffer) else b for b in buffers]
                    + [ffi.NULL])
     is_buffer = ffi.new("int8_t[]", [1] * len(buffers) + [0])
-    with shim.bridge.runtime_call("run") as check:
+    with shim.core.bridge.runtime_call("run") as check:
         check(lib.halide_opencl_run(ffi.NULL, module, name, 1, 1, 1, threads, rows, 1, 0, sizes,
                                     args, is_buffer))
 

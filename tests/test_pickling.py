@@ -1,4 +1,4 @@
-"""Pickling shim.Pipeline (its library's bytes, hash and name; shim/pipeline_pickle.py) and
+"""Pickling shim.Pipeline (its library's bytes, hash and name; shim/calls/pipeline_pickle.py) and
 shim.Buffer (host data and shape): round trips in this process and in fresh processes that
 never saw the library's file, unpickling in several processes at once, damage, and no file
 written anywhere. (What another user could do to the files: tests/test_file_security.py.)"""
@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import shim
-from shim.pipeline_pickle import PickledPipelineError
+from shim.calls.pipeline_pickle import PickledPipelineError
 from shim.pipelines.build import Build, build
 
 
@@ -140,7 +140,7 @@ WORKER = """
 import os, pickle, sys
 import numpy as np
 import shim
-from shim.pipeline_pickle import PickledPipelineError
+from shim.calls.pipeline_pickle import PickledPipelineError
 
 with open(sys.argv[1], "rb") as f:
     pickled = f.read()

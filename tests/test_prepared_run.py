@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 import shim
 from shim.pipelines.build import Build, build_all
-from shim.running import PreparedCall
+from shim.calls.running import PreparedCall
 
 
 @pytest.fixture

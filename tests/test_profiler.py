@@ -224,7 +224,7 @@ def _blur_once(pipeline):
 
 
 def test_a_start_that_fails_leaves_halides_tracing_as_it_was(traced_blur, monkeypatch, capfd):
-    from shim import profiler
+    from shim.profiling import profiler
 
     class Failing:
         """The native library, but resetting the profile's counts fails."""
@@ -254,7 +254,7 @@ def test_a_start_that_fails_leaves_halides_tracing_as_it_was(traced_blur, monkey
 def test_a_child_forked_while_another_thread_stops_a_profile_can_profile(traced_blur):
     import os
 
-    from shim import profiler
+    from shim.profiling import profiler
 
     held = threading.Event()
     release = threading.Event()
@@ -288,7 +288,7 @@ def test_ctrl_c_during_the_start_of_a_profile_leaves_nothing_recording(traced_bl
     later shim.profile() refused and every call recorded without bound."""
     if threading.current_thread() is not threading.main_thread():
         pytest.fail("signals land on the main thread: run this test there")
-    from shim import halide_trace
+    from shim.profiling import halide_trace
 
     start = halide_trace.start
 
@@ -410,7 +410,7 @@ def test_a_buffer_dropped_inside_the_recording_of_a_call_is_released_after_it():
     done = subprocess.run([sys.executable, "-c", textwrap.dedent("""
         import numpy as np
         import shim
-        from shim import profiler
+        from shim.profiling import profiler
 
         device = shim.device("host")
         before = device.live_allocations

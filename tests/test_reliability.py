@@ -21,7 +21,7 @@ import pytest
 
 import shim
 from shim.pipelines.build import Build, build_all
-from shim import regions
+from shim.native import regions
 from support.hooks import OnEntry
 from support.threads import run_threads
 
@@ -497,7 +497,7 @@ def test_a_handlers_exception_in_a_fast_calls_device_work_comes_after_the_call(g
     exception comes out of it."""
     if threading.current_thread() is not threading.main_thread():
         pytest.fail("signals land on the main thread: run this test there")
-    from shim import runtime
+    from shim.core import runtime
 
     brighten = gpu["brighten"]
     x = shim.Buffer(np.full((8, 8), 3, np.float32))
@@ -537,7 +537,7 @@ def test_ctrl_c_as_a_with_statement_leaves_does_not_cut_the_leaving_short(gpu, o
     handlers held (HeldContext): the KeyboardInterrupt comes once they have."""
     if threading.current_thread() is not threading.main_thread():
         pytest.fail("signals land on the main thread: run this test there")
-    from shim import streams
+    from shim.native import streams
 
     signal.signal(signal.SIGINT, signal.getsignal(signal.SIGINT))  # (in front of pocl's)
     brighten = gpu["brighten"]
@@ -854,8 +854,9 @@ def test_ctrl_c_at_a_finalizers_first_bytecode_is_raised_after_it(what, host_dev
     finalizers run with Ctrl-C held from C: the KeyboardInterrupt comes after the finalizer."""
     if threading.current_thread() is not threading.main_thread():
         pytest.fail("signals land on the main thread: run this test there")
-    from shim import dlpack_capsules, families
-    from shim.buffer import Buffer
+    from shim.exchange import dlpack_capsules
+    from shim.memory import families
+    from shim.buffers.buffer import Buffer
 
     signal.signal(signal.SIGINT, signal.getsignal(signal.SIGINT))  # (in front of pocl's)
     before = families.live_counts()
@@ -895,7 +896,7 @@ def test_a_child_forked_from_another_thread_holds_signal_handlers_on_its_main_th
     done = run_script("""
         import os, threading
         import shim
-        from shim import interrupts
+        from shim.native import interrupts
 
         def fork_here():
             pid = os.fork()
@@ -922,8 +923,8 @@ def test_a_buffer_whose_making_a_handler_interrupts_leaves_nothing_behind(made):
     attribute '_keepalive'") and the family's registry kept the struct for good."""
     if threading.current_thread() is not threading.main_thread():
         pytest.fail("signals land on the main thread: run this test there")
-    from shim import families
-    from shim.buffer import Buffer
+    from shim.memory import families
+    from shim.buffers.buffer import Buffer
 
     parent = shim.Buffer(np.zeros((6, 8), np.int32))
     codes = {Buffer._init_from_array.__code__, Buffer._init_as_view.__code__}

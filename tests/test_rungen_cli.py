@@ -451,7 +451,7 @@ def test_an_8_bit_png_into_the_blur(host_pipelines, tmp_path):
     (np.array([-1], np.int8), np.uint16, [65535]),  # signed types are read as their bits
 ])
 def test_halide_image_conversion(values, dtype, expected):
-    from shim.images import convert
+    from shim.cli.images import convert
 
     converted = convert(values, dtype)
     assert converted.dtype == np.dtype(dtype)

@@ -34,7 +34,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 import shim
-from shim import interrupts
+from shim.native import interrupts
 from shim.pipelines.build import RUNTIMES, Build, build_all
 from shim.native import lib
 from support.budget import scaled
@@ -57,9 +57,9 @@ FORK_HANG_GUARD_S = 30
 _pipelines = {}
 
 # The device layer's modules: a disturbance strikes as one of their functions is entered.
-LAYER_MODULES = {"shim.runtime", "shim.aliasing", "shim.families", "shim.flags", "shim.regions",
-                 "shim.call_uses", "shim.buffer_operations", "shim.bridge", "shim.running",
-                 "shim.device_export", "shim.dlpack_export", "shim.backends.base",
+LAYER_MODULES = {"shim.core.runtime", "shim.memory.aliasing", "shim.memory.families", "shim.native.flags", "shim.native.regions",
+                 "shim.core.call_uses", "shim.core.buffer_operations", "shim.core.bridge", "shim.calls.running",
+                 "shim.exchange.device_export", "shim.exchange.dlpack_export", "shim.backends.base",
                  "shim.backends.host", "shim.backends.opencl", "shim.backends.pool"}
 JOIN_SECONDS = 60  # a thread that does not end by then is stuck: a failure, not a wait
 

@@ -1,15 +1,15 @@
 """The protocol a device backend implements: the contract between the core and a backend.
 
-The core (shim/runtime.py and the modules above it) does everything Halide's generic device
+The core (shim/core/runtime.py and the modules above it) does everything Halide's generic device
 layer does: validation, locking, dirty bits, which copy to make, profiling. A backend only
 allocates device memory, hands out handles into it, moves bytes between device memory and host
-memory as a CopyPlan (shim/regions.py) describes, and, for a GPU, compiles kernels (``module``;
+memory as a CopyPlan (shim/native/regions.py) describes, and, for a GPU, compiles kernels (``module``;
 the native library launches them).
 
 The contract:
 - Facts live on the class: ``kind`` (the name shim.device() takes), ``index`` (enum
   shim_backend: the native interface), ``dlpack_device_type``, ``default_rank``. Nothing else
-  names a backend; shim/devices.py lists the classes.
+  names a backend; shim/backends/devices.py lists the classes.
 - ``available()`` never raises and creates no context; creating the backend raises
   shim.DeviceUnavailable where its device cannot be used.
 - ``write``, ``read`` and ``copy`` return only once the transfer has completed: the host
@@ -17,7 +17,7 @@ The contract:
   a dirty bit right after they return, and the C fast paths, which skip the core whenever the
   bits say nothing needs copying, are right only because of this.
 - Methods raise BackendError for what the driver refuses; the core turns it into the Halide
-  error code of the operation (shim/bridge.py). A backend never imports the core: only the
+  error code of the operation (shim/core/bridge.py). A backend never imports the core: only the
   native layer and small shared helpers (regions, errors, streams, private_files, binary_cache).
 
 A backend is bound to one device for the life of the process: Halide's handles (a cl_mem, a
@@ -32,10 +32,10 @@ import os
 import weakref
 from abc import ABC, abstractmethod
 
-from shim import sections
+from shim.base import sections
 from shim.backends import pool as pools
 from shim.native import ffi, lib
-from shim.regions import CopyPlan
+from shim.native.regions import CopyPlan
 
 
 class BackendError(Exception):
@@ -306,7 +306,7 @@ class Backend(ABC):
         """Device bytes those hold (each allocation's capacity)."""
         return sum(m.capacity for m in list(self._live.values()))
 
-    # --- DLPack (shim/dlpack_export.py, shim/dlpack.py) ---------------------------------------
+    # --- DLPack (shim/exchange/dlpack_export.py, shim/interop/dlpack.py) ---------------------------------------
 
     #: The DLPack device type of this backend's memory; None: its Buffers export host memory.
     dlpack_device_type: int | None = None
@@ -342,7 +342,7 @@ class Backend(ABC):
         frees and DLPack consumers of ``memory`` must follow it, whatever stream they use
         and even once ``stream`` is gone."""
 
-    # --- device timing, for profiles (shim/profiler.py) -----------------------------------
+    # --- device timing, for profiles (shim/profiling/profiler.py) -----------------------------------
 
     def timing_origin(self):
         """A device timestamp taken now, with the host's perf_counter_ns at that moment, for

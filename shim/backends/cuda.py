@@ -25,11 +25,12 @@ import re
 import time
 from contextlib import contextmanager
 
-from shim import sections, streams
+from shim.base import sections
+from shim.native import streams
 from shim.backends.base import Backend, BackendError, Memory, fork_guard
-from shim.errors import DeviceUnavailable
+from shim.base.errors import DeviceUnavailable
 from shim.native import Finalized, ffi, lib
-from shim.regions import CopyPlan, rectangles
+from shim.native.regions import CopyPlan, rectangles
 
 # Halide 21 loads modules with the register cap below (src/runtime/cuda.cpp, compile_kernel),
 # and reads this variable to change it, so that a kernel's largest blocks can be resident.

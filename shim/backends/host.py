@@ -14,10 +14,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from shim import sections
+from shim.base import sections
 from shim.backends.base import Backend, BackendError, Memory
 from shim.native import lib
-from shim.regions import CopyPlan, host_memory
+from shim.native.regions import CopyPlan, host_memory
 
 ALIGNMENT = 128
 

@@ -22,11 +22,13 @@ import threading
 import time
 from collections import Counter, OrderedDict
 
-from shim import binary_cache, private_files, sections
+from shim.base import binary_cache
+from shim.base import private_files
+from shim.base import sections
 from shim.backends.base import Backend, BackendError, Memory, fork_guard
-from shim.errors import DeviceUnavailable
+from shim.base.errors import DeviceUnavailable
 from shim.native import ffi, lib
-from shim.regions import CopyPlan, host_memory, rectangles
+from shim.native.regions import CopyPlan, host_memory, rectangles
 
 
 def _cl():
@@ -529,7 +531,7 @@ program_builds: Counter = Counter()
 
 def _program_cache():
     """The on-disk cache of built program binaries: $HALIDE_SHIM_CACHE, else
-    $XDG_CACHE_HOME/halide-shim/opencl (see shim/binary_cache.py, and shim/private_files.py
+    $XDG_CACHE_HOME/halide-shim/opencl (see shim/base/binary_cache.py, and shim/base/private_files.py
     for when a folder is not used); None where $HALIDE_SHIM_NO_PROGRAM_CACHE is set (to
     anything but 0). Read at every build."""
     if os.environ.get("HALIDE_SHIM_NO_PROGRAM_CACHE", "").strip() not in ("", "0"):

@@ -25,7 +25,7 @@ The pool's lock guards its list and counters only: it is never held across a dri
 
 from __future__ import annotations
 
-from shim import sections
+from shim.base import sections
 
 #: Halide's number (cuda.cpp): how many freed allocations are kept, the most recent first.
 MAX_COUNT = 32

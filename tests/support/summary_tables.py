@@ -1,4 +1,4 @@
-"""Reading the tables of a profile's summary (shim/profile_report.py) back, as printed by
+"""Reading the tables of a profile's summary (shim/profiling/report.py) back, as printed by
 ``python -m shim profile`` and the demo."""
 
 

@@ -1,0 +1,89 @@
+"""The exceptions the shim raises. Every one is a ShimError.
+
+Below every other module but the native library itself: it reads Halide's error codes from
+the cffi module that shim/native/__init__.py loaded (the package imports that first), not from
+shim/native/__init__.py, which raises these errors."""
+
+from __future__ import annotations
+
+from shim._native import ffi, lib
+from shim.base.private_files import UnsafeCacheWarning  # noqa: F401 (defined there: see that module)
+
+_ERROR_NAMES = ffi.typeof("enum halide_error_code_t").elements
+
+# Halide error codes that mean a device operation failed (allocation, copy, launch, handles).
+DEVICE_ERROR_CODES = frozenset({
+    lib.halide_error_code_copy_to_host_failed, lib.halide_error_code_copy_to_device_failed,
+    lib.halide_error_code_device_malloc_failed, lib.halide_error_code_device_sync_failed,
+    lib.halide_error_code_device_free_failed, lib.halide_error_code_device_run_failed,
+    lib.halide_error_code_gpu_device_error, lib.halide_error_code_device_wrap_native_failed,
+    lib.halide_error_code_device_detach_native_failed,
+    lib.halide_error_code_device_buffer_copy_failed,
+    lib.halide_error_code_device_crop_unsupported, lib.halide_error_code_device_crop_failed,
+    lib.halide_error_code_incompatible_device_interface,
+})
+
+
+def error_name(code: int) -> str:
+    """Halide's name for an error code, without the common prefix."""
+    name = _ERROR_NAMES.get(code)
+    if name is None:
+        return "unknown_error"
+    return name.removeprefix("halide_error_code_")
+
+
+class ShimError(Exception):
+    """Base class of every error the shim raises."""
+
+
+class ArgumentError(ShimError, ValueError):
+    """Bad input from the caller: the message names the argument and what was expected."""
+
+    def __init__(self, argument: str, message: str):
+        super().__init__(f"{argument}: {message}")
+        self.argument = argument
+
+
+class CoordinateError(ArgumentError, IndexError):
+    """Coordinates outside a Buffer (``buf[x, y]``): an ArgumentError, and the IndexError
+    halide.Buffer and numpy raise there."""
+
+
+class HalideCodeError(ShimError, RuntimeError):
+    """An error that carries one of Halide's error codes (halide_error_code_t) and its text."""
+
+    def __init__(self, code: int, message: str, *, context: str = ""):
+        self.code = code
+        self.code_name = error_name(code)
+        self.message = message or self.code_name
+        prefix = f"{context}: " if context else ""
+        super().__init__(f"{prefix}{self.message} [Halide error {code}: {self.code_name}]")
+
+
+class PipelineError(HalideCodeError):
+    """A pipeline returned a Halide error code (constraint violated, access out of bounds, ...)."""
+
+
+class BoundsError(ArgumentError, PipelineError):
+    """A buffer does not cover what the pipeline's bounds query asks for: an input too small
+    for what the pipeline reads, or an output whose shape the pipeline constrains otherwise.
+    Caught before the pipeline runs; it is both an ArgumentError (it names the argument) and a
+    PipelineError (it carries the Halide error code the pipeline would have returned)."""
+
+    def __init__(self, argument: str, code: int, message: str):
+        PipelineError.__init__(self, code, f"{argument}: {message}")
+        self.argument = argument
+
+
+class DeviceError(HalideCodeError):
+    """A device operation failed: a backend call, or Python code running inside one."""
+
+
+class DeviceUnavailable(ShimError):
+    """The requested device does not exist on this machine, or its driver cannot be loaded."""
+
+
+class DirtyBufferWarning(UserWarning):
+    """A Buffer was dropped while its device held results that nobody read, on the host or
+    as the input of another pipeline. (If its host memory is visible to anyone, the shim
+    copied the results there first: no data is lost either way.)"""

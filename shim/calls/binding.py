@@ -1,0 +1,483 @@
+"""Binding a call's Python values to a pipeline's arguments: by position or by name; buffers
+from shim.Buffers, numpy arrays and other array-likes, DLPack device tensors, or shapes for
+outputs to allocate (omitted outputs sized by the bounds query's verdict on the pipeline's
+estimates, else on the first input's shape); scalars converted and range-checked. The result
+is a Call, the native form a run needs, checked against the pipeline's bounds query before
+anything runs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from shim.interop import dlpack
+from shim.interop import pyopencl_interop
+from shim.buffers.buffer import Buffer, as_host_array, check_memory, shape_tuple, zeroed
+from shim.exchange.dlpack_capsules import HOST_DEVICES, DLDeviceType, claimed_device
+from shim.base.errors import ArgumentError, BoundsError, DeviceUnavailable
+from shim.calls.metadata import USER_CONTEXT, Argument, check_extents
+from shim.native.regions import dimension_label
+from shim.native import ffi, lib
+from shim.calls.scalars import MISSING, ScalarArgument
+from shim.base.types import INT32_MAX, HalideType
+
+
+@dataclass(eq=False)
+class Call:
+    """The native form of one call's arguments, and what must happen around each run."""
+
+    argv: object = None
+    # The scalars' C values, which argv points to.
+    keep_alive: list = field(default_factory=list)
+    # (index into argv, Argument, Buffer) for each buffer argument.
+    buffers: list = field(default_factory=list)
+    # Buffers the shim made over the caller's input arrays: host-dirty before every run, since
+    # the caller may have written to the array.
+    array_inputs: list = field(default_factory=list)
+    # Buffers the shim made for this call; their device memory is freed when it closes.
+    temporaries: list = field(default_factory=list)
+    # (output Buffer, the caller's array to copy it into, or None when the Buffer is a view of
+    # that array) for outputs given as arrays: their results go back to host memory.
+    copy_back: list = field(default_factory=list)
+    # Outputs over another library's device memory (DLPack): their results go to that memory.
+    device_outputs: list = field(default_factory=list)
+    # What the call returns, in metadata order of the outputs.
+    results: list = field(default_factory=list)
+
+
+class Signature:
+    """A pipeline's arguments, and the binding of values to them."""
+
+    def __init__(self, name: str, target: str, all_arguments: list, device_kinds: frozenset):
+        self.name, self.target, self.device_kinds = name, target, device_kinds
+        # In argv order, __user_context included where the pipeline takes it.
+        self.all_arguments = all_arguments
+        # The ones a caller gives.
+        self.arguments = [a for a in all_arguments if a.name != USER_CONTEXT]
+        self._by_name = {a.name: a for a in self.arguments}
+        self._names = [a.name for a in self.arguments]
+        self._scalars = {a.name: ScalarArgument(a) for a in self.arguments if not a.is_buffer}
+        self._null_user_context = ffi.new("void **")  # what __user_context points to
+
+    def bind(self, args, kwargs) -> dict:
+        """{argument name: value} of a call's positional and named values."""
+        if len(args) > len(self.arguments):
+            raise ArgumentError("args", f"{self.name} takes {len(self.arguments)} arguments "
+                                        f"({self._signature()}), got {len(args)} positional")
+        values = dict(zip(self._names, args))
+        for key, value in kwargs.items():
+            if key not in self._by_name:
+                raise ArgumentError(key, f"unknown argument; {self.name} takes {self._signature()}")
+            if key in values:
+                raise ArgumentError(key, "given both by position and by name")
+            values[key] = value
+        return values
+
+    def _signature(self) -> str:
+        return ", ".join(self._names)
+
+    def marshal(self, values: dict, run_query) -> Call:
+        """The native form of bound values (see Call); on failure, the device memory of the
+        Buffers made so far is freed. ``run_query(argv)`` runs the pipeline's bounds query, which
+        sizes omitted outputs."""
+        call = Call()
+        try:
+            self._marshal_into(call, values, run_query)
+        except BaseException:
+            free_temporaries(call)
+            raise
+        return call
+
+    def _marshal_into(self, call: Call, values: dict, run_query) -> None:
+        argv = call.argv = ffi.new("void *[]", max(len(self.all_arguments), 1))
+        # Omitted outputs: (index into argv, Argument, index into call.buffers, into
+        # call.results), sized once every other argument is known, since the size that fits
+        # depends on the inputs and the scalars.
+        omitted = []
+        for i, arg in enumerate(self.all_arguments):
+            if arg.name == USER_CONTEXT:
+                argv[i] = self._null_user_context
+            elif arg.is_buffer:
+                value = values.get(arg.name, MISSING)
+                if value is MISSING and arg.is_output:
+                    omitted.append((i, arg, len(call.buffers), len(call.results)))
+                    call.buffers.append(None)
+                    call.results.append(None)
+                    continue
+                buf = self._buffer_argument(arg, value, call)
+                argv[i] = buf.raw
+                call.buffers.append((i, arg, buf))
+            else:
+                scalar = self._scalars[arg.name].convert(values.get(arg.name, MISSING))
+                argv[i] = scalar
+                call.keep_alive.append(scalar)
+        if omitted:
+            boxes = self._size_omitted(call, [(i, arg) for i, arg, _, _ in omitted], run_query)
+            for (i, arg, at, result_at), box in zip(omitted, boxes):
+                buf = Buffer.over_array(zeroed(_numpy_shape(box), _dtype_of(arg), arg.name), arg.name,
+                                        exposed=False, mins=[lo for lo, _ in box])
+                argv[i] = buf.raw
+                call.buffers[at] = (i, arg, buf)
+                call.results[result_at] = buf
+
+    def _size_omitted(self, call: Call, omitted: list, run_query) -> list:
+        """The boxes ((min, extent) per Halide dimension) of the outputs the caller left out
+        (``omitted``: (index into argv, Argument) each). As RunGen does by default, the shim
+        tries the first input's shape first (its mins too; dimensions it lacks from the
+        estimates): what a numpy user expects of an elementwise pipeline. Then the
+        pipeline's estimates (its own word on its sizes: a stencil's output is smaller than
+        its input, and harris's starts at (3, 3)). It takes the first guess the bounds query
+        accepts, before anything is allocated. Where the query asks a guessed output for
+        another region (an output of fixed size), it gets that region, as in RunGen. When no
+        guess fits, the first one's bounds error says how the outputs were sized and how to
+        pass a size."""
+        guesses = _size_guesses(omitted, call)
+        if not guesses:
+            raise ArgumentError(omitted[0][1].name,
+                                "missing output: pass a shim.Buffer, a numpy array, or its shape "
+                                "(numpy order); the pipeline has no size estimates and no input "
+                                "buffer to size it like")
+        failures = []
+        for how, boxes in guesses:
+            try:
+                return _fit(call, omitted, boxes, run_query, self.target)
+            except BoundsError as e:
+                failures.append((how, boxes, e))
+        raise _sizing_error(omitted, failures)
+
+    def _buffer_argument(self, arg: Argument, value, call: Call) -> Buffer:
+        if value is MISSING:
+            raise ArgumentError(arg.name, f"missing input; {self.name} takes {self._signature()}")
+        if isinstance(value, Buffer):
+            _check_buffer_type(arg, value.type(), value.dimensions(), value.shape)
+            check_extents(arg, value.shape, self.target)
+            if arg.is_output:
+                _check_writable(arg, value.writeable)
+                call.results.append(value)
+            return value
+        if arg.is_output and isinstance(value, (tuple, list)):
+            shape = shape_tuple(value, arg.name)
+            _check_dimensions(arg, len(shape), shape)
+            check_extents(arg, shape, self.target)
+            buf = Buffer.over_array(zeroed(shape, _dtype_of(arg), arg.name), arg.name,
+                                    exposed=False)
+            call.results.append(buf)
+            return buf
+        if pyopencl_interop.is_array(value):
+            return self._device_argument(arg, value, call, pyopencl_interop.from_pyopencl)
+        if _dlpack_device_type(value, arg.name) not in HOST_DEVICES:
+            return self._device_argument(arg, value, call, dlpack.to_buffer)
+        array = as_host_array(value, arg.name)
+        _check_buffer_type(arg, _array_type(array, arg), array.ndim, array.shape)
+        check_extents(arg, array.shape, self.target)  # before any copy of it is made
+        if arg.is_output:
+            _check_writable(arg, array.flags.writeable)
+        if _halide_can_address(array):
+            buf = Buffer.over_array(array, arg.name)
+            if arg.is_output:
+                call.copy_back.append((buf, None))
+        elif arg.is_output:
+            # Compute into memory Halide can address, then copy into the caller's array.
+            buf = Buffer.over_array(zeroed(array.shape, _dtype_of(arg), arg.name), arg.name,
+                                    exposed=False)
+            call.copy_back.append((buf, array))
+        else:
+            # A copy made once: later runs of a PreparedCall see the copy, not the array.
+            buf = Buffer.over_array(_addressable_copy(arg, array), arg.name)
+        call.temporaries.append(buf)
+        if arg.is_output:
+            # The caller's own object back (a torch tensor stays one); numpy for the rest.
+            call.results.append(value if hasattr(value, "__dlpack__") else array)
+        elif buf.is_over(array):
+            call.array_inputs.append(buf)
+        buf.set_host_dirty(not arg.is_output)
+        return buf
+
+    def _device_argument(self, arg: Argument, value, call: Call, to_buffer) -> Buffer:
+        """A Buffer over another library's device memory (a CUDA tensor, an OpenCL buffer,
+        through DLPack; a pyopencl Array), made by ``to_buffer`` without copying: outputs are
+        written where the caller's tensor is."""
+        try:
+            buf = to_buffer(value, arg.name)
+        except (BufferError, DeviceUnavailable) as e:
+            raise ArgumentError(arg.name, f"cannot use {type(value).__name__}'s device memory: "
+                                          f"{e}") from None
+        _check_buffer_type(arg, buf.type(), buf.dimensions(), buf.shape)
+        if arg.is_output:
+            if self.device_kinds and buf.device.kind not in self.device_kinds:
+                raise ArgumentError(arg.name, f"{self.name} runs on {'/'.join(sorted(self.device_kinds))}"
+                                              f" and cannot write into {buf.device.kind} memory")
+            call.results.append(value)
+            call.device_outputs.append(buf)
+        # Not a temporary: freeing its device memory would download what it holds into the
+        # shim's staging memory, which nobody reads. Dropped with the call, it copies nothing.
+        return buf
+
+    def plan_entries(self) -> list[tuple]:
+        """What the call plan knows of each argument (see native_stubs/fastcall.c, plan_init)."""
+        return [self._plan_entry(arg) for arg in self.all_arguments]
+
+    def _plan_entry(self, arg: Argument) -> tuple:
+        if arg.name == USER_CONTEXT:
+            role, default = 3, None
+        elif arg.is_buffer:
+            role, default = (2 if arg.is_output else 1), None
+        else:
+            role, default = 0, self._scalars[arg.name].default_bytes()
+        bounds = [None, None] if arg.is_buffer else [arg.min, arg.max]
+        return (arg.name, role, arg.type.code, arg.type.bits, arg.dimensions, *bounds, default)
+
+
+def free_temporaries(call: Call) -> None:
+    """Free the device memory of the Buffers the shim made for ``call``."""
+    for temporary in call.temporaries:
+        temporary.device_free()
+    call.temporaries.clear()
+
+
+def bounds_query(call: Call):
+    """The argv of the bounds query for ``call``'s shapes and scalars, and what to check its
+    answers with (``check_bounds``)."""
+    query_argv = ffi.new("void *[]", list(call.argv))
+    queries = []
+    for i, arg, buf in call.buffers:
+        raw, dims = _bounds_query_buffer(buf.raw)
+        query_argv[i] = raw
+        queries.append((arg, buf, raw, dims))
+    return query_argv, queries
+
+
+def check_bounds(queries) -> None:
+    """Refuse inputs smaller than what the bounds query says the pipeline reads, and outputs
+    whose shape it constrains otherwise."""
+    for arg, buf, raw, _dims in queries:
+        for d in range(raw.dimensions):
+            _check_region(arg, d, (raw.dim[d].min, raw.dim[d].extent), buf.box[d])
+
+
+def _dlpack_device_type(value, argument: str) -> int:
+    """The DLPack device type of an object that has one, else kDLCPU (host memory)."""
+    if isinstance(value, (Buffer, np.ndarray)) or not hasattr(value, "__dlpack_device__"):
+        return DLDeviceType.CPU
+    return claimed_device(value, argument)[0]
+
+
+def _dtype_of(arg: Argument) -> np.dtype:
+    dtype = arg.type.dtype
+    if dtype is None:
+        raise ArgumentError(arg.name, f"element type {arg.type} has no numpy equivalent")
+    return dtype
+
+
+def _array_type(array: np.ndarray, arg: Argument):
+    try:
+        # In native byte order: arrays in the other are converted (see _halide_can_address).
+        return HalideType.from_dtype(array.dtype.newbyteorder("="))
+    except TypeError:
+        raise ArgumentError(arg.name, f"expected {arg.type} elements, got numpy dtype "
+                                      f"{array.dtype}") from None
+
+
+def _check_dimensions(arg: Argument, dimensions: int, shape) -> None:
+    """As many dimensions as the pipeline declares, and at least one element: Halide has no
+    use for an empty buffer (numpy gives empty arrays zero strides, which Halide refuses)."""
+    if dimensions != arg.dimensions:
+        raise ArgumentError(arg.name, f"expected a {arg.dimensions}-D buffer, got {dimensions}-D "
+                                      f"with shape {tuple(shape)}")
+    if 0 in shape:
+        raise ArgumentError(arg.name, f"the array is empty (shape {tuple(shape)}); pipelines take "
+                                      "buffers with at least one element along every axis")
+
+
+def _check_writable(arg: Argument, writeable: bool) -> None:
+    if not writeable:
+        raise ArgumentError(arg.name, "the output's memory is read-only (a numpy array with "
+                                      "writeable=False, bytes, a read-only mmap, ...): pass "
+                                      "writable memory, or a shape to have the output allocated")
+
+
+def _check_buffer_type(arg: Argument, htype, dimensions: int, shape) -> None:
+    if htype != arg.type:
+        raise ArgumentError(arg.name, f"expected {arg.type} elements, got {htype}")
+    _check_dimensions(arg, dimensions, shape)
+
+
+def _halide_can_address(array: np.ndarray) -> bool:
+    """Whether Halide's default constraints accept the array as it is: native byte order,
+    strides of whole elements that fit in 32 bits, none negative, and unit stride in x (the
+    last numpy axis). Zero strides elsewhere (a broadcast) are fine."""
+    itemsize = array.dtype.itemsize
+    if not array.dtype.isnative or any(s < 0 or s % itemsize or s // itemsize > INT32_MAX
+                                       for s in array.strides):
+        return False
+    return array.ndim == 0 or array.shape[-1] == 1 or array.strides[-1] == itemsize
+
+
+def _addressable_copy(arg: Argument, array: np.ndarray) -> np.ndarray:
+    """A copy of an input that Halide can address, no larger than it must be: axes the array
+    is broadcast along (stride 0), other than x, stay broadcast, so that a broadcast input
+    costs one row, not its full size. Refused before copying if this machine cannot hold it."""
+    x = array.ndim - 1
+    core = array[tuple(slice(0, 1) if stride == 0 and axis != x else slice(None)
+                       for axis, stride in enumerate(array.strides))]
+    dtype = _dtype_of(arg)
+    check_memory(core.shape, dtype, arg.name)
+    return np.broadcast_to(np.array(core, dtype, order="C"), array.shape)
+
+
+def _size_guesses(omitted: list, call: Call) -> list[tuple[str, list]]:
+    """size_guesses for the ``omitted`` outputs of ``call`` (see Signature._size_omitted)."""
+    first = next(((arg.name, buf.box) for arg, buf in _given(call) if not arg.is_output), None)
+    return size_guesses([arg for _, arg in omitted], first)
+
+
+def size_guesses(outputs: list, first_input: tuple | None) -> list[tuple[str, list]]:
+    """(how, a box per output) for each way to size ``outputs`` (Arguments) that applies, in
+    the order a call tries them: like ``first_input`` ((name, box) of the first input buffer,
+    or None), dimensions it lacks from the estimates; then the pipeline's estimates. Shared by
+    calls that leave outputs out and by shim.dask, which sizes a whole graph's output."""
+    guesses = []
+    estimated = [_estimated_box(arg) for arg in outputs]
+    if first_input is not None:
+        name, box = first_input
+        like = [box[:output.dimensions] + (estimate or ())[len(box):]
+                for output, estimate in zip(outputs, estimated)]
+        if all(len(guess) == output.dimensions for guess, output in zip(like, outputs)):
+            guesses.append((f"like the first input, {name}", like))
+    if None not in estimated and (not guesses or estimated != guesses[0][1]):
+        guesses.append(("from the pipeline's estimates", estimated))
+    return guesses
+
+
+def _estimated_box(arg: Argument) -> tuple | None:
+    """An output's box from its estimates (a min not estimated is 0), or None without an
+    extent for every dimension."""
+    estimates = arg.buffer_estimates
+    if not estimates or any(extent is None for _, extent in estimates):
+        return None
+    return tuple((lo or 0, extent) for lo, extent in estimates)
+
+
+def _given(call: Call):
+    """(Argument, Buffer) of each buffer argument the call has a Buffer for already."""
+    return [(arg, buf) for _, arg, buf in filter(None, call.buffers)]
+
+
+def _fit(call: Call, omitted: list, boxes: list, run_query, target: str) -> list:
+    """``boxes`` for the ``omitted`` outputs, or those the bounds query asks for instead, once
+    the query accepts every buffer of ``call`` with them; else the BoundsError."""
+    for (_, arg), box in zip(omitted, boxes):
+        check_extents(arg, _numpy_shape(box), target)
+    asked, wanted = _query_with(call, omitted, boxes, run_query)
+    if asked != boxes and all(extent > 0 for box in asked for _, extent in box):
+        # An output of fixed size (or fixed mins): it gets what the pipeline asks for.
+        boxes = asked
+        for (_, arg), box in zip(omitted, boxes):
+            check_extents(arg, _numpy_shape(box), target)
+        asked, wanted = _query_with(call, omitted, boxes, run_query)
+    for (_, arg), want, box in zip(omitted, asked, boxes):
+        for d in range(arg.dimensions):
+            _check_region(arg, d, want[d], box[d])
+    for (arg, buf), want in zip(_given(call), wanted):
+        for d in range(arg.dimensions):
+            _check_region(arg, d, want[d], buf.box[d])
+    return boxes
+
+
+def _query_with(call: Call, omitted: list, boxes: list, run_query) -> tuple[list, list]:
+    """The bounds query's answers (a box per buffer) for ``call`` with the ``omitted``
+    outputs' ``boxes``, without allocating anything: (the omitted outputs' answers, those of
+    the buffers the call has, in order)."""
+    query_argv = ffi.new("void *[]", list(call.argv))
+    keep = []
+    for i, _, buf in filter(None, call.buffers):
+        keep.append(_bounds_query_buffer(buf.raw))
+        query_argv[i] = keep[-1][0]
+    mine = []
+    for (i, arg), box in zip(omitted, boxes):
+        mine.append(box_query_buffer(arg, box))
+        query_argv[i] = mine[-1][0]
+    run_query(query_argv)
+    return [query_answer(raw) for raw, _ in mine], [query_answer(raw) for raw, _ in keep]
+
+
+def query_answer(raw) -> tuple:
+    """(min, extent) per dimension of a bounds-query buffer after the query."""
+    return tuple((raw.dim[d].min, raw.dim[d].extent) for d in range(raw.dimensions))
+
+
+def box_query_buffer(arg: Argument, box):
+    """A halide_buffer_t with no memory (Halide's bounds-query form) for ``arg`` over ``box``
+    ((min, extent) per dimension, x first; empty: extents 0), densely strided; the query
+    overwrites an input's with the region it reads. Returns (the struct, its dimensions),
+    both to be kept alive while the query runs."""
+    query = ffi.new("halide_buffer_t *")
+    dims = ffi.new("halide_dimension_t[]", max(arg.dimensions, 1))
+    stride = 1
+    for d, (lo, extent) in enumerate(box):
+        dims[d].min, dims[d].extent, dims[d].stride = lo, extent, stride
+        stride *= max(extent, 1)
+    arg.type.to_c(query.type)
+    query.dimensions = arg.dimensions
+    query.dim = dims
+    return query, dims
+
+
+def _shape_hint(dimensions: int) -> str:
+    """A placeholder for a shape in numpy order, for messages."""
+    names = {1: "(width,)", 2: "(height, width)", 3: "(channels, height, width)"}
+    return names.get(dimensions, f"({dimensions} extents)")
+
+
+def _numpy_shape(box) -> tuple:
+    """The numpy shape of a box in Halide order."""
+    return tuple(extent for _, extent in reversed(box))
+
+
+def _sizing_error(omitted: list, failures: list) -> BoundsError:
+    """The first guess's BoundsError, saying how the omitted outputs were sized, what the
+    other guesses gave, and how to pass a size."""
+
+    def sized(boxes):
+        if len(omitted) == 1:
+            return str(_numpy_shape(boxes[0]))
+        return ", ".join(f"{arg.name} {_numpy_shape(box)}" for (_, arg), box in zip(omitted, boxes))
+
+    how, boxes, first = failures[0]
+    names = " and ".join(arg.name for _, arg in omitted)
+    text = (f"{first.message.removeprefix(first.argument + ': ')}. {names} "
+            f"{'was' if len(omitted) == 1 else 'were'} not given and sized {how}: {sized(boxes)}")
+    for how, boxes, error in failures[1:]:
+        text += f"; sized {how}, {sized(boxes)}: {error.message}"
+    passes = ", ".join(f"{arg.name}={_shape_hint(arg.dimensions)}" for _, arg in omitted)
+    return BoundsError(first.argument, first.code,
+                       f"{text}. Pass the size: {passes} in numpy order (x last), or a numpy "
+                       "array or shim.Buffer to write into")
+
+
+def _bounds_query_buffer(raw):
+    """A copy of ``raw``'s shape with no memory: Halide's bounds-query form."""
+    query = ffi.new("halide_buffer_t *")
+    dims = ffi.new("halide_dimension_t[]", max(raw.dimensions, 1))
+    for d in range(raw.dimensions):
+        dims[d] = raw.dim[d]
+    query.type = raw.type
+    query.dimensions = raw.dimensions
+    query.dim = dims
+    return query, dims
+
+
+def _check_region(arg: Argument, d: int, want: tuple, have: tuple) -> None:
+    (want_min, want_extent), (have_min, have_extent) = want, have
+    wanted = f"[{want_min}, {want_min + want_extent})"
+    covered = f"[{have_min}, {have_min + have_extent})"
+    if arg.is_output:
+        if want != have:
+            raise BoundsError(arg.name, lib.halide_error_code_constraint_violated,
+                              f"the pipeline writes {dimension_label(d, arg.dimensions)} over "
+                              f"{wanted} but the output covers {covered}")
+    elif want_extent > 0 and (want_min < have_min or want_min + want_extent > have_min + have_extent):
+        raise BoundsError(arg.name, lib.halide_error_code_access_out_of_bounds,
+                          f"too small: the pipeline reads {dimension_label(d, arg.dimensions)} "
+                          f"over {wanted} but the input covers {covered}")

@@ -1,0 +1,124 @@
+"""A pipeline's shared library: which pipeline in it, checked for this machine, opened so that
+its runtime calls bind to the shim's, and its entry points.
+
+A Halide AOT .so exports ``NAME_argv(void **args)`` and ``NAME_metadata()``. The metadata
+gives each argument's name, kind, type and dimensionality; ``argv`` takes, in that order, a
+``halide_buffer_t *`` for each buffer and a pointer to the value for each scalar.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+
+from shim.base.elf import NotELF, architecture, pipeline_names
+from shim.base.errors import ArgumentError
+from shim.calls.metadata import read_metadata
+from shim.native import LIBRARY_PATH, ffi
+
+
+class Library:
+    """The pipeline ``name`` (None: the only one) in the shared library at ``path``, opened:
+    its ``argv`` entry point, its target and its arguments (in argv order, with
+    __user_context where the pipeline takes it)."""
+
+    def __init__(self, path, name: str | None = None):
+        try:
+            self.path = os.fsdecode(path)
+        except TypeError:
+            raise ArgumentError("path", "expected the path of a pipeline's shared library (str, "
+                                        f"bytes or os.PathLike), got {type(path).__name__}") from None
+        self.name = _choose_name(self.path, name)
+        self._handle = _open_library(self.path)  # (closing it would unload the code)
+        # The file's bytes, read as it is loaded: what a pickled Pipeline carries
+        # (shim/calls/pipeline_pickle.py). Read now rather than at the first pickle so that a file
+        # deleted or rebuilt after loading still pickles the code this process runs.
+        self.data = _read(self.path)
+        self._digest: str | None = None
+        self.argv_address = _symbol_address(self._handle, self.name + "_argv")
+        self.argv_fn = ffi.cast("int (*)(void **)", self.argv_address)
+        metadata_fn = ffi.cast("const struct halide_filter_metadata_t *(*)(void)",
+                               _symbol_address(self._handle, self.name + "_metadata"))
+        try:
+            md_name, self.target, self.arguments = read_metadata(metadata_fn())
+        except ValueError as e:
+            raise ArgumentError("path", f"{self.path}: bad pipeline metadata: {e}") from None
+        if md_name != self.name:
+            raise ArgumentError("path", f"{self.path}: metadata names the pipeline {md_name!r}, "
+                                        f"exported as {self.name!r}")
+
+    @property
+    def digest(self) -> str:
+        """The sha256 of ``data`` (hex): what names the library in pickles. Computed at the
+        first pickle, which most libraries never see. (Not a functools.cached_property: see
+        HalideType.dtype in shim/base/types.py.)"""
+        if self._digest is None:
+            self._digest = hashlib.sha256(self.data).hexdigest()  # (two threads: the same value)
+        return self._digest
+
+
+def _open_library(path: str):
+    try:
+        # RTLD_NOW binds every halide_* reference now, to the shim's native library, which
+        # shim.native loaded first into the global scope.
+        return ctypes.CDLL(os.path.abspath(path), mode=os.RTLD_NOW | os.RTLD_LOCAL)
+    except OSError as e:
+        hint = ""
+        if "undefined symbol" in str(e):
+            hint = (" (a no_runtime pipeline needs every runtime function it calls; this one "
+                    "calls a function the shim does not provide)")
+        raise ArgumentError("path", f"cannot load {path}: {e}{hint}") from None
+
+
+def _read(path: str) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError as e:
+        raise ArgumentError("path", f"cannot read {path}: {e}") from None
+
+
+def _choose_name(path: str, name: str | None) -> str:
+    """The name of the pipeline to use in the library at ``path``, which must be a Halide
+    pipeline for the machine this process runs on."""
+    if not os.path.isfile(path):
+        raise ArgumentError("path", f"no such file: {path}")
+    try:
+        _check_architecture(path)
+        names = pipeline_names(path)
+    except NotELF as e:
+        raise ArgumentError("path", f"{path} is not a Halide pipeline: {e}") from None
+    except OSError as e:
+        raise ArgumentError("path", f"cannot read {path}: {e}") from None
+    if not names:
+        raise ArgumentError("path", f"{path} is not a Halide pipeline: it exports no "
+                                    "NAME_argv / NAME_metadata pair")
+    if name is None:
+        if len(names) > 1:
+            raise ArgumentError("name", f"{path} holds several pipelines ({', '.join(names)}); "
+                                        "choose one with name=")
+        return names[0]
+    if name not in names:
+        raise ArgumentError("name", f"{path} has no pipeline {name!r}; it has {', '.join(names)}")
+    return name
+
+
+def _check_architecture(path: str) -> None:
+    """dlopen skips a library built for another machine as if it were not there ("No such
+    file or directory"): say what is wrong instead. This process runs the code the shim's own
+    native library holds."""
+    theirs, ours = architecture(path), _host_architecture()
+    if theirs != ours:
+        raise ArgumentError("path", f"{path} holds {theirs} code; this process runs {ours} code: "
+                                    "build the pipeline for this machine")
+
+
+@functools.cache
+def _host_architecture() -> str:
+    return architecture(LIBRARY_PATH)
+
+
+def _symbol_address(library, symbol: str) -> int:
+    return ctypes.cast(getattr(library, symbol), ctypes.c_void_p).value

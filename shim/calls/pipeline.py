@@ -1,0 +1,178 @@
+"""A loaded pipeline, called with Python values.
+
+A call goes one of two ways. The fast path (native_stubs/fastcall.c, the pipeline's CallPlan)
+takes calls with shim.Buffers, numbers and, on the CPU, numpy arrays, whose shapes passed the
+bounds query before, and runs them from C. It declines everything else before anything has
+run, and the general path takes the call: binding and marshalling the values
+(shim/calls/binding.py), the bounds query, then the run (shim/calls/running.py). Loading is
+shim/calls/library.py's.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from shim.core import call_uses
+from shim.profiling import halide_profiler
+from shim.calls import pipeline_pickle
+from shim.calls.binding import (Signature, bounds_query, box_query_buffer, check_bounds,
+                          free_temporaries, query_answer)
+from shim.buffers.buffer import Buffer
+from shim.base.errors import ArgumentError
+from shim.memory.families import FamilyLock
+from shim.calls.library import Library
+from shim.calls.metadata import USER_CONTEXT, Argument
+from shim.native import CallPlan, ffi
+from shim.calls.running import PreparedCall, Runner
+from shim.calls.scalars import MISSING, ScalarArgument
+
+# Target features that make a pipeline run code on a device.
+DEVICE_FEATURES = {"opencl", "cuda", "metal", "vulkan", "d3d12compute", "webgpu"}
+
+
+def load(path, name: str | None = None) -> Pipeline:
+    """Load the Halide pipeline in the shared library at ``path``.
+
+    Works for any Halide 21 AOT pipeline, built with its runtime bundled or with the
+    ``no_runtime`` feature. ``name`` picks one pipeline when the library holds several.
+    """
+    return Pipeline(path, name)
+
+
+class Pipeline(CallPlan):
+    """A loaded pipeline. Call it with arguments by position (metadata order) or by name.
+
+    Inputs are numpy arrays, shim.Buffers or other CPU array-likes; scalars are Python numbers;
+    outputs are shim.Buffers, numpy arrays (written in place) or shapes (allocated). Returns the
+    output, or a tuple of outputs in metadata order. Releases the GIL while the pipeline runs.
+    """
+
+    def __init__(self, path, name: str | None = None):
+        if "_library" in self.__dict__:
+            # The CallPlan (the fast path, the bounds cache) is made once, for the first
+            # library: the Python side must not change to another.
+            raise TypeError("a Pipeline is made once")
+        self._library = Library(path, name)
+        self.path, self.name, self.target = self._library.path, self._library.name, self._library.target
+        # The device APIs the pipeline's code uses (none: it computes on the CPU only).
+        self.device_kinds = frozenset(f for f in self.target.split("-") if f in DEVICE_FEATURES)
+        self._signature = Signature(self.name, self.target, self._library.arguments,
+                                    self.device_kinds)
+        self.arguments = self._signature.arguments
+        self._runner = Runner(self.name, self._library.argv_fn, self.device_kinds,
+                              halide_profiler.builds_profile(self.target))
+        # The fast path and the cache of argument shapes that passed the bounds query: CallPlan,
+        # in C (native_stubs/fastcall.c), whose __call__ is the Pipeline's.
+        runner = self._runner
+        super().__init__(self._library.argv_address, self._signature.plan_entries(),
+                         runner.native_calls, runner.host_write, runner.backend_mask, np.ndarray,
+                         Buffer, FamilyLock, runner.finish_fast, call_uses.end_call)
+
+    @property
+    def inputs(self) -> list[Argument]:
+        return [a for a in self.arguments if not a.is_output]
+
+    @property
+    def outputs(self) -> list[Argument]:
+        return [a for a in self.arguments if a.is_output]
+
+    def __repr__(self) -> str:
+        return f"<shim.Pipeline {self.name} target={self.target} from {self.path}>"
+
+    # --- pickling (shim/calls/pipeline_pickle.py) ---------------------------------------------------
+
+    def __reduce__(self):
+        """A Pipeline pickles as its library's bytes as loaded (even if the file has since been
+        deleted or rebuilt), their sha256 and its name; it unpickles, in any process, as the
+        same pipeline: the one that process already has, else loaded from exactly those bytes."""
+        return Pipeline._from_pickle, pipeline_pickle.state(self, self._library)
+
+    @classmethod
+    def _from_pickle(cls, digest: str, name: str, data: bytes) -> Pipeline:
+        return pipeline_pickle.restore(digest, name, data, cls)
+
+    # Calling a Pipeline (CallPlan's __call__) takes the fast path, which declines before
+    # anything has run whatever it cannot take exactly as the general path would; then:
+    def _call_in_python(self, *args, **kwargs):
+        with self.prepare(*args, **kwargs) as call:
+            return call()
+
+    def prepare(self, *args, **kwargs) -> PreparedCall:
+        """Marshal the arguments once and check them with the pipeline's bounds query; the
+        returned PreparedCall runs the pipeline with them as often as it is called, for loops
+        where the per-call argument handling would cost more than the pipeline."""
+        call = self._signature.marshal(self._signature.bind(args, kwargs), self._runner.run_query)
+        try:
+            self._check_bounds(call)
+        except BaseException:
+            free_temporaries(call)
+            raise
+        return PreparedCall(self._runner, call)
+
+    def _check_bounds(self, call) -> None:
+        """Run the pipeline's bounds query and refuse inputs that are too small and outputs
+        whose shape the pipeline constrains otherwise, before the real call can fail halfway.
+        Shapes and scalars that passed once are remembered (the plan's cache, which the fast
+        path reads too)."""
+        argv_address = int(ffi.cast("uintptr_t", call.argv))
+        if self._known(argv_address):
+            return
+        query_argv, queries = bounds_query(call)
+        self._runner.run_query(query_argv)
+        check_bounds(queries)
+        self._remember(argv_address)
+
+    # --- the bounds query, as a question: what does computing these regions read? ---
+
+    def required_regions(self, outputs: dict, inputs: dict | None = None, /,
+                         **scalars) -> dict[str, tuple]:
+        """Ask the pipeline's bounds query which regions computing ``outputs`` takes:
+        {buffer name: ((min, extent) per dimension, x first)} for every input buffer (the
+        region it reads) and output (the region it writes: the one given, unless the pipeline
+        pins it elsewhere). ``outputs``: {output name: box}, in Halide's coordinates.
+        ``inputs``: {input name: box} of the whole inputs, which a boundary condition such as
+        ``repeat_edge`` clamps its reads to (an input left out has no size yet). Scalars by
+        name, defaults where omitted. Nothing is allocated and nothing runs but the query, so
+        this costs microseconds whatever the size (shim.dask plans each chunk with it)."""
+        inputs = inputs or {}
+        keep, queried = [], {}
+        argv = ffi.new("void *[]", max(len(self._library.arguments), 1))
+        unknown = set(outputs) - {a.name for a in self.outputs}
+        unknown |= set(inputs) - {a.name for a in self.inputs if a.is_buffer}
+        unknown |= set(scalars) - {a.name for a in self.inputs if not a.is_buffer}
+        if unknown:
+            raise ArgumentError(sorted(unknown)[0], f"{self.name} has no such buffer (or scalar, "
+                                                    f"for a keyword)")
+        for i, arg in enumerate(self._library.arguments):
+            if arg.name == USER_CONTEXT:
+                argv[i] = _kept(keep, ffi.new("void **"))
+            elif not arg.is_buffer:
+                argv[i] = _kept(keep, ScalarArgument(arg).convert(scalars.get(arg.name, MISSING)))
+            else:
+                if arg.is_output and arg.name not in outputs:
+                    raise ArgumentError(arg.name, "the output's box is missing: give one for "
+                                                  "every output")
+                given = outputs[arg.name] if arg.is_output else inputs.get(arg.name)
+                box = () if given is None else _checked_box(arg, given)
+                query, dims = box_query_buffer(arg, box)
+                keep.append(dims)
+                argv[i] = queried[arg.name] = _kept(keep, query)
+        self._runner.run_query(argv)
+        return {name: query_answer(raw) for name, raw in queried.items()}
+
+
+def _kept(keep: list, pointer):
+    keep.append(pointer)
+    return pointer
+
+
+def _checked_box(arg: Argument, box) -> tuple:
+    try:
+        box = tuple((int(lo), int(extent)) for lo, extent in box)
+    except (TypeError, ValueError):
+        raise ArgumentError(arg.name, f"expected a box, (min, extent) per dimension, x first; "
+                                      f"got {box!r}") from None
+    if len(box) != arg.dimensions or any(extent < 1 for _, extent in box):
+        raise ArgumentError(arg.name, f"expected {arg.dimensions} (min, extent) pairs with "
+                                      f"extents of at least 1, x first; got {box!r}")
+    return box

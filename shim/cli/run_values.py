@@ -1,0 +1,247 @@
+"""RunGen's syntax for a pipeline's argument values on the command line, and the input
+buffers it names (tools/RunGen.h's meaning; ``python -m shim run``).
+
+Extents, in Halide's order (x first): ``[W,H,...]`` (RunGen's) or ``WxH...``; an entry may
+be ``MIN+EXTENT`` to give that dimension a min other than 0 (``[3+1530,3+2554]``: x from 3
+to 1532), as ``info`` prints estimates.
+
+- scalars: a value (``true``/``false`` for bools, ``nullptr`` for handles, integers in any
+  base Python reads: ``0x10``), or ``default``, ``estimate``, ``default,estimate``,
+  ``estimate,default`` for the pipeline's own values, the first that exists;
+- input buffers: a file (shim/cli/images.py: ``.npy``, PNG, JPEG, ...), or ``zero:EXTENTS``,
+  ``constant:VALUE:EXTENTS``, ``identity:EXTENTS`` (1 where x == y), ``random:SEED:EXTENTS``
+  (uniform: floats in [0, 1), integers over the whole type; SEED a 32-bit int, as RunGen's);
+  ``random:EXTENTS`` takes seed 0.
+  In place of EXTENTS, ``estimate`` (the pipeline's estimates), ``auto`` (what the bounds
+  query asks of the input for the outputs' sizes) or ``estimate_then_auto``;
+- outputs: ``FILE``, ``FILE:EXTENTS`` or ``:EXTENTS`` (sized, not saved).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+import numpy as np
+
+from shim.cli.main import images
+from shim.buffers.buffer import check_memory
+from shim.base.errors import ArgumentError
+from shim.calls.metadata import Argument, check_extents
+from shim.calls.scalars import ScalarArgument
+from shim.base.types import INT32_MAX
+
+# Halide coordinates of a buffer: (min, extent) per dimension, x first.
+Box = tuple
+
+SCALAR_KEYWORDS = {"default": ("default",), "estimate": ("estimate",),
+                   "default,estimate": ("default", "estimate"),
+                   "estimate,default": ("estimate", "default")}
+# Extents an input may take from elsewhere than its text.
+DERIVED_EXTENTS = ("auto", "estimate", "estimate_then_auto")
+_PSEUDO_FILES = ("zero", "constant", "identity", "random")
+
+
+# --- extents ------------------------------------------------------------------------------
+
+def parse_box(argument: str, text: str) -> Box:
+    """A Box from ``[W,H,...]`` (entries ``EXTENT`` or ``MIN+EXTENT``) or ``WxH...``."""
+    if text.startswith("[") and text.endswith("]"):
+        entries = [e.strip() for e in text[1:-1].split(",")] if text[1:-1].strip() else []
+    else:
+        entries = text.lower().split("x")
+    box = []
+    for entry in entries:
+        match = re.fullmatch(r"(?:([+-]?\d+)\+)?(\d+)", entry)
+        if match is None or int(match.group(2)) < 1:
+            raise ArgumentError(argument, f"expected extents like [640,480] or 640x480 (each "
+                                          f"positive, optionally MIN+EXTENT: [3+634,3+474]), "
+                                          f"got {text!r}")
+        lo, extent = int(match.group(1) or 0), int(match.group(2))
+        # Refused here: halide_dimension_t (the bounds query's too) cannot hold more.
+        if extent > INT32_MAX:
+            raise ArgumentError(argument, f"extent {extent} is beyond Halide's 32-bit "
+                                          f"coordinates (at most {INT32_MAX}), in {text!r}")
+        if not -INT32_MAX - 1 <= lo <= INT32_MAX - extent + 1:
+            raise ArgumentError(argument, f"min {lo} with extent {extent} is beyond Halide's "
+                                          f"32-bit coordinates, in {text!r}")
+        box.append((lo, extent))
+    return tuple(box)
+
+
+def estimated_box(arg: Argument) -> Box | None:
+    """The pipeline's estimated (min, extent) of every dimension, or None if any is missing."""
+    estimates = arg.buffer_estimates or ()
+    if arg.dimensions and (len(estimates) != arg.dimensions
+                           or any(None in pair for pair in estimates)):
+        return None
+    return tuple(estimates)
+
+
+def describe_box(box: Box) -> str:
+    """A Box as this syntax writes it: ``[640,480]``, ``[3+1530,3+2554]``."""
+    return "[" + ",".join(f"{lo}+{n}" if lo else f"{n}" for lo, n in box) + "]"
+
+
+def numpy_shape(box: Box) -> tuple:
+    return tuple(n for _, n in reversed(box))
+
+
+def check_dimensions(arg: Argument, box: Box, source: str) -> Box:
+    if len(box) != arg.dimensions:
+        raise ArgumentError(arg.name, f"{source} gives {len(box)} extents; {arg.name} is "
+                                      f"{arg.dimensions}-D")
+    return box
+
+
+# --- scalars ------------------------------------------------------------------------------
+
+def scalar_value(arg: Argument, text: str):
+    """The value of a scalar argument's text (see the module's docstring); the range is
+    checked where the value is converted for the call."""
+    keywords = SCALAR_KEYWORDS.get(text)
+    if keywords is None:
+        return parse_scalar(arg, text)
+    for keyword in keywords:
+        value = arg.default if keyword == "default" else arg.estimate
+        if value is not None:
+            return value
+    raise ArgumentError(arg.name, f"{text!r} was asked for, but the pipeline gives {arg.name} "
+                                  f"no {' or '.join(keywords)}")
+
+
+def parse_scalar(arg: Argument, text: str):
+    htype = arg.type
+    if htype.is_handle:
+        if text == "nullptr":
+            return None
+        raise ArgumentError(arg.name, f"a handle takes only nullptr, got {text!r}")
+    dtype = htype.dtype
+    if dtype is not None and dtype.kind == "b":
+        lowered = text.lower()
+        if lowered not in ("true", "false", "1", "0"):
+            raise ArgumentError(arg.name, f"expected true or false, got {text!r}")
+        return lowered in ("true", "1")
+    try:
+        value = float(text) if dtype is None or dtype.kind == "f" else int(text, 0)
+    except ValueError:
+        raise ArgumentError(arg.name, f"expected a number of type {htype}, got {text!r}") from None
+    # float() makes a finite number beyond any double infinity: only "inf" asks for that.
+    if isinstance(value, float) and math.isinf(value) and "inf" not in text.lower():
+        raise ArgumentError(arg.name, f"{text!r} does not fit in {htype}")
+    return value
+
+
+# --- input buffers ------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class InputSpec:
+    """What an input buffer's text asks for: a file (``path``), or a pseudo-file ``kind``
+    with its ``value`` (constant) or ``seed`` (random), and its extents: a Box, or one of
+    DERIVED_EXTENTS."""
+
+    text: str
+    path: str | None = None
+    kind: str | None = None
+    extents: object = None
+    value: object = None
+    seed: int = 0
+
+
+def parse_input(arg: Argument, text: str) -> InputSpec:
+    kind, *parts = text.split(":")
+    if kind not in _PSEUDO_FILES:
+        return InputSpec(text, path=text)
+    expected = {"zero": "zero:EXTENTS", "identity": "identity:EXTENTS",
+                "constant": "constant:VALUE:EXTENTS", "random": "random:SEED:EXTENTS"}[kind]
+    if len(parts) != (2 if kind == "constant" else 1) and not (kind == "random" and len(parts) == 2):
+        raise ArgumentError(arg.name, f"expected {expected}, got {text!r}")
+    extents = parts[-1] if parts[-1] in DERIVED_EXTENTS else check_dimensions(
+        arg, parse_box(arg.name, parts[-1]), repr(text))
+    if kind == "constant":
+        value = parse_scalar(arg, parts[0])
+        ScalarArgument(arg).convert(value)  # within the element type, as a scalar of it must be
+        return InputSpec(text, kind=kind, extents=extents, value=value)
+    if kind == "random" and len(parts) == 2:
+        try:
+            seed = int(parts[0], 0)
+        except ValueError:
+            seed = None
+        # RunGen's seed is an int, which its std::mt19937 takes as its 32 bits.
+        if seed is None or not -2**31 <= seed < 2**31:
+            raise ArgumentError(arg.name, f"expected an integer seed in {expected} (32-bit, "
+                                          f"as RunGen's), got {parts[0]!r}")
+        return InputSpec(text, kind=kind, extents=extents, seed=seed % 2**32)
+    return InputSpec(text, kind=kind, extents=extents)
+
+
+def read_input(arg: Argument, spec: InputSpec, warn) -> np.ndarray:
+    """A file input's array, conformed to the argument as RunGen does (shim/cli/images.py)."""
+    dtype = buffer_dtype(arg)
+    array = images.read(spec.path, arg.name)
+    return images.conform(array, arg.dimensions, dtype, f"input {arg.name!r} ({spec.path})", warn)
+
+
+def make_input(arg: Argument, spec: InputSpec, box: Box, target: str) -> np.ndarray:
+    """A pseudo-file input's array over ``box``."""
+    dtype = buffer_dtype(arg)
+    shape = numpy_shape(box)
+    # Refused before making it: the pipeline could not take it, or the machine hold it.
+    check_extents(arg, shape, target)
+    check_memory(shape, dtype, arg.name)
+    if spec.kind == "zero":
+        return np.zeros(shape, dtype)
+    if spec.kind == "constant":
+        return np.full(shape, spec.value, dtype)
+    if spec.kind == "identity":
+        return images.convert(_diagonal(box), dtype)
+    return _random(shape, dtype, spec.seed)
+
+
+def buffer_dtype(arg: Argument) -> np.dtype:
+    if arg.type.dtype is None:
+        raise ArgumentError(arg.name, f"the command line cannot make {arg.type} buffers")
+    return arg.type.dtype
+
+
+def _diagonal(box: Box) -> np.ndarray:
+    """True where the first two coordinates are equal (x == 0 in one dimension)."""
+    if not box:
+        return np.ones((), np.bool_)
+    coordinates = np.ogrid[tuple(slice(lo, lo + n) for lo, n in reversed(box))]
+    y = coordinates[-2] if len(box) > 1 else 0
+    return np.ascontiguousarray(np.broadcast_to(coordinates[-1] == y, numpy_shape(box)))
+
+
+def _random(shape: tuple, dtype: np.dtype, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    if dtype.kind == "f":
+        # Made in the element type where numpy can, so that no larger array is needed on the way.
+        made = np.float64 if dtype.itemsize == 8 else np.float32
+        return rng.random(shape, dtype=made).astype(dtype, copy=False)
+    if dtype.kind == "b":
+        return rng.integers(0, 2, shape, dtype=np.uint8).astype(dtype)
+    info = np.iinfo(dtype)
+    return rng.integers(info.min, info.max, shape, dtype=dtype, endpoint=True)
+
+
+# --- outputs ------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class OutputSpec:
+    """Where an output goes (None: nowhere), and its Box if the text gives one."""
+
+    path: str | None
+    box: Box | None
+
+
+def parse_output(arg: Argument, text: str) -> OutputSpec:
+    path, separator, extents = text.rpartition(":")
+    if not separator or not re.fullmatch(r"\[.*\]|[0-9xX]+", extents):
+        path, extents = text, ""
+    if path and not images.is_supported(path):
+        raise ArgumentError(arg.name, f"expected FILE (ending in {', '.join(images.SUFFIXES)}), "
+                                      f"FILE:EXTENTS or :EXTENTS, got {text!r}")
+    box = check_dimensions(arg, parse_box(arg.name, extents), repr(text)) if extents else None
+    return OutputSpec(path or None, box)

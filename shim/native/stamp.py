@@ -1,0 +1,117 @@
+"""The stamp of the native module shim._native: the package version it was built for and a
+digest of each source file it was built from.
+
+native_stubs/build.py writes it into the module; shim/native/__init__.py checks it on import, so that a
+module left from before a change of the package or of the contract between Python and C says
+so, instead of failing strangely far from the cause; benchmarks/gpu_kit.py reads it to tell
+whether the module a kit carries was built from this tree.
+
+Standard library only, and no import of shim: the build and the kit load this file by path,
+because importing shim needs the built module.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import sys
+from pathlib import Path, PurePosixPath
+
+# What the module is built from, relative to the checkout.
+SOURCES = ("abi/*.h", "native_stubs/**/*.h", "native_stubs/**/*.c", "native_stubs/build.py")
+# Of those, the contract between Python and C: the declarations cffi reads (the C files include
+# them too) and the script that feeds them to cffi. A module built from other ones does not do
+# what the Python code expects of it. One built from other C files, or from another
+# native_stubs/*.h (declarations C shares only with C), behaves as it did: still a stale build,
+# but not one that should keep every process of a shared checkout from importing shim until the
+# next rebuild.
+CONTRACT = ("abi/*.h", "native_stubs/build.py")
+
+# The stamp's name in the module's lib: a C string holding JSON.
+SYMBOL = "shim_native_stamp"
+
+
+def source_root(package_dir) -> Path | None:
+    """The checkout the package in ``package_dir`` lives in; None where the native sources are
+    not beside it (an installed wheel)."""
+    root = Path(package_dir).resolve().parent
+    return root if (root / "native_stubs" / "build.py").is_file() else None
+
+
+def digests(root, patterns=SOURCES) -> dict[str, str]:
+    """{path relative to ``root``: its sha256, 16 hex digits} for the files ``patterns`` match."""
+    root = Path(root)
+    return {path.relative_to(root).as_posix(): hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+            for pattern in patterns for path in sorted(root.glob(pattern))}
+
+
+def make(version: str, root) -> str:
+    """The stamp of a module built now, for package ``version``, from the sources in ``root``."""
+    return json.dumps({"version": version, "sources": digests(root)}, sort_keys=True)
+
+
+def contract(sources: dict) -> dict:
+    """The entries of ``sources`` (as from digests) that are part of the contract."""
+    return {path: digest for path, digest in sources.items()
+            if any(PurePosixPath(path).match(pattern) for pattern in CONTRACT)}
+
+
+def summary(sources: dict) -> str:
+    """One short digest of a set of files' digests, to name the set in a message."""
+    return hashlib.sha256(json.dumps(sources, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def changes(built: dict, current: dict) -> list[str]:
+    """How the files a module was built from (``built``) and ``current`` (both as from digests)
+    differ: "PATH changed", "PATH added" or "PATH removed" since the build."""
+    found = []
+    for path in sorted(built.keys() | current.keys()):
+        if path not in current:
+            found.append(f"{path} removed")
+        elif path not in built:
+            found.append(f"{path} added")
+        elif built[path] != current[path]:
+            found.append(f"{path} changed")
+    return found
+
+
+def problems(built: dict | None, version: str, root: Path | None) -> list[str]:
+    """What makes a module stamped ``built`` (None: it has no stamp) unfit for this package, of
+    ``version``: another version; where the sources are here (``root``; None: an installed
+    package), another contract than theirs."""
+    if built is None:
+        return ["it carries no build stamp (it was built before halide-shim stamped its builds)"]
+    found = []
+    if built["version"] != version:
+        found.append(f"it was built for halide-shim {built['version']}, this is halide-shim {version}")
+    if root is not None:
+        built_contract = contract(built["sources"])
+        current_contract = digests(root, CONTRACT)
+        changed = changes(built_contract, current_contract)
+        if changed:
+            found.append(f"it was built from another ABI (digest {summary(built_contract)}) than "
+                         f"this checkout's (digest {summary(current_contract)}): since it was "
+                         f"built, {', '.join(changed)}")
+    return found
+
+
+READ_SCRIPT = f"""
+import importlib.util, sys
+spec = importlib.util.spec_from_file_location("shim._native", sys.argv[1])
+module = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(module)
+stamp = getattr(module.lib, "{SYMBOL}", None)
+print("" if stamp is None else module.ffi.string(stamp).decode())
+"""
+
+
+def read(library, python: str = sys.executable) -> dict | None:
+    """The stamp of the compiled module at ``library`` (None: it has none), read by ``python``
+    in a process of its own: loading it here would put a second native library in this one."""
+    done = subprocess.run([python, "-I", "-c", READ_SCRIPT, str(library)], capture_output=True,
+                          text=True, timeout=120)
+    if done.returncode != 0:
+        raise RuntimeError(f"cannot load {library} to read its stamp:\n{done.stderr}")
+    text = done.stdout.strip()
+    return json.loads(text) if text else None
