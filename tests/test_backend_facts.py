@@ -44,7 +44,7 @@ def test_the_default_order_follows_the_classes_ranks():
 
 
 def test_the_cli_offers_exactly_the_backends_kinds(capsys):
-    from shim.cli.main import main as cli
+    from shim.cli import main as cli
 
     with contextlib.suppress(SystemExit):  # (argparse's help may exit; the CLI's returns)
         cli.main(["run", "--help"])

@@ -392,7 +392,7 @@ def test_out_of_memory_is_an_error_not_a_traceback(host_pipelines):
 def test_a_huge_benchmark_min_time_caps_the_iterations_per_sample(monkeypatch):
     from types import SimpleNamespace
 
-    from shim.cli.main import timing
+    from shim.cli import timing
 
     # A clock on which the first three samples take a microsecond, and each later one an age.
     steps = iter([1e-6] * 6 + [1e306] * 2)

@@ -636,7 +636,7 @@ def test_the_demo_timeline_is_never_written_through_a_folder_another_user_swappe
     there the other user can rename the demo's new folder away and put theirs in its place,
     holding a link to a file of the user's, before the timeline is written into it by path.
     (The demo's pipelines are left out: only where its timeline goes is tested.)"""
-    from shim.cli.main import demo
+    from shim.cli import demo
 
     scratch = folder_of(shared, "scratch", mode=0o777)
     precious = tmp_path / "precious.txt"

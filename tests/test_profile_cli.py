@@ -189,7 +189,7 @@ def test_profile_leaves_halides_exit_report_where_the_environment_sends_it(built
 
 CHOOSING_PROGRAM = """
 import sys
-from shim.cli.main import main as cli
+from shim.cli import main as cli
 from shim.profiling import halide_profiler
 halide_profiler.set_exit_report(sys.argv[1])
 sys.exit(cli.main(sys.argv[2:]))

@@ -1,4 +1,5 @@
-"""shim.Buffer: a halide_buffer_t that Python owns, over host memory numpy can see.
+"""shim.Buffer: halide.Buffer's Python API over the Buffer the device layer manages
+(shim/buffers/managed.py: the struct, its family, its dirty bits and device memory).
 
 Axis order follows halide.Buffer: Halide's dimension 0 (x, the innermost) is numpy's last
 axis, so a numpy array of shape (height, width) is a Halide buffer of extents (width, height).
@@ -9,37 +10,47 @@ from __future__ import annotations
 
 import itertools
 import math
-import numbers
-import operator
-import os
-import warnings
-from typing import NamedTuple
 
 import numpy as np
 
-from shim.core import buffer_operations
-from shim.exchange import cuda_array_interface
-from shim.backends import devices
-from shim.exchange import dlpack_export
-from shim.memory import families
-from shim.native import flags
-from shim.native import interrupts
-from shim.base import sections
-from shim.core import shutdown
-from shim.memory.aliasing import has_allocation
-from shim.backends.base import Backend, interface_of
-from shim.core.bridge import runtime_call
-from shim.exchange.dlpack_capsules import host_array, span_bytes
-from shim.base.errors import ArgumentError, CoordinateError, DeviceError, DirtyBufferWarning
-from shim.memory.families import Family
-from shim.native.flags import DEVICE_DIRTY, HOST_DIRTY
+from shim.base.errors import ArgumentError, CoordinateError
+from shim.base.types import HalideType
+from shim.native import ffi
 from shim.native.regions import dimension_label
-from shim.native import Finalized, ffi, lib
-from shim.base.types import INT32_MAX, HalideType
+from shim.exchange import cuda_array_interface, dlpack_export
+from shim.exchange.dlpack_capsules import host_array, span_bytes
+from shim.buffers.buffer_arguments import (
+    allocate,
+    buffer_name,
+    check_form,
+    check_memory,
+    constructor_arguments,
+    element_type,
+    element_value,
+    integer,
+    integer_list,
+    shape_tuple,
+    with_mins,
+    zeroed,
+)
+from shim.buffers.managed import ManagedBuffer
 
-# Host memory the shim will allocate or copy at most at once: more than the machine has can
-# never be computed with (numpy fails, or the kernel kills the process once the pages fill).
-PHYSICAL_MEMORY = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+def as_host_array(value, argument: str) -> np.ndarray:
+    """A zero-copy numpy view of a CPU array-like: numpy arrays, objects with ``__dlpack__``
+    on the CPU, or anything with the buffer protocol."""
+    if isinstance(value, np.ndarray):
+        return value
+    if isinstance(value, Buffer):
+        return value.numpy()
+    if hasattr(value, "__dlpack__"):
+        return host_array(value, argument)  # checked: numpy trusts hostile tensors
+    try:
+        return np.asarray(memoryview(value))
+    except TypeError:
+        raise ArgumentError(argument, "expected a numpy array, a shim.Buffer, or an object with "
+                                      f"the buffer protocol or __dlpack__; got {type(value).__name__}"
+                            ) from None
 
 
 class Dimension(tuple):
@@ -69,24 +80,7 @@ class Dimension(tuple):
         return f"Dimension(min={self[0]}, extent={self[1]}, stride={self[2]})"
 
 
-def as_host_array(value, argument: str) -> np.ndarray:
-    """A zero-copy numpy view of a CPU array-like: numpy arrays, objects with ``__dlpack__``
-    on the CPU, or anything with the buffer protocol."""
-    if isinstance(value, np.ndarray):
-        return value
-    if isinstance(value, Buffer):
-        return value.numpy()
-    if hasattr(value, "__dlpack__"):
-        return host_array(value, argument)  # checked: numpy trusts hostile tensors
-    try:
-        return np.asarray(memoryview(value))
-    except TypeError:
-        raise ArgumentError(argument, "expected a numpy array, a shim.Buffer, or an object with "
-                                      f"the buffer protocol or __dlpack__; got {type(value).__name__}"
-                            ) from None
-
-
-class Buffer(Finalized):
+class Buffer(ManagedBuffer):
     """A Halide buffer over host memory, with an optional device allocation.
 
     Its Python API is halide.Buffer's (Halide's Python bindings): the same constructors (see
@@ -103,11 +97,7 @@ class Buffer(Finalized):
     unread device results back to host memory (with a warning).
     """
 
-    # The struct and what describes it: what an in-place crop or slice takes from the new view
-    # (see _replace).
-    _STRUCT = ("_raw", "_dims", "_array", "_type", "_family", "_box", "_exposed", "_unread",
-               "_root_box", "_root_dims", "_keepalive", "_record")
-    __slots__ = _STRUCT + ("_name", "_superseded", "__weakref__")
+    __slots__ = ()  # (ManagedBuffer's)
 
     def __init__(self, *args, **kwargs):
         """halide.Buffer's constructors, by position or by name:
@@ -128,18 +118,18 @@ class Buffer(Finalized):
         order, host-dirty (its zeros are its data). ``mins=``, in any form: the coordinates of
         the first element, x first; dimensions it leaves out start at 0 (as ``set_min``).
         """
-        given = _constructor_arguments(args, kwargs)
-        name = _name(given.get("name", ""))
+        given = constructor_arguments(args, kwargs)
+        name = buffer_name(given.get("name", ""))
         dirty = True
         if given.keys() & {"type", "sizes", "storage_order"}:
-            _check_form(given, "type", ("type", "sizes", "storage_order", "name", "mins"))
-            htype = _element_type(given.get("type"), "type")
+            check_form(given, "type", ("type", "sizes", "storage_order", "name", "mins"))
+            htype = element_type(given.get("type"), "type")
             if "sizes" not in given:
                 raise ArgumentError("sizes", "Buffer(type, sizes) needs the extents, x first")
-            array = _allocate(htype.dtype, given["sizes"], given.get("storage_order"))
+            array = allocate(htype.dtype, given["sizes"], given.get("storage_order"))
             argument, dirty = "sizes", False
         elif "buffer" in given:
-            _check_form(given, "buffer", ("buffer", "name", "reverse_axes", "mins"))
+            check_form(given, "buffer", ("buffer", "name", "reverse_axes", "mins"))
             source, argument = given["buffer"], "buffer"
             reverse = given.get("reverse_axes", True)
             if not isinstance(reverse, (bool, np.bool_)):
@@ -147,7 +137,7 @@ class Buffer(Finalized):
             if isinstance(source, Buffer):
                 array = source._array if reverse else source._array.T
                 root_dims = source._root_dims if reverse else source._root_dims[::-1]
-                mins = _with_mins([0] * array.ndim, given.get("mins"), "mins")
+                mins = with_mins([0] * array.ndim, given.get("mins"), "mins")
                 self._init_as_view(source, array, mins, source._root_box, root_dims)
                 self._name = name
                 return
@@ -155,17 +145,17 @@ class Buffer(Finalized):
             if not reverse:
                 array = array.T
         elif given.keys() & {"shape", "dtype"}:
-            _check_form(given, "shape", ("shape", "dtype", "name", "mins"))
+            check_form(given, "shape", ("shape", "dtype", "name", "mins"))
             if "shape" not in given or "dtype" not in given:
                 raise ArgumentError("shape", "Buffer(shape=..., dtype=...) needs both")
             array = zeroed(shape_tuple(given["shape"], "shape"),
-                           _element_type(given["dtype"], "dtype").dtype, "shape")
+                           element_type(given["dtype"], "dtype").dtype, "shape")
             argument = "shape"
         else:
             raise ArgumentError("buffer", "Buffer() needs an array, an element type and sizes "
                                           "(Buffer(hl.UInt(8), [width, height])), or shape= and "
                                           "dtype=")
-        mins = _with_mins([0] * array.ndim, given.get("mins"), "mins")
+        mins = with_mins([0] * array.ndim, given.get("mins"), "mins")
         self._init_from_array(array, argument, mins=mins)
         self._name = name
         if dirty:
@@ -190,53 +180,9 @@ class Buffer(Finalized):
         if not isinstance(src, Buffer):
             raise ArgumentError("src", f"expected a shim.Buffer, got {type(src).__name__}")
         made = cls.over_array(src._dense_like(), "src", mins=[lo for lo, _ in src._box])
-        made._name = _name(name)
+        made._name = buffer_name(name)
         return made
 
-    def _init_from_array(self, array: np.ndarray, argument: str, mins=None,
-                         family: Family | None = None, keepalive=None,
-                         mins_argument: str = "mins") -> None:
-        try:
-            htype = HalideType.from_dtype(array.dtype)
-        except TypeError as e:
-            raise ArgumentError(argument, str(e)) from None
-        dims = _dimensions_of(array, mins, argument, mins_argument)
-        self._name, self._superseded = "", None
-        self._raw = ffi.new("halide_buffer_t *")
-        raw = self._raw
-        raw.host = ffi.cast("uint8_t *", array.ctypes.data)
-        htype.to_c(raw.type)
-        self._set_dims(dims)
-        self._array = array
-        self._type = htype
-        # Where this Buffer lies in its family's root (itself, unless it is a crop or slice):
-        # its box in the root's coordinates, and which root dimension each of its is (None for
-        # one that embedded() added).
-        self._root_box, self._root_dims = self._box, tuple(range(len(dims)))
-        # Whether anyone outside the shim can see the host memory (then device results must
-        # reach it before the device memory goes), and whether results a pipeline wrote here
-        # have not been read by anyone yet (then dropping the Buffer is worth a warning).
-        self._exposed = True
-        self._unread = False
-        # What the memory belongs to, if not the shim (a DLPack producer's tensor).
-        self._keepalive = keepalive
-        family = Family() if family is None else family
-        # Last, and in one piece (signal handlers held): the struct joins its family, which
-        # _finalize takes as the sign that there is something to give back. Joined with an
-        # attribute still missing, the finalizer failed and the registry kept the entry.
-        with interrupts.deferred():
-            self._family = family
-            families.register_owned(raw, family)
-            # What the C fast paths need to record calls on this Buffer (never changes).
-            self._record = families.call_record(raw, family, array)
-
-    def _set_dims(self, dims) -> None:
-        """Give the struct ``dims``: (min, extent, stride) per Halide dimension, x first."""
-        self._dims = ffi.new("halide_dimension_t[]", [(lo, n, s, 0) for lo, n, s in dims] or 1)
-        self._raw.dim = self._dims
-        self._raw.dimensions = len(dims)  # after dim: a reader never sees more than it holds
-        # (min, extent) per Halide dimension: what bounds queries compare, kept in Python.
-        self._box = tuple((lo, n) for lo, n, _ in dims)
 
     # --- shape ---------------------------------------------------------------------------
 
@@ -264,7 +210,7 @@ class Buffer(Finalized):
 
     def dim(self, dimension: int) -> Dimension:
         """Halide's dimension ``dimension`` (0 is x, the innermost; numpy's last axis)."""
-        d = _integer(dimension, "dimension")
+        d = integer(dimension, "dimension")
         if not 0 <= d < self.dimensions():
             raise ArgumentError("dimension", f"dimension {d} out of range for a "
                                              f"{self.dimensions()}-D buffer")
@@ -311,7 +257,7 @@ class Buffer(Finalized):
     def contains(self, coords) -> bool:
         """Whether ``coords`` (x first; the dimensions it leaves out are not checked) lie in
         this Buffer."""
-        coords = _integer_list(coords, "coords")
+        coords = integer_list(coords, "coords")
         if len(coords) > self.dimensions():
             raise ArgumentError("coords", f"expected at most {self.dimensions()} coordinates, "
                                           f"got {len(coords)}")
@@ -325,7 +271,7 @@ class Buffer(Finalized):
         return self._name
 
     def set_name(self, name: str) -> None:
-        self._name = _name(name)
+        self._name = buffer_name(name)
 
     def defined(self) -> bool:
         """True: there is no undefined shim.Buffer (halide.Buffer() makes one; Buffer() here
@@ -369,7 +315,7 @@ class Buffer(Finalized):
                 raise ArgumentError("extent", "cropped(dimension, min, extent) needs min and "
                                               "extent")
             ranges = list(self._box)
-            ranges[d] = (_integer(min, "min"), _integer(extent, "extent"))
+            ranges[d] = (integer(min, "min"), integer(extent, "extent"))
             argument = "min"
         for d, ((lo, n), (have_lo, have_n)) in enumerate(zip(ranges, self._box)):
             if n < 0 or lo < have_lo or lo + n > have_lo + have_n:
@@ -384,7 +330,7 @@ class Buffer(Finalized):
         0-D one, a single element."""
         d = self._dimension_index(dimension)
         lo, n = self._box[d]
-        pos = lo if pos is None else _integer(pos, "pos")
+        pos = lo if pos is None else integer(pos, "pos")
         if not lo <= pos < lo + n:
             raise ArgumentError("pos", f"{pos} is outside "
                                        f"{dimension_label(d, self.dimensions())}: "
@@ -437,7 +383,7 @@ class Buffer(Finalized):
     def set_min(self, mins) -> None:
         """Place this Buffer's first element at ``mins`` (x first; dimensions it leaves out
         keep their min), as halide.Buffer's set_min."""
-        self._reshape(self._array, _with_mins([lo for lo, _ in self._box], mins, "mins"),
+        self._reshape(self._array, with_mins([lo for lo, _ in self._box], mins, "mins"),
                       self._root_dims, "mins")
 
     def transpose(self, d1=None, d2=None, *, order=None) -> None:
@@ -453,7 +399,7 @@ class Buffer(Finalized):
         self.embed(self.dimensions())
 
     def _dimension_index(self, dim) -> int:
-        d = _integer(dim, "dimension")
+        d = integer(dim, "dimension")
         if not 0 <= d < self.dimensions():
             raise ArgumentError("dimension", f"expected a Halide dimension index in "
                                              f"[0, {self.dimensions()}) (0 is x, numpy's last "
@@ -485,7 +431,7 @@ class Buffer(Finalized):
             if dimension is not None or dx is not None:
                 raise ArgumentError("delta", "give either delta, a list of offsets, or "
                                              "dimension and dx")
-            offsets = _integer_list(delta, "delta")
+            offsets = integer_list(delta, "delta")
             if len(offsets) > len(mins):
                 raise ArgumentError("delta", f"expected at most {len(mins)} offsets (x first), "
                                              f"got {len(offsets)}")
@@ -493,7 +439,7 @@ class Buffer(Finalized):
         d = self._dimension_index(dimension)
         if dx is None:
             raise ArgumentError("dx", "translated(dimension, dx) needs dx")
-        mins[d] += _integer(dx, "dx")
+        mins[d] += integer(dx, "dx")
         return mins
 
     def _transposition(self, d1, d2, order) -> tuple:
@@ -505,7 +451,7 @@ class Buffer(Finalized):
             if d1 is not None or d2 is not None:
                 raise ArgumentError("order", "give either order, a permutation of the "
                                              "dimensions, or d1 and d2")
-            order = _integer_list(order, "order")
+            order = integer_list(order, "order")
             if sorted(order) != list(range(n)):
                 raise ArgumentError("order", f"expected a permutation of 0..{n - 1}, got {order}")
             # Dimension i goes to order[i] (what halide.Buffer does): result dimension j is
@@ -527,11 +473,11 @@ class Buffer(Finalized):
     def _embedding(self, dimension, pos) -> tuple:
         """embedded()'s arguments as the array, mins and root dimensions of the result."""
         n = self.dimensions()
-        d = _integer(dimension, "dimension")
+        d = integer(dimension, "dimension")
         if not 0 <= d <= n:
             raise ArgumentError("dimension", f"expected where the new dimension goes, in "
                                              f"[0, {n}], got {dimension!r}")
-        pos = _integer(pos, "pos")
+        pos = integer(pos, "pos")
         # Its stride, as halide.Buffer's add_dimension gives it: the outermost dimension's
         # extent times its stride (1 for a 0-D Buffer). It never moves from the element.
         stride = self._box[-1][1] * self._dims[n - 1].stride if n else 1
@@ -544,60 +490,6 @@ class Buffer(Finalized):
         mins.insert(d, pos)
         return array, mins, self._root_dims[:d] + (None,) + self._root_dims[d:]
 
-    def _view(self, array: np.ndarray, mins, root_box, root_dims,
-              mins_argument: str = "mins") -> Buffer:
-        """A Buffer over ``array`` (a view of this one's memory) that joins this Buffer's
-        family: it aliases the family's device allocation, or carries the proxy interface
-        until there is one (shim/memory/aliasing.py). ``mins_argument`` names what gave ``mins``,
-        for errors."""
-        view = Buffer.__new__(Buffer)
-        view._init_as_view(self, array, mins, root_box, root_dims, mins_argument)
-        return view
-
-    def _init_as_view(self, parent: Buffer, array: np.ndarray, mins, root_box, root_dims,
-                      mins_argument: str = "mins") -> None:
-        # In one piece (signal handlers held): a view registered in its family but never
-        # adopted as its member would be one the family does not know.
-        with interrupts.deferred():
-            # (Memory a DLPack producer owns outlives every view.)
-            self._init_from_array(array, "crop", mins=mins, family=parent._family,
-                                  keepalive=parent._keepalive, mins_argument=mins_argument)
-            self._root_box, self._root_dims = root_box, root_dims
-            buffer_operations.adopt(parent._raw, parent._root_box, self._raw, root_box)
-
-    def _reshape(self, array: np.ndarray, mins, root_dims, argument: str) -> None:
-        """Give this Buffer's own struct another geometry over the same elements, as
-        halide.Buffer's in-place methods do: ``array`` is a view of its memory starting at the
-        same element, ``mins`` its coordinates, ``root_dims`` which root dimension each
-        dimension is. Pipeline calls using the Buffer finish first."""
-        dims = _dimensions_of(array, mins, argument, mins_argument=argument)
-
-        def change(family: Family) -> None:
-            self._set_dims(dims)
-            self._array = array
-            if family.shared:
-                self._root_dims = root_dims
-            else:
-                # No other Buffer is placed in this one's coordinates yet: they become the
-                # family's (the root's, read when a first view shares it: Family.share).
-                self._root_box, self._root_dims = self._box, tuple(range(len(dims)))
-
-        buffer_operations.reshape(self._raw, change)
-
-    def _replace(self, view: Buffer) -> None:
-        """Make this Buffer ``view`` (a crop or slice of it), as halide.Buffer's in-place crop
-        and slice do. A struct covers the same elements for its whole life (its box in the
-        family, shim/memory/families.py), so this Buffer takes the view's struct, and keeps its
-        previous one, still in the family, until it goes itself: a PreparedCall made with it
-        still runs on it."""
-        def swap(family: Family) -> None:
-            for slot in Buffer._STRUCT:
-                mine = getattr(self, slot)
-                setattr(self, slot, getattr(view, slot))
-                setattr(view, slot, mine)
-            view._superseded, self._superseded = self._superseded, view
-
-        buffer_operations.reshape(self._raw, swap)
 
     def raw_buffer(self) -> int:
         """The address of this Buffer's halide_buffer_t, for native code (halide.Buffer's
@@ -638,19 +530,19 @@ class Buffer(Finalized):
         """Write the element at ``pos`` (see __getitem__) and mark the Buffer host-dirty.
         ``value`` must fit the element type: floats are refused for integers, not truncated."""
         index = self._element_index(pos)
-        self._host_for_writing("value")[index] = _element_value(value, self.dtype, "value")
+        self._host_for_writing("value")[index] = element_value(value, self.dtype, "value")
         self.set_host_dirty(True)
 
     def fill(self, value) -> None:
         """Set every element to ``value`` (which must fit the element type) and mark the Buffer
         host-dirty."""
-        element = _element_value(value, self.dtype, "value")
+        element = element_value(value, self.dtype, "value")
         self._host_for_writing("value")[...] = element
         self.set_host_dirty(True)
 
     def all_equal(self, value) -> bool:
         """Whether every element equals ``value`` (True for an empty Buffer)."""
-        return bool(np.all(self.numpy() == _element_value(value, self.dtype, "value")))
+        return bool(np.all(self.numpy() == element_value(value, self.dtype, "value")))
 
     def for_each_element(self, f) -> None:
         """Call ``f(pos)`` for the coordinates of every element, ``pos`` a list, x first and
@@ -688,7 +580,7 @@ class Buffer(Finalized):
 
     def _element_index(self, pos) -> tuple:
         """The numpy index of the element at Halide coordinates ``pos``."""
-        coords = _integer_list(pos if isinstance(pos, (tuple, list)) else (pos,), "pos")
+        coords = integer_list(pos if isinstance(pos, (tuple, list)) else (pos,), "pos")
         if len(coords) != self.dimensions():
             raise ArgumentError("pos", f"expected {self.dimensions()} coordinates (x first) for "
                                        f"a {self.dimensions()}-D buffer, got {len(coords)}")
@@ -732,112 +624,6 @@ class Buffer(Finalized):
         CuPy; AttributeError on a Buffer without a CUDA allocation."""
         return cuda_array_interface.describe(self)
 
-    # --- dirty bits ----------------------------------------------------------------------
-
-    def host_dirty(self) -> bool:
-        """Whether the host memory holds changes the device copy lacks."""
-        return bool(flags.of(self._raw) & HOST_DIRTY)
-
-    def device_dirty(self) -> bool:
-        """Whether the device copy holds changes the host memory lacks."""
-        return bool(flags.of(self._raw) & DEVICE_DIRTY)
-
-    def set_host_dirty(self, dirty: bool = True) -> None:
-        """Say that the host memory holds changes the device copy lacks (or, False, not)."""
-        buffer_operations.mark_dirty(self._raw, HOST_DIRTY, dirty)
-
-    def set_device_dirty(self, dirty: bool = True) -> None:
-        """Say that the device copy holds changes the host memory lacks (or, False, not).
-        Only a Buffer with a device allocation and writable host memory can be device-dirty:
-        otherwise every later read would fail, or write into memory that must not change."""
-        if dirty and not self.writeable:
-            raise ArgumentError("dirty", "this Buffer's host memory is read-only: changes on the "
-                                         "device could never be copied back to it")
-        buffer_operations.mark_dirty(self._raw, DEVICE_DIRTY, dirty)
-        self._unread = dirty
-
-    # --- device --------------------------------------------------------------------------
-    # As halide.Buffer's, the methods return 0; a failure raises DeviceError (with Halide's
-    # error code) instead of returning it. A device is named as the shim names it ("opencl",
-    # shim.device(...)) or as halide.Buffer's methods take it (a halide.DeviceAPI, a
-    # halide.Target): see _requested_device.
-
-    def has_device_allocation(self) -> bool:
-        return has_allocation(self._raw)
-
-    @property
-    def device(self) -> Backend | None:
-        """The device holding this Buffer's device allocation, if any."""
-        # The interface is read once, before the check: another thread freeing the memory in
-        # between leaves a stale answer (which the caller's next device step refuses cleanly),
-        # never a null interface to look up.
-        interface = self._raw.device_interface
-        if interface == ffi.NULL or not self.has_device_allocation():
-            return None
-        return devices.backend_for_interface(interface)
-
-    def device_malloc(self, device=None, target=None) -> int:
-        """Allocate device memory (default: on the shim's default device). Does nothing if
-        already allocated. Unlike halide.Buffer's, it makes the host memory the newer copy:
-        the next copy_to_device uploads it (new device memory holds nothing)."""
-        buffer_operations.malloc_device(self._raw, interface_of(_device(device, target)))
-        return 0
-
-    def copy_to_device(self, device=None, target=None) -> int:
-        """Make the device allocation current: allocate it if needed, upload if host-dirty.
-        A Buffer on another device moves: its data comes home, that allocation is freed, and
-        the data goes up to ``device`` (Halide refuses with error -42 instead)."""
-        requested = _requested_device(device, target)
-        if requested is None and self._raw.device:
-            interface = ffi.NULL  # the interface it already has
-        else:
-            interface = interface_of(requested or devices.default_device())
-        if self.has_device_allocation() and interface != ffi.NULL \
-                and self._raw.device_interface != interface:
-            buffer_operations.move_device(self._raw, interface)
-            return 0
-        try:
-            self._runtime("copy_to_device", lib.halide_copy_to_device, self._raw, interface)
-        except DeviceError as e:
-            # Another thread put the buffer on another device after the check above: the
-            # move decides again, under the family's lock.
-            switched = e.code == lib.halide_error_code_incompatible_device_interface
-            if interface == ffi.NULL or not switched:
-                raise
-            buffer_operations.move_device(self._raw, interface)
-        return 0
-
-    def copy_to_host(self) -> int:
-        """Make the host memory current: download if device-dirty."""
-        self._runtime("copy_to_host", lib.halide_copy_to_host, self._raw)
-        self.mark_read()
-        return 0
-
-    def device_sync(self) -> int:
-        """Wait for the work queued on this Buffer's device to finish."""
-        interface = self._raw.device_interface  # one read: another thread may free the buffer
-        if interface != ffi.NULL:
-            self._runtime("device_sync", lib.halide_device_sync_global, interface)
-        return 0
-
-    def device_free(self) -> int:
-        """Free the device allocation, once pipeline calls running on it have finished. Results
-        that exist only on the device are copied back to host memory first: freeing never loses
-        data, and the next device use uploads it again."""
-        if self._raw.device:
-            buffer_operations.free_device(self._raw)
-        return 0
-
-    def device_deallocate(self) -> int:
-        """device_free(): what halide.Buffer's device_deallocate does for a Buffer that is the
-        only one holding its allocation, as every shim.Buffer is (crops hold handles of their
-        own)."""
-        return self.device_free()
-
-    def _runtime(self, what, function, *args) -> None:
-        with runtime_call(what) as check:
-            check(function(ffi.NULL, *args))
-
     # --- pickling --------------------------------------------------------------------------
 
     def __reduce__(self):
@@ -855,8 +641,8 @@ class Buffer(Finalized):
         if not isinstance(array, np.ndarray):
             raise ArgumentError("buffer", f"a pickled Buffer holds a numpy array, got "
                                           f"{type(array).__name__}")
-        name = _name(name)
-        mins = _with_mins([0] * array.ndim, mins, "mins")
+        name = buffer_name(name)
+        mins = with_mins([0] * array.ndim, mins, "mins")
         # numpy's own rule differs by protocol and transport (protocol 5 over bytes, or Dask's
         # out-of-band frames, gives read-only arrays): the Buffer's writeability decides.
         if writeable and not array.flags.writeable:
@@ -874,180 +660,9 @@ class Buffer(Finalized):
     # write two slots by name, native_stubs/call_records.c: _record, and _unread, which they
     # set after a run as mark_read / mark_written do. Renaming either means changing the C.)
 
-    @classmethod
-    def over_array(cls, array: np.ndarray, argument: str, *, exposed: bool = True, mins=None,
-                   keepalive=None) -> Buffer:
-        """A Buffer over ``array`` with clean flags, for memory the shim passes to pipelines
-        (``argument`` names it in errors). ``exposed=False`` when the shim allocated the array
-        and nobody else holds it yet; ``mins``: the Halide coordinates of its first element
-        (zeros by default); ``keepalive``: what owns the memory if not the array (a DLPack
-        producer's tensor), kept alive as long as the Buffer and its crops."""
-        buf = cls.__new__(cls)
-        buf._init_from_array(array, argument, mins=mins, keepalive=keepalive)
-        buf._exposed = exposed
-        return buf
-
-    @property
-    def raw(self):
-        """The halide_buffer_t (a cffi struct) that pipelines and the runtime see."""
-        return self._raw
-
-    @property
-    def family(self) -> Family:
-        """The allocation family this Buffer belongs to (shim/memory/families.py)."""
-        return self._family
-
-    @property
-    def box(self) -> tuple[tuple[int, int], ...]:
-        """(min, extent) per Halide dimension, x first."""
-        return self._box
-
-    @property
-    def call_record(self) -> tuple:
-        """What the C fast paths record pipeline calls on this Buffer with
-        (families.call_record)."""
-        return self._record
-
-    def is_over(self, array: np.ndarray) -> bool:
-        """Whether this Buffer's host memory is ``array`` itself (not a copy, nor a view)."""
-        return self._array is array
-
-    def mark_written(self) -> None:
-        """A pipeline wrote results here that nobody has read yet: dropping the Buffer before
-        they are read is worth a warning."""
-        self._unread = True
-
-    def mark_read(self) -> None:
-        """The results here have been read (or handed to someone who will)."""
-        self._unread = False
-
-    def copy_on_device(self, backend: Backend) -> Buffer:
-        """A new, dense Buffer on ``backend`` holding a copy of this one's data, made on the
-        device: DLPack's ``copy=True``, both ways."""
-        copy = Buffer.over_array(np.empty(self.shape, self.dtype), "copy", exposed=False,
-                                 mins=[lo for lo, _ in self._box])
-        with runtime_call("copy for DLPack") as check:
-            check(lib.halide_buffer_copy(ffi.NULL, self._raw, interface_of(backend), copy._raw))
-        return copy
-
-    # The finalizer (Finalized's, which runs this with Ctrl-C held: a KeyboardInterrupt here
-    # would leave the struct registered and its device memory allocated for good).
-    def _finalize(self):
-        raw = getattr(self, "_raw", None)
-        if raw is None or getattr(self, "_family", None) is None:
-            return  # construction failed before the struct joined a family: nothing to release
-        if shutdown.shut_down():
-            return  # the interpreter is exiting: device memory goes with the process
-        if families.forking() or families.abandoned(self._family):
-            return  # a forked child: another thread's Buffer, as it left it (see families)
-        dropped = _Dropped(raw, self._dims, self._array, self._keepalive, self._family,
-                           self._exposed, self._unread, repr(self))
-        if sections.inside():
-            # The collector ran this inside one of the layer's critical sections on this
-            # thread: the release waits until the thread is out of them (shim/base/sections.py).
-            sections.later(dropped.release)
-        else:
-            dropped.release()  # (its warnings name the line that dropped the Buffer)
 
     def __repr__(self) -> str:
         return f"<shim.Buffer {self._type} shape={self.shape}>"
-
-
-class _Dropped(NamedTuple):
-    """What a dropped Buffer leaves to release: its struct and everything its memory needs."""
-
-    raw: object
-    dims: object
-    array: np.ndarray
-    keepalive: object
-    family: Family
-    exposed: bool
-    unread: bool
-    name: str
-
-    def release(self) -> None:
-        """Leave the family and give the device memory back; device results go to host memory
-        when anyone can see it. A failure loses those results (with a warning), never the
-        memory."""
-        raw = self.raw
-        dirty = bool(flags.of(raw) & DEVICE_DIRTY) and not self.family.shared
-        # (Results in a DLPack producer's memory outlive this Buffer: nothing to say.)
-        if dirty and self.unread and self.keepalive is None and raw.device:
-            warnings.warn(f"{self.name} was dropped holding pipeline results nobody read",
-                          DirtyBufferWarning, stacklevel=3)
-        try:
-            buffer_operations.release(raw, copy_back=self.exposed)
-        except Exception as e:  # noqa: BLE001 - a finalizer must not raise
-            warnings.warn(f"releasing the device memory of a dropped Buffer failed: {e}",
-                          RuntimeWarning, stacklevel=3)
-
-
-def _device(device, target=None) -> Backend:
-    return _requested_device(device, target) or devices.default_device()
-
-
-# halide.DeviceAPI's names of the APIs the shim has backends for (Default_GPU: the target's).
-_DEVICE_APIS = {"OpenCL": "opencl", "CUDA": "cuda", "Default_GPU": None}
-# The GPU features of a halide.Target, in the order Halide picks its default device API.
-_TARGET_APIS = ("opencl", "cuda")
-
-
-def _requested_device(device, target) -> Backend | None:
-    """The device a device method names, None for the default: a kind ("opencl"), a device from
-    shim.device(), or what halide.Buffer's methods take, a halide.DeviceAPI or a halide.Target
-    (``target``; a Target with a GPU feature names that API, any other stands for the default,
-    as halide.Target() stands for the JIT target in Halide). halide is not imported for this:
-    the shim does not need it."""
-    if _is_halide(device, "DeviceAPI"):
-        if device.name not in _DEVICE_APIS:
-            raise ArgumentError("device_api", f"the shim has no backend for "
-                                              f"halide.DeviceAPI.{device.name}; it has OpenCL "
-                                              f"and CUDA")
-        kind = _DEVICE_APIS[device.name]
-        if kind is not None:
-            return devices.device(kind)
-        device = None  # Default_GPU: the target's
-    if device is None:
-        device = target
-    if _is_halide(device, "Target"):
-        features = set(device.to_string().split("-"))
-        return next((devices.device(kind) for kind in _TARGET_APIS if kind in features), None)
-    return None if device is None else devices.device(device)
-
-
-def _is_halide(value, class_name: str) -> bool:
-    """Whether ``value`` is an instance of halide's class ``class_name``."""
-    cls = type(value)
-    return cls.__name__ == class_name and cls.__module__.split(".")[0] == "halide"
-
-
-def shape_tuple(shape, argument: str) -> tuple[int, ...]:
-    """A shape in numpy order: integers (numpy's too), never floats truncated to one."""
-    try:
-        dims = tuple(operator.index(s) for s in shape)
-    except TypeError:
-        raise ArgumentError(argument, f"expected a shape: a sequence of integers (numpy order), "
-                                      f"got {shape!r}") from None
-    if any(s < 0 for s in dims):
-        raise ArgumentError(argument, f"extents must be non-negative, got {dims}")
-    return dims
-
-
-def _integer(value, argument: str) -> int:
-    """``value`` as an int: Python's or numpy's integers; floats are refused, not truncated."""
-    try:
-        return operator.index(value)
-    except TypeError:
-        raise ArgumentError(argument, f"expected an integer, got {value!r} "
-                                      f"({type(value).__name__})") from None
-
-
-def _integer_list(values, argument: str) -> list[int]:
-    """A list or tuple of integers (``_integer``'s), as halide.Buffer's methods take them."""
-    if not isinstance(values, (list, tuple)):
-        raise ArgumentError(argument, f"expected a list of integers, got {values!r} "
-                                      f"({type(values).__name__})")
-    return [_integer(value, argument) for value in values]
 
 
 def _range(pair) -> tuple[int, int]:
@@ -1056,7 +671,7 @@ def _range(pair) -> tuple[int, int]:
         lo, extent = pair
     except (TypeError, ValueError):
         raise ArgumentError("rect", f"expected (min, extent) pairs, got {pair!r}") from None
-    return _integer(lo, "min"), _integer(extent, "extent")
+    return integer(lo, "min"), integer(extent, "extent")
 
 
 def _index_of(ranges, box) -> tuple:
@@ -1067,170 +682,5 @@ def _index_of(ranges, box) -> tuple:
                  for (lo, hi), (have, _) in zip(reversed(ranges), reversed(box))) + (Ellipsis,)
 
 
-def _with_mins(current: list, mins, argument: str) -> list:
-    """``current`` with its first entries replaced by ``mins`` (x first), as halide.Buffer's
-    set_min takes them; None leaves it as it is."""
-    if mins is None:
-        return current
-    given = _integer_list(mins, argument)
-    if len(given) > len(current):
-        raise ArgumentError(argument, f"expected at most {len(current)} mins (x first), got "
-                                      f"{len(given)}")
-    return given + current[len(given):]
-
-
-def _dimensions_of(array: np.ndarray, mins, argument: str,
-                   mins_argument: str = "mins") -> list[tuple[int, int, int]]:
-    """(min, extent, stride in elements) of each Halide dimension of ``array`` (x first:
-    numpy's last axis) at ``mins`` (zeros by default), refused where halide_dimension_t's
-    32-bit fields cannot hold them."""
-    n, itemsize = array.ndim, array.dtype.itemsize
-    mins = mins or (0,) * n
-    dims = []
-    for i in range(n):
-        axis = n - 1 - i
-        extent, stride_bytes = array.shape[axis], array.strides[axis]
-        if stride_bytes % itemsize:
-            raise ArgumentError(argument, f"stride of axis {axis} ({stride_bytes} bytes) is not "
-                                          f"a multiple of the element size ({itemsize})")
-        stride = stride_bytes // itemsize
-        if extent > INT32_MAX or abs(stride) > INT32_MAX:
-            raise ArgumentError(argument, f"axis {axis} is too large for Halide's 32-bit "
-                                          f"extents and strides")
-        if not (-INT32_MAX - 1 <= mins[i] and mins[i] + max(extent, 1) - 1 <= INT32_MAX):
-            raise ArgumentError(mins_argument, f"{dimension_label(i, n)}: min {mins[i]} with "
-                                               f"extent {extent} is beyond Halide's 32-bit "
-                                               f"coordinates")
-        dims.append((mins[i], extent, stride))
-    return dims
-
-
-# The constructor's arguments by position: halide.Buffer's forms.
-_BY_POSITION = {"buffer": ("buffer", "name", "reverse_axes"),
-                "type": ("type", "sizes", "storage_order", "name")}
-_KEYWORDS = frozenset({"buffer", "name", "reverse_axes", "type", "sizes", "storage_order",
-                       "mins", "shape", "dtype"})
-
-
-def _constructor_arguments(args: tuple, kwargs: dict) -> dict:
-    """Buffer()'s arguments by name, those given by position named as halide.Buffer's
-    overloads take them (an element type first: Buffer(type, sizes, ...))."""
-    typed = "type" in kwargs or bool(args and _is_element_type(args[0]))
-    names = _BY_POSITION["type" if typed else "buffer"]
-    if typed and len(args) == 3 and isinstance(args[2], str):
-        names = ("type", "sizes", "name")  # Buffer(type, sizes, name)
-    if len(args) > len(names):
-        raise ArgumentError("args", f"expected at most {len(names)} positional arguments "
-                                    f"({', '.join(names)}), got {len(args)}")
-    given = dict(zip(names, args))
-    for key, value in kwargs.items():
-        if key not in _KEYWORDS:
-            raise ArgumentError(key, f"unknown argument; Buffer takes "
-                                     f"{', '.join(sorted(_KEYWORDS))}")
-        if key in given:
-            raise ArgumentError(key, "given both by position and by name")
-        given[key] = value
-    return given
-
-
-def _check_form(given: dict, form: str, allowed: tuple) -> None:
-    """Refuse arguments of another constructor form than the one ``form`` chose."""
-    extra = sorted(given.keys() - set(allowed))
-    if extra:
-        raise ArgumentError(extra[0], f"does not go with {form}=: Buffer({', '.join(allowed)})")
-
-
-def _name(name) -> str:
-    if not isinstance(name, str):
-        raise ArgumentError("name", f"expected a str, got {type(name).__name__}")
-    return name
-
-
 # Where the made-up names of unnamed Buffers (Buffer.name) come from.
 _UNNAMED = itertools.count()
-
-
-def _is_element_type(value) -> bool:
-    """Whether ``value`` names an element type (Buffer(type, sizes)), not an array: a
-    halide.Type, a numpy dtype or scalar type, a HalideType."""
-    return (isinstance(value, (HalideType, np.dtype)) or _is_halide(value, "Type")
-            or (isinstance(value, type) and issubclass(value, np.generic)))
-
-
-def _element_type(value, argument: str) -> HalideType:
-    """An element type given as halide.Buffer takes it (a halide.Type), as numpy does, or as a
-    HalideType; one that has a numpy dtype."""
-    if value is None:
-        raise ArgumentError(argument, "expected an element type: a halide.Type such as "
-                                      "hl.UInt(8), or a numpy dtype")
-    if _is_halide(value, "Type"):
-        htype = HalideType(int(value.code()), value.bits(), value.lanes())
-    elif isinstance(value, HalideType):
-        htype = value
-    else:
-        try:
-            htype = HalideType.from_dtype(value)
-        except TypeError as e:
-            raise ArgumentError(argument, str(e)) from None
-    if htype.dtype is None:
-        raise ArgumentError(argument, f"{htype} elements have no numpy equivalent")
-    return htype
-
-
-def _allocate(dtype: np.dtype, sizes, storage_order) -> np.ndarray:
-    """Zeroed memory of extents ``sizes`` (x first) whose dimensions lie in memory from the
-    innermost to the outermost in ``storage_order``'s order (default: as listed), as numpy
-    sees it: the axes reversed."""
-    extents = _integer_list(sizes, "sizes")
-    if any(extent < 0 for extent in extents):
-        raise ArgumentError("sizes", f"extents must be non-negative, got {extents}")
-    n = len(extents)
-    order = list(range(n)) if storage_order is None else _integer_list(storage_order,
-                                                                       "storage_order")
-    if sorted(order) != list(range(n)):
-        raise ArgumentError("storage_order", f"expected a permutation of 0..{n - 1} (the "
-                                             f"dimensions, innermost first), got {order}")
-    # Allocated outermost first: axis j holds dimension order[n - 1 - j]. numpy axis a of the
-    # result is dimension n - 1 - a.
-    memory = zeroed([extents[d] for d in reversed(order)], dtype, "sizes")
-    return memory.transpose([n - 1 - order.index(n - 1 - a) for a in range(n)])
-
-
-def _element_value(value, dtype: np.dtype, argument: str):
-    """``value`` as an element of ``dtype``, where it fits as halide.Buffer requires: numbers
-    of the element's kind in its range (an integer element takes no float, never
-    truncated)."""
-    if dtype.kind == "f":
-        if isinstance(value, numbers.Real):
-            return dtype.type(value)
-    elif dtype.kind == "b":
-        if isinstance(value, (bool, np.bool_)) or (isinstance(value, numbers.Integral)
-                                                   and value in (0, 1)):
-            return bool(value)
-    elif isinstance(value, numbers.Integral):
-        info = np.iinfo(dtype)
-        if not info.min <= value <= info.max:
-            raise ArgumentError(argument, f"{value} is out of range for {dtype} elements "
-                                          f"[{info.min}, {info.max}]")
-        return dtype.type(value)
-    raise ArgumentError(argument, f"expected a {HalideType.from_dtype(dtype)} value, got "
-                                  f"{value!r} ({type(value).__name__})")
-
-
-def check_memory(shape, dtype: np.dtype, argument: str) -> None:
-    """Refuse host memory of ``shape`` elements of ``dtype`` that this machine cannot hold,
-    before allocating or copying it."""
-    nbytes = math.prod(shape) * dtype.itemsize
-    if nbytes > PHYSICAL_MEMORY:
-        raise ArgumentError(argument, f"shape {tuple(shape)} of {dtype} needs {_gib(nbytes)} of "
-                                      f"memory; this machine has {_gib(PHYSICAL_MEMORY)}")
-
-
-def zeroed(shape, dtype: np.dtype, argument: str) -> np.ndarray:
-    """Zeroed host memory for a buffer the shim allocates, refused if it cannot be had."""
-    check_memory(shape, dtype, argument)
-    return np.zeros(shape, dtype)
-
-
-def _gib(nbytes: int) -> str:
-    return f"{nbytes / 2**30:.3g} GiB"

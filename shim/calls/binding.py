@@ -13,7 +13,8 @@ import numpy as np
 
 from shim.interop import dlpack
 from shim.interop import pyopencl_interop
-from shim.buffers.buffer import Buffer, as_host_array, check_memory, shape_tuple, zeroed
+from shim.buffers.buffer import Buffer, as_host_array
+from shim.buffers.buffer_arguments import check_memory, shape_tuple, zeroed
 from shim.exchange.dlpack_capsules import HOST_DEVICES, DLDeviceType, claimed_device
 from shim.base.errors import ArgumentError, BoundsError, DeviceUnavailable
 from shim.calls.metadata import USER_CONTEXT, Argument, check_extents

@@ -21,8 +21,8 @@ import sys
 
 import shim
 from shim.profiling import halide_profiler
-from shim.cli.main import runner
-from shim.cli.main import timing
+from shim.cli import runner
+from shim.cli import timing
 from shim.backends.devices import kinds
 from shim.base.elf import pipeline_names
 
@@ -56,7 +56,7 @@ def _info(args, parser) -> int:
 
 
 def _demo(args, parser) -> int:
-    from shim.cli.main import demo
+    from shim.cli import demo
 
     return demo.run()
 
@@ -99,7 +99,7 @@ def _run(args, parser) -> int:
         # would repeat them (it stays where the program or the environment sends it).
         halide_profiler.silence_exit_report_unless_chosen()
     if args.chunks is not None or args.scheduler is not None:
-        from shim.cli.main import run_chunked  # (its dask is an optional extra)
+        from shim.cli import run_chunked  # (its dask is an optional extra)
 
         run = run_chunked.run
     else:

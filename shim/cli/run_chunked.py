@@ -20,8 +20,8 @@ import time
 
 import numpy as np
 
-from shim.cli.main import images
-from shim.cli.main import run_values
+from shim.cli import images
+from shim.cli import run_values
 from shim.base.errors import ArgumentError
 from shim.cli.runner import check_distinct, input_scalars, output_sizes
 from shim.calls.scalars import MISSING

@@ -25,8 +25,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from shim.cli.main import images
-from shim.buffers.buffer import check_memory
+from shim.cli import images
+from shim.buffers.buffer_arguments import check_memory
 from shim.base.errors import ArgumentError
 from shim.calls.metadata import Argument, check_extents
 from shim.calls.scalars import ScalarArgument

@@ -14,11 +14,12 @@ import sys
 import numpy as np
 
 import shim
-from shim.cli.main import images
-from shim.cli.main import memory_tracker
-from shim.cli.main import run_values
-from shim.cli.main import timing
-from shim.buffers.buffer import Buffer, zeroed
+from shim.cli import images
+from shim.cli import memory_tracker
+from shim.cli import run_values
+from shim.cli import timing
+from shim.buffers.buffer import Buffer
+from shim.buffers.buffer_arguments import zeroed
 from shim.backends.devices import preferred_kind
 from shim.base.errors import ArgumentError, BoundsError, DeviceUnavailable, ShimError
 from shim.calls.metadata import check_extents
