@@ -654,13 +654,6 @@ class Buffer(ManagedBuffer):
         made.set_host_dirty(True)
         return made
 
-    # --- for the shim's own modules, not the public API ------------------------------------
-    # What pipeline calls (shim/calls/binding.py, shim/calls/running.py) and DLPack (shim/dlpack*.py) need
-    # of a Buffer, so that they never reach into its attributes. (The C fast paths read and
-    # write two slots by name, native_stubs/call_records.c: _record, and _unread, which they
-    # set after a run as mark_read / mark_written do. Renaming either means changing the C.)
-
-
     def __repr__(self) -> str:
         return f"<shim.Buffer {self._type} shape={self.shape}>"
 

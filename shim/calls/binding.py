@@ -1,50 +1,19 @@
-"""Binding a call's Python values to a pipeline's arguments: by position or by name; buffers
-from shim.Buffers, numpy arrays and other array-likes, DLPack device tensors, or shapes for
-outputs to allocate (omitted outputs sized by the bounds query's verdict on the pipeline's
-estimates, else on the first input's shape); scalars converted and range-checked. The result
-is a Call, the native form a run needs, checked against the pipeline's bounds query before
-anything runs."""
+"""Binding a call's Python values to a pipeline's arguments: by position or by name; each
+buffer made into a Buffer by its kind's adapter (shim/calls/arguments.py), omitted outputs
+sized by the bounds query's verdict on the first input's shape, else on the pipeline's
+estimates; scalars converted and range-checked. The result is a Call, the native form a run
+needs, checked against the pipeline's bounds query before anything runs."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
-import numpy as np
-
-from shim.interop import dlpack
-from shim.interop import pyopencl_interop
-from shim.buffers.buffer import Buffer, as_host_array
-from shim.buffers.buffer_arguments import check_memory, shape_tuple, zeroed
-from shim.exchange.dlpack_capsules import HOST_DEVICES, DLDeviceType, claimed_device
-from shim.base.errors import ArgumentError, BoundsError, DeviceUnavailable
-from shim.calls.metadata import USER_CONTEXT, Argument, check_extents
-from shim.native.regions import dimension_label
+from shim.base.errors import ArgumentError, BoundsError
 from shim.native import ffi, lib
+from shim.native.regions import dimension_label
+from shim.buffers.buffer import Buffer
+from shim.buffers.buffer_arguments import zeroed
+from shim.calls.arguments import Call, Pipeline, buffer_for, dtype_of
+from shim.calls.metadata import USER_CONTEXT, Argument, check_extents
 from shim.calls.scalars import MISSING, ScalarArgument
-from shim.base.types import INT32_MAX, HalideType
-
-
-@dataclass(eq=False)
-class Call:
-    """The native form of one call's arguments, and what must happen around each run."""
-
-    argv: object = None
-    # The scalars' C values, which argv points to.
-    keep_alive: list = field(default_factory=list)
-    # (index into argv, Argument, Buffer) for each buffer argument.
-    buffers: list = field(default_factory=list)
-    # Buffers the shim made over the caller's input arrays: host-dirty before every run, since
-    # the caller may have written to the array.
-    array_inputs: list = field(default_factory=list)
-    # Buffers the shim made for this call; their device memory is freed when it closes.
-    temporaries: list = field(default_factory=list)
-    # (output Buffer, the caller's array to copy it into, or None when the Buffer is a view of
-    # that array) for outputs given as arrays: their results go back to host memory.
-    copy_back: list = field(default_factory=list)
-    # Outputs over another library's device memory (DLPack): their results go to that memory.
-    device_outputs: list = field(default_factory=list)
-    # What the call returns, in metadata order of the outputs.
-    results: list = field(default_factory=list)
 
 
 class Signature:
@@ -52,6 +21,7 @@ class Signature:
 
     def __init__(self, name: str, target: str, all_arguments: list, device_kinds: frozenset):
         self.name, self.target, self.device_kinds = name, target, device_kinds
+        self._pipeline = Pipeline(name, target, device_kinds)  # what the arguments' adapters see
         # In argv order, __user_context included where the pipeline takes it.
         self.all_arguments = all_arguments
         # The ones a caller gives.
@@ -106,7 +76,10 @@ class Signature:
                     call.buffers.append(None)
                     call.results.append(None)
                     continue
-                buf = self._buffer_argument(arg, value, call)
+                if value is MISSING:
+                    raise ArgumentError(arg.name, f"missing input; {self.name} takes "
+                                                  f"{self._signature()}")
+                buf = buffer_for(arg, value, call, self._pipeline)
                 argv[i] = buf.raw
                 call.buffers.append((i, arg, buf))
             else:
@@ -116,7 +89,7 @@ class Signature:
         if omitted:
             boxes = self._size_omitted(call, [(i, arg) for i, arg, _, _ in omitted], run_query)
             for (i, arg, at, result_at), box in zip(omitted, boxes):
-                buf = Buffer.over_array(zeroed(_numpy_shape(box), _dtype_of(arg), arg.name), arg.name,
+                buf = Buffer.over_array(zeroed(_numpy_shape(box), dtype_of(arg), arg.name), arg.name,
                                         exposed=False, mins=[lo for lo, _ in box])
                 argv[i] = buf.raw
                 call.buffers[at] = (i, arg, buf)
@@ -146,74 +119,6 @@ class Signature:
             except BoundsError as e:
                 failures.append((how, boxes, e))
         raise _sizing_error(omitted, failures)
-
-    def _buffer_argument(self, arg: Argument, value, call: Call) -> Buffer:
-        if value is MISSING:
-            raise ArgumentError(arg.name, f"missing input; {self.name} takes {self._signature()}")
-        if isinstance(value, Buffer):
-            _check_buffer_type(arg, value.type(), value.dimensions(), value.shape)
-            check_extents(arg, value.shape, self.target)
-            if arg.is_output:
-                _check_writable(arg, value.writeable)
-                call.results.append(value)
-            return value
-        if arg.is_output and isinstance(value, (tuple, list)):
-            shape = shape_tuple(value, arg.name)
-            _check_dimensions(arg, len(shape), shape)
-            check_extents(arg, shape, self.target)
-            buf = Buffer.over_array(zeroed(shape, _dtype_of(arg), arg.name), arg.name,
-                                    exposed=False)
-            call.results.append(buf)
-            return buf
-        if pyopencl_interop.is_array(value):
-            return self._device_argument(arg, value, call, pyopencl_interop.from_pyopencl)
-        if _dlpack_device_type(value, arg.name) not in HOST_DEVICES:
-            return self._device_argument(arg, value, call, dlpack.to_buffer)
-        array = as_host_array(value, arg.name)
-        _check_buffer_type(arg, _array_type(array, arg), array.ndim, array.shape)
-        check_extents(arg, array.shape, self.target)  # before any copy of it is made
-        if arg.is_output:
-            _check_writable(arg, array.flags.writeable)
-        if _halide_can_address(array):
-            buf = Buffer.over_array(array, arg.name)
-            if arg.is_output:
-                call.copy_back.append((buf, None))
-        elif arg.is_output:
-            # Compute into memory Halide can address, then copy into the caller's array.
-            buf = Buffer.over_array(zeroed(array.shape, _dtype_of(arg), arg.name), arg.name,
-                                    exposed=False)
-            call.copy_back.append((buf, array))
-        else:
-            # A copy made once: later runs of a PreparedCall see the copy, not the array.
-            buf = Buffer.over_array(_addressable_copy(arg, array), arg.name)
-        call.temporaries.append(buf)
-        if arg.is_output:
-            # The caller's own object back (a torch tensor stays one); numpy for the rest.
-            call.results.append(value if hasattr(value, "__dlpack__") else array)
-        elif buf.is_over(array):
-            call.array_inputs.append(buf)
-        buf.set_host_dirty(not arg.is_output)
-        return buf
-
-    def _device_argument(self, arg: Argument, value, call: Call, to_buffer) -> Buffer:
-        """A Buffer over another library's device memory (a CUDA tensor, an OpenCL buffer,
-        through DLPack; a pyopencl Array), made by ``to_buffer`` without copying: outputs are
-        written where the caller's tensor is."""
-        try:
-            buf = to_buffer(value, arg.name)
-        except (BufferError, DeviceUnavailable) as e:
-            raise ArgumentError(arg.name, f"cannot use {type(value).__name__}'s device memory: "
-                                          f"{e}") from None
-        _check_buffer_type(arg, buf.type(), buf.dimensions(), buf.shape)
-        if arg.is_output:
-            if self.device_kinds and buf.device.kind not in self.device_kinds:
-                raise ArgumentError(arg.name, f"{self.name} runs on {'/'.join(sorted(self.device_kinds))}"
-                                              f" and cannot write into {buf.device.kind} memory")
-            call.results.append(value)
-            call.device_outputs.append(buf)
-        # Not a temporary: freeing its device memory would download what it holds into the
-        # shim's staging memory, which nobody reads. Dropped with the call, it copies nothing.
-        return buf
 
     def plan_entries(self) -> list[tuple]:
         """What the call plan knows of each argument (see native_stubs/fastcall.c, plan_init)."""
@@ -255,76 +160,6 @@ def check_bounds(queries) -> None:
     for arg, buf, raw, _dims in queries:
         for d in range(raw.dimensions):
             _check_region(arg, d, (raw.dim[d].min, raw.dim[d].extent), buf.box[d])
-
-
-def _dlpack_device_type(value, argument: str) -> int:
-    """The DLPack device type of an object that has one, else kDLCPU (host memory)."""
-    if isinstance(value, (Buffer, np.ndarray)) or not hasattr(value, "__dlpack_device__"):
-        return DLDeviceType.CPU
-    return claimed_device(value, argument)[0]
-
-
-def _dtype_of(arg: Argument) -> np.dtype:
-    dtype = arg.type.dtype
-    if dtype is None:
-        raise ArgumentError(arg.name, f"element type {arg.type} has no numpy equivalent")
-    return dtype
-
-
-def _array_type(array: np.ndarray, arg: Argument):
-    try:
-        # In native byte order: arrays in the other are converted (see _halide_can_address).
-        return HalideType.from_dtype(array.dtype.newbyteorder("="))
-    except TypeError:
-        raise ArgumentError(arg.name, f"expected {arg.type} elements, got numpy dtype "
-                                      f"{array.dtype}") from None
-
-
-def _check_dimensions(arg: Argument, dimensions: int, shape) -> None:
-    """As many dimensions as the pipeline declares, and at least one element: Halide has no
-    use for an empty buffer (numpy gives empty arrays zero strides, which Halide refuses)."""
-    if dimensions != arg.dimensions:
-        raise ArgumentError(arg.name, f"expected a {arg.dimensions}-D buffer, got {dimensions}-D "
-                                      f"with shape {tuple(shape)}")
-    if 0 in shape:
-        raise ArgumentError(arg.name, f"the array is empty (shape {tuple(shape)}); pipelines take "
-                                      "buffers with at least one element along every axis")
-
-
-def _check_writable(arg: Argument, writeable: bool) -> None:
-    if not writeable:
-        raise ArgumentError(arg.name, "the output's memory is read-only (a numpy array with "
-                                      "writeable=False, bytes, a read-only mmap, ...): pass "
-                                      "writable memory, or a shape to have the output allocated")
-
-
-def _check_buffer_type(arg: Argument, htype, dimensions: int, shape) -> None:
-    if htype != arg.type:
-        raise ArgumentError(arg.name, f"expected {arg.type} elements, got {htype}")
-    _check_dimensions(arg, dimensions, shape)
-
-
-def _halide_can_address(array: np.ndarray) -> bool:
-    """Whether Halide's default constraints accept the array as it is: native byte order,
-    strides of whole elements that fit in 32 bits, none negative, and unit stride in x (the
-    last numpy axis). Zero strides elsewhere (a broadcast) are fine."""
-    itemsize = array.dtype.itemsize
-    if not array.dtype.isnative or any(s < 0 or s % itemsize or s // itemsize > INT32_MAX
-                                       for s in array.strides):
-        return False
-    return array.ndim == 0 or array.shape[-1] == 1 or array.strides[-1] == itemsize
-
-
-def _addressable_copy(arg: Argument, array: np.ndarray) -> np.ndarray:
-    """A copy of an input that Halide can address, no larger than it must be: axes the array
-    is broadcast along (stride 0), other than x, stay broadcast, so that a broadcast input
-    costs one row, not its full size. Refused before copying if this machine cannot hold it."""
-    x = array.ndim - 1
-    core = array[tuple(slice(0, 1) if stride == 0 and axis != x else slice(None)
-                       for axis, stride in enumerate(array.strides))]
-    dtype = _dtype_of(arg)
-    check_memory(core.shape, dtype, arg.name)
-    return np.broadcast_to(np.array(core, dtype, order="C"), array.shape)
 
 
 def _size_guesses(omitted: list, call: Call) -> list[tuple[str, list]]:

@@ -14,7 +14,8 @@ from shim.native import flags
 from shim.native import interrupts
 from shim.profiling import profiler
 from shim.native import streams
-from shim.calls.binding import Call, free_temporaries
+from shim.calls.arguments import Call
+from shim.calls.binding import free_temporaries
 from shim.core.bridge import backend_calls, raise_failure, take_exception
 from shim.buffers.buffer import Buffer
 from shim.backends.devices import backend_class

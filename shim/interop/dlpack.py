@@ -32,20 +32,21 @@ def from_dlpack(obj, *, copy=None) -> Buffer:
     and OpenCL memory wrapped as the Buffer's device allocation (zero-copy, the producer kept
     alive). ``copy=True`` copies, ``copy=False`` refuses to. Anything wrong with what the
     producer says or hands over raises ArgumentError."""
-    return to_buffer(obj, "obj", copy)
-
-
-def to_buffer(obj, argument: str, copy=None) -> Buffer:
-    """``from_dlpack`` for the argument named ``argument``, which its errors name."""
-    claimed = claimed_device(obj, argument)
+    claimed = claimed_device(obj, "obj")
     if claimed[0] in HOST_DEVICES:
-        array = ImportedTensor(obj, None, claimed, argument).host_view()
+        array = ImportedTensor(obj, None, claimed, "obj").host_view()
         return Buffer(array.copy() if copy else array)
+    buf = device_buffer(obj, claimed, "obj")
+    return buf.copy_on_device(buf.device) if copy else buf
+
+
+def device_buffer(obj, claimed, argument: str) -> Buffer:
+    """A Buffer over the device memory of ``obj``, whose ``__dlpack_device__`` said
+    ``claimed`` (a device, not the host), without copying."""
     backend = _backend_for(claimed, argument)
     with backend_calls("DLPack import"):
         stream = backend.dlpack_stream()
-    buf = _on_device(ImportedTensor(obj, stream, claimed, argument), backend)
-    return buf.copy_on_device(backend) if copy else buf
+    return _on_device(ImportedTensor(obj, stream, claimed, argument), backend)
 
 
 def _backend_for(device, argument: str):
