@@ -119,7 +119,7 @@ def _private_files():
     shim.pipelines.build, this module comes with the shim package. A process that runs
     Halide's stock runtime must not load the shim's (pipelines/stock.py): it imports this
     module from a checkout by the folder's own name, pipelines.build, and private_files.py
-    (standard library only) is loaded from its file in shim/, beside the folder."""
+    (standard library only) is loaded from its file in shim/base/, beside the folder."""
     if __package__ == "shim.pipelines":
         from shim.base import private_files
 
@@ -127,7 +127,7 @@ def _private_files():
     module = sys.modules.get("_halide_shim_private_files")
     if module is None:
         spec = importlib.util.spec_from_file_location(
-            "_halide_shim_private_files", PIPELINES_DIR.parent / "shim" / "private_files.py")
+            "_halide_shim_private_files", PIPELINES_DIR.parent / "shim" / "base" / "private_files.py")
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
         sys.modules[spec.name] = module

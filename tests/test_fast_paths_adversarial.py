@@ -882,8 +882,11 @@ def test_ctrl_c_at_random_during_contended_fast_calls(load, shim_sigint):
         except BaseException as e:  # noqa: BLE001
             errors.append(e)
 
+    go = threading.Event()
+
     def interrupter():
         r = np.random.default_rng(10)
+        go.wait()  # (not before the main thread is inside the try below)
         while not stop.is_set():
             time.sleep(float(r.uniform(0.0005, 0.005)))
             signal.pthread_kill(main, signal.SIGINT)
@@ -894,6 +897,7 @@ def test_ctrl_c_at_random_during_contended_fast_calls(load, shim_sigint):
     interrupted = 0
     deadline = time.monotonic() + 4
     try:
+        go.set()
         while time.monotonic() < deadline:
             try:
                 for _ in range(100):
@@ -903,6 +907,7 @@ def test_ctrl_c_at_random_during_contended_fast_calls(load, shim_sigint):
                 interrupted += 1
     finally:
         stop.set()
+        go.set()  # (an interrupter still waiting for it sees the stop)
         for t in threads:
             while t.is_alive():
                 try:

@@ -365,8 +365,11 @@ def test_a_signal_handlers_exception_surfaces_as_itself_with_nothing_left_locked
         stop = threading.Event()
         counts = {"raised": 0, "swallowed": 0, "steps": 0}
 
+        go = threading.Event()
+
         def sender():
             rng = np.random.default_rng(0)
+            go.wait()  # (not before the main thread is inside the try below)
             while not stop.is_set():
                 time.sleep(rng.uniform(0, 0.003))
                 signal.pthread_kill(main, SIGNUM)
@@ -400,6 +403,7 @@ def test_a_signal_handlers_exception_surfaces_as_itself_with_nothing_left_locked
         deadline = time.monotonic() + 3
         while not stop.is_set():
             try:  # (a signal may also land in the test's own code)
+                go.set()
                 steps(deadline)
                 stop.set()
                 thread.join()
