@@ -26,7 +26,10 @@
 #include <Python.h>
 
 #include "shim_native.h"
-#include "fastcall.h"
+#include "calls/signals_held.h"
+#include "fast/family_state.h"
+#include "fast/objects.h"
+#include "fast/shared_records.h"
 
 /* The plans a record keeps: one beginning per kind of use and pipeline (one writing its outputs
  * on the host, or not: a CPU call writing a member first brings the device's changes home,

@@ -8,7 +8,8 @@
 #include <structmember.h>
 
 #include "shim_native.h"
-#include "fastcall.h"
+#include "fast/family_state.h"
+#include "fast/objects.h"
 
 static PyMemberDef state_members[] = {
     {"regions", T_OBJECT_EX, offsetof(shim_family_state, regions), 0,

@@ -3,6 +3,7 @@
 #include <Python.h>
 
 #include "shim_native.h"
+#include "calls/signals_held.h"
 
 static const char *const names[2][2] = {
     {"dltensor", "used_dltensor"},

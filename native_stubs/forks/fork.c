@@ -53,6 +53,10 @@
 #include <unistd.h>
 
 #include "shim_native.h"
+#include "calls/call_context.h"
+#include "forks/fork.h"
+#include "profiling/profile.h"
+#include "profiling/tracing.h"
 
 /* Halide's objects, by their symbols: no header declares them. Weak, so that a Halide without
  * one still loads (that one is then left as the fork left it; tests/test_abi.py fails). */

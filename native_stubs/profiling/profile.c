@@ -10,6 +10,7 @@
 #include <stdlib.h>
 
 #include "shim_native.h"
+#include "profiling/profile.h"
 
 typedef struct counter_block {
     uint64_t counts[SHIM_FN_COUNT][SHIM_OUTCOME_COUNT];

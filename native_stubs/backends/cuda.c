@@ -18,6 +18,9 @@
 #include <string.h>
 
 #include "shim_native.h"
+#include "devices/device_generic.h"
+#include "forks/fork.h"
+#include "profiling/profile.h"
 
 typedef int CUresult;
 typedef void *CUcontext;

@@ -22,6 +22,9 @@
 #include <string.h>
 
 #include "shim_native.h"
+#include "devices/device_generic.h"
+#include "forks/fork.h"
+#include "profiling/profile.h"
 
 typedef int32_t cl_int;
 typedef uint32_t cl_uint;

@@ -36,6 +36,7 @@
 #include <unistd.h>
 
 #include "shim_native.h"
+#include "profiling/tracing.h"
 
 typedef int32_t (*trace_fn)(void *, const struct halide_trace_event_t *);
 
