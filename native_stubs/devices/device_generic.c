@@ -163,7 +163,7 @@ int shim_check_native_handle(void *user_context, const halide_buffer_t *buf, int
     return halide_error_code_success;
 }
 
-/* The outcomes decided here, counted while profiling (profile.c). */
+/* The outcomes decided here, counted while profiling (profiling/profile.c). */
 #define NOOP(function)                                                                     \
     shim_decided(SHIM_FN_##function, SHIM_OUTCOME_NOOP, halide_error_code_success)
 #define REFUSED(function, code) shim_decided(SHIM_FN_##function, SHIM_OUTCOME_REFUSED, (code))

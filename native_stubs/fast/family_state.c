@@ -27,7 +27,7 @@ static PyType_Slot state_slots[] = {
     {Py_tp_dealloc, state_dealloc},
     {Py_tp_new, PyType_GenericNew},
     {Py_tp_doc, "The base of shim.families.Family: its state the C fast paths read "
-                "(native_stubs/family_state.c)."},
+                "(native_stubs/fast/family_state.c)."},
     {0, NULL},
 };
 
@@ -53,7 +53,7 @@ static PyType_Slot lock_slots[] = {
     {Py_tp_dealloc, lock_dealloc},
     {Py_tp_new, PyType_GenericNew},
     {Py_tp_doc, "The base of shim.families.FamilyLock: its state the C fast paths read "
-                "(native_stubs/family_state.c)."},
+                "(native_stubs/fast/family_state.c)."},
     {0, NULL},
 };
 

@@ -171,7 +171,7 @@ static PyType_Slot run_slots[] = {
     {Py_tp_dealloc, run_dealloc},
     {Py_tp_call, run_tp_call},
     {Py_tp_new, PyType_GenericNew},
-    {Py_tp_doc, "The base of shim.PreparedCall: its run in C (native_stubs/prepared_call.c)."},
+    {Py_tp_doc, "The base of shim.PreparedCall: its run in C (native_stubs/fast/prepared_call.c)."},
     {0, NULL},
 };
 

@@ -269,7 +269,7 @@ static PyType_Slot plans_slots[] = {
     {Py_tp_dealloc, plans_dealloc},
     {Py_tp_new, PyType_GenericNew},
     {Py_tp_doc, "What calls on a Buffer do in its shared family, remembered by the C fast "
-                "paths (native_stubs/shared_records.c)."},
+                "paths (native_stubs/fast/shared_records.c)."},
     {0, NULL},
 };
 

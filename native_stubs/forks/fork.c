@@ -37,7 +37,7 @@
  * own records; a pipeline's totals may miss part of a call of the parent's, which the child
  * never reports as its own).
  *
- * The native library's own counters (profile.c) are locked before the fork and let go on
+ * The native library's own counters (profiling/profile.c) are locked before the fork and let go on
  * both sides after it: their holders only add and link counters, and the child reads them.
  *
  * A fork from inside a task of a parallel loop or an async stage (an extern stage run there)
