@@ -1,8 +1,9 @@
 """cffi builder for the native runtime library, the extension module ``shim._native``.
 
 setup.py names this file in ``cffi_modules``. The module is one shared object holding
-- the C files in this folder's subfolders, one a layer (NATIVE_LAYERS.md): the halide_* entry
-  points the shim overrides, the call contexts, and the helpers Python calls;
+- the C files in this folder's subfolders, one a layer (tests/test_native_layers.py holds
+  their order): the halide_* entry points the shim overrides, the call contexts, and the
+  helpers Python calls;
 - Halide's own standalone host runtime (thread pool, semaphores, halide_malloc, the
   halide_error_* family), compiled here with ``halide.compile_standalone_runtime``. Every
   symbol in it is weak, so where this folder defines a function too, ours wins at link time;

@@ -2,10 +2,11 @@
  * layer below native_stubs/ stands on, and all the cffi module's own source includes.
  *
  * Every .c file includes this first, then the headers of the modules below it that it uses
- * (calls/, profiling/, forks/, devices/, backends/, fast/, in that order: NATIVE_LAYERS.md).
- * It pulls in Halide's real runtime header, so each halide_* function we define is checked
- * against Halide's own prototype, and holds nothing of any one module: Halide's ABI, the
- * library's API (abi/) and the atomic access to a buffer's fields that every layer shares.
+ * (the layers, lowest first: calls/, profiling/, forks/, devices/, backends/, fast/; the order
+ * is tests/test_native_layers.py's, which checks it). It pulls in Halide's real runtime
+ * header, so each halide_* function we define is checked against Halide's own prototype, and
+ * holds nothing of any one module: Halide's ABI, the library's API (abi/) and the atomic
+ * access to a buffer's fields that every layer shares.
  */
 #ifndef SHIM_NATIVE_H
 #define SHIM_NATIVE_H

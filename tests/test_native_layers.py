@@ -1,6 +1,6 @@
-"""The native library's layers (NATIVE_LAYERS.md): native_stubs/ holds one folder a layer, and
-each C file uses only what the files of its own layer and of the layers below it define, with no
-circle among the files, so that each can be read and changed knowing only what is below it.
+"""The native library's layers: native_stubs/ holds one folder a layer, and each C file uses
+only what the files of its own layer and of the layers below it define, with no circle among
+the files, so that each can be read and changed knowing only what is below it.
 
 The check reads the sources as text, at the level of C's top-level items: what a file defines
 with external linkage (functions and variables, not static ones), which identifiers its
