@@ -91,7 +91,7 @@ struct halide_scalar_value_t {
 };
 
 /* What a halide_trace event is (struct halide_trace_event_t's `event`; the native library's
- * trace handler, native_stubs/tracing.c, reads the struct through the real header). */
+ * trace handler, native_stubs/profiling/tracing.c, reads the struct through the real header). */
 enum halide_trace_event_code_t {
     halide_trace_load = 0,
     halide_trace_store = 1,
@@ -212,7 +212,7 @@ int halide_set_num_threads(int n);
 int halide_get_num_threads(void);
 
 /* Reusing device allocations (Halide's allocation_cache.cpp; served by
- * native_stubs/allocation_reuse.c and the pools of shim/backends/pool.py). */
+ * native_stubs/devices/allocation_reuse.c and the pools of shim/backends/pool.py). */
 int halide_reuse_device_allocations(void *user_context, bool);
 bool halide_can_reuse_device_allocations(void *user_context);
 struct halide_device_allocation_pool {

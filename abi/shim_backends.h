@@ -1,5 +1,5 @@
 /* The native library's own API for the device backends: which interfaces are the shim's, and
- * what the OpenCL and CUDA launch paths (native_stubs/opencl.c, cuda.c) need from Python. See
+ * what the OpenCL and CUDA launch paths (native_stubs/backends/opencl.c, cuda.c) need from Python. See
  * abi/shim_calls.h for what every abi/shim_*.h header is.
  */
 
@@ -20,7 +20,7 @@ const struct halide_device_interface_t *shim_backend_interface(int backend);
 /* The backend whose interface this is, or -1 if the shim does not own it. */
 int shim_backend_of(const struct halide_device_interface_t *device_interface);
 
-/* OpenCL (native_stubs/opencl.c). A device handle points to one of these; the first two
+/* OpenCL (native_stubs/backends/opencl.c). A device handle points to one of these; the first two
  * fields are Halide's own handle layout. */
 typedef struct shim_cl_staging shim_cl_staging;
 typedef struct shim_cl_handle {
@@ -42,7 +42,7 @@ const char *halide_opencl_get_platform_name(void *user_context);
 const char *halide_opencl_get_device_type(void *user_context);
 const char *halide_opencl_get_build_options(void *user_context);
 
-/* CUDA (native_stubs/cuda.c). */
+/* CUDA (native_stubs/backends/cuda.c). */
 typedef struct shim_cuda_module shim_cuda_module;
 int shim_cuda_bind(const char *driver, void *context);
 shim_cuda_module *shim_cuda_module_new(void *module, void *context);

@@ -1,4 +1,4 @@
-/* The native library's own API for DLPack (native_stubs/dlpack.c, shim/exchange/dlpack_capsules.py). See
+/* The native library's own API for DLPack (native_stubs/devices/dlpack.c, shim/exchange/dlpack_capsules.py). See
  * abi/shim_calls.h for what every abi/shim_*.h header is.
  */
 

@@ -3,11 +3,11 @@
  */
 
 /* The fast paths' types, PyObject *s, borrowed, to be called with the GIL held (not cffi calls:
- * see shim/native/__init__.py): a pipeline's call plan (native_stubs/fastcall.c), a prepared call's
- * run (native_stubs/prepared_call.c) and the base of an allocation family
- * (native_stubs/family_state.c) and a Buffer's plans in it (native_stubs/shared_records.c),
+ * see shim/native/__init__.py): a pipeline's call plan (native_stubs/fast/fastcall.c), a prepared call's
+ * run (native_stubs/fast/prepared_call.c) and the base of an allocation family
+ * (native_stubs/fast/family_state.c) and a Buffer's plans in it (native_stubs/fast/shared_records.c),
  * and the bases of objects whose finalizer, or whose with statement's entering and leaving, a
- * signal handler's exception must not cut short (native_stubs/signals_held.c). */
+ * signal handler's exception must not cut short (native_stubs/calls/signals_held.c). */
 void *shim_fastcall_plan_type(void);
 void *shim_prepared_run_type(void);
 void *shim_family_state_type(void);

@@ -1,4 +1,4 @@
-/* Halide's runtime internals that a fork resets in the child (native_stubs/fork.c). See
+/* Halide's runtime internals that a fork resets in the child (native_stubs/forks/fork.c). See
  * abi/shim_calls.h for what every abi/shim_*.h header is.
  *
  * These objects of Halide's host runtime are in no header; the native library finds them by

@@ -2,7 +2,7 @@
  * header is.
  */
 
-/* Profiling (native_stubs/profile.c, shim/profiling/profiler.py). While it is on, the generic entry
+/* Profiling (native_stubs/profiling/profile.c, shim/profiling/profiler.py). While it is on, the generic entry
  * points count the calls they decide in C, per function and outcome, without entering Python,
  * and kernel launches are reported to Python around the launch. While it is off, each of those
  * places costs one relaxed atomic load. */

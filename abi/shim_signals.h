@@ -1,4 +1,4 @@
-/* Signal handlers held from C (native_stubs/signals_held.c), as shim/native/interrupts.py sees them.
+/* Signal handlers held from C (native_stubs/calls/signals_held.c), as shim/native/interrupts.py sees them.
  * See abi/shim_calls.h for what every abi/shim_*.h header is.
  *
  * The shim's signal handlers run on the main thread; while it is inside a hold made in C (the

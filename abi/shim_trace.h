@@ -1,4 +1,4 @@
-/* Halide's tracing, recorded while a profile records (native_stubs/tracing.c, read by
+/* Halide's tracing, recorded while a profile records (native_stubs/profiling/tracing.c, read by
  * shim/profiling/halide_trace.py). See abi/shim_calls.h for what every abi/shim_*.h header is.
  *
  * A pipeline built with -trace_realizations, -trace_pipeline, -trace_loads, -trace_stores or

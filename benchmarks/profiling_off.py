@@ -17,7 +17,7 @@ the shim's runtime interposes it):
   - trace:   target host-trace_all, on a larger image: every load and store is a trace event
     (about 530,000 per call), and HL_TRACE_FILE points both sides at a file in a temporary
     folder, so Halide's own handler writes binary packets there on both. Under the shim every
-    event first passes the native library's handler (native_stubs/tracing.c: one atomic load,
+    event first passes the native library's handler (native_stubs/profiling/tracing.c: one atomic load,
     then Halide's handler); its ratio should be ~1.0. Each side empties its file after every
     sample, untimed. A third runner takes turns with them here: the shim with Halide's own
     handler installed in place of the native library's (halide_set_custom_trace, around its

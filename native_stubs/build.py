@@ -1,8 +1,9 @@
 """cffi builder for the native runtime library, the extension module ``shim._native``.
 
 setup.py names this file in ``cffi_modules``. The module is one shared object holding
-- the C files in this folder: the halide_* entry points the shim overrides, the call
-  contexts, and the helpers Python calls;
+- the C files in this folder's subfolders, one a layer (tests/test_native_layers.py holds
+  their order): the halide_* entry points the shim overrides, the call contexts, and the
+  helpers Python calls;
 - Halide's own standalone host runtime (thread pool, semaphores, halide_malloc, the
   halide_error_* family), compiled here with ``halide.compile_standalone_runtime``. Every
   symbol in it is weak, so where this folder defines a function too, ours wins at link time;
@@ -88,7 +89,8 @@ def build_ffi():
         '#include "shim_native.h"\n'
         # A JSON string is also a C string literal: the stamp is ASCII.
         f"static const char *const {native_stamp.SYMBOL} = {json.dumps(stamp)};\n",
-        sources=[_relative(p) for p in sorted(glob.glob(os.path.join(HERE, "*.c")))],
+        # Every layer's C files; they include each other's headers by their path from HERE.
+        sources=[_relative(p) for p in sorted(glob.glob(os.path.join(HERE, "*", "*.c")))],
         include_dirs=[_relative(HERE), _relative(ABI), HALIDE_INCLUDE],
         extra_objects=[standalone_runtime_object()],
         extra_compile_args=["-std=gnu11", "-O2", "-Wall", "-Wno-unused-function"],

@@ -81,7 +81,7 @@ def test_the_buffer_layout_is_the_documented_one():
     assert ffi.offsetof("halide_buffer_t", "dim") == 40
 
 
-# Halide's runtime internals a fork resets or locks (native_stubs/fork.c, abi/shim_fork.h):
+# Halide's runtime internals a fork resets or locks (native_stubs/forks/fork.c, abi/shim_fork.h):
 # no header has them, so what fork.c assumes of each is observed in a fresh process. argv: a
 # parallel pipeline (blur3x3), and a trace file for HL_TRACE_FILE.
 FORK_OBJECTS = r"""

@@ -1,5 +1,5 @@
 """An adversarial pass over the C fast paths' calls on crops and slices (members of a shared
-family: native_stubs/shared_records.c, carrying out plans that shim/memory/aliasing.py makes once per
+family: native_stubs/fast/shared_records.c, carrying out plans that shim/memory/aliasing.py makes once per
 state of the family). They must leave every family exactly as the Python run does
 (call_uses.begin_call / end_call), also when attacked: CPU and GPU pipelines taking turns on one
 member, one PreparedCall run by several threads while its Buffers join a shared family,

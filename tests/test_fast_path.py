@@ -1,4 +1,4 @@
-"""The fast path of a plain call (native_stubs/fastcall.c): a pipeline called with shim.Buffers,
+"""The fast path of a plain call (native_stubs/fast/fastcall.c): a pipeline called with shim.Buffers,
 numbers and (on the CPU) numpy arrays runs from C. It must be indistinguishable from the general path (the one a
 prepared call takes) in everything but speed: the same outputs, bit for bit, and for anything
 it declines, the general path's own result or exception. Checked against the general path on

@@ -1,5 +1,5 @@
-"""An adversarial pass over the C fast paths of a pipeline call (native_stubs/fastcall.c, a
-plain call; native_stubs/prepared_call.c, a prepared call's run; native_stubs/call_records.c,
+"""An adversarial pass over the C fast paths of a pipeline call (native_stubs/fast/fastcall.c, a
+plain call; native_stubs/fast/prepared_call.c, a prepared call's run; native_stubs/fast/call_records.c,
 their records in the Buffers' families). They must behave exactly as the Python general path
 does, except for speed, also when they are attacked: Ctrl-C landing in the Python they call
 back, calls made from inside their bookkeeping (a finalizer), objects initialized twice,

@@ -5,7 +5,7 @@
   shim.DeviceError for every device use, from Python and from kernel launches in C, while host
   pipelines and the simulated host device keep working.
 - A process forked while other threads run pipelines gets Halide's runtime locks and queues as
-  those threads left them (native_stubs/fork.c): every child must still finish its call of a
+  those threads left them (native_stubs/forks/fork.c): every child must still finish its call of a
   parallel, -trace_all or -profile build with the right result and exit normally, whether it
   was forked from Python or from C, and its parallel loops run on workers of its own.
 
@@ -110,7 +110,7 @@ def test_a_forked_child_gets_device_errors_and_keeps_host_pipelines(libraries):
 HANG_GUARD_S = 30
 # In the parent, CALLERS threads call the pipeline in a loop on a pool of THREADS while the main
 # thread forks FORKS children, each of which calls it once: enough contention on Halide's locks
-# that before native_stubs/fork.c reset them, 0 to 77 children of the 300 hung in each run (3
+# that before native_stubs/forks/fork.c reset them, 0 to 77 children of the 300 hung in each run (3
 # runs of each case below; fewest inside a profile, where trace events go to the shim's buffer
 # instead of Halide's), and 22 to 30 of the 30 that exited normally crashed.
 CALLERS, THREADS, FORKS = 2, 4, 300
@@ -543,7 +543,7 @@ def test_a_child_forked_while_another_thread_computes_a_cached_value_computes_it
     assert done.returncode == 0, (done.returncode, done.stderr)
 
 
-# Threads read and reset the counts of calls decided in C (native_stubs/profile.c, under its
+# Threads read and reset the counts of calls decided in C (native_stubs/profiling/profile.c, under its
 # lock) while the main thread forks; each child reads them once. argv: forks.
 COUNTS = r"""
 import os, signal, sys, threading

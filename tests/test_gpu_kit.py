@@ -117,11 +117,11 @@ def test_the_kit_records_the_native_stamp_and_names_the_sources_changed_since_it
     entry = gpu_kit.prepare_native(tmp_path, "copy")
     assert entry["version"] == stamp["version"] and entry["sources"] == stamp["sources"]
     # A module built from other C files than this tree's: it imports, the kit warns.
-    other_c = {**stamp["sources"], "native_stubs/fastcall.c": "0" * 16}
-    del other_c["native_stubs/fork.c"]
+    other_c = {**stamp["sources"], "native_stubs/fast/fastcall.c": "0" * 16}
+    del other_c["native_stubs/forks/fork.c"]
     monkeypatch.setattr(gpu_kit.native_stamp, "read", lambda library: {**stamp, "sources": other_c})
     entry = gpu_kit.prepare_native(tmp_path, "copy")
-    changed = "native_stubs/fastcall.c changed, native_stubs/fork.c added"
+    changed = "native_stubs/fast/fastcall.c changed, native_stubs/forks/fork.c added"
     assert (f"was built from other sources than this tree's ({changed}): the kit carries a stale "
             "native module") in capsys.readouterr().out
     [warning] = gpu_kit.kit_warnings(tmp_path, {"native": entry, "pipelines": []})

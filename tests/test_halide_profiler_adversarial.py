@@ -283,7 +283,7 @@ def test_a_profile_started_during_an_unprofiled_call_gives_each_profiled_call_it
     first, second = gated.new_gate(), gated.new_gate()
     runs = _runs(NAME)
     inp = np.ones((402, 602), np.float32)
-    if way == "prepared":  # run in C (native_stubs/prepared_call.c)
+    if way == "prepared":  # run in C (native_stubs/fast/prepared_call.c)
         prepared = gated.pipeline.prepare(inp, first, 0, out=np.empty((400, 600), np.float32))
         unprofiled = _thread(prepared)
     else:
@@ -649,7 +649,7 @@ def test_a_call_on_crops(gated):
 
 
 def test_prepared_calls_are_profiled_each_with_its_own_figures(gated):
-    """A PreparedCall runs in C outside a profile (native_stubs/prepared_call.c); inside one it
+    """A PreparedCall runs in C outside a profile (native_stubs/fast/prepared_call.c); inside one it
     runs in Python, where the stages are read."""
     sizes = [(220, 130), (60, 50)]
     calls = [gated.pipeline.prepare(np.ones((h + 2, w + 2), np.float32), 0, 0,

@@ -1,4 +1,4 @@
-"""Halide's tracing inside shim.profile() (native_stubs/tracing.c, shim/profiling/halide_trace.py).
+"""Halide's tracing inside shim.profile() (native_stubs/profiling/tracing.c, shim/profiling/halide_trace.py).
 
 The test pipelines are compiled once per module in a child process (halide's compiler stays
 out of this process), each in its own forked child so that every one gets the Func names it

@@ -119,8 +119,8 @@ def test_a_module_without_a_stamp_is_refused():
 
 def test_only_the_contract_is_checked_on_import_not_the_c_files():
     sources = native_stamp.digests(ROOT)
-    assert {"native_stubs/fastcall.c", "native_stubs/shim_native.h"} <= sources.keys()
-    built = {"version": "1.0", "sources": {**sources, "native_stubs/fastcall.c": "0" * 16,
+    assert {"native_stubs/fast/fastcall.c", "native_stubs/shim_native.h"} <= sources.keys()
+    built = {"version": "1.0", "sources": {**sources, "native_stubs/fast/fastcall.c": "0" * 16,
                                            "native_stubs/shim_native.h": "0" * 16}}
     assert native_stamp.problems(built, "1.0", ROOT) == []
     built["sources"]["abi/shim_profile.h"] = "0" * 16

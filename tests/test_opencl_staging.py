@@ -1,5 +1,5 @@
 """Kernels given crops at byte offsets the OpenCL device cannot make a sub-buffer at (not a
-multiple of CL_DEVICE_MEM_BASE_ADDR_ALIGN): native_stubs/opencl.c stages them around the
+multiple of CL_DEVICE_MEM_BASE_ADDR_ALIGN): native_stubs/backends/opencl.c stages them around the
 launch. Results against numpy, inside each crop and around it, on the device."""
 
 import threading

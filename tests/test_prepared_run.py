@@ -1,4 +1,4 @@
-"""A prepared call's run in C (native_stubs/prepared_call.c). It must do what the Python run
+"""A prepared call's run in C (native_stubs/fast/prepared_call.c). It must do what the Python run
 (PreparedCall._run_in_python) does, on the same family records, in everything but speed:
 the same outputs, uses recorded while the pipeline runs and gone after it (also when it
 fails), array inputs re-read, waiting threads woken, and, for whatever it declines, the Python

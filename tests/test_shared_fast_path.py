@@ -1,4 +1,4 @@
-"""The C fast paths on crops (native_stubs/shared_records.c) against the Python run, side by
+"""The C fast paths on crops (native_stubs/fast/shared_records.c) against the Python run, side by
 side: Hypothesis drives the same random sequence of operations on two identical worlds, one
 whose pipeline calls take the fast paths (a plain call, a prepared call run twice), one whose
 calls all run in Python (PreparedCall._run_in_python, the code the fast paths replace). After

@@ -3,7 +3,7 @@
 It uses the device's primary context (the one the CUDA runtime, PyTorch and CuPy share),
 chosen by ``shim.device("cuda", device=N)``, $HALIDE_SHIM_CUDA_DEVICE or Halide's HL_GPU_DEVICE;
 -1 or unset is Halide's choice: the device with the most multiprocessors. Handles are raw
-CUdeviceptr values, as in Halide. Launches are in C (native_stubs/cuda.c); this module loads
+CUdeviceptr values, as in Halide. Launches are in C (native_stubs/backends/cuda.c); this module loads
 modules (once per PTX source and context), allocates and copies. Every driver call here runs
 between shim_cuda_enter and shim_cuda_leave, which acquire the context through Halide's hooks
 and push it, so the caller's current context is left alone (see cuda.c).

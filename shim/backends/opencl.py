@@ -5,7 +5,7 @@ One context and one in-order command queue for the process, on the device chosen
 $HALIDE_SHIM_OPENCL_DEVICE, by Halide's own HL_OCL_PLATFORM_NAME / HL_OCL_DEVICE_TYPE, or
 else: the first platform with a GPU, else the first platform with any device.
 
-Kernel launches are in C (native_stubs/opencl.c), crops at offsets OpenCL cannot make
+Kernel launches are in C (native_stubs/backends/opencl.c), crops at offsets OpenCL cannot make
 sub-buffers at included; this module compiles programs (once per device and source, shared by
 every pipeline, their binaries kept in an on-disk cache across processes), allocates memory
 and copies.
@@ -345,7 +345,7 @@ class OpenCLBackend(Backend):
             except cl.Error as e:
                 raise BackendError(f"clCreateSubBuffer at offset {offset} failed: {e}") from None
             struct.launch_mem = ffi.cast("void *", sub.int_ptr)
-        # else: launch_mem stays NULL and launches stage the crop (native_stubs/opencl.c).
+        # else: launch_mem stays NULL and launches stage the crop (native_stubs/backends/opencl.c).
         value = int(ffi.cast("uintptr_t", struct))
         memory.handles[value] = (struct, sub)
         return value

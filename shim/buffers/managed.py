@@ -246,7 +246,7 @@ class ManagedBuffer(Finalized):
     # --- for the shim's own modules, not the public API ------------------------------------
     # What pipeline calls (shim/calls/) and DLPack (shim/exchange/, shim/interop/) need of a
     # Buffer, so that they never reach into its attributes. (The C fast paths read and
-    # write two slots by name, native_stubs/call_records.c: _record, and _unread, which they
+    # write two slots by name, native_stubs/fast/call_records.c: _record, and _unread, which they
     # set after a run as mark_read / mark_written do. Renaming either means changing the C.)
 
     @classmethod

@@ -121,7 +121,7 @@ class Signature:
         raise _sizing_error(omitted, failures)
 
     def plan_entries(self) -> list[tuple]:
-        """What the call plan knows of each argument (see native_stubs/fastcall.c, plan_init)."""
+        """What the call plan knows of each argument (see native_stubs/fast/fastcall.c, plan_init)."""
         return [self._plan_entry(arg) for arg in self.all_arguments]
 
     def _plan_entry(self, arg: Argument) -> tuple:

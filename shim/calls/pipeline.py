@@ -1,6 +1,6 @@
 """A loaded pipeline, called with Python values.
 
-A call goes one of two ways. The fast path (native_stubs/fastcall.c, the pipeline's CallPlan)
+A call goes one of two ways. The fast path (native_stubs/fast/fastcall.c, the pipeline's CallPlan)
 takes calls with shim.Buffers, numbers and, on the CPU, numpy arrays, whose shapes passed the
 bounds query before, and runs them from C. It declines everything else before anything has
 run, and the general path takes the call: binding and marshalling the values
@@ -62,7 +62,7 @@ class Pipeline(CallPlan):
         self._runner = Runner(self.name, self._library.argv_fn, self.device_kinds,
                               halide_profiler.builds_profile(self.target))
         # The fast path and the cache of argument shapes that passed the bounds query: CallPlan,
-        # in C (native_stubs/fastcall.c), whose __call__ is the Pipeline's.
+        # in C (native_stubs/fast/fastcall.c), whose __call__ is the Pipeline's.
         runner = self._runner
         super().__init__(self._library.argv_address, self._signature.plan_entries(),
                          runner.native_calls, runner.host_write, runner.backend_mask, np.ndarray,

@@ -1,4 +1,4 @@
-"""Running a pipeline: the run of a prepared call (in C, native_stubs/prepared_call.c, where
+"""Running a pipeline: the run of a prepared call (in C, native_stubs/fast/prepared_call.c, where
 it can; here otherwise: profiled calls, CUDA, a crop's family in a state C has no plan for), the bounds query's run, and what a run
 reports (its prints, its failure as the right exception)."""
 
@@ -24,7 +24,7 @@ from shim.native import CallContext, HeldContext, PreparedRun, ffi, lib, print_t
 
 # How often a call prepares buffers another thread keeps moving to a device it does not use.
 _PREPARATION_ATTEMPTS = 100
-# The most buffers a prepared call's C run takes (native_stubs/prepared_call.c, MAX_MEMBERS).
+# The most buffers a prepared call's C run takes (native_stubs/fast/prepared_call.c, MAX_MEMBERS).
 _NATIVE_RUN_BUFFERS = 64
 
 
@@ -71,7 +71,7 @@ class Runner:
 
     def finish_fast(self, result: int, errors: bytes, prints: bytes, call_id: int,
                     prints_dropped: int = 0) -> None:
-        """finish() for the fast paths (native_stubs/fastcall.c), which pass the context's text
+        """finish() for the fast paths (native_stubs/fast/fastcall.c), which pass the context's text
         (and how much print output it had no room for)."""
         self._report(result, errors.decode("utf-8", "replace"), print_text(prints, prints_dropped),
                      call_id)
@@ -134,7 +134,7 @@ class PreparedCall(PreparedRun, HeldContext):
             return self._results()
 
     def _native_run(self) -> tuple | None:
-        """PreparedRun's arguments, where this call can run in C (native_stubs/prepared_call.c):
+        """PreparedRun's arguments, where this call can run in C (native_stubs/fast/prepared_call.c):
         its pipeline's calls may, and its results need no copying into the caller's arrays or
         tensors."""
         runner, call = self._runner, self._call

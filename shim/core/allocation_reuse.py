@@ -2,7 +2,7 @@
 the backends' pools hold (shim/backends/pool.py has the rules).
 
 ``shim.reuse_device_allocations(False)`` is ``halide_reuse_device_allocations(NULL, false)``:
-the same switch native code and pipelines see, served by native_stubs/allocation_reuse.c.
+the same switch native code and pipelines see, served by native_stubs/devices/allocation_reuse.c.
 """
 
 from __future__ import annotations

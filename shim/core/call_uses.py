@@ -4,7 +4,7 @@ A pipeline call on shim.Buffers records a Use in each Buffer's family for as lon
 (``begin_call``, ``end_call``), so that other threads' operations on the same elements wait for
 it (families.await_calls). For a crop or slice, the call's beginning and end are also what
 moves the family's regions (shim/memory/aliasing.py): what the call writes joins its parent. The C
-fast paths do the same from plans (native_stubs/shared_records.c); this is the general run.
+fast paths do the same from plans (native_stubs/fast/shared_records.c); this is the general run.
 """
 
 from __future__ import annotations

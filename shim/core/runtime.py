@@ -1,7 +1,7 @@
 """The device-interface operations behind the shim's interfaces: the Python runtime core.
 
 The native library validates each call as Halide 21 does and answers the no-ops itself
-(native_stubs/device_generic.c); what reaches this module is real work, through the callbacks
+(native_stubs/devices/device_generic.c); what reaches this module is real work, through the callbacks
 of shim/core/callbacks.py. Each operation takes the lock of the buffer's allocation family
 (shim/memory/families.py), re-checks the state it was called for, has the backend move the bytes,
 and updates the flags, clearing a dirty bit only after the copy it describes has completed

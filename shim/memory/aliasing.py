@@ -257,7 +257,7 @@ def end_call(family: Family, use: Use, raw) -> None:
 # --- plans for the C fast paths -------------------------------------------------------------
 #
 # What begin_call and end_call do on a member, worked out once per state of the family for
-# native_stubs/shared_records.c, which carries a plan out whenever the family is in the state
+# native_stubs/fast/shared_records.c, which carries a plan out whenever the family is in the state
 # it was made for: the same ``regions`` object (a plan's first field; see Family). These only
 # read the family, and are called without its lock: whatever changes meanwhile gives the
 # family a new ``regions`` object, for which the plan is never used.

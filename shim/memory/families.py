@@ -36,7 +36,7 @@ class FamilyLock(LockState):
     critical sections (shim/base/sections.py: a finalizer run inside it leaves its work for later). Its
     condition wakes threads waiting for pipeline calls on the family to end (``Family.uses``).
     ``owner`` and ``waiting`` are C fields of its base class: the C fast paths read them at
-    every call (native_stubs/call_records.c)."""
+    every call (native_stubs/fast/call_records.c)."""
 
     __slots__ = ("_lock", "_changed", "abandoned")
 
@@ -180,7 +180,7 @@ class Family(FamilyState):
 
     The two sets are kept together as one tuple, ``regions`` (a field of the C base class),
     replaced as a whole: the C fast paths remember what a call does to a family by the
-    identity of its ``regions`` object (native_stubs/shared_records.c), with no look at their
+    identity of its ``regions`` object (native_stubs/fast/shared_records.c), with no look at their
     contents. What a call does also depends on the members, so a change of the members starts
     a new ``generation``: ``regions`` becomes a new object, and Member.derived never gives an
     object of an earlier generation again.
@@ -502,11 +502,11 @@ def _conflicts(use: Use, box, writers_only: bool) -> bool:
 
 def call_record(raw, family: Family, array) -> tuple:
     """What the C fast paths need to record pipeline calls on the struct ``raw`` of a
-    shim.Buffer over ``array`` in its ``family`` (native_stubs/fastcall.h, RECORD_*): made once
+    shim.Buffer over ``array`` in its ``family`` (native_stubs/fast/members.h, RECORD_*): made once
     per Buffer, since none of them ever changes. The Uses are the ones a call on a plain family
     records; their ``call`` is 0, as nothing reads it back. MemberPlans is where the C fast
     paths keep what calls on this struct do once its family is shared
-    (native_stubs/shared_records.c)."""
+    (native_stubs/fast/shared_records.c)."""
     address = address_of(raw)
     return (address, raw, family, family.lock, family.uses,
             Use(0, address, None, False, False), Use(0, address, None, True, True),

@@ -202,7 +202,7 @@ def close_calls(timeout: float) -> bool:
     seen running: it marks itself busy before it checks."""
     global _closing
     _closing = True
-    lib.shim_calls_close()  # the fast path's calls (native_stubs/fastcall.c)
+    lib.shim_calls_close()  # the fast path's calls (native_stubs/fast/fastcall.c)
     deadline = time.monotonic() + timeout
     while lib.shim_calls_running() or any(context.busy for context in list(_contexts)):
         if time.monotonic() > deadline:

@@ -27,7 +27,7 @@ Python would swallow it and leave the work undone; and the context managers whos
 leaving must not be cut short (shim.native.HeldContext: a profile's start and stop, a stream's
 scope). Inside such a hold a handler only notes its signal in C (abi/shim_signals.h), and the
 thread's last release delivers it again, for its handler to run at Python's next check
-(native_stubs/signals_held.c).
+(native_stubs/calls/signals_held.c).
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ from shim.native import lib
 _MAIN = threading.main_thread().ident
 _depth = 0  # deferred() sections the main thread is inside (only the main thread changes it)
 # Signals noted inside one, each once, in the order they arrived; None when there are none.
-# (Inside a hold from C they are noted in C instead: native_stubs/signals_held.c.)
+# (Inside a hold from C they are noted in C instead: native_stubs/calls/signals_held.c.)
 _pending: list[int] | None = None
 _installed = False
 

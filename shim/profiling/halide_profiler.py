@@ -28,7 +28,7 @@ here runs: Halide's behaviour is untouched.
 
 At exit Halide prints its report through halide_print (a destructor in its runtime); the
 stock runtime prints to stdout, the shim to stderr (where shim/calls/running.py writes what a call
-prints, and native_stubs/call_context.c what is printed outside any call).
+prints, and native_stubs/calls/call_context.c what is printed outside any call).
 ``HALIDE_SHIM_PROFILER_REPORT=off`` drops it, ``=PATH`` writes it to PATH instead (appending;
 a relative PATH is taken from the working directory the shim was imported in, or, for a value
 the program sets later, the one at exit); ``set_exit_report()`` does the same from Python (a
@@ -38,7 +38,7 @@ would keep the process from ending, so then the report is written here and Halid
 skipped.
 
 Fork: a child has none of its parent's other threads, so it starts with the per-name locks
-new, and (native_stubs/fork.c, for forks from C too) Halide's profiler lock free, no sampling
+new, and (native_stubs/forks/fork.c, for forks from C too) Halide's profiler lock free, no sampling
 thread (its first profiled call starts one), and in Halide's list of calls in flight only the
 forking thread's own (it may be inside calls, in an extern stage that forked: each unlinks
 itself as it ends).
@@ -475,7 +475,7 @@ def _at_exit() -> None:
 def _after_fork_in_child() -> None:
     """The child has only the thread that forked: the turns other threads held are let go.
     (Halide's own state, its lock and list of calls in flight, is reset in C before this runs:
-    native_stubs/fork.c.)"""
+    native_stubs/forks/fork.c.)"""
     global _locks, _locks_lock, _handovers
     _locks, _locks_lock, _handovers = {}, threading.Lock(), {}
 

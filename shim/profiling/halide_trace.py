@@ -2,7 +2,7 @@
 
 A pipeline built with ``-trace_realizations``, ``-trace_pipeline``, ``-trace_loads``,
 ``-trace_stores`` or ``-trace_all`` (or with ``Func.trace_*`` in its schedule) reports events
-through ``halide_trace``. The native library's handler (native_stubs/tracing.c) hands them to
+through ``halide_trace``. The native library's handler (native_stubs/profiling/tracing.c) hands them to
 Halide's own handler while nothing records, so Halide's printing (or ``HL_TRACE_FILE``) is
 untouched. While a profile records it keeps, without entering Python:
 

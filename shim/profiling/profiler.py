@@ -10,7 +10,7 @@ Record: function, backend, buffer, bytes moved, host time, device time where the
 measure it, thread, result. Kernel launches, which the native library makes without Python,
 are reported by it around each launch while a profile records; the calls it decides alone (no-
 ops, refusals, another runtime's interfaces) are counted per function in C, never entering
-Python (native_stubs/profile.c). Pipeline calls are records that enclose the runtime calls
+Python (native_stubs/profiling/profile.c). Pipeline calls are records that enclose the runtime calls
 they make, on their thread and, through the call context, on Halide's worker threads.
 
 Device time comes from markers enqueued before and after each launch or copy (OpenCL events

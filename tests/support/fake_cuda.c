@@ -1,5 +1,5 @@
 /* The C half of a CUDA driver for machines without a GPU (tests/support/fake_cuda.py): the
- * entry points the shim's C code calls (native_stubs/cuda.c), a per-thread context stack, and a
+ * entry points the shim's C code calls (native_stubs/backends/cuda.c), a per-thread context stack, and a
  * log of kernel launches on one sequence shared with the Python half. Launches run nothing. */
 #include <pthread.h>
 #include <stdint.h>

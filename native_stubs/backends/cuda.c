@@ -18,6 +18,9 @@
 #include <string.h>
 
 #include "shim_native.h"
+#include "devices/device_generic.h"
+#include "forks/fork.h"
+#include "profiling/profile.h"
 
 typedef int CUresult;
 typedef void *CUcontext;
@@ -32,7 +35,7 @@ static struct {
     CUresult (*ctx_push)(CUcontext);
     CUresult (*ctx_pop)(CUcontext *);
     CUcontext context; /* the backend's context, once Python has started it */
-    pid_t process;     /* where it was bound (fork.c) */
+    pid_t process;     /* where it was bound (forks/fork.c) */
 } cu;
 
 int shim_cuda_bind(const char *driver, void *context) {

@@ -26,7 +26,10 @@
 #include <Python.h>
 
 #include "shim_native.h"
-#include "fastcall.h"
+#include "calls/signals_held.h"
+#include "fast/family_state.h"
+#include "fast/objects.h"
+#include "fast/shared_records.h"
 
 /* The plans a record keeps: one beginning per kind of use and pipeline (one writing its outputs
  * on the host, or not: a CPU call writing a member first brings the device's changes home,
@@ -266,7 +269,7 @@ static PyType_Slot plans_slots[] = {
     {Py_tp_dealloc, plans_dealloc},
     {Py_tp_new, PyType_GenericNew},
     {Py_tp_doc, "What calls on a Buffer do in its shared family, remembered by the C fast "
-                "paths (native_stubs/shared_records.c)."},
+                "paths (native_stubs/fast/shared_records.c)."},
     {0, NULL},
 };
 

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 
 #include "shim_native.h"
+#include "calls/call_context.h"
 
 typedef struct {
     halide_task_t fn;

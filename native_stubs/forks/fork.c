@@ -37,7 +37,7 @@
  * own records; a pipeline's totals may miss part of a call of the parent's, which the child
  * never reports as its own).
  *
- * The native library's own counters (profile.c) are locked before the fork and let go on
+ * The native library's own counters (profiling/profile.c) are locked before the fork and let go on
  * both sides after it: their holders only add and link counters, and the child reads them.
  *
  * A fork from inside a task of a parallel loop or an async stage (an extern stage run there)
@@ -53,6 +53,10 @@
 #include <unistd.h>
 
 #include "shim_native.h"
+#include "calls/call_context.h"
+#include "forks/fork.h"
+#include "profiling/profile.h"
+#include "profiling/tracing.h"
 
 /* Halide's objects, by their symbols: no header declares them. Weak, so that a Halide without
  * one still loads (that one is then left as the fork left it; tests/test_abi.py fails). */

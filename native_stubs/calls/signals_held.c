@@ -3,9 +3,10 @@
  * the shim's handlers (shim/native/interrupts.py) only note a signal that arrives while a hold is on
  * (shim_signals_held, shim_signals_note), and when the thread's last hold is released the
  * signal is delivered again (PyErr_SetInterruptEx), for its handler to run at Python's next
- * check, outside. The holds: the fast paths around a call (fastcall.c, prepared_call.c) and
- * the Python code they call (call_records.c, shared_records.c), the deleters of exported DLPack
- * tensors (dlpack.c), and two bases for the shim's classes:
+ * check, outside. The holds: the fast paths around a call (fast/fastcall.c,
+ * fast/prepared_call.c) and the Python code they call (fast/call_records.c,
+ * fast/shared_records.c), the deleters of exported DLPack tensors (devices/dlpack.c), and two
+ * bases for the shim's classes:
  *
  * Finalized: objects whose finalizer must run to its end (shim.Buffer gives its device memory
  * back and leaves its family; a DLPack import releases its producer's tensor; a CUDA fence gives
@@ -24,7 +25,7 @@
 #include <Python.h>
 
 #include "shim_native.h"
-#include "fastcall.h"
+#include "calls/signals_held.h"
 
 static PyObject *s_finalize, *s_enter, *s_exit;
 
@@ -84,7 +85,7 @@ static PyType_Slot finalized_slots[] = {
     {Py_tp_finalize, finalize},
     {Py_tp_new, PyType_GenericNew},
     {Py_tp_doc, "A base whose finalizer, _finalize(), runs with signal handlers held "
-                "(native_stubs/signals_held.c)."},
+                "(native_stubs/calls/signals_held.c)."},
     {0, NULL},
 };
 
@@ -137,7 +138,7 @@ static PyType_Slot held_context_slots[] = {
     {Py_tp_methods, held_context_methods},
     {Py_tp_new, PyType_GenericNew},
     {Py_tp_doc, "A base whose __enter__ and __exit__ call _enter() and _exit(*exc) with "
-                "signal handlers held (native_stubs/signals_held.c)."},
+                "signal handlers held (native_stubs/calls/signals_held.c)."},
     {0, NULL},
 };
 

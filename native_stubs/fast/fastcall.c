@@ -23,7 +23,12 @@
 #include <string.h>
 
 #include "shim_native.h"
-#include "fastcall.h"
+#include "calls/call_context.h"
+#include "calls/signals_held.h"
+#include "profiling/profile.h"
+#include "fast/call_records.h"
+#include "fast/objects.h"
+#include "fast/run.h"
 
 enum role { ROLE_SCALAR, ROLE_INPUT, ROLE_OUTPUT, ROLE_USER_CONTEXT };
 enum { MAX_ARGUMENTS = 64, MAX_DIMENSIONS = 16, BOUNDS_CACHE = 64 };
@@ -368,83 +373,7 @@ static bool mark_replacing(shim_member *members, int count) {
     return true;
 }
 
-/* --- running, shared with the prepared calls (prepared_call.c) ----------------------------- */
-
-void shim_object_free(PyObject *self) {
-    PyTypeObject *type = Py_TYPE(self);
-    freefunc free_slot = (freefunc)PyType_GetSlot(type, Py_tp_free);
-    free_slot(self);
-    Py_DECREF(type); /* an instance of a heap type holds a reference to it */
-}
-
-/* The thread's call context for fast runs, and whether a run is using it: a call made on this
- * thread meanwhile (from Python code a device callback of the pipeline runs, or a finalizer
- * the collector runs there) gets a context of its own, as the general path's would
- * (CallContext.begin), instead of resetting the one the outer call is reporting into. */
-static __thread shim_call *thread_call;
-static __thread bool thread_call_busy;
-
-int shim_fast_run(int (*argv_fn)(void **), void **argv, halide_buffer_t **buffers, int count,
-                  unsigned backends, int *status, PyObject **report) {
-    *report = NULL;
-    if (thread_call == NULL && (thread_call = shim_call_new(0)) == NULL) {
-        return SHIM_FAST_DECLINED;
-    }
-    bool nested = thread_call_busy;
-    shim_call *call = nested ? shim_call_new(0) : thread_call;
-    if (call == NULL) {
-        return SHIM_FAST_DECLINED;
-    }
-    if (!shim_calls_begin()) {
-        if (nested) {
-            shim_call_free(call);
-        }
-        return SHIM_FAST_DECLINED; /* the interpreter is exiting */
-    }
-    thread_call_busy = true;
-    uint64_t id = shim_next_call_id();
-    void *stream = shim_thread_stream();
-    Py_BEGIN_ALLOW_THREADS
-    *status = shim_call_run(call, id, stream, argv_fn, argv, buffers, count, backends);
-    Py_END_ALLOW_THREADS
-    shim_calls_end();
-    const char *printed = shim_call_prints(call);
-    if (*status != SHIM_CALL_NEEDS_PREPARATION && (*status != 0 || printed[0] != '\0')) {
-        *report = Py_BuildValue("(iyyKn)", *status, shim_call_errors(call), printed,
-                                (unsigned long long)id,
-                                (Py_ssize_t)shim_call_prints_dropped(call));
-        if (*report == NULL) { /* no memory: the report says so once the uses are ended */
-            PyErr_Clear();
-            *report = Py_NewRef(Py_None);
-        }
-    }
-    if (nested) {
-        shim_call_free(call);
-    } else {
-        thread_call_busy = false;
-    }
-    return SHIM_FAST_RAN;
-}
-
-int shim_fast_report(PyObject *finish, PyObject *report) {
-    if (report == NULL) {
-        return 0;
-    }
-    if (report == Py_None) {
-        Py_DECREF(report);
-        PyErr_NoMemory();
-        return -1;
-    }
-    shim_signals_hold();
-    PyObject *done = PyObject_Call(finish, report, NULL);
-    shim_signals_release();
-    Py_DECREF(report);
-    Py_XDECREF(done);
-    return done == NULL ? -1 : 0;
-}
-
 /* --- the call --------------------------------------------------------------------------- */
-
 
 /* The call: NotImplemented when the general path must take it (nothing has run then). */
 static PyObject *fast_call(plan_object *plan, PyObject *positional, PyObject *named) {
@@ -536,7 +465,8 @@ static PyObject *fast_call(plan_object *plan, PyObject *positional, PyObject *na
     if (!known(plan, argv)) {
         goto done; /* the general path runs the bounds query, and remembers what passed */
     }
-    /* From here to the end, signal handlers wait (fastcall.h): the call's records and run. */
+    /* From here to the end, signal handlers wait (calls/signals_held.h): the call's records and
+     * run. */
     shim_signals_hold();
     held = true;
     if (!mark_replacing(members, nmembers) ||

@@ -36,6 +36,7 @@
 #include <unistd.h>
 
 #include "shim_native.h"
+#include "profiling/tracing.h"
 
 typedef int32_t (*trace_fn)(void *, const struct halide_trace_event_t *);
 
@@ -341,7 +342,7 @@ static int32_t shim_trace_handler(void *user_context, const struct halide_trace_
     return previous_handler(user_context, e);
 }
 
-/* In a child of fork (fork.c): handlers other threads were in do not exist there, and a stop
+/* In a child of fork (forks/fork.c): handlers other threads were in do not exist there, and a stop
  * must not wait for them; and the forking thread has a new kernel thread id. */
 void shim_trace_forget_other_threads(void) {
     __atomic_store_n(&in_flight, 0, __ATOMIC_SEQ_CST);

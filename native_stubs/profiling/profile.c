@@ -10,6 +10,7 @@
 #include <stdlib.h>
 
 #include "shim_native.h"
+#include "profiling/profile.h"
 
 typedef struct counter_block {
     uint64_t counts[SHIM_FN_COUNT][SHIM_OUTCOME_COUNT];
@@ -63,7 +64,7 @@ static counter_block *thread_block(void) {
     return own_block;
 }
 
-/* Around a fork (fork.c): the list and the totals must be whole in the child, which reads
+/* Around a fork (forks/fork.c): the list and the totals must be whole in the child, which reads
  * them; whoever holds the lock only adds up or links counters, so the fork waits for it. */
 void shim_profile_lock_for_fork(void) {
     pthread_mutex_lock(&blocks_lock);

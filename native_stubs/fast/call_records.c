@@ -29,7 +29,10 @@
 #include <Python.h>
 
 #include "shim_native.h"
-#include "fastcall.h"
+#include "calls/signals_held.h"
+#include "fast/call_records.h"
+#include "fast/family_state.h"
+#include "fast/shared_records.h"
 
 static PyObject *s_copy_to_host;
 
@@ -79,32 +82,6 @@ static int slot_set(const slot *s, PyObject *object, PyObject *value) {
 
 PyObject *shim_buffer_record(PyObject *buffer) {
     return slot_get(&buffer_record, buffer);
-}
-
-bool shim_member_init(shim_member *m, PyObject *buffer, PyObject *record, bool output,
-                      bool replaces, bool array_input, bool to_host) {
-    if (!PyTuple_Check(record) || PyTuple_Size(record) != RECORD_FIELDS ||
-        !PyList_Check(PyTuple_GetItem(record, RECORD_USES))) {
-        PyErr_SetString(PyExc_TypeError, "a Buffer's call record is malformed");
-        return false;
-    }
-    halide_buffer_t *raw = PyLong_AsVoidPtr(PyTuple_GetItem(record, RECORD_ADDRESS));
-    if (raw == NULL) {
-        if (!PyErr_Occurred()) {
-            PyErr_SetString(PyExc_TypeError, "a Buffer's call record has no struct");
-        }
-        return false;
-    }
-    Py_INCREF(buffer);
-    Py_INCREF(record);
-    *m = (shim_member){raw, record, buffer, NULL, NULL, output, replaces, array_input, to_host};
-    return true;
-}
-
-void shim_member_clear(shim_member *m) {
-    Py_CLEAR(m->buffer);
-    Py_CLEAR(m->record);
-    Py_CLEAR(m->shared_use);
 }
 
 /* --- the family's lock ----------------------------------------------------------------------- */

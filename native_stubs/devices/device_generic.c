@@ -1,13 +1,16 @@
-/* The generic halide_* device entry points.
+/* The generic halide_* device entry points, and the shim's device interfaces.
  *
  * Generated code and Halide's buffer helpers call these, and every device interface's public
- * members point here, as in Halide. Each entry point
+ * members point here, as in Halide. The shim's own interfaces (at the end of this file) are
+ * here too, because they and the entry points are each other's: an interface's public members
+ * are the entry points, and each entry point asks whether the interface it is given is one of
+ * them. Each entry point
  *   1. validates the buffer as Halide 21 does (same checks, order and error codes),
  *   2. decides the no-ops from atomic loads, without a lock and without Python,
  *   3. dispatches through the interface's impl table.
  * There is no process-wide lock (Halide's device_copy_mutex): nothing here takes any lock.
  *
- * For the shim's own interfaces (interfaces.c) the impl entries are the Python runtime core,
+ * For the shim's own interfaces (below) the impl entries are the Python runtime core,
  * which takes the allocation family's lock, re-checks the flags, moves the data and updates the
  * flags itself. For any other interface (a backend the shim does not implement, running in a
  * pipeline's bundled runtime) the impl is the backend alone and this file updates the flags
@@ -33,6 +36,8 @@
 #include <stdio.h>
 
 #include "shim_native.h"
+#include "devices/device_generic.h"
+#include "profiling/profile.h"
 
 enum {
     HOST_DIRTY = halide_buffer_flag_host_dirty,
@@ -47,6 +52,23 @@ int halide_buffer_copy_already_locked(void *user_context, struct halide_buffer_t
 
 static const struct halide_device_interface_t *interface_of(const halide_buffer_t *buf) {
     return __atomic_load_n(&buf->device_interface, __ATOMIC_ACQUIRE);
+}
+
+static inline bool shim_owns_interface(const struct halide_device_interface_t *device_interface) {
+    return shim_backend_of(device_interface) >= 0;
+}
+
+static inline bool shim_is_proxy(const struct halide_device_interface_t *device_interface) {
+    return device_interface != NULL && device_interface == shim_backend_interface(SHIM_BACKEND_PROXY);
+}
+
+/* Whether a buffer whose device and device_interface fields read `device` and `interface` has
+ * device memory of its own: a handle, and not the proxy interface a member of a shared family
+ * carries until the family is on a device (its "handle" is then the member's own address).
+ * The Python core asks the same with shim/memory/aliasing.py's has_allocation. */
+static inline bool shim_has_allocation(uint64_t device,
+                                       const struct halide_device_interface_t *interface) {
+    return device != 0 && interface != NULL && !shim_is_proxy(interface);
 }
 
 #define COLD __attribute__((noinline, cold))
@@ -141,7 +163,7 @@ int shim_check_native_handle(void *user_context, const halide_buffer_t *buf, int
     return halide_error_code_success;
 }
 
-/* The outcomes decided here, counted while profiling (profile.c). */
+/* The outcomes decided here, counted while profiling (profiling/profile.c). */
 #define NOOP(function)                                                                     \
     shim_decided(SHIM_FN_##function, SHIM_OUTCOME_NOOP, halide_error_code_success)
 #define REFUSED(function, code) shim_decided(SHIM_FN_##function, SHIM_OUTCOME_REFUSED, (code))
@@ -511,4 +533,145 @@ int halide_buffer_copy(void *user_context, struct halide_buffer_t *src,
     }
     shim_decided(SHIM_FN_BUFFER_COPY, SHIM_OUTCOME_FOREIGN, 0);
     return halide_buffer_copy_already_locked(user_context, src, dst_device_interface, dst);
+}
+
+/* --- the shim's device interfaces ----------------------------------------------------------
+ *
+ * One halide_device_interface_t per backend, for the process. As in Halide, the public members
+ * point to the generic entry points above, and each interface's impl table reaches the backend.
+ * Here every impl entry calls the Python runtime core (shim/core/runtime.py), which locks the
+ * allocation family, re-checks the flags, has the backend move the bytes and updates the flags;
+ * the same callbacks serve every backend, told apart by the interface they are passed. */
+static const struct halide_device_interface_impl_t impls[SHIM_BACKEND_COUNT];
+
+static void no_module_refcount(void) {
+    /* Halide uses these to reference-count JIT modules; AOT code needs nothing. */
+}
+
+static int compute_capability(int backend, void *user_context, int *major, int *minor);
+
+#define INTERFACE(BACKEND, CAPABILITY)                                                          \
+    {                                                                                           \
+        halide_device_malloc, halide_device_free, halide_device_sync, halide_device_release,   \
+            halide_copy_to_host, halide_copy_to_device, halide_device_and_host_malloc,          \
+            halide_device_and_host_free, halide_buffer_copy, halide_device_crop,                \
+            halide_device_slice, halide_device_release_crop, halide_device_wrap_native,         \
+            halide_device_detach_native, CAPABILITY, &impls[BACKEND],                           \
+    }
+
+static int host_compute_capability(void *uc, int *major, int *minor) {
+    return compute_capability(SHIM_BACKEND_HOST, uc, major, minor);
+}
+static int opencl_compute_capability(void *uc, int *major, int *minor) {
+    return compute_capability(SHIM_BACKEND_OPENCL, uc, major, minor);
+}
+static int cuda_compute_capability(void *uc, int *major, int *minor) {
+    return compute_capability(SHIM_BACKEND_CUDA, uc, major, minor);
+}
+static int proxy_compute_capability(void *uc, int *major, int *minor) {
+    return compute_capability(SHIM_BACKEND_PROXY, uc, major, minor);
+}
+
+static const struct halide_device_interface_t interfaces[SHIM_BACKEND_COUNT] = {
+    [SHIM_BACKEND_HOST] = INTERFACE(SHIM_BACKEND_HOST, host_compute_capability),
+    [SHIM_BACKEND_OPENCL] = INTERFACE(SHIM_BACKEND_OPENCL, opencl_compute_capability),
+    [SHIM_BACKEND_CUDA] = INTERFACE(SHIM_BACKEND_CUDA, cuda_compute_capability),
+    [SHIM_BACKEND_PROXY] = INTERFACE(SHIM_BACKEND_PROXY, proxy_compute_capability),
+};
+
+const struct halide_device_interface_t *shim_backend_interface(int backend) {
+    if (backend < 0 || backend >= SHIM_BACKEND_COUNT) {
+        return NULL;
+    }
+    return &interfaces[backend];
+}
+
+int shim_backend_of(const struct halide_device_interface_t *device_interface) {
+    if (device_interface < &interfaces[0] || device_interface >= &interfaces[SHIM_BACKEND_COUNT]) {
+        return -1;
+    }
+    return (int)(device_interface - &interfaces[0]);
+}
+
+static int compute_capability(int backend, void *user_context, int *major, int *minor) {
+    return shim_py_compute_capability(user_context, major, minor, &interfaces[backend]);
+}
+
+/* The impl entries. Those whose arguments carry no interface (malloc, release, a global sync)
+ * need one function per backend; the macro writes them. */
+#define IMPL_FUNCTIONS(NAME, BACKEND)                                                            \
+    static int NAME##_device_malloc(void *uc, struct halide_buffer_t *buf) {                     \
+        return shim_py_device_malloc(uc, buf, &interfaces[BACKEND]);                             \
+    }                                                                                            \
+    static int NAME##_device_free(void *uc, struct halide_buffer_t *buf) {                       \
+        return shim_py_device_free(uc, buf, &interfaces[BACKEND]);                               \
+    }                                                                                            \
+    static int NAME##_device_sync(void *uc, struct halide_buffer_t *buf) {                       \
+        return shim_py_device_sync(uc, buf, &interfaces[BACKEND]);                               \
+    }                                                                                            \
+    static int NAME##_device_release(void *uc) {                                                 \
+        return shim_py_device_release(uc, &interfaces[BACKEND]);                                 \
+    }                                                                                            \
+    static int NAME##_copy_to_host(void *uc, struct halide_buffer_t *buf) {                      \
+        return shim_py_copy_to_host(uc, buf, &interfaces[BACKEND]);                              \
+    }                                                                                            \
+    static int NAME##_copy_to_device(void *uc, struct halide_buffer_t *buf) {                    \
+        return shim_py_copy_to_device(uc, buf, &interfaces[BACKEND]);                            \
+    }                                                                                            \
+    static int NAME##_device_and_host_malloc(void *uc, struct halide_buffer_t *buf) {            \
+        return shim_py_device_and_host_malloc(uc, buf, &interfaces[BACKEND]);                    \
+    }                                                                                            \
+    static int NAME##_device_and_host_free(void *uc, struct halide_buffer_t *buf) {              \
+        return shim_py_device_and_host_free(uc, buf, &interfaces[BACKEND]);                      \
+    }                                                                                            \
+    static int NAME##_device_crop(void *uc, const struct halide_buffer_t *src,                   \
+                                  struct halide_buffer_t *dst) {                                 \
+        return shim_py_device_crop(uc, src, dst, &interfaces[BACKEND]);                          \
+    }                                                                                            \
+    static int NAME##_device_slice(void *uc, const struct halide_buffer_t *src, int dim,         \
+                                   int pos, struct halide_buffer_t *dst) {                       \
+        return shim_py_device_slice(uc, src, dim, pos, dst, &interfaces[BACKEND]);               \
+    }                                                                                            \
+    static int NAME##_device_release_crop(void *uc, struct halide_buffer_t *buf) {               \
+        return shim_py_device_release_crop(uc, buf, &interfaces[BACKEND]);                       \
+    }                                                                                            \
+    static int NAME##_wrap_native(void *uc, struct halide_buffer_t *buf, uint64_t handle) {      \
+        return shim_py_wrap_native(uc, buf, handle, &interfaces[BACKEND]);                       \
+    }                                                                                            \
+    static int NAME##_detach_native(void *uc, struct halide_buffer_t *buf) {                     \
+        return shim_py_detach_native(uc, buf, &interfaces[BACKEND]);                             \
+    }
+
+#define IMPL_TABLE(NAME)                                                                        \
+    {                                                                                           \
+        no_module_refcount, no_module_refcount, NAME##_device_malloc, NAME##_device_free,       \
+            NAME##_device_sync, NAME##_device_release, NAME##_copy_to_host,                     \
+            NAME##_copy_to_device, NAME##_device_and_host_malloc, NAME##_device_and_host_free,  \
+            shim_py_buffer_copy, NAME##_device_crop, NAME##_device_slice,                       \
+            NAME##_device_release_crop, NAME##_wrap_native, NAME##_detach_native,               \
+    }
+
+IMPL_FUNCTIONS(host, SHIM_BACKEND_HOST)
+IMPL_FUNCTIONS(opencl, SHIM_BACKEND_OPENCL)
+IMPL_FUNCTIONS(cuda, SHIM_BACKEND_CUDA)
+IMPL_FUNCTIONS(proxy, SHIM_BACKEND_PROXY)
+
+static const struct halide_device_interface_impl_t impls[SHIM_BACKEND_COUNT] = {
+    [SHIM_BACKEND_HOST] = IMPL_TABLE(host),
+    [SHIM_BACKEND_OPENCL] = IMPL_TABLE(opencl),
+    [SHIM_BACKEND_CUDA] = IMPL_TABLE(cuda),
+    [SHIM_BACKEND_PROXY] = IMPL_TABLE(proxy),
+};
+
+void shim_buffer_set_device(struct halide_buffer_t *buf, uint64_t device,
+                            const struct halide_device_interface_t *device_interface) {
+    /* Interface before handle: whoever sees the handle (acquire) sees the interface. When the
+     * handle is cleared, it goes first, for the same reason. */
+    if (device != 0) {
+        __atomic_store_n(&buf->device_interface, device_interface, __ATOMIC_RELEASE);
+        __atomic_store_n(&buf->device, device, __ATOMIC_RELEASE);
+    } else {
+        __atomic_store_n(&buf->device, 0, __ATOMIC_RELEASE);
+        __atomic_store_n(&buf->device_interface, device_interface, __ATOMIC_RELEASE);
+    }
 }

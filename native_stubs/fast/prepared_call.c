@@ -9,7 +9,12 @@
 #include <Python.h>
 
 #include "shim_native.h"
-#include "fastcall.h"
+#include "calls/call_context.h"
+#include "calls/signals_held.h"
+#include "profiling/profile.h"
+#include "fast/call_records.h"
+#include "fast/objects.h"
+#include "fast/run.h"
 
 enum { MAX_MEMBERS = 64 };
 
@@ -45,7 +50,7 @@ static PyObject *run_call(run_object *run) {
         members[i].shared_use = NULL;
     }
     PyObject *result = NULL;
-    shim_signals_hold(); /* the call's records and run: see fastcall.h */
+    shim_signals_hold(); /* the call's records and run: see calls/signals_held.h */
     if (!shim_members_begin(members, count, run->end_call, run->host_write)) {
         result = Py_NewRef(Py_NotImplemented);
         goto done;
@@ -166,7 +171,7 @@ static PyType_Slot run_slots[] = {
     {Py_tp_dealloc, run_dealloc},
     {Py_tp_call, run_tp_call},
     {Py_tp_new, PyType_GenericNew},
-    {Py_tp_doc, "The base of shim.PreparedCall: its run in C (native_stubs/prepared_call.c)."},
+    {Py_tp_doc, "The base of shim.PreparedCall: its run in C (native_stubs/fast/prepared_call.c)."},
     {0, NULL},
 };
 

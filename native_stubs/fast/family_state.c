@@ -8,7 +8,8 @@
 #include <structmember.h>
 
 #include "shim_native.h"
-#include "fastcall.h"
+#include "fast/family_state.h"
+#include "fast/objects.h"
 
 static PyMemberDef state_members[] = {
     {"regions", T_OBJECT_EX, offsetof(shim_family_state, regions), 0,
@@ -26,7 +27,7 @@ static PyType_Slot state_slots[] = {
     {Py_tp_dealloc, state_dealloc},
     {Py_tp_new, PyType_GenericNew},
     {Py_tp_doc, "The base of shim.memory.families.Family: its state the C fast paths read "
-                "(native_stubs/family_state.c)."},
+                "(native_stubs/fast/family_state.c)."},
     {0, NULL},
 };
 
@@ -52,7 +53,7 @@ static PyType_Slot lock_slots[] = {
     {Py_tp_dealloc, lock_dealloc},
     {Py_tp_new, PyType_GenericNew},
     {Py_tp_doc, "The base of shim.memory.families.FamilyLock: its state the C fast paths read "
-                "(native_stubs/family_state.c)."},
+                "(native_stubs/fast/family_state.c)."},
     {0, NULL},
 };
 

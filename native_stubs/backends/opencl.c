@@ -22,6 +22,9 @@
 #include <string.h>
 
 #include "shim_native.h"
+#include "devices/device_generic.h"
+#include "forks/fork.h"
+#include "profiling/profile.h"
 
 typedef int32_t cl_int;
 typedef uint32_t cl_uint;
@@ -54,7 +57,7 @@ static struct {
                                        size_t, cl_uint, const cl_event *, cl_event *);
     cl_context context;
     cl_command_queue queue;
-    pid_t process; /* where it was bound (fork.c) */
+    pid_t process; /* where it was bound (forks/fork.c) */
 } cl;
 
 /* --- binding to the backend ------------------------------------------------------------- */

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "shim_native.h"
+#include "calls/call_context.h"
 
 /* Error text is short; print text can be large (the `debug` target feature logs every runtime
  * call), so it is capped and the excess counted rather than kept. */
@@ -61,15 +62,15 @@ uint64_t shim_next_call_id(void) {
     return __atomic_add_fetch(&last_call_id, 1, __ATOMIC_RELAXED);
 }
 
-/* Calls the fast path (fastcall.c) is running, and the refusal of new ones at exit (see
+/* Calls the fast paths (fast/run.c) are running, and the refusal of new ones at exit (see
  * shim/native/__init__.py, close_calls): a call either sees the refusal or is counted running, since
  * it counts itself before it looks. */
 static int calls_running;
 static int calls_closed;
 static __thread int own_calls_running; /* this thread's part of calls_running */
 
-/* In a child of fork (fork.c): the calls the other threads were running never end there, and
- * exit must not wait for them. */
+/* In a child of fork (forks/fork.c): the calls the other threads were running never end
+ * there, and exit must not wait for them. */
 void shim_calls_keep_own(void) {
     __atomic_store_n(&calls_running, own_calls_running, __ATOMIC_SEQ_CST);
 }
@@ -257,29 +258,6 @@ void shim_call_task_failed(shim_call *call) {
         call->waker_started = pthread_create(&call->waker, NULL, wake_pool_until_done, call) == 0;
     }
     pthread_mutex_unlock(&call->lock);
-}
-
-int shim_call_run(shim_call *call, uint64_t id, void *stream, int (*argv_fn)(void **),
-                  void **argv, struct halide_buffer_t **buffers, int count, unsigned backends) {
-    for (int i = 0; i < count; i++) {
-        const struct halide_device_interface_t *interface =
-            __atomic_load_n(&buffers[i]->device_interface, __ATOMIC_ACQUIRE);
-        int backend = interface ? shim_backend_of(interface) : -1;
-        if (backend < 0 || (backends & (1u << backend))) {
-            continue;
-        }
-        if (backend == SHIM_BACKEND_PROXY && backends != 0) {
-            continue; /* a crop whose parent is not on a device yet: any device may take it */
-        }
-        /* A GPU pipeline would refuse the other interface; a CPU pipeline only minds data
-         * that exists on the device alone. */
-        if (backends != 0 || (shim_flags_load(buffers[i]) & halide_buffer_flag_device_dirty)) {
-            return SHIM_CALL_NEEDS_PREPARATION;
-        }
-    }
-    shim_call_reset(call, id);
-    call->stream = stream;
-    return shim_call_argv(call, argv_fn, argv);
 }
 
 const char *shim_call_errors(const shim_call *call) {

@@ -3,6 +3,7 @@
 #include <Python.h>
 
 #include "shim_native.h"
+#include "calls/signals_held.h"
 
 static const char *const names[2][2] = {
     {"dltensor", "used_dltensor"},
@@ -39,14 +40,14 @@ void shim_dlpack_capsule_destructor(void *object) {
  * bytecodes, so a KeyboardInterrupt (or a program's handler's exception) could land before that
  * work begins or halfway through it (before any `with interrupts.deferred()` in Python is
  * entered), where cffi swallows it ("Exception ignored from cffi callback") and the pin leaks
- * for good. So signal handlers are held (signals_held.c) around the whole callback, and a
+ * for good. So signal handlers are held (calls/signals_held.c) around the whole callback, and a
  * signal noted meanwhile is handled in the code that dropped the capsule, once the tensor is
  * released. */
 /* A consumer may drop the tensor while an exception is being raised (numpy frees an array it
  * had just made when the next bytecode raises: `[np.from_dlpack(buf)][missing]`): the
  * deleter's Python code must not run with that exception set, which lost it for good (cffi
  * reported the deleter's SystemError and cleared both). It is kept aside meanwhile, as a
- * finalizer keeps it (signals_held.c). */
+ * finalizer keeps it (calls/signals_held.c). */
 static PyGILState_STATE deleter_enter(PyObject *saved[3]) {
     PyGILState_STATE gil = PyGILState_Ensure();
     PyErr_Fetch(&saved[0], &saved[1], &saved[2]);
