@@ -22,9 +22,9 @@ from pathlib import Path, PurePosixPath
 SOURCES = ("abi/*.h", "native_stubs/**/*.h", "native_stubs/**/*.c", "native_stubs/build.py")
 # Of those, the contract between Python and C: the declarations cffi reads (the C files include
 # them too) and the script that feeds them to cffi. A module built from other ones does not do
-# what the Python code expects of it. One built from other C files, or from another
-# native_stubs/*.h (declarations C shares only with C), behaves as it did: still a stale build,
-# but not one that should keep every process of a shared checkout from importing shim until the
+# what the Python code expects of it. One built from other C files, or from other headers of
+# native_stubs/ (declarations C shares only with C), behaves as it did: still a stale build, but
+# not one that should keep every process of a shared checkout from importing shim until the
 # next rebuild.
 CONTRACT = ("abi/*.h", "native_stubs/build.py")
 
