@@ -55,7 +55,7 @@ class Call:
 
 
 @dataclass(frozen=True)
-class Pipeline:
+class PipelineFacts:
     """What the adapters need to know of the pipeline: its name, target string and the
     device kinds it runs on."""
 
@@ -64,7 +64,7 @@ class Pipeline:
     device_kinds: frozenset
 
 
-def buffer_for(arg: Argument, value, call: Call, pipeline: Pipeline) -> Buffer:
+def buffer_for(arg: Argument, value, call: Call, pipeline: PipelineFacts) -> Buffer:
     """The Buffer the pipeline gets for buffer argument ``arg`` given as ``value`` (never
     MISSING: the caller says what a missing one means)."""
     adapter, claimed = kind_of(arg, value)
@@ -88,7 +88,7 @@ def kind_of(arg: Argument, value):
 
 # --- the adapters: (arg, value, claimed, call, pipeline) -> Buffer --------------------------
 
-def _given_buffer(arg, buf: Buffer, _claimed, call: Call, pipeline: Pipeline) -> Buffer:
+def _given_buffer(arg, buf: Buffer, _claimed, call: Call, pipeline: PipelineFacts) -> Buffer:
     _check_buffer_type(arg, buf.type(), buf.dimensions(), buf.shape)
     check_extents(arg, buf.shape, pipeline.target)
     if arg.is_output:
@@ -97,7 +97,7 @@ def _given_buffer(arg, buf: Buffer, _claimed, call: Call, pipeline: Pipeline) ->
     return buf
 
 
-def _output_shape(arg, value, _claimed, call: Call, pipeline: Pipeline) -> Buffer:
+def _output_shape(arg, value, _claimed, call: Call, pipeline: PipelineFacts) -> Buffer:
     shape = shape_tuple(value, arg.name)
     check_dimensions(arg, len(shape), shape)
     check_extents(arg, shape, pipeline.target)
@@ -106,16 +106,16 @@ def _output_shape(arg, value, _claimed, call: Call, pipeline: Pipeline) -> Buffe
     return buf
 
 
-def _pyopencl_array(arg, value, _claimed, call: Call, pipeline: Pipeline) -> Buffer:
+def _pyopencl_array(arg, value, _claimed, call: Call, pipeline: PipelineFacts) -> Buffer:
     return _over_device_memory(arg, value, call, pipeline, pyopencl_interop.from_pyopencl)
 
 
-def _device_tensor(arg, value, claimed, call: Call, pipeline: Pipeline) -> Buffer:
+def _device_tensor(arg, value, claimed, call: Call, pipeline: PipelineFacts) -> Buffer:
     return _over_device_memory(arg, value, call, pipeline,
                                lambda obj, name: dlpack.device_buffer(obj, claimed, name))
 
 
-def _host_memory(arg, value, claimed, call: Call, pipeline: Pipeline) -> Buffer:
+def _host_memory(arg, value, claimed, call: Call, pipeline: PipelineFacts) -> Buffer:
     if claimed is not None:  # a DLPack producer on the CPU: its claim is checked once
         array = ImportedTensor(value, None, claimed, arg.name).host_view()
     else:
@@ -146,7 +146,7 @@ def _host_memory(arg, value, claimed, call: Call, pipeline: Pipeline) -> Buffer:
     return buf
 
 
-def _over_device_memory(arg, value, call: Call, pipeline: Pipeline, to_buffer) -> Buffer:
+def _over_device_memory(arg, value, call: Call, pipeline: PipelineFacts, to_buffer) -> Buffer:
     """A Buffer over another library's device memory (a CUDA tensor, an OpenCL buffer,
     through DLPack; a pyopencl Array), made by ``to_buffer`` without copying: outputs are
     written where the caller's tensor is."""

@@ -11,7 +11,7 @@ from shim.native import ffi, lib
 from shim.native.regions import dimension_label
 from shim.buffers.buffer import Buffer
 from shim.buffers.buffer_arguments import zeroed
-from shim.calls.arguments import Call, Pipeline, buffer_for, dtype_of
+from shim.calls.arguments import Call, PipelineFacts, buffer_for, dtype_of
 from shim.calls.metadata import USER_CONTEXT, Argument, check_extents
 from shim.calls.scalars import MISSING, ScalarArgument
 
@@ -21,7 +21,7 @@ class Signature:
 
     def __init__(self, name: str, target: str, all_arguments: list, device_kinds: frozenset):
         self.name, self.target, self.device_kinds = name, target, device_kinds
-        self._pipeline = Pipeline(name, target, device_kinds)  # what the arguments' adapters see
+        self._pipeline = PipelineFacts(name, target, device_kinds)  # what the arguments' adapters see
         # In argv order, __user_context included where the pipeline takes it.
         self.all_arguments = all_arguments
         # The ones a caller gives.
