@@ -28,6 +28,11 @@ typedef struct shim_cl_handle {
     void *mem;         /* cl_mem of the allocation */
     void *launch_mem;  /* what kernels get: mem or a sub-buffer; NULL if offset is misaligned */
     shim_cl_staging *staging;  /* launches' copy of a misaligned crop, kept for the next one */
+    /* 1 while the allocation behind the handle is one the native layer serves
+     * (native_stubs/devices/served.c); 0 for the Python core's, and once claimed. */
+    uint32_t served;
+    uint32_t native_made;  /* made by the native layer: shim_opencl_handle_release frees it */
+    uint64_t nbytes, capacity;  /* a served allocation's: asked for, and held */
 } shim_cl_handle;
 
 typedef struct shim_cl_module shim_cl_module;
@@ -35,8 +40,16 @@ typedef struct shim_cl_module shim_cl_module;
 int shim_opencl_bind(const char *loader, void *context, void *queue);
 /* `source`: the program's (size bytes), for what its kernels' prototypes say. */
 shim_cl_module *shim_opencl_module_new(void *program, const char *source, size_t size);
-/* Free what launches keep in a handle (its staging buffer), before the handle goes. */
+/* Free what launches keep in a handle (its staging buffer), before the handle goes, and the
+ * handle itself if the native layer made it. */
 void shim_opencl_handle_release(shim_cl_handle *handle);
+/* Serve the pipelines' own allocations in C (native_stubs/devices/served.c), from `pool`,
+ * which must live as long as the process. */
+void shim_opencl_serve_allocations(shim_pool *pool);
+/* A reference of the caller's own to a cl_mem (clRetainMemObject): what the pool holds. */
+void shim_opencl_retain(uint64_t mem);
+/* Give one reference back (clReleaseMemObject). */
+void shim_opencl_release(uint64_t mem);
 /* Halide's OpenCL preferences (halide_opencl_set_*), NULL if unset. */
 const char *halide_opencl_get_platform_name(void *user_context);
 const char *halide_opencl_get_device_type(void *user_context);

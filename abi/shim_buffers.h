@@ -15,6 +15,11 @@ void shim_flags_assign(struct halide_buffer_t *buf, uint64_t bits, bool value);
  * device and a disjoint one newer on the host); the native layer leaves that case to the
  * Python core, which knows the regions (shim/memory/aliasing.py). */
 #define SHIM_BUFFER_FLAG_REGIONS 65536
+/* Another: the struct is a shim.Buffer's, and its allocation family lives in Python
+ * (shim/memory/families.py); the native layer never serves its allocations itself
+ * (native_stubs/devices/served.c). Crops made by generated code copy the bit with the rest of
+ * the flags, which only sends their allocations to Python too. */
+#define SHIM_BUFFER_FLAG_PYTHON 131072
 
 /* Atomic stores Python uses for the device fields; release order, so that a fast path that
  * sees a device handle also sees the interface stored before it. */

@@ -32,7 +32,7 @@ HALIDE_INCLUDE = os.path.join(halide.install_dir(), "include")
 # What cffi sees, in dependency order: Halide's ABI, then the native library's own API.
 CDEF_FILES = ["halide_runtime.h", "halide_profiler.h", "halide_runtime_gpu.h",
               "halide_device_impl.h", "dlpack.h", "shim_calls.h", "shim_buffers.h",
-              "shim_backends.h", "shim_fast_paths.h", "shim_dlpack.h", "shim_signals.h",
+              "shim_allocations.h", "shim_backends.h", "shim_fast_paths.h", "shim_dlpack.h", "shim_signals.h",
               "shim_profile.h", "shim_trace.h", "shim_fork.h"]
 # Then the Python core's callbacks, plain prototypes that the C files include too; cffi gets
 # them inside extern "Python+C" { }, which has it define them as calls into Python.

@@ -26,6 +26,7 @@
 #include "halide_device_impl.h"
 #include "shim_calls.h"
 #include "shim_buffers.h"
+#include "shim_allocations.h"
 #include "shim_backends.h"
 #include "shim_fast_paths.h"
 #include "shim_dlpack.h"

@@ -23,6 +23,7 @@
 
 #include "shim_native.h"
 #include "devices/device_generic.h"
+#include "devices/served.h"
 #include "forks/fork.h"
 #include "profiling/profile.h"
 
@@ -50,6 +51,7 @@ static struct {
     cl_int (*release_kernel)(cl_kernel);
     cl_mem (*create_buffer)(cl_context, cl_mem_flags, size_t, void *, cl_int *);
     cl_int (*release_mem_object)(cl_mem);
+    cl_int (*retain_mem_object)(cl_mem);
     cl_int (*enqueue_copy_buffer)(cl_command_queue, cl_mem, cl_mem, size_t, size_t, size_t, cl_uint,
                                   const cl_event *, cl_event *);
     cl_int (*enqueue_copy_buffer_rect)(cl_command_queue, cl_mem, cl_mem, const size_t *,
@@ -76,10 +78,11 @@ int shim_opencl_bind(const char *loader, void *context, void *queue) {
     cl.release_kernel = dlsym(library, "clReleaseKernel");
     cl.create_buffer = dlsym(library, "clCreateBuffer");
     cl.release_mem_object = dlsym(library, "clReleaseMemObject");
+    cl.retain_mem_object = dlsym(library, "clRetainMemObject");
     cl.enqueue_copy_buffer = dlsym(library, "clEnqueueCopyBuffer");
     cl.enqueue_copy_buffer_rect = dlsym(library, "clEnqueueCopyBufferRect");
     if (!cl.set_kernel_arg || !cl.enqueue_nd_range_kernel || !cl.create_kernel ||
-        !cl.release_kernel || !cl.create_buffer || !cl.release_mem_object ||
+        !cl.release_kernel || !cl.create_buffer || !cl.release_mem_object || !cl.retain_mem_object ||
         !cl.enqueue_copy_buffer || !cl.enqueue_copy_buffer_rect) {
         return -2;
     }
@@ -373,6 +376,71 @@ void shim_opencl_handle_release(shim_cl_handle *handle) {
     } else {
         staging_free(staging);
     }
+    if (handle->native_made) {
+        free(handle);
+    }
+}
+
+/* --- served allocations (devices/served.c) ------------------------------------------------ */
+
+static bool driver_usable(void) {
+    return __atomic_load_n(&cl.queue, __ATOMIC_ACQUIRE) != NULL &&
+           cl.process == shim_bound_process();
+}
+
+static uint64_t create_allocation(uint64_t size) {
+    cl_int error = 0;
+    cl_mem mem = cl.create_buffer(cl.context, CL_MEM_READ_WRITE, size ? size : 1, NULL, &error);
+    return error == 0 ? (uint64_t)(uintptr_t)mem : 0;
+}
+
+void shim_opencl_retain(uint64_t mem) {
+    cl.retain_mem_object((cl_mem)(uintptr_t)mem);
+}
+
+void shim_opencl_release(uint64_t mem) {
+    cl.release_mem_object((cl_mem)(uintptr_t)mem);
+}
+
+/* A handle at the start of the allocation, as the Python backend's handle() makes for offset 0
+ * (shim/backends/opencl.py): the kernels get the allocation itself. */
+static uint64_t make_served_handle(uint64_t native, uint64_t nbytes, uint64_t capacity) {
+    shim_cl_handle *handle = calloc(1, sizeof *handle);
+    if (handle == NULL) {
+        return 0;
+    }
+    handle->mem = handle->launch_mem = (cl_mem)(uintptr_t)native;
+    handle->native_made = 1;
+    handle->nbytes = nbytes;
+    handle->capacity = capacity;
+    __atomic_store_n(&handle->served, 1, __ATOMIC_RELEASE);
+    return (uint64_t)(uintptr_t)handle;
+}
+
+static bool claim_served(uint64_t value, uint64_t *native, uint64_t *nbytes, uint64_t *capacity) {
+    shim_cl_handle *handle = (shim_cl_handle *)(uintptr_t)value;
+    uint32_t expected = 1;
+    if (!__atomic_compare_exchange_n(&handle->served, &expected, 0, false, __ATOMIC_ACQ_REL,
+                                     __ATOMIC_ACQUIRE)) {
+        return false;
+    }
+    *native = (uint64_t)(uintptr_t)handle->mem;
+    *nbytes = handle->nbytes;
+    *capacity = handle->capacity;
+    return true;
+}
+
+static void release_served_handle(uint64_t handle) {
+    shim_opencl_handle_release((shim_cl_handle *)(uintptr_t)handle);
+}
+
+static const shim_allocator allocator = {
+    driver_usable, create_allocation, shim_opencl_release, make_served_handle, claim_served,
+    release_served_handle,
+};
+
+void shim_opencl_serve_allocations(shim_pool *pool) {
+    shim_served_register(SHIM_BACKEND_OPENCL, &allocator, pool);
 }
 
 typedef struct {

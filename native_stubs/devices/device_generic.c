@@ -12,7 +12,9 @@
  *
  * For the shim's own interfaces (below) the impl entries are the Python runtime core,
  * which takes the allocation family's lock, re-checks the flags, moves the data and updates the
- * flags itself. For any other interface (a backend the shim does not implement, running in a
+ * flags itself. Before it, device_malloc and device_free ask served.c, which serves a
+ * pipeline's own buffers (no Python family exists for them) entirely in C and leaves every
+ * other case to the Python core. For any other interface (a backend the shim does not implement, running in a
  * pipeline's bundled runtime) the impl is the backend alone and this file updates the flags
  * afterwards, as Halide's generic layer does.
  *
@@ -26,6 +28,10 @@
  *    has completed: a reader that sees host_dirty clear also sees every byte that upload wrote
  *    (and likewise device_dirty clear and the download), so returning "nothing to do" hands the
  *    caller data that is already where it needs it.
+ * Served allocations (served.c) keep the same two orders without a lock: the handle is
+ * published after the memory and the handle exist, and cleared before the memory goes back to
+ * the pool; a served free or an adoption by Python claims the handle with one atomic exchange,
+ * so exactly one of them takes the memory.
  * A fast path that sees a dirty bit set takes the slow path, which re-reads everything under
  * the lock: two threads racing to copy the same buffer copy it once; the second finds the bit
  * clear. What the fast path cannot see is a bit being set at the same moment by a writer on
@@ -37,6 +43,7 @@
 
 #include "shim_native.h"
 #include "devices/device_generic.h"
+#include "devices/served.h"
 #include "profiling/profile.h"
 
 enum {
@@ -282,6 +289,10 @@ int halide_device_malloc(void *user_context, struct halide_buffer_t *buf,
         return NOOP(DEVICE_MALLOC); /* already allocated on this interface */
     }
     if (shim_owns_interface(device_interface)) {
+        result = shim_served_malloc(user_context, buf, shim_backend_of(device_interface));
+        if (result != SHIM_NOT_SERVED) {
+            return result;
+        }
         return device_interface->impl->device_malloc(user_context, buf);
     }
     return FOREIGN_CALL(DEVICE_MALLOC, device_interface, halide_error_code_device_malloc_failed,
@@ -299,6 +310,10 @@ int halide_device_free(void *user_context, struct halide_buffer_t *buf) {
         return NOOP(DEVICE_FREE);
     }
     if (shim_owns_interface(interface)) {
+        result = shim_served_free(user_context, buf, shim_backend_of(interface));
+        if (result != SHIM_NOT_SERVED) {
+            return result;
+        }
         return interface->impl->device_free(user_context, buf);
     }
     result = FOREIGN_CALL(DEVICE_FREE, interface, halide_error_code_device_free_failed,

@@ -186,6 +186,34 @@ class Backend(ABC):
             evicted = [memory]
         self._free_all(evicted)
 
+    # --- what the pool holds of a Memory (shim/backends/pool.py) -------------------------
+
+    def into_pool(self, memory: Memory) -> int:
+        """The native value the pool keeps for ``memory``, which the pool then owns. Here the
+        Memory object waits in the backend, for out_of_pool to hand back as it was."""
+        native = self.native(memory)
+        self._pooled[native] = memory
+        return native
+
+    def out_of_pool(self, native: int, capacity: int) -> Memory:
+        """The Memory for an entry taken out of the pool (``capacity`` bytes)."""
+        memory = self._pooled.pop(native)
+        memory.capacity = capacity
+        return memory
+
+    # --- allocations the native layer serves (native_stubs/devices/served.c) --------------
+
+    #: Whether this backend's native side serves pipelines' own allocations without Python
+    #: (set by a backend that registers an allocator there); such a backend implements
+    #: adopt_served.
+    serves_allocations = False
+
+    def adopt_served(self, native: int, nbytes: int, capacity: int, handle: int) -> Memory:
+        """The Memory of a served allocation the Python core takes over (its native value,
+        the bytes asked for, its capacity, and the one handle into it, which stays valid):
+        live from now on, as if ``allocate`` had made it."""
+        raise NotImplementedError(f"the {self.kind} backend serves no allocations natively")
+
     def release_unused(self) -> int:
         """Give every pooled allocation back to the driver; returns how many there were."""
         if self._forked:  # a forked child: nothing of the parent's is touched
@@ -292,19 +320,30 @@ class Backend(ABC):
         # and released (not by the generic layer), so that leak checks catch the generic
         # layer's mistakes too. Pooled memory is not live: it is counted by the pool.
         self._live: dict[int, Memory] = {}
-        self._pool = pools.AllocationPool(self.pool_max_count, None)
+        self._pool = pools.AllocationPool(self.pool_max_count, None, self.into_pool,
+                                          self.out_of_pool)
+        self._pooled: dict[int, Memory] = {}  # native -> Memory, for into_pool/out_of_pool
         self._forked = False
         _backends.add(self)
 
     @property
     def live_allocations(self) -> int:
-        """Allocations held by Buffers (or DLPack exports)."""
-        return len(self._live)
+        """Allocations held by Buffers, DLPack exports and pipelines' own buffers."""
+        return len(self._live) + self._served_live()[0]
 
     @property
     def live_bytes(self) -> int:
         """Device bytes those hold (each allocation's capacity)."""
-        return sum(m.capacity for m in list(self._live.values()))
+        return sum(m.capacity for m in list(self._live.values())) + self._served_live()[1]
+
+    def _served_live(self) -> tuple[int, int]:
+        """(allocations, bytes) the native layer serves for this backend now, never made
+        into Memory objects (native_stubs/devices/served.c); (0, 0) for a backend it serves
+        none for."""
+        if not self.serves_allocations:
+            return 0, 0
+        nbytes = ffi.new("int64_t *")
+        return lib.shim_served_live(self.index, nbytes), nbytes[0]
 
     # --- DLPack (shim/exchange/dlpack_export.py, shim/interop/dlpack.py) ---------------------------------------
 

@@ -188,6 +188,10 @@ class OpenCLBackend(Backend):
                                       ffi.cast("void *", self.queue.int_ptr))
         if status != 0:
             raise DeviceUnavailable(f"cannot bind kernel launches to {loader} (status {status})")
+        # Pipelines' own allocations are served in C from this backend's pool (which lives as
+        # long as the process: the backend registry keeps every backend).
+        lib.shim_opencl_serve_allocations(self._pool.native)
+        self.serves_allocations = True
 
     @property
     def name(self) -> str:
@@ -318,6 +322,27 @@ class OpenCLBackend(Backend):
     def _free_now(self, memory: OpenCLMemory) -> None:
         _forget_handles(memory)
         memory.buffer.release()
+
+    def into_pool(self, memory: OpenCLMemory) -> int:
+        # The pool holds a reference of its own (native_stubs/devices/served.c takes and frees
+        # entries too), and the pyopencl object goes.
+        native = memory.buffer.int_ptr
+        lib.shim_opencl_retain(native)
+        memory.buffer.release()
+        return native
+
+    def out_of_pool(self, native: int, capacity: int) -> OpenCLMemory:
+        memory = OpenCLMemory(_cl().Buffer.from_int_ptr(native, retain=False), capacity)
+        memory.capacity = capacity
+        return memory
+
+    def adopt_served(self, native: int, nbytes: int, capacity: int, handle: int) -> OpenCLMemory:
+        memory = self.out_of_pool(native, capacity)
+        memory.nbytes = nbytes
+        # The handle the native layer made (shim_opencl_handle_release frees it).
+        memory.handles[handle] = (ffi.cast("shim_cl_handle *", handle), None)
+        self._live[id(memory)] = memory
+        return memory
 
     def reusable(self, memory: OpenCLMemory) -> bool:
         # A handle still out may have a sub-buffer into the memory: OpenCL keeps released

@@ -20,12 +20,17 @@ bounded in bytes (Backend.pool_max_bytes): memory kept idle here is memory other
 device (PyTorch's caching allocator, other processes) cannot have, and their out-of-memory
 failures do not empty this pool as the shim's own do.
 
-The pool's lock guards its list and counters only: it is never held across a driver call.
+The pool itself is native (native_stubs/devices/pool.c): the allocations the native layer serves
+without Python (native_stubs/devices/served.c) come from it and go back to it, so one pool, one set
+of bounds and one set of counts cover both paths. This module is its Python face: entries go in
+and out as a backend's Memory objects, through the backend's ``into_pool``/``out_of_pool``
+(the pool itself holds native values). The native pool's lock guards its list and counters
+only: it is never held across a driver call.
 """
 
 from __future__ import annotations
 
-from shim.base import sections
+from shim.native import ffi, lib
 
 #: Halide's number (cuda.cpp): how many freed allocations are kept, the most recent first.
 MAX_COUNT = 32
@@ -34,84 +39,106 @@ MAX_COUNT = 32
 def quantize(nbytes: int) -> int:
     """``nbytes`` rounded up to its 4 most significant bits (Halide's
     quantize_allocation_size): 17 -> 18, 1000 -> 1024, 1025 -> 1152."""
-    if nbytes < 16:
-        return nbytes
-    shift = nbytes.bit_length() - 4
-    return (((nbytes - 1) >> shift) + 1) << shift
+    return lib.shim_pool_quantize(nbytes)
 
 
 def fits(size: int, capacity: int) -> bool:
     """Whether an allocation of ``size`` (quantized) may take pooled memory of ``capacity``:
     it fits, and wastes at most 1/8 of it (Halide's rule)."""
-    return capacity // 8 * 7 <= size <= capacity
+    return lib.shim_pool_fits(size, capacity)
 
 
 class AllocationPool:
-    """One backend's idle allocations (Memory objects, each with ``capacity`` bytes), oldest
-    first, with counts of what the backend's allocations did."""
+    """One backend's idle allocations, oldest first, with counts of what the backend's
+    allocations did. ``into_pool(memory)`` gives a Memory's native value to the pool (which
+    then owns it); ``out_of_pool(native, capacity)`` makes a Memory of one taken out."""
 
-    def __init__(self, max_count: int, max_bytes: int):
-        self.max_count = max_count
-        self.max_bytes = max_bytes
-        self._lock = sections.Lock()
-        self._entries: list = []
-        self.bytes = 0
-        # Allocations made by the driver, served from the pool, and freed to the driver.
-        self.fresh = self.reused = self.freed = 0
-        # In a child forked after the parent used the pool: the parent's driver objects, kept
-        # alive and never touched (releasing them would call a driver the child cannot use).
-        self.abandoned: list = []
+    def __init__(self, max_count: int, max_bytes: int | None, into_pool, out_of_pool):
+        self.native = ffi.gc(lib.shim_pool_new(), lib.shim_pool_delete)
+        if self.native == ffi.NULL:
+            raise MemoryError("no memory for an allocation pool")
+        self._into, self._out = into_pool, out_of_pool
+        lib.shim_pool_set_bounds(self.native, max_count, -1 if max_bytes is None else max_bytes)
 
     def __len__(self) -> int:
-        return len(self._entries)
+        return lib.shim_pool_length(self.native)
+
+    @property
+    def bytes(self) -> int:
+        return lib.shim_pool_bytes(self.native)
+
+    @property
+    def max_count(self) -> int:
+        return lib.shim_pool_max_count(self.native)
+
+    @max_count.setter
+    def max_count(self, value: int) -> None:
+        lib.shim_pool_set_bounds(self.native, value, lib.shim_pool_max_bytes(self.native))
+
+    @property
+    def max_bytes(self) -> int | None:
+        """The byte bound; None until set (nothing is pooled until then)."""
+        value = lib.shim_pool_max_bytes(self.native)
+        return None if value < 0 else value
+
+    @max_bytes.setter
+    def max_bytes(self, value: int) -> None:
+        lib.shim_pool_set_bounds(self.native, self.max_count, value)
+
+    def _counts(self) -> tuple[int, int, int]:
+        counts = ffi.new("uint64_t[3]")
+        lib.shim_pool_counts(self.native, counts, counts + 1, counts + 2)
+        return counts[0], counts[1], counts[2]
+
+    @property
+    def fresh(self) -> int:
+        """Allocations made by the driver."""
+        return self._counts()[0]
+
+    @property
+    def reused(self) -> int:
+        """Allocations served from the pool."""
+        return self._counts()[1]
+
+    @property
+    def freed(self) -> int:
+        """Allocations given back to the driver."""
+        return self._counts()[2]
 
     def take(self, size: int):
         """The best-fitting pooled allocation for ``size`` bytes (quantized), removed from the
         pool, or None."""
-        with self._lock:
-            best = None
-            for i in range(len(self._entries) - 1, -1, -1):  # newest first: ties go to them
-                capacity = self._entries[i].capacity
-                if fits(size, capacity) and (best is None or capacity < self._entries[best].capacity):
-                    best = i
-            if best is None:
-                return None
-            memory = self._entries.pop(best)
-            self.bytes -= memory.capacity
-            self.reused += 1
-            return memory
+        capacity = ffi.new("uint64_t *")
+        native = lib.shim_pool_take(self.native, size, capacity)
+        return self._out(native, capacity[0]) if native else None
 
     def put(self, memory) -> list:
         """Pool ``memory``; returns what must be freed now (the oldest entries beyond the
         bounds, or ``memory`` itself if it alone exceeds them), for the caller to free
         outside the lock."""
-        if memory.capacity > self.max_bytes or self.max_count <= 0:
-            return [memory]
-        with self._lock:
-            self._entries.append(memory)
-            self.bytes += memory.capacity
-            evicted = []
-            while len(self._entries) > self.max_count or self.bytes > self.max_bytes:
-                oldest = self._entries.pop(0)
-                self.bytes -= oldest.capacity
-                evicted.append(oldest)
-            return evicted
+        capacity = memory.capacity
+        native = self._into(memory)
+        evicted = [] if lib.shim_pool_put(self.native, native, capacity) \
+            else [self._out(native, capacity)]
+        return evicted + self._drained(lib.shim_pool_evict)
 
     def drain(self) -> list:
         """Empty the pool; returns what it held, for the caller to free."""
-        with self._lock:
-            entries, self._entries, self.bytes = self._entries, [], 0
-            return entries
+        return self._drained(lib.shim_pool_pop)
+
+    def _drained(self, remove) -> list:
+        entries = []
+        capacity = ffi.new("uint64_t *")
+        while native := remove(self.native, capacity):
+            entries.append(self._out(native, capacity[0]))
+        return entries
 
     def count(self, fresh: int = 0, freed: int = 0) -> None:
-        with self._lock:
-            self.fresh += fresh
-            self.freed += freed
+        lib.shim_pool_count(self.native, fresh, freed)
 
     def forget_after_fork(self) -> None:
-        """In a forked child: the pool's memory is the parent's. Keep it referenced forever
-        and hand none of it out; a new lock, since another thread of the parent may have held
-        this one at the fork."""
-        self._lock = sections.Lock()
-        self.abandoned.extend(self._entries)
-        self._entries, self.bytes = [], 0
+        """In a forked child: the pool's memory is the parent's. It is forgotten, never
+        handed out or released (that would call a driver the child cannot use), and the
+        native pool takes a new lock, since another thread of the parent may have held it at
+        the fork."""
+        lib.shim_pool_forget_after_fork(self.native)

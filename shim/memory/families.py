@@ -7,7 +7,9 @@ runtime serializes every device call in the process on one mutex.)
 
 A halide_buffer_t finds its family in one of three ways:
  - it belongs to a shim.Buffer: the Buffer registered its struct's address here;
- - it carries a device handle the shim gave out: the handle is registered here;
+ - it carries a device handle the shim gave out: the handle is registered here, or it is one
+   the native layer served without Python (a pipeline's own buffer: native_stubs/devices/served.c),
+   which becomes a family here the first time Python meets it (``family_of_handle``);
  - neither (a pipeline's own buffer, not yet on a device): a lock of its own, kept only until
    the struct gets an allocation, so that two threads cannot allocate it twice.
 Which of these applies can change while a thread waits for a lock, so ``locked`` re-checks
@@ -25,6 +27,7 @@ from shim.native import flags
 from shim.native import interrupts
 from shim.base import sections
 from shim.base.errors import ShimError
+from shim.backends.devices import backend_for_interface
 from shim.native.flags import DEVICE_DIRTY, HOST_DIRTY
 from shim.native import FamilyState, LockState, MemberPlans, ffi, lib
 from shim.native.regions import Layout, intersect, overlaps
@@ -346,6 +349,8 @@ def address_of(raw) -> int:
 
 
 def register_owned(raw, family: Family) -> None:
+    """``raw``, a new struct with no device memory, is a shim.Buffer's, in ``family``."""
+    flags.assign(raw, flags.PYTHON, True)  # never served by the native layer
     _owned[address_of(raw)] = family
 
 
@@ -357,7 +362,35 @@ def unregister_owned(raw) -> None:
 
 
 def family_of_handle(interface, handle: int) -> Family | None:
-    return _by_handle.get((lib.shim_backend_of(interface), handle))
+    index = lib.shim_backend_of(interface)
+    family = _by_handle.get((index, handle))
+    if family is None and handle:
+        family = _adopted(index, interface, handle)
+    return family
+
+
+# Taken while an allocation served by the native layer becomes a family (reentrant: a signal
+# handler run meanwhile that meets the same handle finds no family, which is an error, not a
+# wait for itself).
+_adopting = threading.RLock()
+
+
+def _adopted(index: int, interface, handle: int) -> Family | None:
+    """The family of ``handle`` if it is an allocation the native layer served without Python
+    (native_stubs/devices/served.c): from now on an ordinary family's, which the native layer
+    never serves again. None if it is not one."""
+    with _adopting:
+        family = _by_handle.get((index, handle))
+        if family is not None:
+            return family
+        served = ffi.new("uint64_t[3]")  # native, bytes asked for, capacity
+        if not lib.shim_served_adopt(index, handle, served, served + 1, served + 2):
+            return None
+        backend = backend_for_interface(interface)
+        family = Family(backend)
+        family.memory = backend.adopt_served(served[0], served[1], served[2], handle)
+        family.add_handle(handle, 0)
+        return family
 
 
 def family_of(raw, address: int | None = None) -> Family | None:

@@ -1,5 +1,5 @@
 """A halide_buffer_t's flags, as the Python core reads and writes them: Halide's two dirty
-bits and the shim's own REGIONS bit (native_stubs/devices/flags.c).
+bits and the shim's own REGIONS and PYTHON bits (native_stubs/devices/flags.c).
 
 Every write goes through here. Generated code and Halide's runtime set and clear the dirty
 bits on other threads while Python runs, so a write is an atomic update of the bits named,
@@ -16,6 +16,9 @@ DIRTY = HOST_DIRTY | DEVICE_DIRTY
 # The buffer is a member of a shared family: its dirty bits are derived from the family's
 # regions, and the C fast paths leave it to the plans made for it (native_stubs/fast/shared_records.c).
 REGIONS = lib.SHIM_BUFFER_FLAG_REGIONS
+# The struct is a shim.Buffer's, whose family lives here: the native layer never serves its
+# allocations itself (native_stubs/devices/served.c).
+PYTHON = lib.SHIM_BUFFER_FLAG_PYTHON
 
 
 def of(raw) -> int:

@@ -1,0 +1,213 @@
+/* Device allocations served by the native layer, with no Python: device_malloc and
+ * device_free of a pipeline's own buffers.
+ *
+ * Generated code allocates and frees its intermediate GPU buffers on every call (Halide's
+ * interpolate app: 13 pairs a call, local_laplacian: 22). Through the Python core each pair
+ * cost 50-300 us against the stock runtime's 1-2 us. What such a pair needs is little: the
+ * size from the dims, memory from the backend's pool or its driver, a handle, and the reverse.
+ * This file does exactly that, for the one case where nothing else is involved, and leaves
+ * every other case to the Python core (shim/core/runtime.py), the implementation of record:
+ *  - the buffer is no shim.Buffer's (SHIM_BUFFER_FLAG_PYTHON) and no member of a shared
+ *    family (SHIM_BUFFER_FLAG_REGIONS): no allocation family exists in Python for it, so
+ *    there are no regions, no calls in flight to wait for and no other holders of its memory;
+ *  - the backend's native side registered an allocator (shim_served_register) and can call
+ *    its driver now (not in a forked child), and Python has not switched serving off;
+ *  - nobody is profiling (a profile sees every allocation the Python core makes);
+ *  - the layout is one the Python core would allocate for without an error (no negative
+ *    stride, no empty extent), and the driver gives the memory.
+ * Any other case, or any step that fails, returns SHIM_NOT_SERVED before anything changed,
+ * and the Python core takes the call as it would have without this file; errors are always
+ * reported there.
+ *
+ * The result is what the Python core would have made: the same size, rounded and pooled by
+ * the same pool (pool.c) with the same rules and counts, a handle of the same layout, the
+ * same fields and flags. The one difference is where the record of the allocation is kept:
+ * in the handle (the backend's make_handle), not in a Python family. The first time the
+ * Python core meets such a handle (a crop of the buffer, a copy, a DLPack export, a free
+ * while profiling), it adopts it (shim_served_adopt, from shim/memory/families.py): the
+ * allocation becomes an ordinary family's and is never served here again. A claim is one
+ * atomic exchange in the handle, so a served free and an adoption never both take one.
+ *
+ * Ordering with the lock-free no-op checks (device_generic.c): the handle is published with a
+ * release store after the allocation and the handle exist, and cleared before the memory goes
+ * back to the pool, as the Python core does under its family lock. Two threads allocating the
+ * same bare struct at once (which generated code never does) cannot both succeed: the
+ * interface is claimed with a compare-and-swap, and the loser gives its memory back.
+ */
+#include "shim_native.h"
+#include "devices/served.h"
+#include "profiling/profile.h"
+
+typedef struct {
+    const shim_allocator *allocator; /* NULL until registered */
+    shim_pool *pool;
+    bool off;   /* switched off by Python (shim_serve_allocations) */
+    int64_t live, live_bytes;
+} served_backend;
+
+static served_backend backends[SHIM_BACKEND_COUNT];
+
+void shim_served_register(int backend, const shim_allocator *allocator, shim_pool *pool) {
+    if (backend < 0 || backend >= SHIM_BACKEND_COUNT) {
+        return;
+    }
+    backends[backend].pool = pool;
+    __atomic_store_n(&backends[backend].allocator, allocator, __ATOMIC_RELEASE);
+}
+
+void shim_serve_allocations(int backend, bool on) {
+    if (backend >= 0 && backend < SHIM_BACKEND_COUNT) {
+        __atomic_store_n(&backends[backend].off, !on, __ATOMIC_RELEASE);
+    }
+}
+
+bool shim_serves_allocations(int backend) {
+    return backend >= 0 && backend < SHIM_BACKEND_COUNT &&
+           __atomic_load_n(&backends[backend].allocator, __ATOMIC_ACQUIRE) != NULL &&
+           !__atomic_load_n(&backends[backend].off, __ATOMIC_ACQUIRE);
+}
+
+int64_t shim_served_live(int backend, int64_t *bytes) {
+    if (backend < 0 || backend >= SHIM_BACKEND_COUNT) {
+        *bytes = 0;
+        return 0;
+    }
+    *bytes = __atomic_load_n(&backends[backend].live_bytes, __ATOMIC_RELAXED);
+    return __atomic_load_n(&backends[backend].live, __ATOMIC_RELAXED);
+}
+
+static void count_live(served_backend *b, int64_t count, int64_t capacity) {
+    __atomic_add_fetch(&b->live, count, __ATOMIC_RELAXED);
+    __atomic_add_fetch(&b->live_bytes, count * capacity, __ATOMIC_RELAXED);
+}
+
+/* The allocator, if this call may be served on `backend` at all. */
+static const shim_allocator *serving(int backend) {
+    if (backend < 0 || backend >= SHIM_BACKEND_COUNT || shim_profile_on()) {
+        return NULL;
+    }
+    served_backend *b = &backends[backend];
+    const shim_allocator *a = __atomic_load_n(&b->allocator, __ATOMIC_ACQUIRE);
+    if (a == NULL || __atomic_load_n(&b->off, __ATOMIC_ACQUIRE) || !a->usable()) {
+        return NULL;
+    }
+    return a;
+}
+
+/* shim/native/regions.py's Layout.nbytes_span, for the layouts it returns a positive size
+ * for without raising: false for the others (empty, negative strides or extents, overflow). */
+static bool span_of(const halide_buffer_t *buf, uint64_t *span) {
+    int64_t elem = (buf->type.bits + 7) / 8;
+    int64_t last = 0;
+    for (int i = 0; i < buf->dimensions; i++) {
+        int64_t extent = buf->dim[i].extent, stride = buf->dim[i].stride;
+        if (extent <= 0 || stride < 0 || extent > (INT64_C(1) << 40) ||
+            stride > (INT64_C(1) << 40)) {
+            return false;
+        }
+        last += (extent - 1) * stride * elem;
+        if (last > (INT64_C(1) << 60)) {
+            return false;
+        }
+    }
+    *span = (uint64_t)(last + elem);
+    return elem > 0;
+}
+
+/* Memory that will not be used: back to the pool if reuse allows (evicting what no longer
+ * fits), else to the driver. */
+static void give_back(void *user_context, served_backend *b, const shim_allocator *a,
+                      uint64_t native, uint64_t capacity) {
+    uint64_t freed = 0;
+    if (!halide_can_reuse_device_allocations(user_context) ||
+        !shim_pool_put(b->pool, native, capacity)) {
+        a->release(native);
+        freed++;
+    }
+    uint64_t evicted_capacity;
+    for (uint64_t evicted; (evicted = shim_pool_evict(b->pool, &evicted_capacity)) != 0;) {
+        a->release(evicted);
+        freed++;
+    }
+    if (freed) {
+        shim_pool_count(b->pool, 0, freed);
+    }
+}
+
+int shim_served_malloc(void *user_context, struct halide_buffer_t *buf, int backend) {
+    const shim_allocator *a = serving(backend);
+    if (a == NULL || (shim_flags_load(buf) & (SHIM_BUFFER_FLAG_PYTHON | SHIM_BUFFER_FLAG_REGIONS)) ||
+        shim_device_load(buf) != 0 ||
+        __atomic_load_n(&buf->device_interface, __ATOMIC_ACQUIRE) != NULL) {
+        return SHIM_NOT_SERVED;
+    }
+    uint64_t nbytes;
+    if (!span_of(buf, &nbytes)) {
+        return SHIM_NOT_SERVED;
+    }
+    served_backend *b = &backends[backend];
+    bool reuse = halide_can_reuse_device_allocations(user_context);
+    uint64_t size = reuse ? shim_pool_quantize(nbytes) : nbytes, capacity = size;
+    uint64_t native = reuse ? shim_pool_take(b->pool, size, &capacity) : 0;
+    bool fresh = native == 0;
+    if (fresh) {
+        native = a->create(size);
+        if (native == 0) {
+            return SHIM_NOT_SERVED; /* the Python core retries after emptying the pool, and reports */
+        }
+        shim_pool_count(b->pool, 1, 0);
+    }
+    uint64_t handle = a->make_handle(native, nbytes, capacity);
+    const struct halide_device_interface_t *interface = shim_backend_interface(backend);
+    const struct halide_device_interface_t *none = NULL;
+    if (handle != 0 &&
+        __atomic_compare_exchange_n(&buf->device_interface, &none, interface, false,
+                                    __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
+        count_live(b, 1, (int64_t)capacity);
+        __atomic_store_n(&buf->device, handle, __ATOMIC_RELEASE);
+        return halide_error_code_success;
+    }
+    if (handle != 0) { /* another thread gave the struct an interface meanwhile */
+        uint64_t n, s, c;
+        a->claim(handle, &n, &s, &c);
+        a->release_handle(handle);
+    }
+    give_back(user_context, b, a, native, capacity);
+    return SHIM_NOT_SERVED;
+}
+
+int shim_served_free(void *user_context, struct halide_buffer_t *buf, int backend) {
+    const shim_allocator *a = serving(backend);
+    uint64_t handle = shim_device_load(buf);
+    served_backend *b = &backends[backend < 0 ? 0 : backend];
+    /* (A pool whose byte bound is not set yet is set by the Python core's first free.) */
+    if (a == NULL || handle == 0 || shim_pool_max_bytes(b->pool) < 0 ||
+        __atomic_load_n(&buf->device_interface, __ATOMIC_ACQUIRE) !=
+            shim_backend_interface(backend)) {
+        return SHIM_NOT_SERVED;
+    }
+    uint64_t native, nbytes, capacity;
+    if (!a->claim(handle, &native, &nbytes, &capacity)) {
+        return SHIM_NOT_SERVED; /* made by the Python core, or adopted by it */
+    }
+    shim_buffer_set_device(buf, 0, NULL);
+    shim_flags_clear(buf, halide_buffer_flag_device_dirty);
+    a->release_handle(handle);
+    count_live(b, -1, (int64_t)capacity);
+    give_back(user_context, b, a, native, capacity);
+    return halide_error_code_success;
+}
+
+int shim_served_adopt(int backend, uint64_t handle, uint64_t *native, uint64_t *nbytes,
+                      uint64_t *capacity) {
+    if (backend < 0 || backend >= SHIM_BACKEND_COUNT || handle == 0) {
+        return 0;
+    }
+    served_backend *b = &backends[backend];
+    const shim_allocator *a = __atomic_load_n(&b->allocator, __ATOMIC_ACQUIRE);
+    if (a == NULL || !a->claim(handle, native, nbytes, capacity)) {
+        return 0;
+    }
+    count_live(b, -1, (int64_t)*capacity);
+    return 1;
+}

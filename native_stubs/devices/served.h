@@ -1,0 +1,38 @@
+/* Allocations the native layer serves itself (served.c): what a backend's native side
+ * registers, and what the generic entry points (device_generic.c) ask. */
+#ifndef SHIM_DEVICES_SERVED_H
+#define SHIM_DEVICES_SERVED_H
+
+#include "shim_native.h"
+
+/* A backend's allocator, for the served paths. Every function is called without any lock
+ * held, and may be called from any thread. */
+typedef struct {
+    /* Whether the driver may be called now: bound, and in the process that bound it. */
+    bool (*usable)(void);
+    /* A new allocation of `size` bytes from the driver; 0 if it failed. */
+    uint64_t (*create)(uint64_t size);
+    /* Give an allocation back to the driver. */
+    void (*release)(uint64_t native);
+    /* The device handle for a buffer whose min element is at the start of `native`, marked as
+     * served, remembering `nbytes` and `capacity`; 0 if it could not be made. */
+    uint64_t (*make_handle)(uint64_t native, uint64_t nbytes, uint64_t capacity);
+    /* If `handle` is a served one not yet claimed (any handle of this backend's interface may
+     * be asked about), claim it, atomically: true, with what make_handle was given. The handle
+     * stays valid. */
+    bool (*claim)(uint64_t handle, uint64_t *native, uint64_t *nbytes, uint64_t *capacity);
+    /* Free a claimed handle made by make_handle. */
+    void (*release_handle)(uint64_t handle);
+} shim_allocator;
+
+/* The backend's native side, once bound: its allocator, and the pool its Python side uses. */
+void shim_served_register(int backend, const shim_allocator *allocator, shim_pool *pool);
+
+/* What the generic entry points ask first, for a backend of the shim's own, after
+ * validating: SHIM_NOT_SERVED leaves the call to the Python core; anything else is the
+ * call's result. */
+enum { SHIM_NOT_SERVED = -1000000 };
+int shim_served_malloc(void *user_context, struct halide_buffer_t *buf, int backend);
+int shim_served_free(void *user_context, struct halide_buffer_t *buf, int backend);
+
+#endif
