@@ -39,6 +39,11 @@ void shim_pool_count(shim_pool *pool, uint64_t fresh, uint64_t freed);
  * again) and take a new lock. */
 void shim_pool_forget_after_fork(shim_pool *pool);
 
+/* shim/native/regions.py's Layout.nbytes_span of a buffer (the bytes an allocation mirroring it
+ * spans), for the layouts it gives a positive size for without raising: false for the others
+ * (an empty extent, a negative stride or extent, a size past 2^60), which Python decides. */
+bool shim_buffer_span(const struct halide_buffer_t *buf, uint64_t *span);
+
 /* Allocations served by the native layer (native_stubs/devices/served.c): device_malloc and
  * device_free of a pipeline's own buffers (no shim.Buffer, no crop) on a backend whose native
  * side registered an allocator, with no Python. Python switches it per backend (the tests run

@@ -12,7 +12,10 @@ Cases, each with Halide's switch (halide_reuse_device_allocations) on and off in
   copied to the host and both buffers freed with halide_device_free, from Python.
 - ``malloc/free 16K`` and ``malloc/free 16M``: halide_device_malloc + halide_device_free of
   one buffer (64x64 and 2048x2048 float32) in a loop, through the C entry points in both
-  runtimes (what a pipeline calls); the shim also through Buffer.device_malloc/device_free.
+  runtimes (what a pipeline calls). The stock runtime's buffer is a bare halide_buffer_t, as
+  a pipeline's own intermediate is; the shim's is one too (``shim, own buffer``: served by the
+  native layer, native_stubs/devices/served.c), a shim.Buffer's struct (``shim``: its family
+  lives in Python), and a shim.Buffer through Buffer.device_malloc/device_free.
 
 Halide 21 reuses allocations in its CUDA runtime only (its OpenCL runtime ignores the switch),
 so on OpenCL the stock runtime's two settings time the same thing. The stock runtime runs the
@@ -82,14 +85,7 @@ class StockRunner:
         self.buffers = {}
         for case, shape in MALLOC_SHAPES.items():
             array = np.zeros(shape, np.float32)
-            dim = p.ffi.new("halide_dimension_t[2]")
-            dim[0].extent, dim[0].stride = shape[1], 1
-            dim[1].extent, dim[1].stride = shape[0], shape[1]
-            raw = p.ffi.new("halide_buffer_t *")
-            raw.host = p.ffi.cast("uint8_t *", array.ctypes.data)
-            raw.type.code, raw.type.bits, raw.type.lanes = 2, 32, 1
-            raw.dimensions, raw.dim = 2, dim
-            self.buffers[case] = (raw, dim, array)
+            self.buffers[case] = bare_struct(p.ffi, array)
 
     def _check(self, result, what):
         if result != 0:
@@ -140,7 +136,7 @@ class ShimRunner:
     """The shim in this process. ``buffer_methods``: the malloc/free cases through
     Buffer.device_malloc / device_free instead of the C entry points."""
 
-    def __init__(self, kind: str, buffer_methods: bool = False):
+    def __init__(self, kind: str, buffer_methods: bool = False, bare: bool = False):
         import shim
         from shim.backends.base import interface_of
         from shim.native import ffi, lib
@@ -150,8 +146,11 @@ class ShimRunner:
         self.interface = interface_of(self.device)
         self.pipeline = shim.load(library(kind, "no_runtime"))
         self.buffer_methods = buffer_methods
+        self.bare = bare
         self.buffers = {case: shim.Buffer(np.zeros(shape, np.float32))
                         for case, shape in MALLOC_SHAPES.items()}
+        # Bare structs over the same memory: what a pipeline's own buffers are.
+        self.structs = {case: bare_struct(ffi, buf.numpy()) for case, buf in self.buffers.items()}
 
     def seconds(self, case, iterations, reuse) -> float:
         self.shim.reuse_device_allocations(reuse)
@@ -168,7 +167,8 @@ class ShimRunner:
         if self.buffer_methods:
             malloc, free = (lambda: buf.device_malloc(self.device)), buf.device_free
         else:
-            ffi, lib, raw, interface = self.ffi, self.lib, buf.raw, self.interface
+            raw = self.structs[case][0] if self.bare else buf.raw
+            ffi, lib, interface = self.ffi, self.lib, self.interface
             malloc = lambda: lib.halide_device_malloc(ffi.NULL, raw, interface)  # noqa: E731
             free = lambda: lib.halide_device_free(ffi.NULL, raw)  # noqa: E731
         malloc(), free()
@@ -177,13 +177,26 @@ class ShimRunner:
             malloc()
             free()
         elapsed = time.perf_counter() - start
-        if buf.has_device_allocation():
+        if buf.has_device_allocation() or self.structs[case][0].device:
             raise RuntimeError("device_malloc/free failed inside the timing loop")
         return elapsed
 
     def close(self) -> None:
         self.shim.reuse_device_allocations(True)
         self.shim.release_unused_device_allocations(self.device)
+
+
+def bare_struct(ffi, array: np.ndarray) -> tuple:
+    """A halide_buffer_t over a 2-D float32 array, made as native code makes one (the struct
+    and its dims, to keep alive together)."""
+    dim = ffi.new("halide_dimension_t[2]")
+    dim[0].extent, dim[0].stride = array.shape[1], 1
+    dim[1].extent, dim[1].stride = array.shape[0], array.shape[1]
+    raw = ffi.new("halide_buffer_t *")
+    raw.host = ffi.cast("uint8_t *", array.ctypes.data)
+    raw.type.code, raw.type.bits, raw.type.lanes = 2, 32, 1
+    raw.dimensions, raw.dim = 2, dim
+    return raw, dim, array
 
 
 def stock_environment(kind: str, device) -> dict:
@@ -202,10 +215,12 @@ def stock_environment(kind: str, device) -> dict:
 def report(results: dict, device_name: str) -> str:
     names = [name for name in results if name != "stock"]
     lines = [f"device: {device_name}",
-             f"{'case':<18}{'reuse':<7}{'stock us/op':>13}" + "".join(f"{n + ' us/op':>28}" for n in names)
-             + f"{'shim/stock':>12}{'shim on/off':>13}{'stock on/off':>14}",
+             f"{'case':<18}{'reuse':<7}{'stock us/op':>13}"
+             + "".join(f"{n + ' us/op (/stock)':>34}" for n in names)
+             + f"{'shim on/off':>13}{'stock on/off':>14}",
              "  (min over samples; op = one pipeline call, or one malloc + free; Halide 21 reuses "
-             "allocations on CUDA only, so on OpenCL its on and off time the same code)"]
+             "allocations on CUDA only, so on OpenCL its on and off time the same code; the "
+             "pipeline case runs the same call in every shim row)"]
     for case in ITERATIONS:
         for reuse in (True, False):
             stock = 1e6 * results["stock"][case, reuse]["min"]
@@ -213,8 +228,7 @@ def report(results: dict, device_name: str) -> str:
             shim_on_off = results["shim"][case, True]["min"] / results["shim"][case, False]["min"]
             stock_on_off = results["stock"][case, True]["min"] / results["stock"][case, False]["min"]
             lines.append(f"{case:<18}{'on' if reuse else 'off':<7}{stock:>13.1f}"
-                         + "".join(f"{ours[n]:>28.1f}" for n in names)
-                         + f"{ours['shim'] / stock:>12.2f}"
+                         + "".join(f"{f'{ours[n]:.1f} ({ours[n] / stock:.2f}x)':>34}" for n in names)
                          + (f"{shim_on_off:>13.2f}{stock_on_off:>14.2f}" if reuse else ""))
     return "\n".join(lines)
 
@@ -229,7 +243,8 @@ def main(argv=None) -> int:
     if args.serve:
         stock_server(args.device)
         return 0
-    runners = {"shim": ShimRunner(args.device),
+    runners = {"shim, own buffer": ShimRunner(args.device, bare=True),
+               "shim": ShimRunner(args.device),
                "shim, Buffer methods": ShimRunner(args.device, buffer_methods=True)}
     device = runners["shim"].device
     child = ChildProcess([sys.executable, str(Path(__file__)), "--serve", "--device", args.device],
@@ -239,7 +254,7 @@ def main(argv=None) -> int:
         results = interleave(runners, requests(), args.repeats, per_sample=per_operation)
     finally:
         child.close()
-        for name in ("shim", "shim, Buffer methods"):
+        for name in ("shim, own buffer", "shim", "shim, Buffer methods"):
             runners[name].close()
     print(report(results, device.name))
     counts = device.allocation_counts()

@@ -3,8 +3,10 @@ Halide's stock runtime, side by side in one run.
 
     python benchmarks/gpu_pipelines.py [--device opencl|cuda] [--repeats R]
 
-Two pipelines: a small one (brighten, 64x64 float32: the launch overhead dominates) and a
-large one (the 3x3 blur with a compute_root stage, 2048x2048 uint16: two kernels and real work).
+Three cases: a small pipeline (brighten, 64x64 float32: the launch overhead dominates), the 3x3
+blur with a compute_root stage on a small image (64x64 uint16: two kernels, and the stage's
+device buffer allocated and freed by the pipeline at every call, which the shim serves in C:
+native_stubs/devices/served.c), and the same blur large (2048x2048: real work).
 Each is timed two ways: calls back to back with one device sync at the end (throughput), and
 a device sync after every call (latency, what RunGen measures).
 
@@ -36,9 +38,11 @@ from pipelines.build import Build, build  # noqa: E402
 CASES = {
     "small": ("brighten", {"input": ((64, 64), np.float32), "scale": 2.0, "offset": 1.0},
               {"output": ((64, 64), np.float32)}),
+    "small, with a stage": ("blur3x3", {"input": ((66, 66), np.uint16)},
+                            {"output": ((64, 64), np.uint16)}),
     "large": ("blur3x3", {"input": ((2050, 2050), np.uint16)}, {"output": ((2048, 2048), np.uint16)}),
 }
-ITERATIONS = {"small": 200, "large": 20}
+ITERATIONS = {"small": 200, "small, with a stage": 200, "large": 20}
 
 
 def values_for(case: str) -> dict:
@@ -134,7 +138,7 @@ class ProfilingRunner(ShimRunner):
 
 
 def report(results: dict, records_per_call: dict) -> str:
-    lines = [f"{'case':<8}{'sync':<11}{'stock us/call':>15}{'shim us/call':>14}{'shim/stock':>12}"
+    lines = [f"{'case':<21}{'sync':<11}{'stock us/call':>15}{'shim us/call':>14}{'shim/stock':>12}"
              f"{'shim, plain call':>18}{'profiling':>11}{'profiling/shim':>16}{'us/record':>11}",
              "  (min over samples; 'plain call' includes the shim's argument handling; "
              "'profiling': the shim while shim.profile records, us/record: its extra time per "
@@ -146,7 +150,7 @@ def report(results: dict, records_per_call: dict) -> str:
             plain = 1e6 * results["shim, plain call"][case, sync]["min"]
             profiled = 1e6 * results["shim, profiling"][case, sync]["min"]
             per_record = (profiled - ours) / records_per_call[case]
-            lines.append(f"{case:<8}{'each call' if sync else 'at end':<11}{stock:>15.1f}"
+            lines.append(f"{case:<21}{'each call' if sync else 'at end':<11}{stock:>15.1f}"
                          f"{ours:>14.1f}{ours / stock:>12.2f}{plain:>18.1f}{profiled:>11.1f}"
                          f"{profiled / ours:>16.2f}{per_record:>11.1f}")
     lines.append("records per call while profiling: " + ", ".join(

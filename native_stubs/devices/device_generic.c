@@ -289,7 +289,8 @@ int halide_device_malloc(void *user_context, struct halide_buffer_t *buf,
         return NOOP(DEVICE_MALLOC); /* already allocated on this interface */
     }
     if (shim_owns_interface(device_interface)) {
-        result = shim_served_malloc(user_context, buf, shim_backend_of(device_interface));
+        result = shim_served_malloc(user_context, buf, shim_backend_of(device_interface),
+                                    device_interface);
         if (result != SHIM_NOT_SERVED) {
             return result;
         }
@@ -310,7 +311,7 @@ int halide_device_free(void *user_context, struct halide_buffer_t *buf) {
         return NOOP(DEVICE_FREE);
     }
     if (shim_owns_interface(interface)) {
-        result = shim_served_free(user_context, buf, shim_backend_of(interface));
+        result = shim_served_free(user_context, buf, shim_backend_of(interface), interface);
         if (result != SHIM_NOT_SERVED) {
             return result;
         }
@@ -680,13 +681,5 @@ static const struct halide_device_interface_impl_t impls[SHIM_BACKEND_COUNT] = {
 
 void shim_buffer_set_device(struct halide_buffer_t *buf, uint64_t device,
                             const struct halide_device_interface_t *device_interface) {
-    /* Interface before handle: whoever sees the handle (acquire) sees the interface. When the
-     * handle is cleared, it goes first, for the same reason. */
-    if (device != 0) {
-        __atomic_store_n(&buf->device_interface, device_interface, __ATOMIC_RELEASE);
-        __atomic_store_n(&buf->device, device, __ATOMIC_RELEASE);
-    } else {
-        __atomic_store_n(&buf->device, 0, __ATOMIC_RELEASE);
-        __atomic_store_n(&buf->device_interface, device_interface, __ATOMIC_RELEASE);
-    }
+    shim_device_store(buf, device, device_interface);
 }

@@ -94,9 +94,7 @@ static const shim_allocator *serving(int backend) {
     return a;
 }
 
-/* shim/native/regions.py's Layout.nbytes_span, for the layouts it returns a positive size
- * for without raising: false for the others (empty, negative strides or extents, overflow). */
-static bool span_of(const halide_buffer_t *buf, uint64_t *span) {
+bool shim_buffer_span(const struct halide_buffer_t *buf, uint64_t *span) {
     int64_t elem = (buf->type.bits + 7) / 8;
     int64_t last = 0;
     for (int i = 0; i < buf->dimensions; i++) {
@@ -134,7 +132,8 @@ static void give_back(void *user_context, served_backend *b, const shim_allocato
     }
 }
 
-int shim_served_malloc(void *user_context, struct halide_buffer_t *buf, int backend) {
+int shim_served_malloc(void *user_context, struct halide_buffer_t *buf, int backend,
+                       const struct halide_device_interface_t *interface) {
     const shim_allocator *a = serving(backend);
     if (a == NULL || (shim_flags_load(buf) & (SHIM_BUFFER_FLAG_PYTHON | SHIM_BUFFER_FLAG_REGIONS)) ||
         shim_device_load(buf) != 0 ||
@@ -142,7 +141,7 @@ int shim_served_malloc(void *user_context, struct halide_buffer_t *buf, int back
         return SHIM_NOT_SERVED;
     }
     uint64_t nbytes;
-    if (!span_of(buf, &nbytes)) {
+    if (!shim_buffer_span(buf, &nbytes)) {
         return SHIM_NOT_SERVED;
     }
     served_backend *b = &backends[backend];
@@ -158,7 +157,6 @@ int shim_served_malloc(void *user_context, struct halide_buffer_t *buf, int back
         shim_pool_count(b->pool, 1, 0);
     }
     uint64_t handle = a->make_handle(native, nbytes, capacity);
-    const struct halide_device_interface_t *interface = shim_backend_interface(backend);
     const struct halide_device_interface_t *none = NULL;
     if (handle != 0 &&
         __atomic_compare_exchange_n(&buf->device_interface, &none, interface, false,
@@ -176,21 +174,21 @@ int shim_served_malloc(void *user_context, struct halide_buffer_t *buf, int back
     return SHIM_NOT_SERVED;
 }
 
-int shim_served_free(void *user_context, struct halide_buffer_t *buf, int backend) {
+int shim_served_free(void *user_context, struct halide_buffer_t *buf, int backend,
+                     const struct halide_device_interface_t *interface) {
     const shim_allocator *a = serving(backend);
     uint64_t handle = shim_device_load(buf);
     served_backend *b = &backends[backend < 0 ? 0 : backend];
     /* (A pool whose byte bound is not set yet is set by the Python core's first free.) */
     if (a == NULL || handle == 0 || shim_pool_max_bytes(b->pool) < 0 ||
-        __atomic_load_n(&buf->device_interface, __ATOMIC_ACQUIRE) !=
-            shim_backend_interface(backend)) {
+        __atomic_load_n(&buf->device_interface, __ATOMIC_ACQUIRE) != interface) {
         return SHIM_NOT_SERVED;
     }
     uint64_t native, nbytes, capacity;
     if (!a->claim(handle, &native, &nbytes, &capacity)) {
         return SHIM_NOT_SERVED; /* made by the Python core, or adopted by it */
     }
-    shim_buffer_set_device(buf, 0, NULL);
+    shim_device_store(buf, 0, NULL);
     shim_flags_clear(buf, halide_buffer_flag_device_dirty);
     a->release_handle(handle);
     count_live(b, -1, (int64_t)capacity);

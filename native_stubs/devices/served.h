@@ -28,11 +28,13 @@ typedef struct {
 /* The backend's native side, once bound: its allocator, and the pool its Python side uses. */
 void shim_served_register(int backend, const shim_allocator *allocator, shim_pool *pool);
 
-/* What the generic entry points ask first, for a backend of the shim's own, after
- * validating: SHIM_NOT_SERVED leaves the call to the Python core; anything else is the
- * call's result. */
+/* What the generic entry points ask first, for a backend of the shim's own (`interface` is
+ * its interface), after validating: SHIM_NOT_SERVED leaves the call to the Python core;
+ * anything else is the call's result. */
 enum { SHIM_NOT_SERVED = -1000000 };
-int shim_served_malloc(void *user_context, struct halide_buffer_t *buf, int backend);
-int shim_served_free(void *user_context, struct halide_buffer_t *buf, int backend);
+int shim_served_malloc(void *user_context, struct halide_buffer_t *buf, int backend,
+                       const struct halide_device_interface_t *interface);
+int shim_served_free(void *user_context, struct halide_buffer_t *buf, int backend,
+                     const struct halide_device_interface_t *interface);
 
 #endif

@@ -438,6 +438,9 @@ def _host_address(raw) -> int:
 
 
 def _span(raw, failure_code: int) -> int:
+    span = ffi.new("uint64_t *")
+    if lib.shim_buffer_span(raw, span):  # (the common case, without a Layout)
+        return span[0]
     try:
         return Layout.of(raw).nbytes_span
     except NegativeStrides as e:

@@ -1,0 +1,526 @@
+"""Allocations the native layer serves without Python (native_stubs/devices/served.c): a
+pipeline's own device buffers, allocated and freed in C from the backend's pool, and taken
+over by the Python core the first time it needs one (a crop, a copy, a profile).
+
+The Python core is the implementation of record: every test here runs the same work with
+serving switched on and off (shim_serve_allocations) and compares, and a Hypothesis state
+machine runs random sequences of mallocs, frees, copies, crops and malformed buffers through
+both paths side by side. A torture test runs the native pool and handles under threads.
+
+Longer runs: HALIDE_SHIM_LONG_TESTS=1 (150 examples), or HALIDE_SHIM_STATEFUL_EXAMPLES=500
+"""
+
+import gc
+import random
+import sys
+import threading
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule, \
+    run_state_machine_as_test
+
+import shim
+from shim.memory import families
+from shim.native import ffi, lib
+from shim.pipelines.build import Build, build
+from support.budget import scaled
+from support.threads import run_threads
+from test_device_layer import raw_like
+from test_fork import run_isolated
+
+EXAMPLES = scaled(25, 150, "HALIDE_SHIM_STATEFUL_EXAMPLES")
+OPENCL = lib.SHIM_BACKEND_OPENCL
+DIRTY = lib.halide_buffer_flag_host_dirty | lib.halide_buffer_flag_device_dirty
+
+
+@pytest.fixture
+def serve(opencl):
+    """Switches serving on OpenCL on or off; every test leaves it on, with reuse on."""
+    def switch(on: bool) -> None:
+        lib.shim_serve_allocations(OPENCL, on)
+
+    yield switch
+    switch(True)
+    shim.reuse_device_allocations(True)
+
+
+def served_live() -> int:
+    nbytes = ffi.new("int64_t *")
+    return lib.shim_served_live(OPENCL, nbytes)
+
+
+def accounting(opencl) -> int:
+    """What the driver allocated and did not free, less what is live or pooled: constant."""
+    counts = opencl.allocation_counts()
+    return counts["new"] - counts["freed"] - opencl.live_allocations - opencl.pooled_allocations
+
+
+def core_calls_during(work) -> set[str]:
+    """The Python core's device operations (shim/core/runtime.py) that ran, on any thread,
+    while ``work()`` ran."""
+    seen = set()
+
+    def profiler(frame, event, arg):
+        if event == "call" and frame.f_globals.get("__name__") == "shim.core.runtime":
+            seen.add(frame.f_code.co_name)
+
+    sys.setprofile(profiler)
+    threading.setprofile(profiler)
+    try:
+        work()
+    finally:
+        sys.setprofile(None)
+        threading.setprofile(None)
+    return seen
+
+
+def blur3x3_reference(image: np.ndarray) -> np.ndarray:
+    a = image.astype(np.uint32)
+    bx = ((a[:, :-2] + a[:, 1:-1] + a[:, 2:]) // 3).astype(np.uint16).astype(np.uint32)
+    return ((bx[:-2] + bx[1:-1] + bx[2:]) // 3).astype(np.uint16)
+
+
+def test_a_pipelines_own_buffers_never_reach_python(opencl, serve):
+    """blur3x3 on OpenCL allocates and frees its compute_root stage on the device at every
+    call: served in C, the Python core's device_malloc and device_free never run; switched
+    off, they do. The results are numpy's either way, and the driver is asked for memory once."""
+    blur = shim.load(build(Build("blur3x3", "opencl", "no_runtime")))
+    image = (np.arange(34 * 70, dtype=np.uint16).reshape(34, 70) * 37) % 4099
+    source = shim.Buffer(image)
+    out = shim.Buffer(np.empty((32, 68), np.uint16))
+    source.copy_to_device(opencl)
+    out.device_malloc(opencl)
+    blur(source, out)  # compiles, and pools the stage's memory
+    new = opencl.allocation_counts()["new"]
+    for on in (True, False, True):
+        serve(on)
+        ran = core_calls_during(lambda: blur(source, out))
+        assert ("device_malloc" in ran or "device_free" in ran) is not on, ran
+        out.set_device_dirty()
+        np.testing.assert_array_equal(out.numpy(), blur3x3_reference(image))
+    assert opencl.allocation_counts()["new"] == new
+    assert served_live() == 0
+
+
+def test_a_served_allocation_becomes_pythons_when_python_needs_it(opencl, serve):
+    """A bare struct's allocation, served in C, then cropped (which only the Python core
+    does): the family appears then, the crop aliases the same memory, its data goes through
+    the device and back, and the free goes to the pool through Python."""
+    start, before, handles = served_live(), accounting(opencl), families.live_counts()
+    interface = lib.halide_opencl_device_interface()
+    parent = raw_like(np.arange(16 * 32, dtype=np.int32).reshape(16, 32), mins=(0, 0))
+    assert lib.halide_device_malloc(ffi.NULL, parent.raw, interface) == 0
+    assert served_live() == start + 1
+    assert families.live_counts() == handles  # no Python object for it
+    assert families.family_of(parent.raw) is not None  # met by Python: adopted
+    assert served_live() == start
+    # The struct's host data to the device (it is host-dirty), then a crop read back.
+    parent.raw.flags |= lib.halide_buffer_flag_host_dirty
+    assert lib.halide_copy_to_device(ffi.NULL, parent.raw, interface) == 0
+    # A crop as generated code makes one: the parent's strides, host memory of its own here
+    # (rows as long as the parent's), so that what it reads back is its own.
+    crop_host = np.zeros((4, 32), np.int32)
+    crop = raw_like(crop_host[:, :8], mins=(8, 4))
+    assert lib.halide_device_crop(ffi.NULL, parent.raw, crop.raw) == 0
+    assert lib.halide_opencl_get_cl_mem(ffi.NULL, crop.raw) == \
+        lib.halide_opencl_get_cl_mem(ffi.NULL, parent.raw)
+    crop.raw.flags = lib.halide_buffer_flag_device_dirty
+    assert lib.halide_copy_to_host(ffi.NULL, crop.raw) == 0
+    np.testing.assert_array_equal(crop_host[:, :8], parent.array[4:8, 8:16])
+    assert lib.halide_device_release_crop(ffi.NULL, crop.raw) == 0
+    assert lib.halide_device_free(ffi.NULL, parent.raw) == 0
+    assert parent.raw.device == 0 and parent.raw.device_interface == ffi.NULL
+    assert accounting(opencl) == before and served_live() == start
+    assert families.live_counts() == handles
+
+
+def test_a_profile_sees_every_allocation(opencl, serve):
+    """Served allocations would be invisible to a profile: while one records, the Python core
+    serves them all, and an allocation served before it started is freed through Python."""
+    interface = lib.halide_opencl_device_interface()
+    early = raw_like(np.zeros((8, 8), np.float32), mins=(0, 0))
+    late = raw_like(np.zeros((8, 8), np.float32), mins=(0, 0))
+    assert lib.halide_device_malloc(ffi.NULL, early.raw, interface) == 0
+    with shim.profile() as profile:
+        ran = core_calls_during(lambda: (
+            lib.halide_device_malloc(ffi.NULL, late.raw, interface),
+            lib.halide_device_free(ffi.NULL, late.raw),
+            lib.halide_device_free(ffi.NULL, early.raw)))
+    assert {"device_malloc", "device_free"} <= ran
+    assert len(profile.calls("device_malloc")) == 1 and len(profile.calls("device_free")) == 2
+    assert early.raw.device == 0 and late.raw.device == 0
+
+
+def malformed(kind: str):
+    array = np.zeros((6, 10), np.float32)
+    buf = raw_like(array, mins=(0, 0))
+    if kind == "negative stride":
+        buf.dims[0].stride = -1
+    elif kind == "empty":
+        buf.dims[1].extent = 0
+    elif kind == "both dirty":
+        buf.raw.flags = DIRTY
+    elif kind == "interface without device":
+        buf.raw.device_interface = lib.halide_opencl_device_interface()
+    return buf
+
+
+@pytest.mark.parametrize("kind", ["negative stride", "empty", "both dirty",
+                                  "interface without device", "null"])
+def test_malformed_buffers_get_the_python_cores_answer(opencl, serve, kind):
+    interface = lib.halide_opencl_device_interface()
+    outcomes = []
+    for on in (True, False):
+        serve(on)
+        buf = None if kind == "null" else malformed(kind)
+        raw = ffi.NULL if buf is None else buf.raw
+        malloc = lib.halide_device_malloc(ffi.NULL, raw, interface)
+        state = None if buf is None else (buf.raw.device != 0, buf.raw.flags)
+        free = lib.halide_device_free(ffi.NULL, raw)
+        outcomes.append((malloc, state, free))
+        if buf is not None and kind != "both dirty":
+            assert buf.raw.device == 0
+    assert outcomes[0] == outcomes[1]
+    assert served_live() == 0
+
+
+FORK_SCENARIO = r"""
+import os, sys
+import numpy as np
+import shim
+from shim.native import ffi, lib
+sys.path.insert(0, sys.argv[1])
+from test_device_layer import raw_like
+
+opencl = shim.device("opencl")
+interface = lib.halide_opencl_device_interface()
+kept = raw_like(np.zeros((16, 16), np.float32), mins=(0, 0))
+assert lib.halide_device_malloc(ffi.NULL, kept.raw, interface) == 0
+pid = os.fork()
+if pid == 0:
+    child = raw_like(np.zeros((16, 16), np.float32), mins=(0, 0))
+    print("child malloc", lib.halide_device_malloc(ffi.NULL, child.raw, interface) != 0, flush=True)
+    print("child free", lib.halide_device_free(ffi.NULL, kept.raw), kept.raw.device == 0, flush=True)
+    os._exit(0)
+_, status = os.waitpid(pid, 0)
+assert os.waitstatus_to_exitcode(status) == 0
+kept.raw.flags = lib.halide_buffer_flag_host_dirty
+kept.array[:] = 5
+assert lib.halide_copy_to_device(ffi.NULL, kept.raw, interface) == 0
+kept.array[:] = 0
+kept.raw.flags = lib.halide_buffer_flag_device_dirty
+assert lib.halide_copy_to_host(ffi.NULL, kept.raw) == 0
+assert (kept.array == 5).all()
+assert lib.halide_device_free(ffi.NULL, kept.raw) == 0
+print("parent intact", flush=True)
+"""
+
+
+def test_a_forked_child_never_serves_or_frees_the_parents_memory(opencl):
+    """In a child forked after the parent served an allocation, the driver is the parent's:
+    nothing is served there, and freeing the parent's allocation forgets it without a driver
+    call; the parent's memory and data are untouched."""
+    from pathlib import Path
+
+    done = run_isolated(FORK_SCENARIO, str(Path(__file__).parent))
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = done.stdout.split("\n")
+    assert lines[0] == "child malloc True", done.stdout + done.stderr  # refused: an error code
+    assert lines[1].startswith("child free ") and lines[2] == "parent intact", done.stdout
+
+
+# --- the same random work through both paths ----------------------------------------------
+
+SHAPES = [(8, 16), (8, 15), (16, 16), (4, 4), (3, 5)]
+
+
+class World:
+    """Bare structs over host arrays, operated with serving on or off."""
+
+    def __init__(self, on: bool):
+        self.on = on
+        self.buffers: list = []  # raw_like
+        self.crops: list = []  # (crop raw_like, parent index)
+
+
+class ServedAgainstPython(RuleBasedStateMachine):
+    """Every rule runs the same operation on two worlds of bare structs: one with the native
+    layer serving allocations, one with the Python core doing everything. Return codes,
+    device state, dirty bits and the data that comes back must agree, and both must agree
+    with a numpy model of each buffer; the driver's accounting must add up throughout."""
+
+    def __init__(self):
+        super().__init__()
+        self.opencl = shim.device("opencl")
+        self.interface = lib.halide_opencl_device_interface()
+        self.worlds = (World(True), World(False))
+        self.models: list[np.ndarray] = []
+        self.start = accounting(self.opencl)
+        self.value = 0
+
+    def both(self, operation):
+        """operation(world) on each world with its setting; the results must agree."""
+        results = []
+        for world in self.worlds:
+            lib.shim_serve_allocations(OPENCL, world.on)
+            results.append(operation(world))
+        lib.shim_serve_allocations(OPENCL, True)
+        assert results[0] == results[1], results
+        return results[0]
+
+    def state(self, buf) -> tuple:
+        return (buf.raw.device != 0, buf.raw.device_interface != ffi.NULL, buf.raw.flags & DIRTY)
+
+    @rule(shape=st.sampled_from(SHAPES))
+    def new(self, shape):
+        self.value += 1
+        model = np.full(shape, self.value, np.int32)
+        self.models.append(model)
+        for world in self.worlds:
+            world.buffers.append(raw_like(model.copy(), mins=(0, 0)))
+
+    def pick(self, i) -> int:
+        return i % len(self.models)
+
+    @precondition(lambda self: self.models)
+    @rule(i=st.integers(0, 99))
+    def malloc(self, i):
+        i = self.pick(i)
+        fresh = self.worlds[0].buffers[i].raw.device == 0
+        served = served_live()
+        self.both(lambda w: (lib.halide_device_malloc(ffi.NULL, w.buffers[i].raw, self.interface),
+                             self.state(w.buffers[i])))
+        if fresh:  # the serving world's malloc was served (the other's was not)
+            assert served_live() == served + 1
+
+    @rule(shape=st.sampled_from(SHAPES), read_back=st.booleans())
+    def pipeline_stage(self, shape, read_back):
+        """A pipeline's compute_root stage, whole: a new struct allocated, written by a
+        kernel, maybe read back, freed."""
+        self.value += 1
+        expected = np.full(shape, self.value, np.int32)
+        stage = [raw_like(np.zeros(shape, np.int32), mins=(0, 0)) for _ in self.worlds]
+        served = served_live()
+        self.both(lambda w: lib.halide_device_malloc(
+            ffi.NULL, stage[w is self.worlds[1]].raw, self.interface))
+        assert served_live() == served + 1
+        for buf in stage:
+            self.device_writes(buf, expected)
+        if read_back:
+            self.both(lambda w: lib.halide_copy_to_host(ffi.NULL, stage[w is self.worlds[1]].raw))
+            for buf in stage:
+                np.testing.assert_array_equal(buf.array, expected)
+        self.both(lambda w: (lib.halide_device_free(ffi.NULL, stage[w is self.worlds[1]].raw),
+                             self.state(stage[w is self.worlds[1]])))
+        assert served_live() == served
+
+    def device_writes(self, buf, values: np.ndarray) -> None:
+        """What a kernel does: device memory written behind the shim's back (here through
+        the driver), then the device-dirty bit set as generated code sets it."""
+        import pyopencl as cl  # (the opencl fixture made sure it is there)
+
+        mem = cl.Buffer.from_int_ptr(lib.halide_opencl_get_cl_mem(ffi.NULL, buf.raw), retain=True)
+        cl.enqueue_copy(self.opencl.queue, mem, values, is_blocking=True)
+        mem.release()
+        buf.raw.flags = (buf.raw.flags & ~DIRTY) | lib.halide_buffer_flag_device_dirty
+
+    @precondition(lambda self: self.models)
+    @rule(i=st.integers(0, 99))
+    def kernel_write(self, i):
+        i = self.pick(i)
+        if self.worlds[0].buffers[i].raw.device == 0:
+            return
+        self.value += 1
+        self.models[i] = np.full(self.models[i].shape, self.value, np.int32)
+        for world in self.worlds:
+            self.device_writes(world.buffers[i], self.models[i])
+
+    @precondition(lambda self: self.models)
+    @rule(i=st.integers(0, 99))
+    def free(self, i):
+        i = self.pick(i)
+        if any(parent == i for _, parent in self.worlds[0].crops):
+            return  # (Halide: a crop's parent outlives it)
+        device_only = self.worlds[0].buffers[i].raw.flags & lib.halide_buffer_flag_device_dirty
+        self.both(lambda w: (lib.halide_device_free(ffi.NULL, w.buffers[i].raw),
+                             self.state(w.buffers[i])))
+        if device_only:  # lost with the memory, as in Halide: the host's older data is current
+            self.models[i] = self.worlds[0].buffers[i].array.copy()
+            np.testing.assert_array_equal(self.worlds[1].buffers[i].array, self.models[i])
+
+    @precondition(lambda self: self.models)
+    @rule(i=st.integers(0, 99))
+    def host_write(self, i):
+        """The host side changes: first current there, as a caller must make it."""
+        i = self.pick(i)
+        self.value += 1
+        self.both(lambda w: lib.halide_copy_to_host(ffi.NULL, w.buffers[i].raw))
+        self.models[i][0, :] = self.value
+        for world in self.worlds:
+            buf = world.buffers[i]
+            buf.array[0, :] = self.value
+            buf.raw.flags = (buf.raw.flags & ~DIRTY) | lib.halide_buffer_flag_host_dirty
+
+    @precondition(lambda self: self.models)
+    @rule(i=st.integers(0, 99))
+    def copy_to_device(self, i):
+        i = self.pick(i)
+        self.both(lambda w: (lib.halide_copy_to_device(ffi.NULL, w.buffers[i].raw, self.interface),
+                             self.state(w.buffers[i])))
+
+    @precondition(lambda self: len(self.models) >= 2)
+    @rule(i=st.integers(0, 99), j=st.integers(0, 99))
+    def device_copy(self, i, j):
+        """halide_buffer_copy of one buffer into another on the device, over their overlap:
+        the destination becomes device-dirty with the source's values there."""
+        i, j = self.pick(i), self.pick(j)
+        if i == j:
+            return
+        for k in (i, j):  # both current on the device: memory fresh from malloc holds garbage
+            self.current_on_device(k)
+        code = self.both(lambda w: lib.halide_buffer_copy(
+            ffi.NULL, w.buffers[i].raw, self.interface, w.buffers[j].raw))
+        if code == 0:
+            h = min(self.models[i].shape[0], self.models[j].shape[0])
+            v = min(self.models[i].shape[1], self.models[j].shape[1])
+            self.models[j][:h, :v] = self.models[i][:h, :v]
+
+    def current_on_device(self, i):
+        self.both(lambda w: lib.halide_copy_to_host(ffi.NULL, w.buffers[i].raw))
+        for world in self.worlds:
+            buf = world.buffers[i]
+            buf.raw.flags = (buf.raw.flags & ~DIRTY) | lib.halide_buffer_flag_host_dirty
+        self.both(lambda w: lib.halide_copy_to_device(ffi.NULL, w.buffers[i].raw, self.interface))
+
+    @precondition(lambda self: self.models)
+    @rule(i=st.integers(0, 99), y=st.integers(0, 2), x=st.integers(0, 2))
+    def crop(self, i, y, x):
+        i = self.pick(i)
+        height, width = self.models[i].shape
+        for world in self.worlds:
+            array = np.zeros((max(height - y - 1, 1), max(width - x - 1, 1)), np.int32)
+            world.crops.append((raw_like(array, mins=(x, y)), i))
+        self.both(lambda w: (lib.halide_device_crop(ffi.NULL, w.buffers[i].raw, w.crops[-1][0].raw),
+                             self.state(w.crops[-1][0])))
+
+    @precondition(lambda self: self.worlds[0].crops)
+    @rule(k=st.integers(0, 99))
+    def release_crop(self, k):
+        k %= len(self.worlds[0].crops)
+        self.both(lambda w: lib.halide_device_release_crop(ffi.NULL, w.crops.pop(k)[0].raw))
+
+    @rule(on=st.booleans())
+    def switch_reuse(self, on):
+        shim.reuse_device_allocations(on)
+
+    @rule()
+    def release_unused(self):
+        shim.release_unused_device_allocations(self.opencl)
+
+    @precondition(lambda self: self.models)
+    @rule(i=st.integers(0, 99))
+    def read(self, i):
+        i = self.pick(i)
+        assert self.both(lambda w: lib.halide_copy_to_host(ffi.NULL, w.buffers[i].raw)) == 0
+        for world in self.worlds:
+            np.testing.assert_array_equal(world.buffers[i].array, self.models[i])
+
+    @invariant()
+    def the_worlds_agree(self):
+        for a, b in zip(*(w.buffers for w in self.worlds)):
+            assert self.state(a) == self.state(b)
+
+    @invariant()
+    def allocations_add_up(self):
+        assert accounting(self.opencl) == self.start
+        assert self.opencl.pooled_allocations <= self.opencl.pool_max_count
+        if not shim.can_reuse_device_allocations():
+            assert self.opencl.pooled_allocations == 0
+
+    def teardown(self):
+        codes, arrays = [], []
+        for world in self.worlds:  # everything freed, even after a failure, then checked
+            lib.shim_serve_allocations(OPENCL, world.on)
+            for crop, _ in world.crops:
+                codes.append(lib.halide_device_release_crop(ffi.NULL, crop.raw))
+            for buf in world.buffers:
+                codes.append(lib.halide_copy_to_host(ffi.NULL, buf.raw))
+                arrays.append(buf.array)
+                codes.append(lib.halide_device_free(ffi.NULL, buf.raw))
+        lib.shim_serve_allocations(OPENCL, True)
+        shim.reuse_device_allocations(True)
+        gc.collect()
+        assert set(codes) <= {0} and served_live() == 0
+        for array, model in zip(arrays, self.models + self.models):
+            np.testing.assert_array_equal(array, model)
+
+
+def test_served_and_python_paths_agree_on_random_work(opencl, serve):
+    run_state_machine_as_test(ServedAgainstPython, settings=settings(
+        max_examples=EXAMPLES, stateful_step_count=30, deadline=None, database=None,
+        print_blob=True, suppress_health_check=[HealthCheck.too_slow]))
+
+
+# --- the native pool and handles under threads ----------------------------------------------
+
+def test_threads_allocating_freeing_and_adopting_never_share_memory(opencl, serve):
+    """Threads malloc and free bare structs (served), some adopted by Python midway (a copy
+    through the device), one switching reuse and emptying the pool, while each live
+    allocation's cl_mem is checked to have one holder. Each thread's data must come back as
+    it wrote it, and the accounting must add up at the end."""
+    interface = lib.halide_opencl_device_interface()
+    start = accounting(opencl)
+    holders: dict[int, int] = {}
+    guard = threading.Lock()
+    steps = scaled(150, 1500)
+
+    def hold(buf, owner):
+        mem = lib.halide_opencl_get_cl_mem(ffi.NULL, buf.raw)
+        with guard:
+            assert holders.setdefault(mem, owner) == owner, "one cl_mem with two holders"
+
+    def let_go(buf):
+        mem = lib.halide_opencl_get_cl_mem(ffi.NULL, buf.raw)
+        with guard:
+            del holders[mem]
+
+    def worker(index):
+        rng = random.Random(index)
+        if index == 0:
+            for step in range(steps // 5):
+                shim.reuse_device_allocations(step % 3 != 0)
+                shim.release_unused_device_allocations(opencl)
+            shim.reuse_device_allocations(True)
+            return
+        mine = []
+        for step in range(steps):
+            if mine and (len(mine) > 3 or rng.random() < 0.5):
+                buf, value = mine.pop(rng.randrange(len(mine)))
+                if rng.random() < 0.3:  # through the device and back: adopted by Python
+                    buf.array[:] = value
+                    buf.raw.flags = lib.halide_buffer_flag_host_dirty
+                    assert lib.halide_copy_to_device(ffi.NULL, buf.raw, interface) == 0
+                    buf.array[:] = -1
+                    buf.raw.flags = lib.halide_buffer_flag_device_dirty
+                    assert lib.halide_copy_to_host(ffi.NULL, buf.raw) == 0
+                    assert (buf.array == value).all(), f"thread {index}: another holder wrote"
+                let_go(buf)
+                assert lib.halide_device_free(ffi.NULL, buf.raw) == 0
+            else:
+                shape = rng.choice([(8, 8), (8, 9), (16, 16), (32, 8)])
+                buf = raw_like(np.zeros(shape, np.int32), mins=(0, 0))
+                assert lib.halide_device_malloc(ffi.NULL, buf.raw, interface) == 0
+                hold(buf, index)
+                mine.append((buf, index * 1000 + step))
+        for buf, _ in mine:
+            let_go(buf)
+            assert lib.halide_device_free(ffi.NULL, buf.raw) == 0
+
+    run_threads(6, worker)
+    assert served_live() == 0 and not holders
+    assert accounting(opencl) == start
+    made = opencl.allocation_counts()
+    assert made["reused"] > 0
