@@ -23,9 +23,9 @@ int64_t shim_pool_max_bytes(const shim_pool *pool);
 /* The best-fitting entry for `size` (quantized), removed, its capacity in *capacity; 0 if
  * none fits. Counted as reused. */
 uint64_t shim_pool_take(shim_pool *pool, uint64_t size, uint64_t *capacity);
-/* Pool an entry; false (nothing kept) if it alone exceeds the bounds. The caller then evicts
- * (below) until the pool is within them. */
-bool shim_pool_put(shim_pool *pool, uint64_t native, uint64_t capacity);
+/* Pool an entry: -1 if it alone exceeds the bounds (nothing kept), else 1 if the pool now
+ * exceeds them (the caller then evicts, below, until it is within them), 0 if not. */
+int shim_pool_put(shim_pool *pool, uint64_t native, uint64_t capacity);
 /* The oldest entry while the pool exceeds its bounds, removed; 0 once within them. */
 uint64_t shim_pool_evict(shim_pool *pool, uint64_t *capacity);
 /* The oldest entry, removed; 0 if the pool is empty (a drain is a loop of these). */

@@ -101,11 +101,12 @@ uint64_t shim_pool_take(shim_pool *pool, uint64_t size, uint64_t *capacity) {
     return native;
 }
 
+
 static bool over_bounds(const shim_pool *pool) {
     return (int64_t)pool->count > pool->max_count || (int64_t)pool->bytes > pool->max_bytes;
 }
 
-bool shim_pool_put(shim_pool *pool, uint64_t native, uint64_t capacity) {
+int shim_pool_put(shim_pool *pool, uint64_t native, uint64_t capacity) {
     pthread_mutex_lock(&pool->lock);
     bool kept = false;
     if (native != 0 && pool->max_count > 0 && pool->max_bytes >= 0 &&
@@ -124,8 +125,9 @@ bool shim_pool_put(shim_pool *pool, uint64_t native, uint64_t capacity) {
             kept = true;
         }
     }
+    int result = !kept ? -1 : over_bounds(pool) ? 1 : 0;
     pthread_mutex_unlock(&pool->lock);
-    return kept;
+    return result;
 }
 
 uint64_t shim_pool_evict(shim_pool *pool, uint64_t *capacity) {

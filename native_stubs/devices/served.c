@@ -117,13 +117,15 @@ bool shim_buffer_span(const struct halide_buffer_t *buf, uint64_t *span) {
 static void give_back(void *user_context, served_backend *b, const shim_allocator *a,
                       uint64_t native, uint64_t capacity) {
     uint64_t freed = 0;
-    if (!halide_can_reuse_device_allocations(user_context) ||
-        !shim_pool_put(b->pool, native, capacity)) {
+    int pooled = halide_can_reuse_device_allocations(user_context)
+                     ? shim_pool_put(b->pool, native, capacity)
+                     : -1;
+    if (pooled < 0) {
         a->release(native);
         freed++;
     }
     uint64_t evicted_capacity;
-    for (uint64_t evicted; (evicted = shim_pool_evict(b->pool, &evicted_capacity)) != 0;) {
+    for (uint64_t evicted; pooled > 0 && (evicted = shim_pool_evict(b->pool, &evicted_capacity));) {
         a->release(evicted);
         freed++;
     }

@@ -178,7 +178,8 @@ class Backend(ABC):
             if pool.max_bytes is None:
                 size = self.memory_size()
                 pool.max_bytes = size // 8 if size else self.POOL_DEFAULT_BYTES
-            pool.max_count = self.pool_max_count
+            if pool.max_count != self.pool_max_count:
+                pool.max_count = self.pool_max_count
             evicted = pool.put(memory)
             if not self._reusing():  # switched off meanwhile: its drain may have missed it
                 evicted += pool.drain()

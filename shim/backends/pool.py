@@ -30,6 +30,8 @@ only: it is never held across a driver call.
 
 from __future__ import annotations
 
+import threading
+
 from shim.native import ffi, lib
 
 #: Halide's number (cuda.cpp): how many freed allocations are kept, the most recent first.
@@ -108,7 +110,7 @@ class AllocationPool:
     def take(self, size: int):
         """The best-fitting pooled allocation for ``size`` bytes (quantized), removed from the
         pool, or None."""
-        capacity = ffi.new("uint64_t *")
+        capacity = _capacity()
         native = lib.shim_pool_take(self.native, size, capacity)
         return self._out(native, capacity[0]) if native else None
 
@@ -118,8 +120,10 @@ class AllocationPool:
         outside the lock."""
         capacity = memory.capacity
         native = self._into(memory)
-        evicted = [] if lib.shim_pool_put(self.native, native, capacity) \
-            else [self._out(native, capacity)]
+        pooled = lib.shim_pool_put(self.native, native, capacity)
+        if pooled == 0:
+            return []
+        evicted = [self._out(native, capacity)] if pooled < 0 else []
         return evicted + self._drained(lib.shim_pool_evict)
 
     def drain(self) -> list:
@@ -128,7 +132,7 @@ class AllocationPool:
 
     def _drained(self, remove) -> list:
         entries = []
-        capacity = ffi.new("uint64_t *")
+        capacity = _capacity()
         while native := remove(self.native, capacity):
             entries.append(self._out(native, capacity[0]))
         return entries
@@ -142,3 +146,16 @@ class AllocationPool:
         native pool takes a new lock, since another thread of the parent may have held it at
         the fork."""
         lib.shim_pool_forget_after_fork(self.native)
+
+
+_scratch = threading.local()
+
+
+def _capacity():
+    """The calling thread's own out-parameter for an entry's capacity (a cffi allocation per
+    call would cost more than the pool's work)."""
+    try:
+        return _scratch.capacity
+    except AttributeError:
+        _scratch.capacity = ffi.new("uint64_t *")
+        return _scratch.capacity

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import os
 import threading
-from contextlib import contextmanager
 from typing import NamedTuple
 
 from shim.native import flags
@@ -428,31 +427,63 @@ def _retire(address: int, lock: FamilyLock) -> None:
         del _unallocated[address]
 
 
-@contextmanager
-def locked(*raws):
-    """Hold the locks of the families of ``raws`` (in a fixed order, so two threads locking
-    the same pair never deadlock). Yields the families, None for a struct with no family.
-    Signal handlers wait until the locks are released (shim/native/interrupts.py)."""
-    with interrupts.deferred():
-        addresses = [address_of(raw) for raw in raws]
-        while True:
-            targets = [_target(raw, address) for raw, address in zip(raws, addresses)]
-            locks = sorted({id(lock): lock for lock, _ in targets}.values(), key=id)
-            for lock in locks:
-                lock.acquire()
-            if all(_target(raw, address)[0] is lock
-                   for raw, address, (lock, _) in zip(raws, addresses, targets)):
-                break
-            for lock in reversed(locks):
-                lock.release()
+class locked:
+    """``with locked(*raws) as families:`` -- hold the locks of the families of ``raws`` (in a
+    fixed order, so two threads locking the same pair never deadlock). Gives the families, None
+    for a struct with no family (one family, or None, for one struct). Signal handlers wait
+    until the locks are released (shim/native/interrupts.py). A class, not a generator: every
+    device operation of the Python core enters one, and a generator's machinery cost more than
+    the locking itself."""
+
+    __slots__ = ("_raws", "_addresses", "_targets", "_locks")
+
+    def __init__(self, *raws):
+        self._raws = raws
+
+    def __enter__(self):
+        _DEFERRED.__enter__()
         try:
-            yield [family for _, family in targets] if len(raws) > 1 else targets[0][1]
-        finally:
-            for address, (lock, family) in zip(addresses, targets):
+            raws = self._raws
+            addresses = [address_of(raw) for raw in raws]
+            while True:
+                targets = [_target(raw, address) for raw, address in zip(raws, addresses)]
+                locks = [targets[0][0]] if len(targets) == 1 else \
+                    sorted({id(lock): lock for lock, _ in targets}.values(), key=id)
+                _acquire_all(locks)
+                if all(_target(raw, address)[0] is lock
+                       for raw, address, (lock, _) in zip(raws, addresses, targets)):
+                    break
+                for lock in reversed(locks):
+                    lock.release()
+        except BaseException as e:
+            _DEFERRED.__exit__(type(e), e, e.__traceback__)
+            raise
+        self._addresses, self._targets, self._locks = addresses, targets, locks
+        return [family for _, family in targets] if len(raws) > 1 else targets[0][1]
+
+    def __exit__(self, *exc) -> None:
+        try:
+            for address, (lock, family) in zip(self._addresses, self._targets):
                 if family is None:
                     _retire(address, lock)
-            for lock in reversed(locks):
+            for lock in reversed(self._locks):
                 lock.release()
+        finally:
+            _DEFERRED.__exit__(*exc)
+
+
+_DEFERRED = interrupts.deferred()
+
+
+def _acquire_all(locks: list) -> None:
+    """Acquire ``locks`` in order; if one refuses, those already held are released."""
+    for i, lock in enumerate(locks):
+        try:
+            lock.acquire()
+        except BaseException:
+            for held in reversed(locks[:i]):
+                held.release()
+            raise
 
 
 def _inside_pipeline_call() -> bool:
