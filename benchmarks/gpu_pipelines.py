@@ -90,9 +90,13 @@ def stock_server(kind: str) -> None:
 # --- the shim --------------------------------------------------------------------------------
 
 class ShimRunner:
-    def __init__(self, kind: str, prepared: bool = True):
+    """``served``: False to time the shim with every allocation through the Python core, as
+    before the native layer served pipelines' own (shim_serve_allocations)."""
+
+    def __init__(self, kind: str, prepared: bool = True, served: bool = True):
         import shim
 
+        self.served = served
         self.device = shim.device(kind)
         self.calls = {}
         for case, library in libraries(kind, "no_runtime").items():
@@ -110,14 +114,20 @@ class ShimRunner:
                 buf.device_free()
 
     def seconds(self, case, iterations, sync_each) -> float:
+        from shim.native import lib
+
         call, _ = self.calls[case]
-        start = time.perf_counter()
-        for _ in range(iterations):
-            call()
-            if sync_each:
-                self.device.sync()
-        self.device.sync()
-        return time.perf_counter() - start
+        lib.shim_serve_allocations(self.device.index, self.served)
+        try:
+            start = time.perf_counter()
+            for _ in range(iterations):
+                call()
+                if sync_each:
+                    self.device.sync()
+            self.device.sync()
+            return time.perf_counter() - start
+        finally:
+            lib.shim_serve_allocations(self.device.index, True)
 
 
 class ProfilingRunner(ShimRunner):
@@ -139,10 +149,12 @@ class ProfilingRunner(ShimRunner):
 
 def report(results: dict, records_per_call: dict) -> str:
     lines = [f"{'case':<21}{'sync':<11}{'stock us/call':>15}{'shim us/call':>14}{'shim/stock':>12}"
-             f"{'shim, plain call':>18}{'profiling':>11}{'profiling/shim':>16}{'us/record':>11}",
+             f"{'shim, plain call':>18}{'profiling':>11}{'profiling/shim':>16}{'us/record':>11}"
+             f"{'python allocs':>15}{'/shim':>7}",
              "  (min over samples; 'plain call' includes the shim's argument handling; "
              "'profiling': the shim while shim.profile records, us/record: its extra time per "
-             "record)"]
+             "record; 'python allocs': the shim with pipelines' own allocations through the "
+             "Python core, as before native_stubs/devices/served.c)"]
     for case in CASES:
         for sync in (False, True):
             stock = 1e6 * results["stock"][case, sync]["min"]
@@ -150,9 +162,11 @@ def report(results: dict, records_per_call: dict) -> str:
             plain = 1e6 * results["shim, plain call"][case, sync]["min"]
             profiled = 1e6 * results["shim, profiling"][case, sync]["min"]
             per_record = (profiled - ours) / records_per_call[case]
+            python = 1e6 * results["shim, python allocations"][case, sync]["min"]
             lines.append(f"{case:<21}{'each call' if sync else 'at end':<11}{stock:>15.1f}"
                          f"{ours:>14.1f}{ours / stock:>12.2f}{plain:>18.1f}{profiled:>11.1f}"
-                         f"{profiled / ours:>16.2f}{per_record:>11.1f}")
+                         f"{profiled / ours:>16.2f}{per_record:>11.1f}{python:>15.1f}"
+                         f"{python / ours:>7.2f}")
     lines.append("records per call while profiling: " + ", ".join(
         f"{case} {n:g}" for case, n in records_per_call.items()))
     return "\n".join(lines)
@@ -172,9 +186,10 @@ def main(argv=None) -> int:
     try:
         runners = {"stock": child, "shim": ShimRunner(args.device),
                    "shim, plain call": ShimRunner(args.device, prepared=False),
-                   "shim, profiling": ProfilingRunner(args.device)}
+                   "shim, profiling": ProfilingRunner(args.device),
+                   "shim, python allocations": ShimRunner(args.device, served=False)}
         results = interleave(runners, requests(), args.repeats, per_sample=per_call)
-        for name in ("shim", "shim, plain call", "shim, profiling"):
+        for name in ("shim", "shim, plain call", "shim, profiling", "shim, python allocations"):
             runners[name].close()
     finally:
         child.close()

@@ -153,9 +153,13 @@ def stock_server(paths: dict) -> None:
 # --- the shim --------------------------------------------------------------------------------
 
 class ShimRunner:
-    def __init__(self, kind: str, libraries: dict):
+    """``served``: False to time the shim with every allocation through the Python core, as
+    before the native layer served pipelines' own (shim_serve_allocations)."""
+
+    def __init__(self, kind: str, libraries: dict, served: bool = True):
         import shim
 
+        self.served = served
         self.device = shim.device(kind)
         self.calls = {}
         for app in APPS:
@@ -173,14 +177,20 @@ class ShimRunner:
         return values["output"].numpy().tobytes()
 
     def seconds(self, app, iterations, sync_each) -> float:
+        from shim.native import lib
+
         call, _ = self.calls[app]
-        start = time.perf_counter()
-        for _ in range(iterations):
-            call()
-            if sync_each:
-                self.device.sync()
-        self.device.sync()
-        return time.perf_counter() - start
+        lib.shim_serve_allocations(self.device.index, self.served)
+        try:
+            start = time.perf_counter()
+            for _ in range(iterations):
+                call()
+                if sync_each:
+                    self.device.sync()
+            self.device.sync()
+            return time.perf_counter() - start
+        finally:
+            lib.shim_serve_allocations(self.device.index, True)
 
     def close(self) -> None:
         for _, values in self.calls.values():
@@ -209,6 +219,7 @@ def main(argv=None) -> int:
         parser.error("--halide-source: a checkout of Halide is needed for its apps' generators")
     libraries = build_apps(args.halide_source, args.device)
     shim_runner = ShimRunner(args.device, libraries)
+    python_allocations = ShimRunner(args.device, libraries, served=False)
     from allocation_reuse import stock_environment
 
     child = ChildProcess([sys.executable, str(Path(__file__)), "--serve",
@@ -223,20 +234,25 @@ def main(argv=None) -> int:
                 print(f"{app}: the shim's output is the stock runtime's, bit for bit: {same}")
                 if not same:
                     return 1
-        results = interleave({"stock": child, "shim": shim_runner}, requests(), args.repeats,
-                             per_sample=lambda request: request["iterations"])
+        results = interleave({"stock": child, "shim": shim_runner,
+                              "python allocations": python_allocations}, requests(),
+                             args.repeats, per_sample=lambda request: request["iterations"])
     finally:
         child.close()
         shim_runner.close()
+        python_allocations.close()
     print(f"device: {shim_runner.device.name}; {WIDTH}x{HEIGHT} images")
-    print(f"{'app':<17}{'sync':<11}{'stock ms/call':>15}{'shim ms/call':>14}{'shim/stock':>12}")
-    print("  (min over samples)")
+    print(f"{'app':<17}{'sync':<11}{'stock ms/call':>15}{'shim ms/call':>14}{'shim/stock':>12}"
+          f"{'allocations in Python':>23}{'/shim':>7}")
+    print("  (min over samples; the last two: the shim with pipelines' own allocations through "
+          "the Python core, as before native_stubs/devices/served.c)")
     for app in APPS:
         for sync in (False, True):
             stock = 1e3 * results["stock"][app, sync]["min"]
             ours = 1e3 * results["shim"][app, sync]["min"]
+            python = 1e3 * results["python allocations"][app, sync]["min"]
             print(f"{app:<17}{'each call' if sync else 'at end':<11}{stock:>15.2f}{ours:>14.2f}"
-                  f"{ours / stock:>12.2f}")
+                  f"{ours / stock:>12.2f}{python:>23.2f}{python / ours:>7.2f}")
     return 0
 
 

@@ -17,7 +17,7 @@ import threading
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule, \
     run_state_machine_as_test
@@ -25,6 +25,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 import shim
 from shim.memory import families
 from shim.native import ffi, lib
+from shim.native.regions import Layout, NegativeStrides
 from shim.pipelines.build import Build, build
 from support.budget import scaled
 from support.threads import run_threads
@@ -230,6 +231,30 @@ def test_a_forked_child_never_serves_or_frees_the_parents_memory(opencl):
     lines = done.stdout.split("\n")
     assert lines[0] == "child malloc True", done.stdout + done.stderr  # refused: an error code
     assert lines[1].startswith("child free ") and lines[2] == "parent intact", done.stdout
+
+
+@settings(max_examples=300, deadline=None)
+@given(bits=st.sampled_from([1, 8, 16, 32, 64]),
+       dims=st.lists(st.tuples(st.integers(-3, 40), st.integers(-4, 5000)), max_size=5))
+def test_the_native_span_is_the_python_cores(bits, dims):
+    """shim_buffer_span, the size served allocations get, against Layout.nbytes_span: equal
+    wherever the native side decides, and where it declines the Python core gives no positive
+    size without an error (an empty buffer, a negative stride or extent)."""
+    dim = ffi.new("halide_dimension_t[]", max(len(dims), 1))
+    for i, (extent, stride) in enumerate(dims):
+        dim[i].extent, dim[i].stride = extent, stride
+    raw = ffi.new("halide_buffer_t *")
+    raw.type.code, raw.type.bits, raw.type.lanes = 1, bits, 1
+    raw.dimensions, raw.dim = len(dims), dim
+    span = ffi.new("uint64_t *")
+    try:
+        python = Layout.of(raw).nbytes_span
+    except NegativeStrides:
+        python = None
+    if lib.shim_buffer_span(raw, span):
+        assert span[0] == python
+    else:
+        assert python is None or python <= 0 or any(e < 0 for e, _ in dims) or python >= 1 << 60
 
 
 # --- the same random work through both paths ----------------------------------------------
