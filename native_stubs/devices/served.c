@@ -32,7 +32,11 @@
  * release store after the allocation and the handle exist, and cleared before the memory goes
  * back to the pool, as the Python core does under its family lock. Two threads allocating the
  * same bare struct at once (which generated code never does) cannot both succeed: the
- * interface is claimed with a compare-and-swap, and the loser gives its memory back.
+ * interface is claimed with a compare-and-swap, and the loser gives its memory back. (The
+ * Python core stores the fields without one: a served malloc racing a Python malloc of the
+ * same struct, on a thread where profiling or serving just changed, could leave one of the two
+ * allocations unreferenced. Only a program allocating one struct from two threads at once
+ * could see it.)
  */
 #include "shim_native.h"
 #include "devices/served.h"
