@@ -44,15 +44,18 @@ void shim_pool_forget_after_fork(shim_pool *pool);
  * (an empty extent, a negative stride or extent, a size past 2^60), which Python decides. */
 bool shim_buffer_span(const struct halide_buffer_t *buf, uint64_t *span);
 
-/* Allocations served by the native layer (native_stubs/devices/served.c): device_malloc and
- * device_free of a pipeline's own buffers (no shim.Buffer, no crop) on a backend whose native
- * side registered an allocator, with no Python. Python switches it per backend (the tests run
+/* Allocations served by the native layer (native_stubs/devices/served.c): device_malloc,
+ * device_free and (for buffers whose elements are dense) copy_to_device and copy_to_host of a
+ * pipeline's own buffers (no shim.Buffer, no crop) on a backend whose native side registered an
+ * allocator, with no Python. Python switches it per backend (the tests run
  * the same work both ways and compare) and takes a served allocation over the first time it
  * needs one (a crop of it, a copy, a profile): shim/memory/families.py. */
 void shim_serve_allocations(int backend, bool on);
 bool shim_serves_allocations(int backend);
 /* Served allocations alive now, and the capacity they hold. */
 int64_t shim_served_live(int backend, int64_t *bytes);
+/* Bytes the served copies moved so far, each way. */
+void shim_served_transferred(int backend, uint64_t *uploaded, uint64_t *downloaded);
 /* Take over the served allocation behind `handle`: 1, with its native value, the bytes asked
  * for and the capacity, and the native layer forgets it (the handle stays valid: it is now
  * the caller's, released as any other); 0 if `handle` is not one served and not yet taken. */

@@ -10,6 +10,10 @@ Cases, each with Halide's switch (halide_reuse_device_allocations) on and off in
   The shim: a plain pipeline call with the arrays (its argument handling included). The stock
   runtime: the same buffers re-pointed at the fresh arrays, the pipeline run, the output
   copied to the host and both buffers freed with halide_device_free, from Python.
+- ``up+down 16K``: halide_copy_to_device then halide_copy_to_host of one allocated 64x64
+  float32 buffer (host-dirty, then device-dirty, as a pipeline leaves it), through the C entry
+  points in both runtimes; the shim's rows as for malloc/free below (a pipeline's own buffer is
+  served in C).
 - ``malloc/free 16K`` and ``malloc/free 16M``: halide_device_malloc + halide_device_free of
   one buffer (64x64 and 2048x2048 float32) in a loop, through the C entry points in both
   runtimes (what a pipeline calls). The stock runtime's buffer is a bare halide_buffer_t, as
@@ -44,8 +48,10 @@ sys.path.insert(0, str(HERE.parent))
 from pipelines.build import Build, build  # noqa: E402
 
 SHAPE = (64, 64)
-MALLOC_SHAPES = {"malloc/free 16K": (64, 64), "malloc/free 16M": (2048, 2048)}
-ITERATIONS = {"pipeline": 100, "malloc/free 16K": 300, "malloc/free 16M": 100}
+MALLOC_SHAPES = {"malloc/free 16K": (64, 64), "malloc/free 16M": (2048, 2048),
+                 "up+down 16K": (64, 64)}
+ITERATIONS = {"pipeline": 100, "malloc/free 16K": 300, "malloc/free 16M": 100, "up+down 16K": 300}
+COPY_CASES = {"up+down 16K"}
 
 
 def library(kind: str, runtime: str) -> Path:
@@ -113,6 +119,8 @@ class StockRunner:
                 call(pair)
             return time.perf_counter() - start
         raw = self.buffers[case][0]
+        if case in COPY_CASES:
+            return copy_seconds(ffi, lib, raw, self.interface, iterations, self._check)
         malloc, free, interface = lib.halide_device_malloc, lib.halide_device_free, self.interface
         self._check(malloc(ffi.NULL, raw, interface), "device_malloc")
         self._check(free(ffi.NULL, raw), "device_free")
@@ -164,6 +172,8 @@ class ShimRunner:
                 call(source, scale=2.0, offset=1.0, output=target)
             return time.perf_counter() - start
         buf = self.buffers[case]
+        if case in COPY_CASES:
+            return self._copy_seconds(case, iterations)
         if self.buffer_methods:
             malloc, free = (lambda: buf.device_malloc(self.device)), buf.device_free
         else:
@@ -181,9 +191,51 @@ class ShimRunner:
             raise RuntimeError("device_malloc/free failed inside the timing loop")
         return elapsed
 
+    def _copy_seconds(self, case, iterations) -> float:
+        buf = self.buffers[case]
+        if not self.buffer_methods:
+            raw = self.structs[case][0] if self.bare else buf.raw
+            return copy_seconds(self.ffi, self.lib, raw, self.interface, iterations, _check)
+        buf.copy_to_device(self.device)
+        start = time.perf_counter()
+        for _ in range(iterations):
+            buf.set_host_dirty()
+            buf.copy_to_device(self.device)
+            buf.set_device_dirty()
+            buf.copy_to_host()
+        elapsed = time.perf_counter() - start
+        buf.device_free()
+        return elapsed
+
     def close(self) -> None:
         self.shim.reuse_device_allocations(True)
         self.shim.release_unused_device_allocations(self.device)
+
+
+def copy_seconds(ffi, lib, raw, interface, iterations: int, check) -> float:
+    """``iterations`` uploads and downloads of ``raw`` (allocated first, freed after) through
+    the C entry points, as a pipeline's copies are made: the same code on both sides."""
+    check(lib.halide_device_malloc(ffi.NULL, raw, interface), "device_malloc")
+    to_device, to_host = lib.halide_copy_to_device, lib.halide_copy_to_host
+    host_dirty, device_dirty = lib.halide_buffer_flag_host_dirty, lib.halide_buffer_flag_device_dirty
+    # The dirty bits changed, the others kept, as generated code changes them (the shim keeps
+    # bits of its own there).
+    others = raw.flags & ~(host_dirty | device_dirty)
+    start = time.perf_counter()
+    for _ in range(iterations):
+        raw.flags = others | host_dirty
+        to_device(ffi.NULL, raw, interface)
+        raw.flags = others | device_dirty
+        to_host(ffi.NULL, raw)
+    elapsed = time.perf_counter() - start
+    check(raw.flags & (host_dirty | device_dirty), "the copies (dirty bits left)")
+    check(lib.halide_device_free(ffi.NULL, raw), "device_free")
+    return elapsed
+
+
+def _check(result, what) -> None:
+    if result != 0:
+        raise RuntimeError(f"{what} failed ({result})")
 
 
 def bare_struct(ffi, array: np.ndarray) -> tuple:

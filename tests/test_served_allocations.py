@@ -138,6 +138,59 @@ def test_a_served_allocation_becomes_pythons_when_python_needs_it(opencl, serve)
     assert families.live_counts() == handles
 
 
+def test_a_stages_copies_never_reach_python(opencl, serve):
+    """A bare struct's upload (allocating it) and download, served in C like its malloc and
+    free: no Python, the bytes counted, the dirty bits as the Python core leaves them. A struct
+    whose rows have gaps goes to Python for its copies, with the same result."""
+    interface = lib.halide_opencl_device_interface()
+    for gapped in (False, True):
+        wide = np.arange(8 * 20, dtype=np.int32).reshape(8, 20)
+        data = wide[:, :16] if gapped else wide[:, :16].copy()
+        buf = raw_like(data, mins=(0, 0))
+        buf.raw.flags = lib.halide_buffer_flag_host_dirty
+        uploaded, downloaded = opencl.transfers.uploaded, opencl.transfers.downloaded
+
+        def round_trip():
+            assert lib.halide_copy_to_device(ffi.NULL, buf.raw, interface) == 0
+            assert buf.raw.flags & DIRTY == 0 and buf.raw.device != 0
+            buf.array[:] = -1
+            buf.raw.flags = lib.halide_buffer_flag_device_dirty
+            assert lib.halide_copy_to_host(ffi.NULL, buf.raw) == 0
+            assert buf.raw.flags & DIRTY == 0
+
+        ran = core_calls_during(round_trip)
+        assert bool(ran & {"copy_to_device", "copy_to_host"}) is gapped, ran
+        np.testing.assert_array_equal(buf.array, wide[:, :16] if gapped else np.arange(8 * 20).reshape(8, 20)[:, :16])
+        assert opencl.transfers.uploaded - uploaded == 8 * 16 * 4
+        assert opencl.transfers.downloaded - downloaded == 8 * 16 * 4
+        if gapped:
+            np.testing.assert_array_equal(wide[:, 16:], np.arange(8 * 20).reshape(8, 20)[:, 16:])
+        assert lib.halide_device_free(ffi.NULL, buf.raw) == 0
+    assert served_live() == 0
+
+
+def test_a_buffer_whose_flags_were_assigned_whole_keeps_its_allocation(opencl, serve):
+    """Code that assigns a shim.Buffer's struct flags as a whole (``raw.flags = 1``) drops the
+    bit that keeps the native layer from serving it: an allocation served then joins the
+    Buffer's family the first time Python meets it, and everything works and is given back."""
+    data = np.arange(64, dtype=np.float32).reshape(8, 8)
+    buf = shim.Buffer(data)
+    interface = lib.halide_opencl_device_interface()
+    live = opencl.live_allocations
+    buf.raw.flags = lib.halide_buffer_flag_host_dirty
+    assert lib.halide_device_malloc(ffi.NULL, buf.raw, interface) == 0
+    assert lib.halide_copy_to_device(ffi.NULL, buf.raw, interface) == 0
+    buf.raw.flags = lib.halide_buffer_flag_device_dirty
+    data[:] = -1  # (the Buffer's host memory: only the device holds the values now)
+    np.testing.assert_array_equal(buf.numpy(), np.arange(64).reshape(8, 8))  # brought home
+    crop = buf.cropped([(2, 4), (2, 4)])
+    crop.copy_to_device(opencl)
+    np.testing.assert_array_equal(crop.numpy(), np.arange(64).reshape(8, 8)[2:6, 2:6])
+    del crop, buf
+    gc.collect()
+    assert opencl.live_allocations == live and served_live() == 0
+
+
 def test_a_profile_sees_every_allocation(opencl, serve):
     """Served allocations would be invisible to a profile: while one records, the Python core
     serves them all, and an allocation served before it started is freed through Python."""
@@ -299,13 +352,17 @@ class ServedAgainstPython(RuleBasedStateMachine):
     def state(self, buf) -> tuple:
         return (buf.raw.device != 0, buf.raw.device_interface != ffi.NULL, buf.raw.flags & DIRTY)
 
-    @rule(shape=st.sampled_from(SHAPES))
-    def new(self, shape):
+    @rule(shape=st.sampled_from(SHAPES), gapped=st.booleans())
+    def new(self, shape, gapped):
+        """A new struct over host memory: dense, or rows with a gap after each (as a crop of a
+        wider image has), whose copies only the Python core makes."""
         self.value += 1
         model = np.full(shape, self.value, np.int32)
         self.models.append(model)
         for world in self.worlds:
-            world.buffers.append(raw_like(model.copy(), mins=(0, 0)))
+            array = np.full((shape[0], shape[1] + 3 * gapped), -7, np.int32)[:, :shape[1]]
+            array[:] = model
+            world.buffers.append(raw_like(array, mins=(0, 0)))
 
     def pick(self, i) -> int:
         return i % len(self.models)
@@ -347,8 +404,14 @@ class ServedAgainstPython(RuleBasedStateMachine):
         the driver), then the device-dirty bit set as generated code sets it."""
         import pyopencl as cl  # (the opencl fixture made sure it is there)
 
+        # The device mirrors the host layout from the min element: rows `stride` apart.
+        height, width = values.shape
+        stride = buf.dims[1].stride
+        laid_out = np.zeros((height, stride), np.int32)
+        laid_out[:, :width] = values
         mem = cl.Buffer.from_int_ptr(lib.halide_opencl_get_cl_mem(ffi.NULL, buf.raw), retain=True)
-        cl.enqueue_copy(self.opencl.queue, mem, values, is_blocking=True)
+        cl.enqueue_copy(self.opencl.queue, mem, laid_out.reshape(-1)[:(height - 1) * stride + width],
+                        is_blocking=True)
         mem.release()
         buf.raw.flags = (buf.raw.flags & ~DIRTY) | lib.halide_buffer_flag_device_dirty
 

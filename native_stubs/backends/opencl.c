@@ -52,6 +52,10 @@ static struct {
     cl_mem (*create_buffer)(cl_context, cl_mem_flags, size_t, void *, cl_int *);
     cl_int (*release_mem_object)(cl_mem);
     cl_int (*retain_mem_object)(cl_mem);
+    cl_int (*enqueue_write_buffer)(cl_command_queue, cl_mem, cl_uint, size_t, size_t, const void *,
+                                   cl_uint, const cl_event *, cl_event *);
+    cl_int (*enqueue_read_buffer)(cl_command_queue, cl_mem, cl_uint, size_t, size_t, void *,
+                                  cl_uint, const cl_event *, cl_event *);
     cl_int (*enqueue_copy_buffer)(cl_command_queue, cl_mem, cl_mem, size_t, size_t, size_t, cl_uint,
                                   const cl_event *, cl_event *);
     cl_int (*enqueue_copy_buffer_rect)(cl_command_queue, cl_mem, cl_mem, const size_t *,
@@ -79,10 +83,13 @@ int shim_opencl_bind(const char *loader, void *context, void *queue) {
     cl.create_buffer = dlsym(library, "clCreateBuffer");
     cl.release_mem_object = dlsym(library, "clReleaseMemObject");
     cl.retain_mem_object = dlsym(library, "clRetainMemObject");
+    cl.enqueue_write_buffer = dlsym(library, "clEnqueueWriteBuffer");
+    cl.enqueue_read_buffer = dlsym(library, "clEnqueueReadBuffer");
     cl.enqueue_copy_buffer = dlsym(library, "clEnqueueCopyBuffer");
     cl.enqueue_copy_buffer_rect = dlsym(library, "clEnqueueCopyBufferRect");
     if (!cl.set_kernel_arg || !cl.enqueue_nd_range_kernel || !cl.create_kernel ||
         !cl.release_kernel || !cl.create_buffer || !cl.release_mem_object || !cl.retain_mem_object ||
+        !cl.enqueue_write_buffer || !cl.enqueue_read_buffer ||
         !cl.enqueue_copy_buffer || !cl.enqueue_copy_buffer_rect) {
         return -2;
     }
@@ -434,9 +441,30 @@ static void release_served_handle(uint64_t handle) {
     shim_opencl_handle_release((shim_cl_handle *)(uintptr_t)handle);
 }
 
+static bool served_native(uint64_t value, uint64_t *native) {
+    const shim_cl_handle *handle = (const shim_cl_handle *)(uintptr_t)value;
+    if (!__atomic_load_n(&handle->served, __ATOMIC_ACQUIRE)) {
+        return false;
+    }
+    *native = (uint64_t)(uintptr_t)handle->mem;
+    return true;
+}
+
+/* Blocking, on the shim's one in-order queue, as the Python backend's write and read: the
+ * bytes are where they go when these return (shim/backends/base.py's contract). */
+static int write_allocation(uint64_t native, const void *host, uint64_t nbytes) {
+    return cl.enqueue_write_buffer(__atomic_load_n(&cl.queue, __ATOMIC_ACQUIRE),
+                                   (cl_mem)(uintptr_t)native, 1, 0, nbytes, host, 0, NULL, NULL);
+}
+
+static int read_allocation(uint64_t native, void *host, uint64_t nbytes) {
+    return cl.enqueue_read_buffer(__atomic_load_n(&cl.queue, __ATOMIC_ACQUIRE),
+                                  (cl_mem)(uintptr_t)native, 1, 0, nbytes, host, 0, NULL, NULL);
+}
+
 static const shim_allocator allocator = {
     driver_usable, create_allocation, shim_opencl_release, make_served_handle, claim_served,
-    release_served_handle,
+    release_served_handle, served_native, write_allocation, read_allocation,
 };
 
 void shim_opencl_serve_allocations(shim_pool *pool) {

@@ -12,9 +12,9 @@
  *
  * For the shim's own interfaces (below) the impl entries are the Python runtime core,
  * which takes the allocation family's lock, re-checks the flags, moves the data and updates the
- * flags itself. Before it, device_malloc and device_free ask served.c, which serves a
- * pipeline's own buffers (no Python family exists for them) entirely in C and leaves every
- * other case to the Python core. For any other interface (a backend the shim does not implement, running in a
+ * flags itself. Before it, device_malloc, device_free, copy_to_device and copy_to_host ask
+ * served.c, which serves a pipeline's own buffers (no Python family exists for them) entirely in
+ * C and leaves every other case to the Python core. For any other interface (a backend the shim does not implement, running in a
  * pipeline's bundled runtime) the impl is the backend alone and this file updates the flags
  * afterwards, as Halide's generic layer does.
  *
@@ -205,6 +205,10 @@ int halide_copy_to_host(void *user_context, struct halide_buffer_t *buf) {
         return halide_error_code_no_device_interface;
     }
     if (shim_owns_interface(interface)) {
+        result = shim_served_copy_to_host(user_context, buf, shim_backend_of(interface));
+        if (result != SHIM_NOT_SERVED) {
+            return result;
+        }
         return interface->impl->copy_to_host(user_context, buf);
     }
     result = FOREIGN_CALL(COPY_TO_HOST, interface, halide_error_code_copy_to_host_failed,
@@ -245,6 +249,11 @@ int halide_copy_to_device(void *user_context, struct halide_buffer_t *buf,
         return NOOP(COPY_TO_DEVICE);
     }
     if (shim_owns_interface(device_interface)) {
+        result = shim_served_copy_to_device(user_context, buf, shim_backend_of(device_interface),
+                                            device_interface);
+        if (result != SHIM_NOT_SERVED) {
+            return result;
+        }
         return device_interface->impl->copy_to_device(user_context, buf);
     }
     if (!allocated) {

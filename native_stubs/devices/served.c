@@ -47,6 +47,7 @@ typedef struct {
     shim_pool *pool;
     bool off;   /* switched off by Python (shim_serve_allocations) */
     int64_t live, live_bytes;
+    uint64_t uploaded, downloaded; /* bytes the served copies moved */
 } served_backend;
 
 static served_backend backends[SHIM_BACKEND_COUNT];
@@ -78,6 +79,12 @@ int64_t shim_served_live(int backend, int64_t *bytes) {
     }
     *bytes = __atomic_load_n(&backends[backend].live_bytes, __ATOMIC_RELAXED);
     return __atomic_load_n(&backends[backend].live, __ATOMIC_RELAXED);
+}
+
+void shim_served_transferred(int backend, uint64_t *uploaded, uint64_t *downloaded) {
+    bool known = backend >= 0 && backend < SHIM_BACKEND_COUNT;
+    *uploaded = known ? __atomic_load_n(&backends[backend].uploaded, __ATOMIC_RELAXED) : 0;
+    *downloaded = known ? __atomic_load_n(&backends[backend].downloaded, __ATOMIC_RELAXED) : 0;
 }
 
 static void count_live(served_backend *b, int64_t count, int64_t capacity) {
@@ -214,4 +221,108 @@ int shim_served_adopt(int backend, uint64_t handle, uint64_t *native, uint64_t *
     }
     count_live(b, -1, (int64_t)*capacity);
     return 1;
+}
+
+/* --- copies ---------------------------------------------------------------------------------
+ *
+ * copy_to_device and copy_to_host of a served allocation, where the buffer's elements are
+ * dense: they fill its span exactly, so the Python core's copy plan (shim/native/regions.py's
+ * mirror_plan: the device mirrors the host layout from the min element) moves exactly the span's
+ * bytes, one blocking copy. Other layouts, and everything the Python core would refuse, are
+ * left to it. The dirty bit is cleared only once the copy has completed (see device_generic.c). */
+
+/* Whether the elements of `buf` are every element of its span once: sorted by stride, each
+ * dimension with more than one element steps over exactly the ones before it. */
+static bool dense(const halide_buffer_t *buf) {
+    if (buf->dimensions > 16) {
+        return false;
+    }
+    int64_t extents[16], strides[16];
+    int count = 0;
+    for (int i = 0; i < buf->dimensions; i++) {
+        if (buf->dim[i].extent > 1) {
+            int j = count++;
+            for (; j > 0 && strides[j - 1] > buf->dim[i].stride; j--) { /* insertion sort */
+                extents[j] = extents[j - 1];
+                strides[j] = strides[j - 1];
+            }
+            extents[j] = buf->dim[i].extent;
+            strides[j] = buf->dim[i].stride;
+        }
+    }
+    int64_t step = 1;
+    for (int i = 0; i < count; i++) {
+        if (strides[i] != step) {
+            return false;
+        }
+        step *= extents[i];
+    }
+    return true;
+}
+
+/* The native value of the served allocation `buf` holds on `backend` and the bytes it spans, if
+ * a copy of it may be served. */
+static bool copyable(const shim_allocator *a, const halide_buffer_t *buf, uint64_t *native,
+                     uint64_t *nbytes) {
+    uint64_t device = shim_device_load(buf);
+    return buf->host != NULL && device != 0 &&
+           !(shim_flags_load(buf) & (SHIM_BUFFER_FLAG_PYTHON | SHIM_BUFFER_FLAG_REGIONS)) &&
+           a->served(device, native) && shim_buffer_span(buf, nbytes) && dense(buf);
+}
+
+int shim_served_copy_to_device(void *user_context, struct halide_buffer_t *buf, int backend,
+                               const struct halide_device_interface_t *interface) {
+    const shim_allocator *a = serving(backend);
+    if (a == NULL || buf->host == NULL) {
+        return SHIM_NOT_SERVED;
+    }
+    if (shim_device_load(buf) == 0) {
+        /* As the Python core allocates for a copy (runtime.allocate_behind_host): new memory
+         * holds nothing, so the host holds the data, marked so before the handle is published. */
+        uint64_t nbytes;
+        if (!shim_buffer_span(buf, &nbytes) || !dense(buf) ||
+            (shim_flags_load(buf) & (SHIM_BUFFER_FLAG_PYTHON | SHIM_BUFFER_FLAG_REGIONS)) ||
+            __atomic_load_n(&buf->device_interface, __ATOMIC_ACQUIRE) != NULL) {
+            return SHIM_NOT_SERVED;
+        }
+        shim_flags_set(buf, halide_buffer_flag_host_dirty);
+        if (shim_served_malloc(user_context, buf, backend, interface) != halide_error_code_success) {
+            return SHIM_NOT_SERVED;
+        }
+    } else if (__atomic_load_n(&buf->device_interface, __ATOMIC_ACQUIRE) != interface) {
+        return SHIM_NOT_SERVED; /* on another device: the Python core refuses or moves it */
+    }
+    uint64_t native, nbytes;
+    if (!copyable(a, buf, &native, &nbytes)) {
+        return SHIM_NOT_SERVED;
+    }
+    uint64_t flags = shim_flags_load(buf);
+    if (!(flags & halide_buffer_flag_host_dirty)) {
+        return halide_error_code_success;
+    }
+    if ((flags & halide_buffer_flag_device_dirty) || a->write(native, buf->host, nbytes) != 0) {
+        return SHIM_NOT_SERVED; /* the Python core reports it (or tries again, and reports) */
+    }
+    __atomic_add_fetch(&backends[backend].uploaded, nbytes, __ATOMIC_RELAXED);
+    shim_flags_clear(buf, halide_buffer_flag_host_dirty);
+    return halide_error_code_success;
+}
+
+int shim_served_copy_to_host(void *user_context, struct halide_buffer_t *buf, int backend) {
+    (void)user_context;
+    const shim_allocator *a = serving(backend);
+    uint64_t native, nbytes;
+    if (a == NULL || !copyable(a, buf, &native, &nbytes)) {
+        return SHIM_NOT_SERVED;
+    }
+    uint64_t flags = shim_flags_load(buf);
+    if (!(flags & halide_buffer_flag_device_dirty)) {
+        return halide_error_code_success;
+    }
+    if ((flags & halide_buffer_flag_host_dirty) || a->read(native, buf->host, nbytes) != 0) {
+        return SHIM_NOT_SERVED;
+    }
+    __atomic_add_fetch(&backends[backend].downloaded, nbytes, __ATOMIC_RELAXED);
+    shim_flags_clear(buf, halide_buffer_flag_device_dirty);
+    return halide_error_code_success;
 }

@@ -23,6 +23,13 @@ typedef struct {
     bool (*claim)(uint64_t handle, uint64_t *native, uint64_t *nbytes, uint64_t *capacity);
     /* Free a claimed handle made by make_handle. */
     void (*release_handle)(uint64_t handle);
+    /* Whether `handle` is a served one not yet claimed, and its native value (a look, not a
+     * claim: the caller is the struct's user, whom generated code orders with its free). */
+    bool (*served)(uint64_t handle, uint64_t *native);
+    /* Blocking copies between host memory and the first `nbytes` of an allocation: 0 once
+     * the bytes are there, else the driver's code. */
+    int (*write)(uint64_t native, const void *host, uint64_t nbytes);
+    int (*read)(uint64_t native, void *host, uint64_t nbytes);
 } shim_allocator;
 
 /* The backend's native side, once bound: its allocator, and the pool its Python side uses. */
@@ -36,5 +43,8 @@ int shim_served_malloc(void *user_context, struct halide_buffer_t *buf, int back
                        const struct halide_device_interface_t *interface);
 int shim_served_free(void *user_context, struct halide_buffer_t *buf, int backend,
                      const struct halide_device_interface_t *interface);
+int shim_served_copy_to_device(void *user_context, struct halide_buffer_t *buf, int backend,
+                               const struct halide_device_interface_t *interface);
+int shim_served_copy_to_host(void *user_context, struct halide_buffer_t *buf, int backend);
 
 #endif

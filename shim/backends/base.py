@@ -56,15 +56,37 @@ class Memory:
 
 
 class Transfers:
-    """Bytes a backend moved, by direction; the generic layer counts every copy it asks for."""
+    """Bytes a backend moved, by direction: every copy the generic layer asks for, and those
+    the native layer serves (native_stubs/devices/served.c) for ``served``, the backend's index
+    (None: it serves none)."""
 
     def __init__(self):
         self._lock = sections.Lock()  # for the counters only
-        self.uploaded = self.downloaded = self.device_copied = 0
+        self._moved = {"uploaded": 0, "downloaded": 0, "device_copied": 0}
+        self.served: int | None = None
 
     def add(self, direction: str, nbytes: int) -> None:
         with self._lock:
-            setattr(self, direction, getattr(self, direction) + nbytes)
+            self._moved[direction] += nbytes
+
+    def _served(self) -> tuple[int, int]:
+        if self.served is None:
+            return 0, 0
+        moved = ffi.new("uint64_t[2]")
+        lib.shim_served_transferred(self.served, moved, moved + 1)
+        return moved[0], moved[1]
+
+    @property
+    def uploaded(self) -> int:
+        return self._moved["uploaded"] + self._served()[0]
+
+    @property
+    def downloaded(self) -> int:
+        return self._moved["downloaded"] + self._served()[1]
+
+    @property
+    def device_copied(self) -> int:
+        return self._moved["device_copied"]
 
     def forget_after_fork(self) -> None:
         """In a forked child: a new lock, since another thread of the parent may have held

@@ -192,6 +192,7 @@ class OpenCLBackend(Backend):
         # long as the process: the backend registry keeps every backend).
         lib.shim_opencl_serve_allocations(self._pool.native)
         self.serves_allocations = True
+        self.transfers.served = self.index
 
     @property
     def name(self) -> str:

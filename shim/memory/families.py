@@ -374,19 +374,20 @@ def family_of_handle(interface, handle: int) -> Family | None:
 _adopting = threading.RLock()
 
 
-def _adopted(index: int, interface, handle: int) -> Family | None:
+def _adopted(index: int, interface, handle: int, into: Family | None = None) -> Family | None:
     """The family of ``handle`` if it is an allocation the native layer served without Python
-    (native_stubs/devices/served.c): from now on an ordinary family's, which the native layer
-    never serves again. None if it is not one."""
+    (native_stubs/devices/served.c): from now on an ordinary family's (``into``, or a new one),
+    which the native layer never serves again. None if it is not one."""
     with _adopting:
         family = _by_handle.get((index, handle))
-        if family is not None:
+        if family is not None or (into is not None and into.memory is not None):
             return family
         served = ffi.new("uint64_t[3]")  # native, bytes asked for, capacity
         if not lib.shim_served_adopt(index, handle, served, served + 1, served + 2):
             return None
         backend = backend_for_interface(interface)
-        family = Family(backend)
+        family = into if into is not None else Family(backend)
+        family.backend = backend
         family.memory = backend.adopt_served(served[0], served[1], served[2], handle)
         family.add_handle(handle, 0)
         return family
@@ -395,8 +396,15 @@ def _adopted(index: int, interface, handle: int) -> Family | None:
 def family_of(raw, address: int | None = None) -> Family | None:
     """The family ``raw`` belongs to: its shim.Buffer's, or that of the handle it carries."""
     family = _owned.get(address_of(raw) if address is None else address)
-    if family is None and raw.device:
-        family = family_of_handle(raw.device_interface, raw.device)
+    if family is None:
+        if raw.device:
+            family = family_of_handle(raw.device_interface, raw.device)
+    elif raw.device and not family.shared and raw.device not in family.handles:
+        # A shim.Buffer's struct whose flags someone assigned whole, losing the PYTHON bit:
+        # the native layer may have served it an allocation, which joins the Buffer's family.
+        _adopted(lib.shim_backend_of(raw.device_interface), raw.device_interface, raw.device,
+                 into=family)
+        flags.assign(raw, flags.PYTHON, True)
     return family
 
 
