@@ -315,7 +315,13 @@ class BufferMachine(RuleBasedStateMachine):
             view.holds = view.buf.has_device_allocation()
         kinds = {view.buf.device.kind for view in live if view.holds}
         assert len(kinds) <= 1, f"one family on several devices: {kinds}"
-        root.device = kinds.pop() if kinds else None
+        was, root.device = root.device, kinds.pop() if kinds else None
+        if was is None and root.device is not None:
+            # The interrupted operation allocated the family, which made every member alias
+            # it (``allocated``), a Buffer only an export keeps alive too.
+            for view in root.views:
+                if view.dropped:
+                    view.holds = True
 
     def allocated(self, view: View, kind: str):
         """``view`` was used on device ``kind``: the README's "its first device use allocates
