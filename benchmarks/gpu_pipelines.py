@@ -114,20 +114,27 @@ class ShimRunner:
                 buf.device_free()
 
     def seconds(self, case, iterations, sync_each) -> float:
-        from shim.native import lib
+        return resident_seconds(self.device, self.calls[case][0], iterations, sync_each,
+                                self.served)
 
-        call, _ = self.calls[case]
-        lib.shim_serve_allocations(self.device.index, self.served)
-        try:
-            start = time.perf_counter()
-            for _ in range(iterations):
-                call()
-                if sync_each:
-                    self.device.sync()
-            self.device.sync()
-            return time.perf_counter() - start
-        finally:
-            lib.shim_serve_allocations(self.device.index, True)
+
+def resident_seconds(device, call, iterations: int, sync_each: bool, served: bool = True) -> float:
+    """``iterations`` calls of ``call`` (a prepared call on data resident on ``device``), the
+    device synchronized after each or once at the end; ``served`` False: with the pipelines' own
+    allocations through the Python core (shim_serve_allocations) for the while."""
+    from shim.native import lib
+
+    lib.shim_serve_allocations(device.index, served)
+    try:
+        start = time.perf_counter()
+        for _ in range(iterations):
+            call()
+            if sync_each:
+                device.sync()
+        device.sync()
+        return time.perf_counter() - start
+    finally:
+        lib.shim_serve_allocations(device.index, True)
 
 
 class ProfilingRunner(ShimRunner):

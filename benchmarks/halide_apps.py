@@ -29,11 +29,11 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
 
+from gpu_pipelines import resident_seconds
 from sidebyside import ChildProcess, interleave, serve
 
 HERE = Path(__file__).resolve().parent
@@ -177,20 +177,8 @@ class ShimRunner:
         return values["output"].numpy().tobytes()
 
     def seconds(self, app, iterations, sync_each) -> float:
-        from shim.native import lib
-
-        call, _ = self.calls[app]
-        lib.shim_serve_allocations(self.device.index, self.served)
-        try:
-            start = time.perf_counter()
-            for _ in range(iterations):
-                call()
-                if sync_each:
-                    self.device.sync()
-            self.device.sync()
-            return time.perf_counter() - start
-        finally:
-            lib.shim_serve_allocations(self.device.index, True)
+        return resident_seconds(self.device, self.calls[app][0], iterations, sync_each,
+                                self.served)
 
     def close(self) -> None:
         for _, values in self.calls.values():

@@ -189,13 +189,15 @@ int shim_served_malloc(void *user_context, struct halide_buffer_t *buf, int back
 
 int shim_served_free(void *user_context, struct halide_buffer_t *buf, int backend,
                      const struct halide_device_interface_t *interface) {
-    const shim_allocator *a = serving(backend);
+    const shim_allocator *a = serving(backend); /* (NULL for a backend out of range) */
     uint64_t handle = shim_device_load(buf);
-    served_backend *b = &backends[backend < 0 ? 0 : backend];
-    /* (A pool whose byte bound is not set yet is set by the Python core's first free.) */
-    if (a == NULL || handle == 0 || shim_pool_max_bytes(b->pool) < 0 ||
+    if (a == NULL || handle == 0 ||
         __atomic_load_n(&buf->device_interface, __ATOMIC_ACQUIRE) != interface) {
         return SHIM_NOT_SERVED;
+    }
+    served_backend *b = &backends[backend];
+    if (shim_pool_max_bytes(b->pool) < 0) {
+        return SHIM_NOT_SERVED; /* the pool's byte bound is set by the Python core's first free */
     }
     uint64_t native, nbytes, capacity;
     if (!a->claim(handle, &native, &nbytes, &capacity)) {

@@ -333,9 +333,7 @@ class OpenCLBackend(Backend):
         return native
 
     def out_of_pool(self, native: int, capacity: int) -> OpenCLMemory:
-        memory = OpenCLMemory(_cl().Buffer.from_int_ptr(native, retain=False), capacity)
-        memory.capacity = capacity
-        return memory
+        return OpenCLMemory(_cl().Buffer.from_int_ptr(native, retain=False), capacity)
 
     def adopt_served(self, native: int, nbytes: int, capacity: int, handle: int) -> OpenCLMemory:
         memory = self.out_of_pool(native, capacity)
