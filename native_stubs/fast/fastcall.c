@@ -1,13 +1,16 @@
 /* The fast path of a pipeline call (shim/calls/pipeline.py): a pipeline called with shim.Buffers,
- * numpy arrays (CPU pipelines) and Python numbers runs from here, with no per-argument Python
+ * numpy arrays and Python numbers runs from here, with no per-argument Python
  * work: the arrays' buffer views become halide_buffer_t structs on the stack, Buffers give
  * their own struct and have the call recorded in their families (call_records.c), scalars
  * are converted and range-checked, the bounds check is a lookup in the pipeline's cache of
  * argument shapes that passed it, and the pipeline runs with the GIL released, in the calling
- * thread's call context.
+ * thread's call context. On a device pipeline the arrays' structs are what the general path's
+ * temporary Buffers are: inputs host-dirty, uploaded by the pipeline; once it has run, the
+ * outputs' results copied to the arrays and every struct's device memory freed (fast/run.h),
+ * all in C where the backend serves the allocations (devices/served.c).
  *
  * Whatever it does not handle exactly as the general path would (another kind of argument, a
- * value out of range, a shape not seen yet, profiling, a device pipeline) it declines before
+ * value out of range, a shape not seen yet, profiling) it declines before
  * anything has run, returning NotImplemented: the general path then takes the call, with its
  * messages for bad input. So the rules here are a subset of the general path's, never others.
  *
@@ -424,6 +427,10 @@ static PyObject *fast_call(plan_object *plan, PyObject *positional, PyObject *na
     shim_member members[n];
     halide_buffer_t *member_buffers[n];
     int nmembers = 0;
+    /* A device pipeline's array arguments: uploaded, allocated and freed around the run. */
+    halide_buffer_t *array_buffers[n];
+    bool array_outputs[n];
+    shim_fast_temporaries temporaries = {array_buffers, array_outputs, 0};
     PyObject *result = Py_NotImplemented;
     bool held = false;
     for (int i = 0; i < plan->count; i++) {
@@ -445,8 +452,8 @@ static PyObject *fast_call(plan_object *plan, PyObject *positional, PyObject *na
             argv[i] = member_buffers[nmembers] = members[nmembers].raw;
             nmembers++;
         } else {
-            if ((PyObject *)Py_TYPE(value) != plan->array_type || !plan->host_write) {
-                goto done; /* other array-likes, shapes, arrays a device pipeline takes */
+            if ((PyObject *)Py_TYPE(value) != plan->array_type) {
+                goto done; /* other array-likes, shapes */
             }
             int flags = PyBUF_RECORDS_RO | (a->role == ROLE_OUTPUT ? PyBUF_WRITABLE : 0);
             if (PyObject_GetBuffer(value, &views[i], flags) != 0) {
@@ -460,6 +467,10 @@ static PyObject *fast_call(plan_object *plan, PyObject *positional, PyObject *na
             }
             ndims += a->dimensions;
             argv[i] = &buffers[i];
+            if (!plan->host_write) {
+                array_buffers[temporaries.count] = &buffers[i];
+                array_outputs[temporaries.count++] = a->role == ROLE_OUTPUT;
+            }
         }
     }
     if (!known(plan, argv)) {
@@ -476,7 +487,7 @@ static PyObject *fast_call(plan_object *plan, PyObject *positional, PyObject *na
     int status = 0;
     PyObject *report;
     int outcome = shim_fast_run(plan->argv_fn, argv, member_buffers, nmembers, plan->backends,
-                                &status, &report);
+                                &temporaries, &status, &report);
     bool ran = outcome == SHIM_FAST_RAN && status != SHIM_CALL_NEEDS_PREPARATION;
     if (ran) {
         shim_members_ran(members, nmembers, plan->host_write);

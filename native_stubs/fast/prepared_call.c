@@ -58,7 +58,7 @@ static PyObject *run_call(run_object *run) {
     int status = 0;
     PyObject *report;
     int outcome = shim_fast_run(run->argv_fn, run->argv, run->buffers, count, run->backends,
-                                &status, &report);
+                                NULL, &status, &report);
     bool ran = outcome == SHIM_FAST_RAN && status != SHIM_CALL_NEEDS_PREPARATION;
     if (ran) {
         shim_members_ran(members, count, run->host_write);

@@ -42,6 +42,29 @@ int shim_call_run(shim_call *call, uint64_t id, void *stream, int (*argv_fn)(voi
     return shim_call_argv(call, argv_fn, argv);
 }
 
+/* After a run: the temporaries' results to host memory if it succeeded, then their device
+ * memory freed, reported into `call` as the general path's Buffer methods report theirs. The
+ * first failure, or 0. Served allocations (devices/served.c) make this all C on the backends
+ * that serve; any other case goes through the Python core, as a pipeline's own calls do. */
+static int finish_temporaries(shim_call *call, const shim_fast_temporaries *t, bool succeeded) {
+    shim_call *previous = shim_call_enter(call);
+    int failure = 0;
+    for (int i = 0; succeeded && i < t->count; i++) {
+        if (t->to_host[i]) {
+            failure = halide_copy_to_host(NULL, t->buffers[i]);
+            succeeded = failure == 0;
+        }
+    }
+    for (int i = 0; i < t->count; i++) {
+        int freed = halide_device_free(NULL, t->buffers[i]);
+        if (failure == 0) {
+            failure = freed;
+        }
+    }
+    shim_call_leave(previous);
+    return failure;
+}
+
 /* The thread's call context for fast runs, and whether a run is using it: a call made on this
  * thread meanwhile (from Python code a device callback of the pipeline runs, or a finalizer
  * the collector runs there) gets a context of its own, as the general path's would
@@ -50,7 +73,8 @@ static __thread shim_call *thread_call;
 static __thread bool thread_call_busy;
 
 int shim_fast_run(int (*argv_fn)(void **), void **argv, halide_buffer_t **buffers, int count,
-                  unsigned backends, int *status, PyObject **report) {
+                  unsigned backends, const shim_fast_temporaries *temporaries, int *status,
+                  PyObject **report) {
     *report = NULL;
     if (thread_call == NULL && (thread_call = shim_call_new(0)) == NULL) {
         return SHIM_FAST_DECLINED;
@@ -71,6 +95,12 @@ int shim_fast_run(int (*argv_fn)(void **), void **argv, halide_buffer_t **buffer
     void *stream = shim_thread_stream();
     Py_BEGIN_ALLOW_THREADS
     *status = shim_call_run(call, id, stream, argv_fn, argv, buffers, count, backends);
+    if (temporaries != NULL && temporaries->count > 0 && *status != SHIM_CALL_NEEDS_PREPARATION) {
+        int finished = finish_temporaries(call, temporaries, *status == 0);
+        if (*status == 0) {
+            *status = finished;
+        }
+    }
     Py_END_ALLOW_THREADS
     shim_calls_end();
     const char *printed = shim_call_prints(call);

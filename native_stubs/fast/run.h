@@ -5,8 +5,21 @@
 
 enum { SHIM_FAST_RAN, SHIM_FAST_DECLINED };
 
+/* The structs a plain call made over the caller's numpy arrays for a device pipeline
+ * (fastcall.c): once the pipeline has run, still in its call context and without the GIL, the
+ * outputs' results go to host memory (if it succeeded) and every one's device memory is
+ * freed (whatever happened), as the general path does for its temporary Buffers
+ * (PreparedCall._results, then free_temporaries). A failure of either is the call's failure,
+ * unless the run failed first. NULL or count 0: none. */
+typedef struct {
+    halide_buffer_t **buffers;
+    const bool *to_host; /* per struct: an output, whose results the caller's array receives */
+    int count;
+} shim_fast_temporaries;
+
 /* Run a pipeline in the calling thread's fast-path call context, on the thread's stream, with
- * the GIL released: shim_call_run's checks of `buffers` against `backends`, then argv_fn.
+ * the GIL released: shim_call_run's checks of `buffers` against `backends`, then argv_fn, then
+ * what `temporaries` need.
  * DECLINED (nothing ran) at exit or without memory; else RAN with the call's status (which
  * may be SHIM_CALL_NEEDS_PREPARATION: then it did not run either) and `report`: NULL when the
  * call succeeded without printing, else what it printed and its failure, taken from the
@@ -16,7 +29,8 @@ enum { SHIM_FAST_RAN, SHIM_FAST_DECLINED };
  * may make another call on this thread, in the same context.
  * GIL held. */
 int shim_fast_run(int (*argv_fn)(void **), void **argv, halide_buffer_t **buffers, int count,
-                  unsigned backends, int *status, PyObject **report);
+                  unsigned backends, const shim_fast_temporaries *temporaries, int *status,
+                  PyObject **report);
 
 /* After shim_fast_run: hand its `report` (stolen; NULL: nothing to report) to `finish(status,
  * errors, prints, call id, prints dropped)`, which raises for a failure. 0, or -1 with the
