@@ -47,6 +47,17 @@ def _platforms():
         return []
 
 
+def _build_failure_hint(log: str) -> str:
+    """What to do about a driver that cannot compile for this machine at all."""
+    if "unknown target CPU" not in log:
+        return ""
+    # PoCL's LLVM names the host CPU for code generation; one older than the CPU answers
+    # "generic", which its x86 front end refuses: every program fails, whatever it holds.
+    return ("\n(the OpenCL driver's compiler does not know this CPU: PoCL from pip carries "
+            "LLVM 14; a newer PoCL, such as Debian's package pocl-opencl-icd, targets the CPU "
+            "by its features)")
+
+
 def _select(platform, device):
     """The (platform, device) to use, from arguments, environment or the default rule."""
     platforms = _platforms()
@@ -490,7 +501,8 @@ class OpenCLBackend(Backend):
                 log = program.get_build_info(self._device, cl.program_build_info.LOG)
             except cl.Error:
                 log = "(no build log)"
-            raise BackendError(f"clBuildProgram failed ({e.code}), build log:\n{log.strip()}") from None
+            raise BackendError(f"clBuildProgram failed ({e.code}), build log:\n{log.strip()}"
+                               f"{_build_failure_hint(log)}") from None
         program_builds["source"] += 1
         return program
 
