@@ -5,8 +5,9 @@ against Halide's stock runtime, side by side in one run.
 
 Cases, each with Halide's switch (halide_reuse_device_allocations) on and off in both runtimes:
 
-- ``pipeline``: brighten (64x64 float32) called on fresh numpy arrays every time: each call
-  allocates device memory for its input and output, uploads, runs, downloads and frees both.
+- ``pipeline 64x64`` and ``pipeline 1024x1024``: brighten (float32) called on fresh numpy
+  arrays every time: each call allocates device memory for its input and output, uploads,
+  runs, downloads and frees both.
   The shim: a plain pipeline call with the arrays (its argument handling included). The stock
   runtime: the same buffers re-pointed at the fresh arrays, the pipeline run, the output
   copied to the host and both buffers freed with halide_device_free, from Python.
@@ -47,10 +48,11 @@ sys.path.insert(0, str(HERE.parent))
 # child process runs this module too, and must not import the shim package.
 from pipelines.build import Build, build  # noqa: E402
 
-SHAPE = (64, 64)
+PIPELINE_SHAPES = {"pipeline 64x64": (64, 64), "pipeline 1024x1024": (1024, 1024)}
 MALLOC_SHAPES = {"malloc/free 16K": (64, 64), "malloc/free 16M": (2048, 2048),
                  "up+down 16K": (64, 64)}
-ITERATIONS = {"pipeline": 100, "malloc/free 16K": 300, "malloc/free 16M": 100, "up+down 16K": 300}
+ITERATIONS = {"pipeline 64x64": 100, "pipeline 1024x1024": 20,
+              "malloc/free 16K": 300, "malloc/free 16M": 100, "up+down 16K": 300}
 COPY_CASES = {"up+down 16K"}
 
 
@@ -58,10 +60,11 @@ def library(kind: str, runtime: str) -> Path:
     return build(Build("brighten", kind, runtime))
 
 
-def fresh_arrays(count: int):
+def fresh_arrays(case: str, count: int):
     """(input, output) pairs of new host memory, one pair per call."""
     rng = np.random.default_rng(5)
-    return [(rng.random(SHAPE, dtype=np.float32), np.empty(SHAPE, np.float32))
+    shape = PIPELINE_SHAPES[case]
+    return [(rng.random(shape, dtype=np.float32), np.empty(shape, np.float32))
             for _ in range(count)]
 
 
@@ -82,16 +85,18 @@ class StockRunner:
         from pipelines.stock import StockPipeline
 
         self.pipeline = p = StockPipeline(str(library(kind, "bundled")), "brighten")
-        first_in, first_out = fresh_arrays(1)[0]
-        p.bind({"input": first_in, "scale": 2.0, "offset": 1.0, "output": first_out})
-        self.raws = {name: raw for name, raw in
-                     zip([a[0] for a in p.arguments], p.argv) if name in ("input", "output")}
-        self.raws = {name: p.ffi.cast("halide_buffer_t *", raw) for name, raw in self.raws.items()}
         self.interface = getattr(p.lib, f"halide_{kind}_device_interface")()
         self.buffers = {}
         for case, shape in MALLOC_SHAPES.items():
             array = np.zeros(shape, np.float32)
             self.buffers[case] = bare_struct(p.ffi, array)
+
+    def _bind(self, pair) -> tuple:
+        """The pipeline bound to arrays of the pair's shape: its input and output structs."""
+        p = self.pipeline
+        p.bind({"input": pair[0], "scale": 2.0, "offset": 1.0, "output": pair[1]})
+        raws = dict(zip([a[0] for a in p.arguments], p.argv))
+        return tuple(p.ffi.cast("halide_buffer_t *", raws[name]) for name in ("input", "output"))
 
     def _check(self, result, what):
         if result != 0:
@@ -100,9 +105,9 @@ class StockRunner:
     def seconds(self, case, iterations, reuse) -> float:
         p, lib, ffi = self.pipeline, self.pipeline.lib, self.pipeline.ffi
         self._check(lib.halide_reuse_device_allocations(ffi.NULL, reuse), "reuse switch")
-        if case == "pipeline":
-            arrays = fresh_arrays(iterations + 1)
-            source, target = self.raws["input"], self.raws["output"]
+        if case in PIPELINE_SHAPES:
+            arrays = fresh_arrays(case, iterations + 1)
+            source, target = self._bind(arrays[0])
 
             def call(pair):
                 source.host = ffi.cast("uint8_t *", pair[0].ctypes.data)
@@ -162,8 +167,8 @@ class ShimRunner:
 
     def seconds(self, case, iterations, reuse) -> float:
         self.shim.reuse_device_allocations(reuse)
-        if case == "pipeline":
-            arrays = fresh_arrays(iterations + 1)
+        if case in PIPELINE_SHAPES:
+            arrays = fresh_arrays(case, iterations + 1)
             call = self.pipeline
             source, target = arrays.pop()
             call(source, scale=2.0, offset=1.0, output=target)  # untimed: the switch changed
@@ -267,7 +272,7 @@ def stock_environment(kind: str, device) -> dict:
 def report(results: dict, device_name: str) -> str:
     names = [name for name in results if name != "stock"]
     lines = [f"device: {device_name}",
-             f"{'case':<18}{'reuse':<7}{'stock us/op':>13}"
+             f"{'case':<20}{'reuse':<7}{'stock us/op':>13}"
              + "".join(f"{n + ' us/op (/stock)':>34}" for n in names)
              + f"{'shim on/off':>13}{'stock on/off':>14}",
              "  (min over samples; op = one pipeline call, or one malloc + free; Halide 21 reuses "
@@ -279,7 +284,7 @@ def report(results: dict, device_name: str) -> str:
             ours = {n: 1e6 * results[n][case, reuse]["min"] for n in names}
             shim_on_off = results["shim"][case, True]["min"] / results["shim"][case, False]["min"]
             stock_on_off = results["stock"][case, True]["min"] / results["stock"][case, False]["min"]
-            lines.append(f"{case:<18}{'on' if reuse else 'off':<7}{stock:>13.1f}"
+            lines.append(f"{case:<20}{'on' if reuse else 'off':<7}{stock:>13.1f}"
                          + "".join(f"{f'{ours[n]:.1f} ({ours[n] / stock:.2f}x)':>34}" for n in names)
                          + (f"{shim_on_off:>13.2f}{stock_on_off:>14.2f}" if reuse else ""))
     return "\n".join(lines)
