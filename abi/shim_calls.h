@@ -59,6 +59,13 @@ shim_call *shim_current_call(void);
 /* Whether a pipeline's code is running in `call` now (shim_call_argv, on any of its threads). */
 bool shim_call_in_pipeline(const shim_call *call);
 
+/* The structs a call writes without reading (a fast call's numpy outputs, which have no
+ * family in Python): `buffers` must outlive the call's run; NULL, 0 for none. A copy to the
+ * device that has to allocate one leaves it clean, as the Python core leaves a running
+ * call's outputs (runtime.allocate_behind_host): uploading what the call replaces is wasted. */
+void shim_call_set_replaced(shim_call *call, struct halide_buffer_t *const *buffers, int count);
+bool shim_call_replaces(const shim_call *call, const struct halide_buffer_t *buf);
+
 /* The stream a call's CUDA work runs on (NULL: the backend's default stream). */
 void shim_call_set_stream(shim_call *call, void *stream);
 void *shim_call_stream(const shim_call *call);

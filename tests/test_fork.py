@@ -52,6 +52,8 @@ def child():
     # A kernel whose module the parent compiled (launched from C), one compiled in the child
     # (through Python), uploads, downloads and a DLPack export that must synchronize.
     refused("launch", lambda: brighten_cl(image, scale=2.0, offset=0.0, output=image.shape))
+    # (numpy arrays only: the fast path, in C, since the parent's call passed the bounds query)
+    refused("arrays", lambda: brighten_cl(image, 2.0, 0.0, np.empty_like(image)))
     refused("compile", lambda: fill_cl(param=1, f=(4, 4)))
     refused("upload", lambda: shim.Buffer(image.copy()).copy_to_device(opencl))
     refused("download", resident.copy_to_host)
@@ -98,8 +100,8 @@ def run_isolated(script: str, *args: str, env: dict | None = None) -> subprocess
 def test_a_forked_child_gets_device_errors_and_keeps_host_pipelines(libraries):
     done = run_isolated(SCENARIO, *libraries)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert done.stdout.split("\n")[:6] == [
-        "launch: refused", "compile: refused", "upload: refused", "download: refused",
+    assert done.stdout.split("\n")[:7] == [
+        "launch: refused", "arrays: refused", "compile: refused", "upload: refused", "download: refused",
         "export: refused", "host: works"]
 
 

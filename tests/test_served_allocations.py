@@ -500,6 +500,19 @@ class ServedAgainstPython(RuleBasedStateMachine):
         k %= len(self.worlds[0].crops)
         self.both(lambda w: lib.halide_device_release_crop(ffi.NULL, w.crops.pop(k)[0].raw))
 
+    @rule(shape=st.sampled_from(SHAPES), layout=st.sampled_from(["dense", "gapped", "in place"]))
+    def call_on_fresh_arrays(self, shape, layout):
+        """A GPU pipeline called with new numpy arrays (the fast path once the shape passed the
+        bounds query): uploaded, allocated, downloaded and freed around the run, in C in the
+        serving world. Numpy's result in both; nothing stays allocated (the invariants)."""
+        self.value += 1
+        image = np.random.default_rng(self.value).random(shape, dtype=np.float32)
+        if layout == "gapped":
+            wide = np.zeros((shape[0], shape[1] + 2), np.float32)
+            wide[:, :shape[1]] = image
+            image = wide[:, :shape[1]]
+        self.both(lambda w: brighten_on_arrays(image, layout))  # the same bytes in both
+
     @rule(on=st.booleans())
     def switch_reuse(self, on):
         shim.reuse_device_allocations(on)
@@ -544,6 +557,21 @@ class ServedAgainstPython(RuleBasedStateMachine):
         assert set(codes) <= {0} and served_live() == 0
         for array, model in zip(arrays, self.models + self.models):
             np.testing.assert_array_equal(array, model)
+
+
+_brighten = []
+
+
+def brighten_on_arrays(image: np.ndarray, layout: str) -> bytes:
+    """brighten (OpenCL) on a fresh output, or in place: the output's bytes, checked against
+    numpy's."""
+    if not _brighten:
+        _brighten.append(shim.load(build(Build("brighten", "opencl", "no_runtime"))))
+    out = image.copy() if layout == "in place" else np.empty(image.shape, np.float32)
+    expected = image * 2 + 1
+    _brighten[0](out if layout == "in place" else image, 2.0, 1.0, out)
+    np.testing.assert_allclose(out, expected, rtol=1e-6)
+    return out.tobytes()
 
 
 def test_served_and_python_paths_agree_on_random_work(opencl, serve):

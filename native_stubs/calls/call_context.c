@@ -40,6 +40,9 @@ struct shim_call {
     /* Set while a pipeline's code runs in this context (on the caller's thread and Halide's
      * workers): what the Python runtime asks to know whether to wait for the call. */
     int in_pipeline;
+    /* shim_call_set_replaced: read by the call's own threads only, while it runs. */
+    struct halide_buffer_t *const *replaced;
+    int replaced_count;
 };
 
 static __thread shim_call *current_call;
@@ -191,6 +194,20 @@ void shim_call_reset(shim_call *call, uint64_t id) {
 
 uint64_t shim_call_id(const shim_call *call) {
     return call->id;
+}
+
+void shim_call_set_replaced(shim_call *call, struct halide_buffer_t *const *buffers, int count) {
+    call->replaced = buffers;
+    call->replaced_count = buffers ? count : 0;
+}
+
+bool shim_call_replaces(const shim_call *call, const struct halide_buffer_t *buf) {
+    for (int i = 0; call != NULL && i < call->replaced_count; i++) {
+        if (call->replaced[i] == buf) {
+            return true;
+        }
+    }
+    return false;
 }
 
 void shim_call_set_stream(shim_call *call, void *stream) {

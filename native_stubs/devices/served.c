@@ -280,14 +280,17 @@ int shim_served_copy_to_device(void *user_context, struct halide_buffer_t *buf, 
     }
     if (shim_device_load(buf) == 0) {
         /* As the Python core allocates for a copy (runtime.allocate_behind_host): new memory
-         * holds nothing, so the host holds the data, marked so before the handle is published. */
+         * holds nothing, so the host holds the data, marked so before the handle is published;
+         * unless the running call replaces the buffer's contents (shim_call_set_replaced). */
         uint64_t nbytes;
         if (!shim_buffer_span(buf, &nbytes) || !dense(buf) ||
             (shim_flags_load(buf) & (SHIM_BUFFER_FLAG_PYTHON | SHIM_BUFFER_FLAG_REGIONS)) ||
             __atomic_load_n(&buf->device_interface, __ATOMIC_ACQUIRE) != NULL) {
             return SHIM_NOT_SERVED;
         }
-        shim_flags_set(buf, halide_buffer_flag_host_dirty);
+        if (!shim_call_replaces(shim_current_call(), buf)) {
+            shim_flags_set(buf, halide_buffer_flag_host_dirty);
+        }
         if (shim_served_malloc(user_context, buf, backend, interface) != halide_error_code_success) {
             return SHIM_NOT_SERVED;
         }

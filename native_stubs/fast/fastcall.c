@@ -428,9 +428,9 @@ static PyObject *fast_call(plan_object *plan, PyObject *positional, PyObject *na
     halide_buffer_t *member_buffers[n];
     int nmembers = 0;
     /* A device pipeline's array arguments: uploaded, allocated and freed around the run. */
-    halide_buffer_t *array_buffers[n];
+    halide_buffer_t *array_buffers[n], *array_replaced[n];
     bool array_outputs[n];
-    shim_fast_temporaries temporaries = {array_buffers, array_outputs, 0};
+    shim_fast_temporaries temporaries = {array_buffers, array_outputs, 0, array_replaced, 0};
     PyObject *result = Py_NotImplemented;
     bool held = false;
     for (int i = 0; i < plan->count; i++) {
@@ -470,6 +470,9 @@ static PyObject *fast_call(plan_object *plan, PyObject *positional, PyObject *na
             if (!plan->host_write) {
                 array_buffers[temporaries.count] = &buffers[i];
                 array_outputs[temporaries.count++] = a->role == ROLE_OUTPUT;
+                if (a->role == ROLE_OUTPUT) {
+                    array_replaced[temporaries.replaced_count++] = &buffers[i];
+                }
             }
         }
     }

@@ -94,6 +94,9 @@ int shim_fast_run(int (*argv_fn)(void **), void **argv, halide_buffer_t **buffer
     uint64_t id = shim_next_call_id();
     void *stream = shim_thread_stream();
     Py_BEGIN_ALLOW_THREADS
+    if (temporaries != NULL) {
+        shim_call_set_replaced(call, temporaries->replaced, temporaries->replaced_count);
+    }
     *status = shim_call_run(call, id, stream, argv_fn, argv, buffers, count, backends);
     if (temporaries != NULL && temporaries->count > 0 && *status != SHIM_CALL_NEEDS_PREPARATION) {
         int finished = finish_temporaries(call, temporaries, *status == 0);
@@ -101,6 +104,7 @@ int shim_fast_run(int (*argv_fn)(void **), void **argv, halide_buffer_t **buffer
             *status = finished;
         }
     }
+    shim_call_set_replaced(call, NULL, 0);
     Py_END_ALLOW_THREADS
     shim_calls_end();
     const char *printed = shim_call_prints(call);

@@ -15,6 +15,9 @@ typedef struct {
     halide_buffer_t **buffers;
     const bool *to_host; /* per struct: an output, whose results the caller's array receives */
     int count;
+    /* The outputs among them: what the call replaces (shim_call_set_replaced). */
+    halide_buffer_t **replaced;
+    int replaced_count;
 } shim_fast_temporaries;
 
 /* Run a pipeline in the calling thread's fast-path call context, on the thread's stream, with

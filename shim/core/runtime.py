@@ -253,8 +253,10 @@ def allocate_behind_host(raw, interface, family: Family | None) -> Family:
 
 def _output_of_a_running_call(family: Family | None, raw) -> bool:
     """Whether a pipeline call running now writes ``raw`` (so uploading it would be wasted)."""
+    if family is None:  # a fast call's numpy output (native_stubs/fast/run.h) has no family
+        return lib.shim_call_replaces(lib.shim_current_call(), raw)
     address = families.address_of(raw)
-    return family is not None and any(use.replaces and use.address == address for use in family.uses)
+    return any(use.replaces and use.address == address for use in family.uses)
 
 
 def wrap(raw, backend, interface, native: int, offset: int) -> None:
