@@ -10,6 +10,7 @@ import shim
 from gpu_cases import build_libraries
 from shim.pipelines.build import RUNTIMES
 from shim.backends import opencl as opencl_backend
+from shim.backends.base import BackendError
 from shim.native import ffi, lib
 
 
@@ -126,3 +127,14 @@ def test_no_opencl_driver_is_a_helpful_error(monkeypatch):
     monkeypatch.setattr(opencl_backend, "_platforms", lambda: [])
     with pytest.raises(shim.DeviceUnavailable, match="pip install pocl-binary-distribution"):
         opencl_backend._select(None, None)
+
+
+def test_a_program_the_driver_cannot_build_is_refused_with_its_log(device):
+    """A build failure names the driver's log; where the log says the driver's compiler does not
+    know this CPU (PoCL 3.0 from pip, LLVM 14, on a newer CPU), it also says what to install."""
+    with pytest.raises(BackendError, match="clBuildProgram failed") as failure:
+        device._build_from_source(b"__kernel void broken(__global float *a) { a[0] = ; }")
+    assert "pocl-opencl-icd" not in str(failure.value)
+    hint = opencl_backend.build_failure_hint("error: unknown target CPU 'generic'\n")
+    assert "pocl-opencl-icd" in hint and "LLVM 14" in hint
+    assert opencl_backend.build_failure_hint("error: expected expression") == ""

@@ -47,7 +47,7 @@ def _platforms():
         return []
 
 
-def _build_failure_hint(log: str) -> str:
+def build_failure_hint(log: str) -> str:
     """What to do about a driver that cannot compile for this machine at all."""
     if "unknown target CPU" not in log:
         return ""
@@ -502,7 +502,7 @@ class OpenCLBackend(Backend):
             except cl.Error:
                 log = "(no build log)"
             raise BackendError(f"clBuildProgram failed ({e.code}), build log:\n{log.strip()}"
-                               f"{_build_failure_hint(log)}") from None
+                               f"{build_failure_hint(log)}") from None
         program_builds["source"] += 1
         return program
 
