@@ -242,3 +242,51 @@ def test_exit_waits_for_fast_calls_in_flight(host_pipelines):
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "exiting" in done.stdout and "Traceback" not in done.stderr
+
+
+@settings(max_examples=60, deadline=None, derandomize=True, database=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(input_shape=st.tuples(st.integers(1, 12), st.integers(1, 12)),
+       output_shape=st.tuples(st.integers(1, 12), st.integers(1, 12)),
+       runtime=st.sampled_from(["no_runtime", "bundled"]))
+def test_a_new_shape_is_checked_in_c_as_the_general_path_checks_it(host_pipelines, input_shape,
+                                                                  output_shape, runtime):
+    """The first call with a shape: the fast path runs the bounds query itself and accepts
+    exactly what the general path's check accepts (blur3x3 reads one pixel around each
+    output pixel), each on a pipeline whose cache of known shapes is empty."""
+    path = host_pipelines["blur3x3", runtime]
+    image = (np.arange(int(np.prod(input_shape))) * 37 % 4099).astype(np.uint16).reshape(input_shape)
+
+    def call(pipeline, entry):
+        out = np.full(output_shape, 7, np.uint16)
+        return outcome(lambda: entry(pipeline)(image, out)), out
+
+    fast, fast_out = call(shim.load(path), lambda p: p)
+    slow, slow_out = call(shim.load(path), lambda p: p._call_in_python)
+    assert fast == slow
+    np.testing.assert_array_equal(fast_out, slow_out)
+
+
+def test_a_new_shape_runs_with_no_python_when_the_query_accepts_it(host_pipelines):
+    """A fresh pipeline's first call with a shape takes the fast path whole (no frame of the
+    shim's runs); one the query refuses goes to the general path, which says why."""
+    blur = shim.load(host_pipelines["blur3x3", "no_runtime"])
+    image = (np.arange(10 * 12) * 37 % 4099).astype(np.uint16).reshape(10, 12)
+    out = np.empty((8, 10), np.uint16)
+    seen = []
+
+    def profiler(frame, event, arg):
+        if event == "call" and frame.f_globals.get("__name__", "").startswith("shim"):
+            seen.append(frame.f_code.co_name)
+
+    sys.setprofile(profiler)
+    try:
+        blur(image, out)
+    finally:
+        sys.setprofile(None)
+    assert seen == []
+    a = image.astype(np.uint32)
+    across = ((a[:, :-2] + a[:, 1:-1] + a[:, 2:]) // 3).astype(np.uint16).astype(np.uint32)
+    np.testing.assert_array_equal(out, ((across[:-2] + across[1:-1] + across[2:]) // 3))
+    with pytest.raises(shim.BoundsError, match="too small"):
+        blur(image, np.empty((9, 10), np.uint16))

@@ -3,14 +3,15 @@
  * work: the arrays' buffer views become halide_buffer_t structs on the stack, Buffers give
  * their own struct and have the call recorded in their families (call_records.c), scalars
  * are converted and range-checked, the bounds check is a lookup in the pipeline's cache of
- * argument shapes that passed it, and the pipeline runs with the GIL released, in the calling
+ * argument shapes that passed it (a new shape runs the bounds query here, and joins the cache
+ * if it passes), and the pipeline runs with the GIL released, in the calling
  * thread's call context. On a device pipeline the arrays' structs are what the general path's
  * temporary Buffers are: inputs host-dirty, uploaded by the pipeline; once it has run, the
  * outputs' results copied to the arrays and every struct's device memory freed (fast/run.h),
  * all in C where the backend serves the allocations (devices/served.c).
  *
  * Whatever it does not handle exactly as the general path would (another kind of argument, a
- * value out of range, a shape not seen yet, profiling) it declines before
+ * value out of range, a shape the bounds query refuses, profiling) it declines before
  * anything has run, returning NotImplemented: the general path then takes the call, with its
  * messages for bad input. So the rules here are a subset of the general path's, never others.
  *
@@ -177,6 +178,58 @@ static PyObject *plan_remember(plan_object *plan, PyObject *address) {
     }
     remember(plan, argv);
     Py_RETURN_NONE;
+}
+
+/* Whether the bounds query accepts this argv as the general path's check_bounds would
+ * (shim/calls/binding.py): each input covers the region the pipeline reads, and each output
+ * is the region it writes. false (decline) also where the query fails or says anything: the
+ * general path then runs it again and reports. */
+static bool bounds_accepted(plan_object *plan, void **argv) {
+    const int n = plan->count > 0 ? plan->count : 1;
+    void *query_argv[n];
+    halide_buffer_t queries[n];
+    halide_dimension_t dims[plan->array_dimensions > 0 ? plan->array_dimensions : 1];
+    int used = 0;
+    for (int i = 0; i < plan->count; i++) {
+        const argument_spec *a = &plan->arguments[i];
+        query_argv[i] = argv[i];
+        if (a->role != ROLE_INPUT && a->role != ROLE_OUTPUT) {
+            continue;
+        }
+        const halide_buffer_t *given = argv[i];
+        if (given->dimensions > MAX_DIMENSIONS || used + given->dimensions > plan->array_dimensions) {
+            return false;
+        }
+        /* Halide's bounds-query form: the shape and type, no memory (_bounds_query_buffer). */
+        memset(&queries[i], 0, sizeof queries[i]);
+        queries[i].type = given->type;
+        queries[i].dimensions = given->dimensions;
+        queries[i].dim = &dims[used];
+        memcpy(&dims[used], given->dim, (size_t)given->dimensions * sizeof *dims);
+        used += given->dimensions;
+        query_argv[i] = &queries[i];
+    }
+    if (!shim_fast_query(plan->argv_fn, query_argv)) {
+        return false;
+    }
+    for (int i = 0; i < plan->count; i++) {
+        const argument_spec *a = &plan->arguments[i];
+        if (a->role != ROLE_INPUT && a->role != ROLE_OUTPUT) {
+            continue;
+        }
+        const halide_buffer_t *given = argv[i];
+        for (int d = 0; d < queries[i].dimensions; d++) {
+            int64_t want_min = queries[i].dim[d].min, want_extent = queries[i].dim[d].extent;
+            int64_t have_min = given->dim[d].min, have_extent = given->dim[d].extent;
+            if (a->role == ROLE_OUTPUT ? want_min != have_min || want_extent != have_extent
+                                       : want_extent > 0 && (want_min < have_min ||
+                                                             want_min + want_extent >
+                                                                 have_min + have_extent)) {
+                return false;
+            }
+        }
+    }
+    return true;
 }
 
 /* --- scalars ---------------------------------------------------------------------------- */
@@ -477,7 +530,10 @@ static PyObject *fast_call(plan_object *plan, PyObject *positional, PyObject *na
         }
     }
     if (!known(plan, argv)) {
-        goto done; /* the general path runs the bounds query, and remembers what passed */
+        if (!bounds_accepted(plan, argv)) {
+            goto done; /* the general path runs the bounds query again, and says why */
+        }
+        remember(plan, argv);
     }
     /* From here to the end, signal handlers wait (calls/signals_held.h): the call's records and
      * run. */

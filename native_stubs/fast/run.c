@@ -72,25 +72,63 @@ static int finish_temporaries(shim_call *call, const shim_fast_temporaries *t, b
 static __thread shim_call *thread_call;
 static __thread bool thread_call_busy;
 
+/* The context a fast run reports into, counted among the running calls (shim_calls_begin);
+ * NULL at exit or without memory. Handed back with end_context. */
+static shim_call *begin_context(bool *nested) {
+    if (thread_call == NULL && (thread_call = shim_call_new(0)) == NULL) {
+        return NULL;
+    }
+    *nested = thread_call_busy;
+    shim_call *call = *nested ? shim_call_new(0) : thread_call;
+    if (call == NULL) {
+        return NULL;
+    }
+    if (!shim_calls_begin()) {
+        if (*nested) {
+            shim_call_free(call);
+        }
+        return NULL; /* the interpreter is exiting */
+    }
+    thread_call_busy = true;
+    return call;
+}
+
+static void end_context(shim_call *call, bool nested) {
+    if (nested) {
+        shim_call_free(call);
+    } else {
+        thread_call_busy = false;
+    }
+}
+
+bool shim_fast_query(int (*argv_fn)(void **), void **argv) {
+    bool nested;
+    shim_call *call = begin_context(&nested);
+    if (call == NULL) {
+        return false;
+    }
+    shim_call_reset(call, shim_next_call_id());
+    shim_call_set_stream(call, shim_thread_stream());
+    int status;
+    Py_BEGIN_ALLOW_THREADS
+    status = shim_call_argv(call, argv_fn, argv);
+    Py_END_ALLOW_THREADS
+    shim_calls_end();
+    bool accepted = status == 0 && shim_call_errors(call)[0] == '\0' &&
+                    shim_call_prints(call)[0] == '\0';
+    end_context(call, nested);
+    return accepted;
+}
+
 int shim_fast_run(int (*argv_fn)(void **), void **argv, halide_buffer_t **buffers, int count,
                   unsigned backends, const shim_fast_temporaries *temporaries, int *status,
                   PyObject **report) {
     *report = NULL;
-    if (thread_call == NULL && (thread_call = shim_call_new(0)) == NULL) {
-        return SHIM_FAST_DECLINED;
-    }
-    bool nested = thread_call_busy;
-    shim_call *call = nested ? shim_call_new(0) : thread_call;
+    bool nested;
+    shim_call *call = begin_context(&nested);
     if (call == NULL) {
         return SHIM_FAST_DECLINED;
     }
-    if (!shim_calls_begin()) {
-        if (nested) {
-            shim_call_free(call);
-        }
-        return SHIM_FAST_DECLINED; /* the interpreter is exiting */
-    }
-    thread_call_busy = true;
     uint64_t id = shim_next_call_id();
     void *stream = shim_thread_stream();
     Py_BEGIN_ALLOW_THREADS
@@ -117,11 +155,7 @@ int shim_fast_run(int (*argv_fn)(void **), void **argv, halide_buffer_t **buffer
             *report = Py_NewRef(Py_None);
         }
     }
-    if (nested) {
-        shim_call_free(call);
-    } else {
-        thread_call_busy = false;
-    }
+    end_context(call, nested);
     return SHIM_FAST_RAN;
 }
 

@@ -35,6 +35,11 @@ int shim_fast_run(int (*argv_fn)(void **), void **argv, halide_buffer_t **buffer
                   unsigned backends, const shim_fast_temporaries *temporaries, int *status,
                   PyObject **report);
 
+/* A pipeline's bounds query (argv's buffers without memory) in the fast paths' call context,
+ * with the GIL released: whether it succeeded without reporting or printing anything (else the
+ * general path runs it again, and reports). GIL held. */
+bool shim_fast_query(int (*argv_fn)(void **), void **argv);
+
 /* After shim_fast_run: hand its `report` (stolen; NULL: nothing to report) to `finish(status,
  * errors, prints, call id, prints dropped)`, which raises for a failure. 0, or -1 with the
  * exception set. */
