@@ -19,7 +19,8 @@ def setups(opencl, tmp_path_factory):
     environment, _ = first_call.device_environment()
     setups = {}
     for setting in first_call.SETTINGS:
-        setup = first_call.Setup(setting, tmp_path_factory.mktemp(setting.replace(" ", "-")), environment)
+        setup = first_call.Setup(setting, tmp_path_factory.mktemp(setting.replace(" ", "-")), environment,
+                                 "opencl")
         for case in first_call.CASES:
             first_call.build(first_call.Build(case, "opencl", "bundled"))
             first_call.build(first_call.Build(case, "opencl", "no_runtime"))
