@@ -248,18 +248,21 @@ def test_exit_waits_for_fast_calls_in_flight(host_pipelines):
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(input_shape=st.tuples(st.integers(1, 12), st.integers(1, 12)),
        output_shape=st.tuples(st.integers(1, 12), st.integers(1, 12)),
-       runtime=st.sampled_from(["no_runtime", "bundled"]))
+       runtime=st.sampled_from(["no_runtime", "bundled"]),
+       given_as=st.sampled_from(["array", "tuple", "list"]))
 def test_a_new_shape_is_checked_in_c_as_the_general_path_checks_it(host_pipelines, input_shape,
-                                                                  output_shape, runtime):
+                                                                  output_shape, runtime, given_as):
     """The first call with a shape: the fast path runs the bounds query itself and accepts
     exactly what the general path's check accepts (blur3x3 reads one pixel around each
-    output pixel), each on a pipeline whose cache of known shapes is empty."""
+    output pixel), each on a pipeline whose cache of known shapes is empty. An output given
+    as a shape gets the general path's Buffer (shim/calls/arguments.py, output_of_shape)."""
     path = host_pipelines["blur3x3", runtime]
     image = (np.arange(int(np.prod(input_shape))) * 37 % 4099).astype(np.uint16).reshape(input_shape)
 
     def call(pipeline, entry):
         out = np.full(output_shape, 7, np.uint16)
-        return outcome(lambda: entry(pipeline)(image, out)), out
+        given = {"array": out, "tuple": output_shape, "list": list(output_shape)}[given_as]
+        return outcome(lambda: entry(pipeline)(image, given)), out
 
     fast, fast_out = call(shim.load(path), lambda p: p)
     slow, slow_out = call(shim.load(path), lambda p: p._call_in_python)
@@ -290,3 +293,29 @@ def test_a_new_shape_runs_with_no_python_when_the_query_accepts_it(host_pipeline
     np.testing.assert_array_equal(out, ((across[:-2] + across[1:-1] + across[2:]) // 3))
     with pytest.raises(shim.BoundsError, match="too small"):
         blur(image, np.empty((9, 10), np.uint16))
+
+
+def test_an_output_given_as_a_shape_takes_the_fast_path(host_pipelines, opencl, monkeypatch):
+    """A shape for an output: the Buffer the general path would make, filled on the fast path
+    (the general path's prepare() never runs), on the CPU and, left on the device as the
+    general path leaves it, on a GPU."""
+    from shim.pipelines.build import Build, build
+
+    blur = shim.load(host_pipelines["blur3x3", "no_runtime"])
+    brighten = shim.load(build(Build("brighten", "opencl", "no_runtime")))
+    image = (np.arange(10 * 12) * 37 % 4099).astype(np.uint16).reshape(10, 12)
+    floats = np.random.default_rng(3).random((8, 8), dtype=np.float32)
+    general_calls = []
+    original = Pipeline.prepare
+    monkeypatch.setattr(Pipeline, "prepare", lambda self, *a, **k: general_calls.append(self)
+                        or original(self, *a, **k))
+    expected = shim.load(host_pipelines["blur3x3", "no_runtime"])._call_in_python(image, (8, 10))
+    assert len(general_calls) == 1  # (the general path, for the reference)
+    general_calls.clear()
+    blurred = blur(image, [8, 10])
+    brightened = brighten(floats, 2.0, 1.0, output=(8, 8))
+    assert general_calls == []
+    assert isinstance(blurred, shim.Buffer) and isinstance(brightened, shim.Buffer)
+    np.testing.assert_array_equal(blurred.numpy(), expected.numpy())
+    assert brightened.device_dirty()  # its results stay on the device until read
+    np.testing.assert_allclose(brightened.numpy(), floats * 2 + 1, rtol=1e-6)

@@ -10,11 +10,13 @@ are compared with it, and with numpy, under faults, threads, Ctrl-C and fork.
 """
 
 import gc
+import shutil
 import signal
 import sys
 import threading
 import time
 import warnings
+import weakref
 
 import numpy as np
 import pytest
@@ -277,3 +279,45 @@ def test_ctrl_c_at_random_during_fresh_array_calls_leaves_nothing_allocated(open
         np.testing.assert_allclose(out, image * 2 if whole else 0, rtol=1e-6)
     assert interrupted > 0 and sum(ran) > 0
     unchanged.check()
+
+
+def test_a_first_call_whose_kernel_compile_fails_raises_and_keeps_nothing(opencl, monkeypatch,
+                                                                         tmp_path):
+    """Generated code initializes its GPU kernels before it answers a bounds query, so the
+    fast path's query of a new shape can fail in a device callback. It raises what the general
+    path raises, and the failure keeps nothing alive: no exception left waiting for a call that
+    would take it (its traceback would hold the call's frames, and their Buffers' device
+    memory, for good). Found by benchmarks/soak.py."""
+    path = build(Build("brighten", "opencl", "no_runtime"))
+    image = np.random.default_rng(6).random((24, 40), dtype=np.float32)
+
+    def failing(source):
+        raise BackendError("injected compile failure")
+
+    monkeypatch.setattr(opencl, "module", failing)
+
+    def first_call(entry):
+        """The call in a frame of its own, which ends holding the Buffer (as a caller's frame
+        would): whatever keeps the frame keeps the Buffer."""
+        # A copy of the library: its kernels not initialized in this process yet, and its own
+        # cache of shapes, to which this one is new.
+        copy = tmp_path / f"{entry}.so"
+        shutil.copyfile(path, copy)
+        pipeline = shim.load(copy)
+        source = shim.Buffer(image.copy())
+        source.copy_to_device(opencl)
+        call = pipeline if entry == "fast" else pipeline._call_in_python
+        try:
+            call(source, 2.0, 0.0, np.empty_like(image))
+        except shim.DeviceError as e:
+            return (type(e), e.code, str(e)), weakref.ref(source)
+        raise AssertionError(f"{entry}: no DeviceError")
+
+    outcomes = []
+    for entry in ("fast", "general"):
+        outcome, kept = first_call(entry)
+        outcomes.append(outcome)
+        gc.collect()
+        assert kept() is None, f"{entry}: the failed call's Buffer is still referenced"
+    assert "injected compile failure" in outcomes[0][2]
+    assert outcomes[0] == outcomes[1]

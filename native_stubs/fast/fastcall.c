@@ -64,6 +64,7 @@ typedef struct {
     PyObject *finish;      /* finish(result, errors, prints, call id, prints dropped): raises */
     PyObject *end_call;    /* runtime.end_call, for uses the fast path cannot end itself */
     PyObject *general_name; /* "_call_in_python" */
+    PyObject *output_of_shape; /* Signature.output_of_shape(name, shape): a new shim.Buffer */
     bool made;              /* __init__ was called: never again (it may have failed halfway) */
     void *user_context;    /* what __user_context points to */
     /* Argument shapes and scalar values the bounds query accepted, most recent first. */
@@ -180,11 +181,12 @@ static PyObject *plan_remember(plan_object *plan, PyObject *address) {
     Py_RETURN_NONE;
 }
 
-/* Whether the bounds query accepts this argv as the general path's check_bounds would
- * (shim/calls/binding.py): each input covers the region the pipeline reads, and each output
- * is the region it writes. false (decline) also where the query fails or says anything: the
- * general path then runs it again and reports. */
-static bool bounds_accepted(plan_object *plan, void **argv) {
+/* Whether the bounds query accepts this argv, as the general path runs it (Runner.run_query:
+ * a failure raised, what it printed printed) and checks it (check_bounds, shim/calls/binding.py):
+ * 1 if each input covers the region the pipeline reads and each output is the region it
+ * writes; 0 to decline (the general path then runs it again and says why); -1 with the query's
+ * failure raised. Signal handlers held (the general path's query defers them). */
+static int bounds_accepted(plan_object *plan, void **argv) {
     const int n = plan->count > 0 ? plan->count : 1;
     void *query_argv[n];
     halide_buffer_t queries[n];
@@ -198,7 +200,7 @@ static bool bounds_accepted(plan_object *plan, void **argv) {
         }
         const halide_buffer_t *given = argv[i];
         if (given->dimensions > MAX_DIMENSIONS || used + given->dimensions > plan->array_dimensions) {
-            return false;
+            return 0;
         }
         /* Halide's bounds-query form: the shape and type, no memory (_bounds_query_buffer). */
         memset(&queries[i], 0, sizeof queries[i]);
@@ -209,8 +211,21 @@ static bool bounds_accepted(plan_object *plan, void **argv) {
         used += given->dimensions;
         query_argv[i] = &queries[i];
     }
-    if (!shim_fast_query(plan->argv_fn, query_argv)) {
-        return false;
+    /* The shapes as they are now: a device callback of the query may run Python code, and
+     * another thread may crop one of the call's Buffers in place meanwhile. */
+    unsigned char key[plan->key_room > 0 ? plan->key_room : 1], again[sizeof key];
+    size_t size = key_of(plan, argv, key, sizeof key);
+    int status = 0;
+    PyObject *report;
+    if (size == 0 || shim_fast_query(plan->argv_fn, query_argv, &status, &report) != SHIM_FAST_RAN) {
+        return 0;
+    }
+    if (shim_fast_report(plan->finish, report) < 0) {
+        return -1;
+    }
+    if (status != 0 || key_of(plan, argv, again, sizeof again) != size ||
+        memcmp(key, again, size) != 0) {
+        return 0;
     }
     for (int i = 0; i < plan->count; i++) {
         const argument_spec *a = &plan->arguments[i];
@@ -225,11 +240,11 @@ static bool bounds_accepted(plan_object *plan, void **argv) {
                                        : want_extent > 0 && (want_min < have_min ||
                                                              want_min + want_extent >
                                                                  have_min + have_extent)) {
-                return false;
+                return 0;
             }
         }
     }
-    return true;
+    return 1;
 }
 
 /* --- scalars ---------------------------------------------------------------------------- */
@@ -480,6 +495,9 @@ static PyObject *fast_call(plan_object *plan, PyObject *positional, PyObject *na
     shim_member members[n];
     halide_buffer_t *member_buffers[n];
     int nmembers = 0;
+    /* Outputs given as a shape: the Buffers made for them (new references), returned. */
+    PyObject *made[n];
+    int nmade = 0, made_index[n];
     /* A device pipeline's array arguments: uploaded, allocated and freed around the run. */
     halide_buffer_t *array_buffers[n], *array_replaced[n];
     bool array_outputs[n];
@@ -498,7 +516,25 @@ static PyObject *fast_call(plan_object *plan, PyObject *positional, PyObject *na
                 goto done;
             }
             argv[i] = &scalars[i];
-        } else if ((PyObject *)Py_TYPE(value) == plan->buffer_type) {
+        } else if ((PyObject *)Py_TYPE(value) == plan->buffer_type ||
+                   (a->role == ROLE_OUTPUT && (PyTuple_CheckExact(value) || PyList_CheckExact(value)))) {
+            if ((PyObject *)Py_TYPE(value) != plan->buffer_type) {
+                /* A shape: the general path's Buffer for it (shim/calls/arguments.py). A shape
+                 * it refuses is refused by the general path, with its message; anything that is
+                 * not an Exception (a KeyboardInterrupt raised in there) goes to the caller. */
+                PyObject *buffer = PyObject_CallFunctionObjArgs(plan->output_of_shape, a->name,
+                                                                value, NULL);
+                if (buffer == NULL) {
+                    if (PyErr_ExceptionMatches(PyExc_Exception)) {
+                        PyErr_Clear();
+                    } else {
+                        result = NULL;
+                    }
+                    goto done;
+                }
+                made[nmade] = value = buffer;
+                made_index[nmade++] = i;
+            }
             if (!buffer_argument(plan, a, value, &members[nmembers])) {
                 goto done;
             }
@@ -529,16 +565,18 @@ static PyObject *fast_call(plan_object *plan, PyObject *positional, PyObject *na
             }
         }
     }
+    /* From here to the end, signal handlers wait (calls/signals_held.h): a new shape's bounds
+     * query, the call's records and run. */
+    shim_signals_hold();
+    held = true;
     if (!known(plan, argv)) {
-        if (!bounds_accepted(plan, argv)) {
-            goto done; /* the general path runs the bounds query again, and says why */
+        int accepted = bounds_accepted(plan, argv);
+        if (accepted <= 0) {
+            result = accepted < 0 ? NULL : result;
+            goto done; /* 0: the general path runs the bounds query again, and says why */
         }
         remember(plan, argv);
     }
-    /* From here to the end, signal handlers wait (calls/signals_held.h): the call's records and
-     * run. */
-    shim_signals_hold();
-    held = true;
     if (!mark_replacing(members, nmembers) ||
         !shim_members_begin(members, nmembers, plan->end_call, plan->host_write)) {
         goto done;
@@ -564,6 +602,9 @@ static PyObject *fast_call(plan_object *plan, PyObject *positional, PyObject *na
         result = NULL;
         goto done;
     }
+    for (int k = 0; k < nmade; k++) {
+        values[made_index[k]] = made[k]; /* (borrowed: made[] holds them until done) */
+    }
     if (plan->outputs == 1) {
         for (int i = 0; i < plan->count; i++) {
             if (plan->arguments[i].role == ROLE_OUTPUT) {
@@ -586,6 +627,9 @@ done:
     }
     for (int k = 0; k < nmembers; k++) {
         shim_member_clear(&members[k]);
+    }
+    for (int k = 0; k < nmade; k++) {
+        Py_DECREF(made[k]);
     }
     if (held) {
         shim_signals_release();
@@ -616,13 +660,15 @@ static int read_bound(PyObject *value, const argument_spec *a, struct halide_sca
 }
 
 /* Plan(argv_fn address, arguments, fast, host_write, backends, numpy.ndarray, shim.Buffer,
- * families.FamilyLock, finish, end_call): ``arguments`` is a sequence of (name, role, type
+ * families.FamilyLock, finish, end_call, output_of_shape): ``arguments`` is a sequence of (name, role, type
  * code, bits, dimensions, min, max, default C value as bytes or None). */
 static int plan_init(plan_object *plan, PyObject *args, PyObject *kwargs) {
-    PyObject *address, *specs, *array_type, *buffer_type, *lock_type, *finish, *end_call;
+    PyObject *address, *specs, *array_type, *buffer_type, *lock_type, *finish, *end_call,
+        *output_of_shape;
     int fast, host_write, backends;
-    if (!PyArg_ParseTuple(args, "OOppiOOOOO", &address, &specs, &fast, &host_write, &backends,
-                          &array_type, &buffer_type, &lock_type, &finish, &end_call)) {
+    if (!PyArg_ParseTuple(args, "OOppiOOOOOO", &address, &specs, &fast, &host_write, &backends,
+                          &array_type, &buffer_type, &lock_type, &finish, &end_call,
+                          &output_of_shape)) {
         return -1;
     }
     if (plan->made) {
@@ -638,6 +684,7 @@ static int plan_init(plan_object *plan, PyObject *args, PyObject *kwargs) {
     plan->backends = (unsigned)backends;
     plan->buffer_type = Py_NewRef(buffer_type);
     plan->end_call = Py_NewRef(end_call);
+    plan->output_of_shape = Py_NewRef(output_of_shape);
     plan->argv_fn = (int (*)(void **))PyLong_AsVoidPtr(address);
     if (PyErr_Occurred()) {
         return -1;
@@ -713,6 +760,7 @@ static void plan_dealloc(plan_object *plan) {
     Py_XDECREF(plan->finish);
     Py_XDECREF(plan->end_call);
     Py_XDECREF(plan->general_name);
+    Py_XDECREF(plan->output_of_shape);
     shim_object_free((PyObject *)plan);
 }
 

@@ -101,23 +101,39 @@ static void end_context(shim_call *call, bool nested) {
     }
 }
 
-bool shim_fast_query(int (*argv_fn)(void **), void **argv) {
+/* The report of a run that failed or printed (see fast/run.h), NULL for one that did not. */
+static PyObject *report_of(shim_call *call, int status, uint64_t id) {
+    const char *printed = shim_call_prints(call);
+    if (status == 0 && printed[0] == '\0') {
+        return NULL;
+    }
+    PyObject *report = Py_BuildValue("(iyyKn)", status, shim_call_errors(call), printed,
+                                     (unsigned long long)id,
+                                     (Py_ssize_t)shim_call_prints_dropped(call));
+    if (report == NULL) { /* no memory: the report says so once the uses are ended */
+        PyErr_Clear();
+        report = Py_NewRef(Py_None);
+    }
+    return report;
+}
+
+int shim_fast_query(int (*argv_fn)(void **), void **argv, int *status, PyObject **report) {
+    *report = NULL;
     bool nested;
     shim_call *call = begin_context(&nested);
     if (call == NULL) {
-        return false;
+        return SHIM_FAST_DECLINED;
     }
-    shim_call_reset(call, shim_next_call_id());
+    uint64_t id = shim_next_call_id();
+    shim_call_reset(call, id);
     shim_call_set_stream(call, shim_thread_stream());
-    int status;
-    Py_BEGIN_ALLOW_THREADS
-    status = shim_call_argv(call, argv_fn, argv);
-    Py_END_ALLOW_THREADS
+    /* With the GIL held: a query takes microseconds, unless it initializes the pipeline's GPU
+     * kernels (generated code does that first), which goes to Python anyway. */
+    *status = shim_call_argv(call, argv_fn, argv);
     shim_calls_end();
-    bool accepted = status == 0 && shim_call_errors(call)[0] == '\0' &&
-                    shim_call_prints(call)[0] == '\0';
+    *report = report_of(call, *status, id);
     end_context(call, nested);
-    return accepted;
+    return SHIM_FAST_RAN;
 }
 
 int shim_fast_run(int (*argv_fn)(void **), void **argv, halide_buffer_t **buffers, int count,
@@ -145,15 +161,8 @@ int shim_fast_run(int (*argv_fn)(void **), void **argv, halide_buffer_t **buffer
     shim_call_set_replaced(call, NULL, 0);
     Py_END_ALLOW_THREADS
     shim_calls_end();
-    const char *printed = shim_call_prints(call);
-    if (*status != SHIM_CALL_NEEDS_PREPARATION && (*status != 0 || printed[0] != '\0')) {
-        *report = Py_BuildValue("(iyyKn)", *status, shim_call_errors(call), printed,
-                                (unsigned long long)id,
-                                (Py_ssize_t)shim_call_prints_dropped(call));
-        if (*report == NULL) { /* no memory: the report says so once the uses are ended */
-            PyErr_Clear();
-            *report = Py_NewRef(Py_None);
-        }
+    if (*status != SHIM_CALL_NEEDS_PREPARATION) {
+        *report = report_of(call, *status, id);
     }
     end_context(call, nested);
     return SHIM_FAST_RAN;

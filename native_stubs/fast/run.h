@@ -36,9 +36,11 @@ int shim_fast_run(int (*argv_fn)(void **), void **argv, halide_buffer_t **buffer
                   PyObject **report);
 
 /* A pipeline's bounds query (argv's buffers without memory) in the fast paths' call context,
- * with the GIL released: whether it succeeded without reporting or printing anything (else the
- * general path runs it again, and reports). GIL held. */
-bool shim_fast_query(int (*argv_fn)(void **), void **argv);
+ * with the GIL held: DECLINED (nothing ran) at exit or without memory; else RAN with the
+ * query's status and its `report` as shim_fast_run gives them, for shim_fast_report (which
+ * takes any exception a device callback of the query left for the call: generated code
+ * initializes its GPU kernels before answering a query). GIL held. */
+int shim_fast_query(int (*argv_fn)(void **), void **argv, int *status, PyObject **report);
 
 /* After shim_fast_run: hand its `report` (stolen; NULL: nothing to report) to `finish(status,
  * errors, prints, call id, prints dropped)`, which raises for a failure. 0, or -1 with the

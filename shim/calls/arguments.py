@@ -98,12 +98,18 @@ def _given_buffer(arg, buf: Buffer, _claimed, call: Call, pipeline: PipelineFact
 
 
 def _output_shape(arg, value, _claimed, call: Call, pipeline: PipelineFacts) -> Buffer:
+    buf = output_of_shape(arg, value, pipeline)
+    call.results.append(buf)
+    return buf
+
+
+def output_of_shape(arg: Argument, value, pipeline: PipelineFacts) -> Buffer:
+    """The Buffer an output given as a shape (numpy order) gets: zeroed memory the shim
+    allocates, which nobody else sees. Also what the fast path asks for one (Signature.output_of_shape)."""
     shape = shape_tuple(value, arg.name)
     check_dimensions(arg, len(shape), shape)
     check_extents(arg, shape, pipeline.target)
-    buf = Buffer.over_array(zeroed(shape, dtype_of(arg), arg.name), arg.name, exposed=False)
-    call.results.append(buf)
-    return buf
+    return Buffer.over_array(zeroed(shape, dtype_of(arg), arg.name), arg.name, exposed=False)
 
 
 def _pyopencl_array(arg, value, _claimed, call: Call, pipeline: PipelineFacts) -> Buffer:

@@ -11,7 +11,7 @@ from shim.native import ffi, lib
 from shim.native.regions import dimension_label
 from shim.buffers.buffer import Buffer
 from shim.buffers.buffer_arguments import zeroed
-from shim.calls.arguments import Call, PipelineFacts, buffer_for, dtype_of
+from shim.calls.arguments import Call, PipelineFacts, buffer_for, dtype_of, output_of_shape
 from shim.calls.metadata import USER_CONTEXT, Argument, check_extents
 from shim.calls.scalars import MISSING, ScalarArgument
 
@@ -47,6 +47,11 @@ class Signature:
 
     def _signature(self) -> str:
         return ", ".join(self._names)
+
+    def output_of_shape(self, name: str, value) -> Buffer:
+        """The Buffer output ``name`` gets when given as the shape ``value``, as a call's
+        marshalling makes it (for the fast path, native_stubs/fast/fastcall.c)."""
+        return output_of_shape(self._by_name[name], value, self._pipeline)
 
     def marshal(self, values: dict, run_query) -> Call:
         """The native form of bound values (see Call); on failure, the device memory of the

@@ -66,7 +66,8 @@ class Pipeline(CallPlan):
         runner = self._runner
         super().__init__(self._library.argv_address, self._signature.plan_entries(),
                          runner.native_calls, runner.host_write, runner.backend_mask, np.ndarray,
-                         Buffer, FamilyLock, runner.finish_fast, call_uses.end_call)
+                         Buffer, FamilyLock, runner.finish_fast, call_uses.end_call,
+                         self._signature.output_of_shape)
 
     @property
     def inputs(self) -> list[Argument]:
