@@ -12,7 +12,6 @@ are compared with it, and with numpy, under faults, threads, Ctrl-C and fork.
 import gc
 import shutil
 import signal
-import sys
 import threading
 import time
 import warnings
@@ -23,8 +22,9 @@ import pytest
 
 import shim
 from shim.backends.base import BackendError
-from shim.native import ffi, lib
+from shim.native import lib
 from shim.pipelines.build import Build, build
+from support.served import accounting, python_calls_during, served_live
 from support.threads import run_threads
 
 OPENCL = lib.SHIM_BACKEND_OPENCL
@@ -42,34 +42,6 @@ def serve(opencl):
 
     yield switch
     switch(True)
-
-
-def accounting(opencl) -> int:
-    """What the driver allocated and did not free, less what is live or pooled: constant."""
-    counts = opencl.allocation_counts()
-    return counts["new"] - counts["freed"] - opencl.live_allocations - opencl.pooled_allocations
-
-
-def served_live() -> int:
-    return lib.shim_served_live(OPENCL, ffi.new("int64_t *"))
-
-
-def shim_frames_during(work) -> set[str]:
-    """The shim's Python functions that ran, on any thread, while ``work()`` ran."""
-    seen = set()
-
-    def profiler(frame, event, arg):
-        if event == "call" and frame.f_globals.get("__name__", "").startswith("shim"):
-            seen.add(f"{frame.f_globals['__name__']}.{frame.f_code.co_name}")
-
-    sys.setprofile(profiler)
-    threading.setprofile(profiler)
-    try:
-        work()
-    finally:
-        sys.setprofile(None)
-        threading.setprofile(None)
-    return seen
 
 
 class Unchanged:
@@ -97,7 +69,7 @@ def test_fresh_arrays_run_with_no_python_where_allocations_are_served(opencl, br
         for on in (True, False):
             serve(on)
             out = np.full_like(image, -1)
-            ran = shim_frames_during(lambda: brighten(image, 2.0, 0.5, out))
+            ran = python_calls_during(lambda: brighten(image, 2.0, 0.5, out), "shim")
             np.testing.assert_allclose(out, image * 2 + 0.5, rtol=1e-6)
             if on:
                 assert ran == set(), ran

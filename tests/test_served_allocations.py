@@ -12,7 +12,6 @@ Longer runs: HALIDE_SHIM_LONG_TESTS=1 (150 examples), or HALIDE_SHIM_STATEFUL_EX
 
 import gc
 import random
-import sys
 import threading
 
 import numpy as np
@@ -28,6 +27,7 @@ from shim.native import ffi, lib
 from shim.native.regions import Layout, NegativeStrides
 from shim.pipelines.build import Build, build
 from support.budget import scaled
+from support.served import accounting, python_calls_during, served_live
 from support.threads import run_threads
 from test_device_layer import raw_like
 from test_fork import run_isolated
@@ -48,34 +48,10 @@ def serve(opencl):
     shim.reuse_device_allocations(True)
 
 
-def served_live() -> int:
-    nbytes = ffi.new("int64_t *")
-    return lib.shim_served_live(OPENCL, nbytes)
-
-
-def accounting(opencl) -> int:
-    """What the driver allocated and did not free, less what is live or pooled: constant."""
-    counts = opencl.allocation_counts()
-    return counts["new"] - counts["freed"] - opencl.live_allocations - opencl.pooled_allocations
-
-
 def core_calls_during(work) -> set[str]:
     """The Python core's device operations (shim/core/runtime.py) that ran, on any thread,
     while ``work()`` ran."""
-    seen = set()
-
-    def profiler(frame, event, arg):
-        if event == "call" and frame.f_globals.get("__name__") == "shim.core.runtime":
-            seen.add(frame.f_code.co_name)
-
-    sys.setprofile(profiler)
-    threading.setprofile(profiler)
-    try:
-        work()
-    finally:
-        sys.setprofile(None)
-        threading.setprofile(None)
-    return seen
+    return {name.rsplit(".", 1)[1] for name in python_calls_during(work, "shim.core.runtime")}
 
 
 def blur3x3_reference(image: np.ndarray) -> np.ndarray:
