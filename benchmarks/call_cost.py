@@ -14,6 +14,9 @@ definition JIT-compiled by Halide's bindings (``Func.compile_to_callable``), in 
     (halide.Buffer);
   - prepared call: ``run()`` from ``p.prepare(b, k=k, output=ob)`` (and from a prepare()
     given the numpy arrays) vs Halide's bindings with halide.Buffers;
+  - a new output each call: the output given as a shape, ``p(a, k=k, output=(4, 4))``
+    (a shim.Buffer returned), vs the plain call into an existing numpy array, into a new one
+    (``output=np.zeros(...)``), and vs Halide's bindings given a new halide.Buffer each call;
   - crop output: the plain and the prepared call with Buffers writing a 4x4 crop at (1, 1) of
     a 6x6 Buffer vs the same call writing a whole 4x4 Buffer (input: a 6x6 Buffer for both).
 OpenCL, a small pipeline with its data resident on the device (brighten, 64x64 float32, as the
@@ -89,6 +92,12 @@ ROWS = [
         "host.halide.buffer", 0.7),
     Row("host: prepared call, numpy (vs Halide bindings, halide.Buffer)",
         "host.shim.prepared_numpy", "host.halide.buffer", 0.7),
+    Row("host: plain call, output as a shape / output array", "host.shim.shape", "host.shim.numpy",
+        1.2),
+    Row("host: plain call, output as a shape / a new numpy output", "host.shim.shape",
+        "host.shim.new_numpy", 1.2),
+    Row("host: plain call, output as a shape (vs Halide bindings, a new halide.Buffer)",
+        "host.shim.shape", "host.halide.new_buffer", 1.0),
     Row("host: crop output / whole, plain call (Buffers)", "host.crop.plain", "host.whole.plain", 1.1),
     Row("host: crop output / whole, prepared call", "host.crop.prepared", "host.whole.prepared", 1.1),
     Row("opencl: prepared call, resident (vs stock runtime)", "opencl.shim.prepared",
@@ -359,13 +368,22 @@ class Bench:
             "host.halide.buffer": timed_loop("c(hb, k, hob)", c=c, hb=hb, k=K, hob=hob),
             "host.shim.prepared": timed_loop("run()", run=prepared),
             "host.shim.prepared_numpy": timed_loop("run()", run=prepared_numpy),
+            # A new output each call: given as a shape (the shim returns a Buffer), as a new
+            # numpy array, and as Halide's bindings take one, a new halide.Buffer.
+            "host.shim.shape": timed_loop("p(a, k=k, output=s)", p=p, a=a, k=K, s=HOST_SHAPE),
+            "host.shim.new_numpy": timed_loop("p(a, k=k, output=zeros(s, f32))", p=p, a=a, k=K,
+                                              s=HOST_SHAPE, zeros=np.zeros, f32=np.float32),
+            "host.halide.new_buffer": timed_loop("c(hb, k, Buffer(f32, xy))", c=c, hb=hb, k=K,
+                                                 Buffer=hl.Buffer, f32=hl.Float(32),
+                                                 xy=HOST_SHAPE[::-1]),
         })
         self.checks += [("host.shim.numpy", lambda: o_shim, expected),
                         ("host.halide.numpy", lambda: o_hl, expected),
                         ("host.shim.buffers.buffer", lambda: np.asarray(ob), expected),
                         ("host.halide.buffer", lambda: np.asarray(hob), expected),
                         ("host.shim.prepared", lambda: np.asarray(ob_prep), expected),
-                        ("host.shim.prepared_numpy", lambda: o_prep, expected)]
+                        ("host.shim.prepared_numpy", lambda: o_prep, expected),
+                        ("host.shim.shape", lambda: p(a, k=K, output=HOST_SHAPE).numpy(), expected)]
 
         # Crop output vs whole: same 6x6 input, 4x4 output either whole (mins 0) or a crop.
         a6 = host_input(HOST_CROP_PARENT)

@@ -12,6 +12,7 @@ import pytest
 
 from shim.pipelines import build as build_module
 from shim.pipelines.build import Build, generator_names
+from support.forks import exit_code_of_child_forked_while_held
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -232,24 +233,5 @@ def test_a_changed_generator_is_parsed_again(fresh_generators):
 def test_a_child_forked_while_another_thread_holds_a_build_lock_goes_on(lock, use):
     """Another thread parsing the generators or making the temporary folder at the fork held
     its lock for good in the child, whose next build waited for it forever."""
-    done = subprocess.run([sys.executable, "-c", f"""
-import os, signal, threading
-from shim.pipelines import build
-held, end = threading.Event(), threading.Event()
-def holder():
-    with build.{lock}:
-        held.set()
-        end.wait()
-threading.Thread(target=holder, daemon=True).start()
-held.wait()
-pid = os.fork()
-if pid == 0:
-    signal.alarm(20)  # (a hang guard: SIGALRM ends a child that waits for good)
-    build.{use}
-    os._exit(0)
-_, status = os.waitpid(pid, 0)
-end.set()
-print("child", os.waitstatus_to_exitcode(status))
-"""], capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.strip() == "child 0", done.stdout + done.stderr[-3000:]
+    assert exit_code_of_child_forked_while_held("from shim.pipelines import build\n",
+                                                f"build.{lock}", f"build.{use}") == 0

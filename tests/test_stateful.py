@@ -308,11 +308,14 @@ class BufferMachine(RuleBasedStateMachine):
         return None
 
     def resync_allocation(self, root: Root):
-        if any(view.holds for view in root.views if view.dropped):
-            return  # a Buffer only an export keeps alive holds the allocation where it was
         live = [view for view in root.views if not view.dropped]
         for view in live:
             view.holds = view.buf.has_device_allocation()
+        if any(view.holds for view in root.views if view.dropped):
+            # A Buffer only an export keeps alive holds the allocation where it was: the
+            # family stays there, whatever the live ones let go (an interrupted device_free
+            # of the last live one may have been done before the handler's exception came).
+            return
         kinds = {view.buf.device.kind for view in live if view.holds}
         assert len(kinds) <= 1, f"one family on several devices: {kinds}"
         was, root.device = root.device, kinds.pop() if kinds else None

@@ -43,6 +43,7 @@ typedef struct {
     /* scalars: the declared range, where the argument has one (as the type's C value) */
     bool has_min, has_max, has_default;
     struct halide_scalar_value_t min, max, value_default;
+    PyObject *dtype; /* buffers: the numpy dtype of memory the shim allocates for it; else None */
 } argument_spec;
 
 typedef struct {
@@ -65,6 +66,11 @@ typedef struct {
     PyObject *end_call;    /* runtime.end_call, for uses the fast path cannot end itself */
     PyObject *general_name; /* "_call_in_python" */
     PyObject *output_of_shape; /* Signature.output_of_shape(name, shape): a new shim.Buffer */
+    /* A CPU pipeline's outputs given as shapes: numpy.zeros(shape, dtype) (as few bytes as
+     * host_memory_limit at most: more is the general path's to refuse), run as arrays, then
+     * returned as PipelineResult.over(array, name) (shim/buffers/pipeline_result.py). */
+    PyObject *zeros, *pipeline_result;
+    long long host_memory_limit;
     bool made;              /* __init__ was called: never again (it may have failed halfway) */
     void *user_context;    /* what __user_context points to */
     /* Argument shapes and scalar values the bounds query accepted, most recent first. */
@@ -386,6 +392,53 @@ static bool describe(const argument_spec *a, const Py_buffer *view, halide_buffe
     return true;
 }
 
+static bool is_shape(PyObject *value) {
+    return PyTuple_CheckExact(value) || PyList_CheckExact(value);
+}
+
+/* The memory a CPU pipeline's output given as the shape `value` (numpy order) gets, as the
+ * general path allocates it (shim/calls/arguments.py, output_of_shape): a new, zeroed numpy
+ * array. NULL to decline, with no error set, for a shape the general path must judge (not one
+ * Python int per dimension, each at least 1, more elements or bytes than surely fit); NULL
+ * with an error for anything that is not an Exception, raised while making it. */
+static PyObject *array_of_shape(plan_object *plan, const argument_spec *a, PyObject *value) {
+    Py_ssize_t count = PySequence_Size(value);
+    if (count != a->dimensions || count > MAX_DIMENSIONS || a->dtype == Py_None) {
+        return NULL;
+    }
+    PyObject *shape = PySequence_Tuple(value);
+    if (shape == NULL) {
+        PyErr_Clear();
+        return NULL;
+    }
+    long long elements = 1;
+    for (Py_ssize_t d = 0; d < count; d++) {
+        PyObject *extent = PyTuple_GetItem(shape, d); /* borrowed */
+        int overflow = 0;
+        long long n = PyLong_CheckExact(extent) ? PyLong_AsLongLongAndOverflow(extent, &overflow) : 0;
+        if (n < 1 || n > INT32_MAX || overflow) {
+            PyErr_Clear();
+            Py_DECREF(shape);
+            return NULL;
+        }
+        elements *= n;
+        if (elements > INT32_MAX) {
+            Py_DECREF(shape);
+            return NULL;
+        }
+    }
+    if (elements * (a->bits <= 8 ? 1 : a->bits / 8) > plan->host_memory_limit) {
+        Py_DECREF(shape);
+        return NULL;
+    }
+    PyObject *array = PyObject_CallFunctionObjArgs(plan->zeros, shape, a->dtype, NULL);
+    Py_DECREF(shape);
+    if (array == NULL && PyErr_ExceptionMatches(PyExc_Exception)) {
+        PyErr_Clear(); /* (numpy's MemoryError: the general path's to raise, with its words) */
+    }
+    return array;
+}
+
 /* A shim.Buffer argument: its own struct, if it is what the argument takes (as the general
  * path checks it) and, for an output, over writable memory; false to decline. `m` holds the
  * Buffer and its record when this returns true. */
@@ -495,7 +548,8 @@ static PyObject *fast_call(plan_object *plan, PyObject *positional, PyObject *na
     shim_member members[n];
     halide_buffer_t *member_buffers[n];
     int nmembers = 0;
-    /* Outputs given as a shape: the Buffers made for them (new references), returned. */
+    /* Outputs given as a shape: the Buffers made for them, or a CPU pipeline's arrays (new
+     * references), returned. */
     PyObject *made[n];
     int nmade = 0, made_index[n];
     /* A device pipeline's array arguments: uploaded, allocated and freed around the run. */
@@ -517,7 +571,7 @@ static PyObject *fast_call(plan_object *plan, PyObject *positional, PyObject *na
             }
             argv[i] = &scalars[i];
         } else if ((PyObject *)Py_TYPE(value) == plan->buffer_type ||
-                   (a->role == ROLE_OUTPUT && (PyTuple_CheckExact(value) || PyList_CheckExact(value)))) {
+                   (a->role == ROLE_OUTPUT && !plan->host_write && is_shape(value))) {
             if ((PyObject *)Py_TYPE(value) != plan->buffer_type) {
                 /* A shape: the general path's Buffer for it (shim/calls/arguments.py). A shape
                  * it refuses is refused by the general path, with its message; anything that is
@@ -541,8 +595,18 @@ static PyObject *fast_call(plan_object *plan, PyObject *positional, PyObject *na
             argv[i] = member_buffers[nmembers] = members[nmembers].raw;
             nmembers++;
         } else {
-            if ((PyObject *)Py_TYPE(value) != plan->array_type) {
-                goto done; /* other array-likes, shapes */
+            if (a->role == ROLE_OUTPUT && is_shape(value)) {
+                /* A CPU pipeline's output given as a shape: computed in a new array, then
+                 * returned as the Buffer the general path's would be. */
+                PyObject *array = array_of_shape(plan, a, value);
+                if (array == NULL) {
+                    result = PyErr_Occurred() ? NULL : result;
+                    goto done;
+                }
+                made[nmade] = value = array;
+                made_index[nmade++] = i;
+            } else if ((PyObject *)Py_TYPE(value) != plan->array_type) {
+                goto done; /* other array-likes */
             }
             int flags = PyBUF_RECORDS_RO | (a->role == ROLE_OUTPUT ? PyBUF_WRITABLE : 0);
             if (PyObject_GetBuffer(value, &views[i], flags) != 0) {
@@ -603,7 +667,18 @@ static PyObject *fast_call(plan_object *plan, PyObject *positional, PyObject *na
         goto done;
     }
     for (int k = 0; k < nmade; k++) {
-        values[made_index[k]] = made[k]; /* (borrowed: made[] holds them until done) */
+        int i = made_index[k];
+        if (plan->host_write) { /* the array the pipeline wrote becomes its Buffer */
+            PyObject *buffer = PyObject_CallFunctionObjArgs(plan->pipeline_result, made[k],
+                                                            plan->arguments[i].name, NULL);
+            if (buffer == NULL) {
+                result = NULL;
+                goto done;
+            }
+            Py_DECREF(made[k]);
+            made[k] = buffer;
+        }
+        values[i] = made[k]; /* (borrowed: made[] holds them until done) */
     }
     if (plan->outputs == 1) {
         for (int i = 0; i < plan->count; i++) {
@@ -660,15 +735,17 @@ static int read_bound(PyObject *value, const argument_spec *a, struct halide_sca
 }
 
 /* Plan(argv_fn address, arguments, fast, host_write, backends, numpy.ndarray, shim.Buffer,
- * families.FamilyLock, finish, end_call, output_of_shape): ``arguments`` is a sequence of (name, role, type
- * code, bits, dimensions, min, max, default C value as bytes or None). */
+ * families.FamilyLock, finish, end_call, output_of_shape, numpy.zeros, PipelineResult.over,
+ * host memory limit): ``arguments`` is a sequence of (name, role, type code, bits,
+ * dimensions, min, max, default C value as bytes or None, dtype or None). */
 static int plan_init(plan_object *plan, PyObject *args, PyObject *kwargs) {
     PyObject *address, *specs, *array_type, *buffer_type, *lock_type, *finish, *end_call,
-        *output_of_shape;
+        *output_of_shape, *zeros, *pipeline_result;
     int fast, host_write, backends;
-    if (!PyArg_ParseTuple(args, "OOppiOOOOOO", &address, &specs, &fast, &host_write, &backends,
+    long long host_memory_limit;
+    if (!PyArg_ParseTuple(args, "OOppiOOOOOOOOL", &address, &specs, &fast, &host_write, &backends,
                           &array_type, &buffer_type, &lock_type, &finish, &end_call,
-                          &output_of_shape)) {
+                          &output_of_shape, &zeros, &pipeline_result, &host_memory_limit)) {
         return -1;
     }
     if (plan->made) {
@@ -685,6 +762,9 @@ static int plan_init(plan_object *plan, PyObject *args, PyObject *kwargs) {
     plan->buffer_type = Py_NewRef(buffer_type);
     plan->end_call = Py_NewRef(end_call);
     plan->output_of_shape = Py_NewRef(output_of_shape);
+    plan->zeros = Py_NewRef(zeros);
+    plan->pipeline_result = Py_NewRef(pipeline_result);
+    plan->host_memory_limit = host_memory_limit;
     plan->argv_fn = (int (*)(void **))PyLong_AsVoidPtr(address);
     if (PyErr_Occurred()) {
         return -1;
@@ -703,12 +783,14 @@ static int plan_init(plan_object *plan, PyObject *args, PyObject *kwargs) {
     for (Py_ssize_t i = 0; i < count; i++) {
         PyObject *spec = PySequence_GetItem(specs, i);
         argument_spec *a = &plan->arguments[i];
-        PyObject *name, *lo, *hi, *value_default;
-        if (spec == NULL || !PyArg_ParseTuple(spec, "UiiiiOOO", &name, &a->role, &a->code,
-                                              &a->bits, &a->dimensions, &lo, &hi, &value_default)) {
+        PyObject *name, *lo, *hi, *value_default, *dtype;
+        if (spec == NULL || !PyArg_ParseTuple(spec, "UiiiiOOOO", &name, &a->role, &a->code,
+                                              &a->bits, &a->dimensions, &lo, &hi, &value_default,
+                                              &dtype)) {
             Py_XDECREF(spec);
             return -1;
         }
+        a->dtype = Py_NewRef(dtype);
         Py_INCREF(name);
         PyUnicode_InternInPlace(&name); /* keyword lookups then match by identity */
         a->name = name;
@@ -751,6 +833,7 @@ static int plan_init(plan_object *plan, PyObject *args, PyObject *kwargs) {
 static void plan_dealloc(plan_object *plan) {
     for (int i = 0; i < plan->count; i++) {
         Py_XDECREF(plan->arguments[i].name);
+        Py_XDECREF(plan->arguments[i].dtype);
     }
     for (int i = 0; i < plan->known_count; i++) {
         PyMem_Free(plan->known[i].bytes);
@@ -761,6 +844,8 @@ static void plan_dealloc(plan_object *plan) {
     Py_XDECREF(plan->end_call);
     Py_XDECREF(plan->general_name);
     Py_XDECREF(plan->output_of_shape);
+    Py_XDECREF(plan->zeros);
+    Py_XDECREF(plan->pipeline_result);
     shim_object_free((PyObject *)plan);
 }
 

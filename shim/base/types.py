@@ -58,17 +58,24 @@ class HalideType:
     def from_dtype(cls, dtype) -> HalideType:
         """The Halide type stored like numpy's ``dtype``; raises TypeError for the others,
         among them dtypes in the other byte order, whose elements Halide would misread."""
+        known = _BY_DTYPE.get(dtype) if isinstance(dtype, np.dtype) else None
+        if known is not None:
+            return known  # (every Buffer asks: working it out costs more than the rest of one)
         dtype = np.dtype(dtype)
         if not dtype.isnative:
             raise TypeError(f"numpy dtype {dtype.str} is not in this machine's byte order, which "
                             "Halide reads; convert it with "
                             "arr.astype(arr.dtype.newbyteorder('='))")
         if dtype == np.bool_:
-            return cls(UINT, 1)
-        code = {"i": INT, "u": UINT, "f": FLOAT}.get(dtype.kind)
-        if code is None or dtype.itemsize not in (1, 2, 4, 8) or (code == FLOAT and dtype.itemsize == 1):
-            raise TypeError(f"numpy dtype {dtype} has no Halide equivalent")
-        return cls(code, dtype.itemsize * 8)
+            htype = cls(UINT, 1)
+        else:
+            code = {"i": INT, "u": UINT, "f": FLOAT}.get(dtype.kind)
+            if code is None or dtype.itemsize not in (1, 2, 4, 8) or (code == FLOAT and dtype.itemsize == 1):
+                raise TypeError(f"numpy dtype {dtype} has no Halide equivalent")
+            htype = cls(code, dtype.itemsize * 8)
+        if cls is HalideType:
+            _BY_DTYPE[dtype] = htype
+        return htype
 
     @classmethod
     def from_c(cls, ctype) -> HalideType:
@@ -90,6 +97,11 @@ class HalideType:
         if prefix == "f" and self.bits == 16:
             return "u16"  # float16 travels as its bits
         return f"{prefix}{self.bits}"
+
+
+# The Halide type of each numpy dtype met so far (HalideType.from_dtype). (A few dozen at most:
+# only dtypes with a Halide equivalent join.)
+_BY_DTYPE: dict = {}
 
 
 # Not a functools.cached_property: Python 3.11's holds one lock, for every instance, while it

@@ -25,7 +25,6 @@ from shim.core import buffer_operations, shutdown
 from shim.core.bridge import runtime_call
 from shim.buffers.buffer_arguments import dimensions_of, is_halide
 
-
 class ManagedBuffer(Finalized):
     """A halide_buffer_t that Python owns, and its place in the device layer. Made only as a
     shim.Buffer (its subclass), whose constructors fill it through ``_init_from_array``."""
@@ -35,7 +34,9 @@ class ManagedBuffer(Finalized):
     _STRUCT = ("_raw", "_dims", "_array", "_type", "_family", "_box", "_exposed", "_unread",
                "_root_box", "_root_dims", "_keepalive", "_record")
 
-    __slots__ = _STRUCT + ("_name", "_superseded", "__weakref__")
+    # ``_pending``: None, or, in a PipelineResult whose struct is not made yet
+    # (shim/buffers/pipeline_result.py), the name of the argument it is the result for.
+    __slots__ = _STRUCT + ("_name", "_superseded", "_pending", "__weakref__")
 
     def _init_from_array(self, array: np.ndarray, argument: str, mins=None,
                          family: Family | None = None, keepalive=None,
@@ -45,7 +46,7 @@ class ManagedBuffer(Finalized):
         except TypeError as e:
             raise ArgumentError(argument, str(e)) from None
         dims = dimensions_of(array, mins, argument, mins_argument)
-        self._name, self._superseded = "", None
+        self._name, self._superseded, self._pending = "", None, None
         self._raw = ffi.new("halide_buffer_t *")
         raw = self._raw
         raw.host = ffi.cast("uint8_t *", array.ctypes.data)
@@ -145,7 +146,8 @@ class ManagedBuffer(Finalized):
 
     def device_dirty(self) -> bool:
         """Whether the device copy holds changes the host memory lacks."""
-        return bool(flags.of(self._raw) & DEVICE_DIRTY)
+        # (A PipelineResult whose struct is not made yet has no device copy.)
+        return self._pending is None and bool(flags.of(self._raw) & DEVICE_DIRTY)
 
     def set_host_dirty(self, dirty: bool = True) -> None:
         """Say that the host memory holds changes the device copy lacks (or, False, not)."""
@@ -308,6 +310,8 @@ class ManagedBuffer(Finalized):
     # The finalizer (Finalized's, which runs this with Ctrl-C held: a KeyboardInterrupt here
     # would leave the struct registered and its device memory allocated for good).
     def _finalize(self):
+        if getattr(self, "_pending", None) is not None:
+            return  # a PipelineResult whose struct was never made: nothing to release
         raw = getattr(self, "_raw", None)
         if raw is None or getattr(self, "_family", None) is None:
             return  # construction failed before the struct joined a family: nothing to release
@@ -315,9 +319,16 @@ class ManagedBuffer(Finalized):
             return  # the interpreter is exiting: device memory goes with the process
         if families.forking() or families.abandoned(self._family):
             return  # a forked child: another thread's Buffer, as it left it (see families)
+        inside = sections.inside()
+        if not raw.device and not self._family.shared and not inside:
+            # No device memory, and no other struct in the family: leaving the registry is
+            # all there is to do (what _Dropped.release comes to then). Nothing else can reach
+            # the struct now: a call that passes it holds the Buffer.
+            families.unregister_owned(raw)
+            return
         dropped = _Dropped(raw, self._dims, self._array, self._keepalive, self._family,
                            self._exposed, self._unread, repr(self))
-        if sections.inside():
+        if inside:
             # The collector ran this inside one of the layer's critical sections on this
             # thread: the release waits until the thread is out of them (shim/base/sections.py).
             sections.later(dropped.release)

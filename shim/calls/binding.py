@@ -137,7 +137,9 @@ class Signature:
         else:
             role, default = 0, self._scalars[arg.name].default_bytes()
         bounds = [None, None] if arg.is_buffer else [arg.min, arg.max]
-        return (arg.name, role, arg.type.code, arg.type.bits, arg.dimensions, *bounds, default)
+        dtype = arg.type.dtype if arg.is_buffer else None  # (None too where numpy has none)
+        return (arg.name, role, arg.type.code, arg.type.bits, arg.dimensions, *bounds, default,
+                dtype)
 
 
 def free_temporaries(call: Call) -> None:

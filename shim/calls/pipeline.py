@@ -18,6 +18,8 @@ from shim.calls import pipeline_pickle
 from shim.calls.binding import (Signature, bounds_query, box_query_buffer, check_bounds,
                           free_temporaries, query_answer)
 from shim.buffers.buffer import Buffer
+from shim.buffers.buffer_arguments import PHYSICAL_MEMORY
+from shim.buffers.pipeline_result import PipelineResult
 from shim.base.errors import ArgumentError
 from shim.memory.families import FamilyLock
 from shim.calls.library import Library
@@ -67,7 +69,8 @@ class Pipeline(CallPlan):
         super().__init__(self._library.argv_address, self._signature.plan_entries(),
                          runner.native_calls, runner.host_write, runner.backend_mask, np.ndarray,
                          Buffer, FamilyLock, runner.finish_fast, call_uses.end_call,
-                         self._signature.output_of_shape)
+                         self._signature.output_of_shape, np.zeros, PipelineResult.over,
+                         PHYSICAL_MEMORY)
 
     @property
     def inputs(self) -> list[Argument]:

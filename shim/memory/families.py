@@ -44,7 +44,10 @@ class FamilyLock(LockState):
 
     def __init__(self):
         self._lock = threading.Lock()
-        self._changed = threading.Condition(self._lock)
+        # Made by the first wait(): most families never see a waiter, and a Condition costs
+        # more than the rest of a Buffer's construction (it and notify_all run with the lock
+        # held, so the first one's making it is never raced).
+        self._changed = None
         self.owner = None
         self.waiting = 0  # threads in wait(): notify_all costs nothing without them
         # In a forked child: another thread of the parent was changing or using the family
@@ -100,6 +103,8 @@ class FamilyLock(LockState):
         again."""
         self.owner = None
         self.waiting += 1
+        if self._changed is None:
+            self._changed = threading.Condition(self._lock)
         try:
             self._changed.wait(timeout)
         finally:

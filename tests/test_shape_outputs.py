@@ -1,0 +1,222 @@
+"""Outputs given as a shape on a CPU pipeline's fast path (native_stubs/fast/fastcall.c): the
+pipeline writes a new numpy array, and the call returns a PipelineResult over it, whose struct
+and family are made only when something asks for them (shim/buffers/pipeline_result.py). Such a Buffer must be the general path's Buffer in everything
+anyone can observe, whatever is asked of it first, from any number of threads, and must
+leave nothing registered behind it."""
+
+import pickle
+import threading
+
+import numpy as np
+import pytest
+
+import shim
+from shim.buffers.pipeline_result import PipelineResult
+from shim.memory import families
+from support.forks import exit_code_of_child_forked_while_held
+
+
+def blur_reference(image: np.ndarray) -> np.ndarray:
+    a = image.astype(np.uint32)
+    across = ((a[:, :-2] + a[:, 1:-1] + a[:, 2:]) // 3).astype(np.uint16).astype(np.uint32)
+    return ((across[:-2] + across[1:-1] + across[2:]) // 3).astype(np.uint16)
+
+
+IMAGE = (np.arange(12 * 14) * 37 % 4099).astype(np.uint16).reshape(12, 14)
+
+
+@pytest.fixture
+def blur(host_pipelines):
+    return shim.load(host_pipelines["blur3x3", "no_runtime"])
+
+
+def fast_and_general(blur, shape=(10, 12)):
+    """The same call's result from the fast path and from the general path."""
+    fast = blur(IMAGE, shape)
+    general = blur._call_in_python(IMAGE, shape)
+    assert type(fast) is PipelineResult and type(general) is shim.Buffer  # (what is compared)
+    return fast, general
+
+
+def state(buf: shim.Buffer) -> dict:
+    """What a user can observe of a Buffer, without its data."""
+    return {
+        "type": buf.type(), "dtype": buf.dtype, "shape": buf.shape,
+        "dimensions": buf.dimensions(),
+        "dims": [(d.min(), d.extent(), d.stride()) for d in (buf.dim(i) for i in range(buf.dimensions()))],
+        "host_dirty": buf.host_dirty(), "device_dirty": buf.device_dirty(),
+        "device allocation": buf.has_device_allocation(), "repr": repr(buf),
+        "name": buf.name() if not buf.name().startswith("b") else "b<n>",  # (a counter's)
+        "writeable": buf.writeable, "defined": buf.defined(),
+    }
+
+
+# Each operation, applied first to a result, gives what can be compared between the paths.
+FIRST_OPERATIONS = {
+    "numpy": lambda b: b.numpy().tobytes(),
+    "asarray": lambda b: np.asarray(b).tobytes(),
+    "state": state,
+    "element": lambda b: (b[0, 0], b[11, 9]),
+    "raw struct": lambda b: (b.raw.dimensions, b.raw.dim[0].extent, b.raw.dim[1].stride),
+    "cropped": lambda b: b.cropped(0, 2, 5).numpy().tobytes(),
+    "sliced": lambda b: state(b.sliced(1, 3)),
+    "in-place crop": lambda b: (b.crop(1, 1, 4), state(b), b.numpy().tobytes()),
+    "set_min": lambda b: (b.set_min([5, 6]), state(b), b[5, 6]),
+    "fill": lambda b: (b.fill(3), b.numpy().tobytes(), state(b)),
+    "setitem": lambda b: (b.__setitem__((1, 2), 99), b[1, 2], b.numpy().tobytes()),
+    "copy": lambda b: (state(b.copy()), b.copy().numpy().tobytes()),
+    "pickle": lambda b: (state(pickle.loads(pickle.dumps(b))), pickle.loads(pickle.dumps(b)).numpy().tobytes()),
+    "view": lambda b: (shim.Buffer(b).fill(5), b.numpy().tobytes()),
+    "set_name": lambda b: (b.set_name("out"), state(b)),
+    "dirty bits": lambda b: (b.set_host_dirty(False), b.host_dirty(), b.device_dirty()),
+    "transposed": lambda b: state(b.transposed(0, 1)),
+    "memoryless": lambda b: b.raw_buffer() != 0,
+    "isinstance": lambda b: isinstance(b, shim.Buffer),
+    "missing attribute": lambda b: attribute_error(b, "no_such_thing"),
+    "cuda array interface": lambda b: attribute_error(b, "__cuda_array_interface__"),
+}
+
+
+def attribute_error(buf, name):
+    try:
+        getattr(buf, name)
+    except AttributeError as e:
+        return str(e).replace("PipelineResult", "Buffer")  # (a class name in the text is fine)
+    return "no error"
+
+
+@pytest.mark.parametrize("first", sorted(FIRST_OPERATIONS))
+def test_whatever_is_asked_first_answers_as_the_general_paths_buffer(blur, first):
+    fast, general = fast_and_general(blur)
+    operation = FIRST_OPERATIONS[first]
+    assert operation(fast) == operation(general)
+    # and then everything else, on the Buffer that answered first
+    assert state(fast) == state(general)
+    np.testing.assert_array_equal(fast.numpy(), general.numpy())
+
+
+def test_the_result_is_right_and_reads_need_no_struct(blur):
+    """The values are numpy's; reading them through numpy() makes no struct (the point of
+    deferring it), and the struct is host-dirty when made, as the general path's is after a
+    CPU pipeline wrote it (Halide's code marks its outputs so)."""
+    fast, general = fast_and_general(blur)
+    np.testing.assert_array_equal(fast.numpy(), blur_reference(IMAGE))
+    assert type(fast) is PipelineResult
+    assert general.host_dirty() and fast.host_dirty()
+    assert type(fast) is shim.Buffer  # (once made, a plain Buffer)
+
+
+def test_a_result_passed_to_another_call_runs_as_a_buffer(blur, host_pipelines):
+    """A result given back to a pipeline (its struct is made then, by the fast path's read of
+    its record: native_stubs/fast/call_records.c) as input and as output."""
+    bigger = np.pad(IMAGE, 1, mode="reflect")
+    first = blur(bigger, (12, 14))
+    assert type(first) is PipelineResult
+    again = blur(first, (10, 12))
+    np.testing.assert_array_equal(again.numpy(), blur_reference(blur_reference(bigger)))
+    into = blur(IMAGE, (10, 12))
+    other = (IMAGE * 7 % 1013).astype(np.uint16)
+    assert blur(other, into) is into
+    np.testing.assert_array_equal(into.numpy(), blur_reference(other))
+
+
+def test_a_result_goes_to_a_device_and_back(blur, opencl):
+    fast, _ = fast_and_general(blur)
+    expected = fast.numpy().copy()
+    fast.copy_to_device("opencl")
+    assert fast.has_device_allocation() and not fast.host_dirty()
+    fast.numpy()[:] = 0
+    fast.set_device_dirty(True)
+    fast.copy_to_host()
+    np.testing.assert_array_equal(fast.numpy(), expected)
+
+
+def test_threads_that_ask_at_once_share_one_struct(blur):
+    """Many threads touch a new result's struct at the same moment: one struct is made,
+    every thread sees it, and exactly one entry joins the registry."""
+    for _ in range(20):
+        fast = blur(IMAGE, (10, 12))
+        before = families.live_counts()["owned"]
+        start = threading.Barrier(8)
+        seen = {}
+
+        def touch(k, how):
+            start.wait()
+            seen[k] = how(fast)
+
+        hows = ["raw", "family", "raw", "dimensions", "record", "raw", "family", "box"]
+        asks = {"raw": lambda b: b.raw_buffer(), "family": lambda b: id(b.family),
+                "dimensions": lambda b: b.dimensions(), "record": lambda b: b.call_record[0],
+                "box": lambda b: b.box}
+        threads = [threading.Thread(target=touch, args=(k, asks[how])) for k, how in enumerate(hows)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert families.live_counts()["owned"] == before + 1
+        expected = {"raw": fast.raw_buffer(), "family": id(fast.family), "dimensions": 2,
+                    "record": fast.raw_buffer(), "box": ((0, 12), (0, 10))}
+        assert seen == {k: expected[how] for k, how in enumerate(hows)}
+        assert fast.raw_buffer() == families.address_of(fast.raw)
+
+
+def test_results_leave_nothing_registered(blur):
+    """Results dropped untouched, after a read, and after their struct was made: the
+    registries are as they were."""
+    before = families.live_counts()
+    for k in range(300):
+        result = blur(IMAGE, (10, 12))
+        if k % 3 == 1:
+            result.numpy()
+        elif k % 3 == 2:
+            result.host_dirty()
+        del result
+    assert families.live_counts() == before
+
+
+def test_two_outputs_as_shapes(host_pipelines):
+    sum_diff = shim.load(host_pipelines["sum_diff", "no_runtime"])
+    a = np.arange(20, dtype=np.int32).reshape(4, 5)
+    b = (a * 3 - 7).astype(np.int32)
+    fast = sum_diff(a, b, (4, 5), [4, 5])
+    general = sum_diff._call_in_python(a, b, (4, 5), [4, 5])
+    for f, g, expected in zip(fast, general, (a + b, a - b)):
+        assert type(f) is PipelineResult
+        np.testing.assert_array_equal(f.numpy(), expected)
+        assert state(f) == state(g)
+
+
+# Shapes the fast path leaves to the general path, which accepts or refuses them.
+ODD_SHAPES = [(0, 12), (-1, 12), (np.int64(10), 12), (True, 12), (10.0, 12), ("10", 12),
+              (10,), (10, 12, 1), (2**31, 1), (2**20, 2**12), (10, None)]
+
+
+@pytest.mark.parametrize("shape", ODD_SHAPES, ids=repr)
+def test_odd_shapes_get_the_general_paths_answer(blur, shape):
+    def outcome(call):
+        try:
+            result = call(IMAGE, shape)
+        except Exception as e:  # noqa: BLE001 - the exception is what is compared
+            return type(e).__name__, str(e)
+        return state(result), result.numpy().tobytes()
+
+    assert outcome(blur) == outcome(blur._call_in_python)
+
+
+FORK_SETUP = """
+import sys
+import numpy as np
+import shim
+from shim.buffers import pipeline_result
+
+blur = shim.load(sys.argv[1])
+image = (np.arange(12 * 14) * 37 % 4099).astype(np.uint16).reshape(12, 14)
+result = blur(image, (10, 12))
+"""
+FORK_USE = "assert result.host_dirty() and result.raw_buffer() and blur(image, (10, 12)).dimensions() == 2"
+
+
+def test_a_forked_child_makes_the_struct_even_if_a_thread_was_making_one(host_pipelines):
+    """Another thread held the lock a result makes its struct under at the fork."""
+    assert exit_code_of_child_forked_while_held(FORK_SETUP, "pipeline_result._making", FORK_USE,
+                                                str(host_pipelines["blur3x3", "no_runtime"])) == 0
