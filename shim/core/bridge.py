@@ -12,6 +12,7 @@ raises shim.DeviceError, chained from that kept exception, when a runtime call f
 from __future__ import annotations
 
 import os
+import sys
 from contextlib import contextmanager
 
 from shim.native import interrupts
@@ -97,26 +98,48 @@ def raise_failure(result: int, message: str, cause: BaseException | None, what: 
     raise DeviceError(result, message, context=what) from cause
 
 
-@contextmanager
-def runtime_call(what: str):
-    """Make the calling thread's runtime calls report into a fresh call context, and raise
-    DeviceError for a failing one. Yields a ``check(result)`` function."""
-    with interrupts.deferred():
-        context = CallContext.begin()
+class runtime_call:
+    """``with runtime_call(what) as check:`` -- make the calling thread's runtime calls report
+    into a fresh call context, and raise DeviceError for a failing one: ``check(result)``.
+    (A class, not a generator: every device operation Python makes passes through here.)"""
+
+    __slots__ = ("_what", "_context", "_previous")
+
+    def __init__(self, what: str):
+        self._what = what
+
+    def __enter__(self):
+        _SIGNALS_WAIT.__enter__()
         try:
-            lib.shim_call_set_stream(context.pointer, ffi.cast("void *", streams.current()))
-            previous = lib.shim_call_enter(context.pointer)
-
-            def check(result: int) -> None:
-                if result != 0:
-                    raise_failure(result, context.errors().strip(), take_exception(context.id), what)
-
+            context = CallContext.begin()
             try:
-                yield check
-            finally:
-                lib.shim_call_leave(previous)
+                lib.shim_call_set_stream(context.pointer, ffi.cast("void *", streams.current()))
+                self._previous = lib.shim_call_enter(context.pointer)
+            except BaseException:
+                context.end()
+                raise
+        except BaseException:
+            _SIGNALS_WAIT.__exit__(*sys.exc_info())
+            raise
+        self._context = context
+        return self.check
+
+    def check(self, result: int) -> None:
+        if result != 0:
+            context = self._context
+            raise_failure(result, context.errors().strip(), take_exception(context.id), self._what)
+
+    def __exit__(self, *exc) -> None:
+        try:
+            lib.shim_call_leave(self._previous)
         finally:
-            context.end()
+            try:
+                self._context.end()
+            finally:
+                _SIGNALS_WAIT.__exit__(*exc)  # (raises what a signal handler raised meanwhile)
+
+
+_SIGNALS_WAIT = interrupts.deferred()
 
 
 @contextmanager
