@@ -15,6 +15,8 @@ Cases, each with Halide's switch (halide_reuse_device_allocations) on and off in
   float32 buffer (host-dirty, then device-dirty, as a pipeline leaves it), through the C entry
   points in both runtimes; the shim's rows as for malloc/free below (a pipeline's own buffer is
   served in C).
+  On OpenCL a second table times the same copies made through pyopencl in the shim's process
+  (on its queue and on a plain one), next to the served ones: what the driver costs there.
 - ``malloc/free 16K`` and ``malloc/free 16M``: halide_device_malloc + halide_device_free of
   one buffer (64x64 and 2048x2048 float32) in a loop, through the C entry points in both
   runtimes (what a pipeline calls). The stock runtime's buffer is a bare halide_buffer_t, as
@@ -217,6 +219,47 @@ class ShimRunner:
         self.shim.release_unused_device_allocations(self.device)
 
 
+class DriverCopies:
+    """The ``up+down 16K`` case made straight through pyopencl in this process: an upload and a
+    download of a 16 KiB cl.Buffer, each enqueued without blocking then finished, on the
+    shim's own queue or (``plain_queue``) on a new queue without profiling: what the driver
+    costs here, next to the shim's served copies of the same size."""
+
+    def __init__(self, device, plain_queue: bool):
+        import pyopencl as cl
+
+        self.cl = cl
+        self.queue = cl.CommandQueue(device.context) if plain_queue else device.queue
+        self.host = np.zeros(MALLOC_SHAPES["up+down 16K"], np.float32)
+        self.memory = cl.Buffer(device.context, cl.mem_flags.READ_WRITE, self.host.nbytes)
+
+    def seconds(self, case, iterations, reuse) -> float:
+        cl, queue, host, memory = self.cl, self.queue, self.host, self.memory
+        start = time.perf_counter()
+        for _ in range(iterations):
+            cl.enqueue_copy(queue, memory, host, is_blocking=False)
+            queue.finish()
+            cl.enqueue_copy(queue, host, memory, is_blocking=False)
+            queue.finish()
+        return time.perf_counter() - start
+
+
+def driver_report(device) -> str:
+    """The served copies against the driver's own calls in this process (DriverCopies)."""
+    runners = {"shim, own buffer": ShimRunner("opencl", bare=True),
+               "pyopencl, shim's queue": DriverCopies(device, plain_queue=False),
+               "pyopencl, plain queue": DriverCopies(device, plain_queue=True)}
+    case = "up+down 16K"
+    request = {"case": case, "iterations": ITERATIONS[case], "reuse": True}
+    results = interleave(runners, {case: request}, 7, per_sample=per_operation)
+    lines = [f"{case} in this process, the shim's served copies and the same driver calls "
+             f"through pyopencl (us per upload + download, min / median of 7 samples):"]
+    for name, cases in results.items():
+        lines.append(f"  {name:<24}{1e6 * cases[case]['min']:>8.1f}{1e6 * cases[case]['median']:>8.1f}")
+    runners["shim, own buffer"].close()
+    return "\n".join(lines)
+
+
 def copy_seconds(ffi, lib, raw, interface, iterations: int, check) -> float:
     """``iterations`` uploads and downloads of ``raw`` (allocated first, freed after) through
     the C entry points, as a pipeline's copies are made: the same code on both sides."""
@@ -317,6 +360,8 @@ def main(argv=None) -> int:
     counts = device.allocation_counts()
     print(f"shim allocations over the run: {counts['new']} new, {counts['reused']} reused, "
           f"{counts['freed']} freed")
+    if args.device == "opencl":
+        print(driver_report(device))
     return 0
 
 
