@@ -5,6 +5,8 @@ anyone can observe, whatever is asked of it first, from any number of threads, a
 leave nothing registered behind it."""
 
 import pickle
+import subprocess
+import sys
 import threading
 
 import numpy as np
@@ -218,5 +220,107 @@ FORK_USE = "assert result.host_dirty() and result.raw_buffer() and blur(image, (
 
 def test_a_forked_child_makes_the_struct_even_if_a_thread_was_making_one(host_pipelines):
     """Another thread held the lock a result makes its struct under at the fork."""
-    assert exit_code_of_child_forked_while_held(FORK_SETUP, "pipeline_result._making", FORK_USE,
+    assert exit_code_of_child_forked_while_held(FORK_SETUP, "pipeline_result._publishing_lock", FORK_USE,
                                                 str(host_pipelines["blur3x3", "no_runtime"])) == 0
+
+
+def test_something_run_while_a_struct_is_made_may_use_another_result(blur, monkeypatch):
+    """A finalizer the collector runs, or a signal handler, while one result's struct is being
+    made, that uses another untouched result: each is made (a lock held around the making
+    would have this thread wait for itself)."""
+    other = blur(IMAGE, (10, 12))
+    first = blur(IMAGE, (10, 12))
+    used = []
+    original = families.register_owned
+
+    def register_and_use_the_other(raw, family):
+        original(raw, family)
+        if not used:
+            used.append(None)
+            used[0] = other.host_dirty()  # (made now, inside the first one's making)
+
+    monkeypatch.setattr(families, "register_owned", register_and_use_the_other)
+    worker = threading.Thread(target=first.host_dirty, daemon=True)
+    worker.start()
+    worker.join(60)  # (a hang guard: the old lock had this thread wait for itself forever)
+    assert not worker.is_alive(), "making a result's struct waited for itself"
+    assert used == [True] and type(other) is shim.Buffer and type(first) is shim.Buffer
+    assert first.raw_buffer() != other.raw_buffer()
+
+
+def test_a_result_used_after_its_finalizer_ran_is_left_unregistered(blur):
+    """The collector finalizes a dying cycle's objects in any order: a __del__ of the cycle may
+    use a result whose finalizer has run (and found nothing to release). Its struct is then
+    made out of the registry, as a dropped Buffer's is: nothing would release it again."""
+    before = families.live_counts()
+    result = blur(IMAGE, (10, 12))
+    result._finalize()  # (what the collector runs first)
+    assert result.host_dirty() and result.numpy()[0, 0] == blur_reference(IMAGE)[0, 0]
+    assert families.live_counts() == before
+    del result
+    assert families.live_counts() == before
+
+
+def test_a_result_whose_class_made_a_whole_buffer(blur, opencl):
+    """A constructor reached through a result's class (type(result)(array), or a Buffer
+    method that makes its copy as type(self)) gives a whole Buffer, never one that waits for a
+    struct it already has."""
+    result = blur(IMAGE, (10, 12))
+    made = type(result)(np.zeros((3, 4), np.uint16))
+    assert not hasattr(made, "no_such_attribute") and type(made) is shim.Buffer
+    assert made.dimensions() == 2 and made.shape == (3, 4)
+    copy = blur(IMAGE, (10, 12)).copy_on_device(opencl)
+    assert not hasattr(copy, "no_such_attribute") and type(copy) is shim.Buffer
+    np.testing.assert_array_equal(copy.numpy(), blur_reference(IMAGE))
+
+
+def test_an_untouched_result_given_to_a_call_takes_the_fast_path(blur, monkeypatch):
+    """blur(blur(image, s1), s2): the first result is made a Buffer by the fast path, which
+    then takes the call as it takes any Buffer's."""
+    from shim.calls.pipeline import Pipeline
+
+    bigger = np.pad(IMAGE, 1, mode="reflect")
+    first = blur(bigger, (12, 14))
+    general_calls = []
+    original = Pipeline.prepare
+    monkeypatch.setattr(Pipeline, "prepare", lambda self, *a, **k: general_calls.append(self)
+                        or original(self, *a, **k))
+    again = blur(first, (10, 12))
+    assert general_calls == [] and type(first) is shim.Buffer
+    np.testing.assert_array_equal(again.numpy(), blur_reference(blur_reference(bigger)))
+
+
+HALF_SET_FORK = FORK_SETUP + """
+import os, threading
+from shim.buffers import pipeline_result
+from shim.memory import families
+# The thread making the result's struct stops halfway through setting its slots; the process
+# forks then.
+reached, never = threading.Event(), threading.Event()
+def paused_setattr(obj, name, value):
+    setattr(obj, name, value)
+    if name == "_family" and threading.current_thread().name == "maker":
+        reached.set()
+        never.wait()
+pipeline_result.setattr = paused_setattr
+threading.Thread(target=result.host_dirty, name="maker", daemon=True).start()
+reached.wait()
+pid = os.fork()
+if pid == 0:
+    before = (result.raw_buffer(), id(result.family))  # (made again in the child)
+    result.box
+    same = (result.raw_buffer(), id(result.family)) == before
+    os._exit(0 if same and type(result) is shim.Buffer and result.host_dirty() else 3)
+_, status = os.waitpid(pid, 0)
+print("child", os.waitstatus_to_exitcode(status))
+"""
+
+
+def test_a_child_forked_while_a_result_was_half_set_sees_one_struct(host_pipelines):
+    """In the child, the result's slots go back to none set and are made once, whole: its
+    struct and family never change under it."""
+    done = subprocess.run([sys.executable, "-c", HALF_SET_FORK,
+                           str(host_pipelines["blur3x3", "no_runtime"])],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip().endswith("child 0"), done.stdout + done.stderr[-3000:]

@@ -70,6 +70,9 @@ typedef struct {
      * host_memory_limit at most: more is the general path's to refuse), run as arrays, then
      * returned as PipelineResult.over(array, name) (shim/buffers/pipeline_result.py). */
     PyObject *zeros, *pipeline_result;
+    /* PipelineResult: one given back to a call is made a shim.Buffer first (by reading its
+     * ``raw``), as the general path's first look at it would. */
+    PyObject *result_type, *raw_name;
     long long host_memory_limit;
     bool made;              /* __init__ was called: never again (it may have failed halfway) */
     void *user_context;    /* what __user_context points to */
@@ -563,15 +566,31 @@ static PyObject *fast_call(plan_object *plan, PyObject *positional, PyObject *na
         PyObject *value = values[i];
         if (a->role == ROLE_USER_CONTEXT) {
             argv[i] = &plan->user_context;
-        } else if (a->role == ROLE_SCALAR) {
+            continue;
+        }
+        if (a->role == ROLE_SCALAR) {
             if (value == NULL) {
                 scalars[i] = a->value_default;
             } else if (!convert_scalar(a, value, &scalars[i])) {
                 goto done;
             }
             argv[i] = &scalars[i];
-        } else if ((PyObject *)Py_TYPE(value) == plan->buffer_type ||
-                   (a->role == ROLE_OUTPUT && !plan->host_write && is_shape(value))) {
+            continue;
+        }
+        if ((PyObject *)Py_TYPE(value) == plan->result_type) {
+            PyObject *raw = PyObject_GetAttr(value, plan->raw_name);
+            if (raw == NULL) { /* the general path meets the same failure, and reports it */
+                if (PyErr_ExceptionMatches(PyExc_Exception)) {
+                    PyErr_Clear();
+                } else {
+                    result = NULL;
+                }
+                goto done;
+            }
+            Py_DECREF(raw);
+        }
+        if ((PyObject *)Py_TYPE(value) == plan->buffer_type ||
+            (a->role == ROLE_OUTPUT && !plan->host_write && is_shape(value))) {
             if ((PyObject *)Py_TYPE(value) != plan->buffer_type) {
                 /* A shape: the general path's Buffer for it (shim/calls/arguments.py). A shape
                  * it refuses is refused by the general path, with its message; anything that is
@@ -736,16 +755,17 @@ static int read_bound(PyObject *value, const argument_spec *a, struct halide_sca
 
 /* Plan(argv_fn address, arguments, fast, host_write, backends, numpy.ndarray, shim.Buffer,
  * families.FamilyLock, finish, end_call, output_of_shape, numpy.zeros, PipelineResult.over,
- * host memory limit): ``arguments`` is a sequence of (name, role, type code, bits,
+ * host memory limit, PipelineResult): ``arguments`` is a sequence of (name, role, type code, bits,
  * dimensions, min, max, default C value as bytes or None, dtype or None). */
 static int plan_init(plan_object *plan, PyObject *args, PyObject *kwargs) {
     PyObject *address, *specs, *array_type, *buffer_type, *lock_type, *finish, *end_call,
-        *output_of_shape, *zeros, *pipeline_result;
+        *output_of_shape, *zeros, *pipeline_result, *result_type;
     int fast, host_write, backends;
     long long host_memory_limit;
-    if (!PyArg_ParseTuple(args, "OOppiOOOOOOOOL", &address, &specs, &fast, &host_write, &backends,
+    if (!PyArg_ParseTuple(args, "OOppiOOOOOOOOLO", &address, &specs, &fast, &host_write, &backends,
                           &array_type, &buffer_type, &lock_type, &finish, &end_call,
-                          &output_of_shape, &zeros, &pipeline_result, &host_memory_limit)) {
+                          &output_of_shape, &zeros, &pipeline_result, &host_memory_limit,
+                          &result_type)) {
         return -1;
     }
     if (plan->made) {
@@ -754,7 +774,8 @@ static int plan_init(plan_object *plan, PyObject *args, PyObject *kwargs) {
     }
     plan->made = true; /* even if this fails halfway: what it took would be taken twice */
     if (!shim_call_records_ready(buffer_type, lock_type) ||
-        (plan->general_name = PyUnicode_InternFromString("_call_in_python")) == NULL) {
+        (plan->general_name = PyUnicode_InternFromString("_call_in_python")) == NULL ||
+        (plan->raw_name = PyUnicode_InternFromString("raw")) == NULL) {
         return -1;
     }
     plan->host_write = host_write;
@@ -764,6 +785,7 @@ static int plan_init(plan_object *plan, PyObject *args, PyObject *kwargs) {
     plan->output_of_shape = Py_NewRef(output_of_shape);
     plan->zeros = Py_NewRef(zeros);
     plan->pipeline_result = Py_NewRef(pipeline_result);
+    plan->result_type = Py_NewRef(result_type);
     plan->host_memory_limit = host_memory_limit;
     plan->argv_fn = (int (*)(void **))PyLong_AsVoidPtr(address);
     if (PyErr_Occurred()) {
@@ -846,6 +868,8 @@ static void plan_dealloc(plan_object *plan) {
     Py_XDECREF(plan->output_of_shape);
     Py_XDECREF(plan->zeros);
     Py_XDECREF(plan->pipeline_result);
+    Py_XDECREF(plan->result_type);
+    Py_XDECREF(plan->raw_name);
     shim_object_free((PyObject *)plan);
 }
 

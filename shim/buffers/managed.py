@@ -310,8 +310,12 @@ class ManagedBuffer(Finalized):
     # The finalizer (Finalized's, which runs this with Ctrl-C held: a KeyboardInterrupt here
     # would leave the struct registered and its device memory allocated for good).
     def _finalize(self):
-        if getattr(self, "_pending", None) is not None:
-            return  # a PipelineResult whose struct was never made: nothing to release
+        pending = getattr(self, "_pending", None)
+        if pending is not None:
+            # A PipelineResult whose struct was never made: nothing to release. It is marked,
+            # for a finalizer of the same dying cycle that uses it after this.
+            self._pending = Released(pending)
+            return
         raw = getattr(self, "_raw", None)
         if raw is None or getattr(self, "_family", None) is None:
             return  # construction failed before the struct joined a family: nothing to release
@@ -334,6 +338,13 @@ class ManagedBuffer(Finalized):
             sections.later(dropped.release)
         else:
             dropped.release()  # (its warnings name the line that dropped the Buffer)
+
+
+class Released(str):
+    """The ``_pending`` of a PipelineResult whose finalizer ran before its struct was made
+    (shim/buffers/pipeline_result.py): the argument's name, still."""
+
+    __slots__ = ()
 
 
 class _Dropped(NamedTuple):

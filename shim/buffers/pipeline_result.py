@@ -18,21 +18,37 @@ import numpy as np
 from shim.native import interrupts
 from shim.native.flags import HOST_DIRTY
 from shim.native import flags
+from shim.memory import families
 from shim.buffers.buffer import Buffer
+from shim.buffers.managed import Released
 
 # The slots made on first use. The others (the host array, name, flags of the shim's own) are
 # set at once.
 _DEFERRED = ("_raw", "_dims", "_type", "_family", "_box", "_root_box", "_root_dims", "_record")
 
-# Taken while a result makes its deferred slots.
-_making = threading.Lock()
+# Taken while a result's slots are set from a struct made for it (never while making one: a
+# signal handler, or a finalizer the collector runs meanwhile, may make another result's).
+_publishing_lock = threading.Lock()
+# The result whose slots are being set, while they are (see _after_fork_in_child).
+_publishing = None
 
 
 def _after_fork_in_child() -> None:
-    # A fork while another thread made a result's slots would leave the lock held for good in
-    # the child; that result makes all of them again there when next asked.
-    global _making
-    _making = threading.Lock()
+    # A fork while another thread set a result's slots would leave the lock held for good in
+    # the child, and the result half set: it goes back to none set (it makes them again when
+    # next asked), or, if it had them all, on to being a Buffer.
+    global _publishing_lock, _publishing
+    _publishing_lock = threading.Lock()
+    result, _publishing = _publishing, None
+    if result is not None:
+        if result._pending is not None:
+            for slot in _DEFERRED:
+                try:
+                    delattr(result, slot)
+                except AttributeError:
+                    pass
+        else:
+            result.__class__ = Buffer
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
@@ -61,21 +77,31 @@ class PipelineResult(Buffer):
 
 
 def _make_deferred(result: PipelineResult) -> None:
-    # Every slot is set once, to its final value: a thread that reads one while another makes
-    # them either finds it or comes here and waits.
-    with _making:
-        if result._pending is None:
-            return  # made already (by another thread, while this one waited)
+    global _publishing
+    pending = result._pending
+    if pending is not None:
+        # Made outside the lock, so that what runs meanwhile (a signal handler, a finalizer)
+        # may use other results; a thread that loses the race drops its own.
         made = Buffer.__new__(Buffer)
-        made._init_from_array(result._array, result._pending)
+        made._init_from_array(result._array, str(pending))
         # Host-dirty, as every output of a CPU pipeline's call is left (the general path's
         # PreparedCall, and the fast path's shim_members_ran): the pipeline wrote there.
         flags.assign(made._raw, HOST_DIRTY, True)
-        # Signal handlers held: the struct is registered in its family, and the result
-        # releases it only once it holds every slot.
-        with interrupts.deferred():
+        if isinstance(pending, Released):
+            # Its finalizer has run already (the collector finalizes a dying cycle's objects in
+            # any order, and another's __del__ used it): as a dropped Buffer is, out of the
+            # registry, since nothing will release it again.
+            families.unregister_owned(made._raw)
+    # Every slot is set once, to its final value, signal handlers held: a thread that reads one
+    # meanwhile either finds it or comes here and waits.
+    with interrupts.deferred(), _publishing_lock:
+        if result._pending is not None:
+            _publishing = result
             for slot in _DEFERRED:
                 setattr(result, slot, getattr(made, slot))
             result._pending = None
             made._raw = None  # its struct is the result's now: nothing for it to release
-            result.__class__ = Buffer
+        # (A PipelineResult can also be made whole, by a constructor given its class:
+        # type(result)(array). It becomes a Buffer all the same.)
+        result.__class__ = Buffer
+        _publishing = None

@@ -70,7 +70,7 @@ class Pipeline(CallPlan):
                          runner.native_calls, runner.host_write, runner.backend_mask, np.ndarray,
                          Buffer, FamilyLock, runner.finish_fast, call_uses.end_call,
                          self._signature.output_of_shape, np.zeros, PipelineResult.over,
-                         PHYSICAL_MEMORY)
+                         PHYSICAL_MEMORY, PipelineResult)
 
     @property
     def inputs(self) -> list[Argument]:

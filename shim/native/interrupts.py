@@ -132,6 +132,10 @@ def _deliver(frame) -> None:
     at Python's next check for signals, as Python itself does."""
     global _pending
     signals, _pending = _pending, None
+    if signals is None:
+        # A handler that ran after the caller looked (a signal arriving outside every section
+        # runs its handler at once) left a section of its own, and delivered them itself.
+        return
     if lib.shim_signals_held():
         for signum in signals:
             lib.shim_signals_note(signum)  # not into the C code holding them: after it returns
