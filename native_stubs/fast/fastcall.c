@@ -68,11 +68,10 @@ typedef struct {
     PyObject *output_of_shape; /* Signature.output_of_shape(name, shape): a new shim.Buffer */
     /* A CPU pipeline's outputs given as shapes: numpy.zeros(shape, dtype) (as few bytes as
      * host_memory_limit at most: more is the general path's to refuse), run as arrays, then
-     * returned as PipelineResult.over(array, name) (shim/buffers/pipeline_result.py). */
-    PyObject *zeros, *pipeline_result;
-    /* PipelineResult: one given back to a call is made a shim.Buffer first (by reading its
-     * ``raw``), as the general path's first look at it would. */
-    PyObject *result_type, *raw_name;
+     * returned as result_type.over(array, name): PipelineResult (shim/buffers/pipeline_result.py),
+     * of which one given back to a call is made a shim.Buffer first (by reading its ``raw``),
+     * as the general path's first look at it would. */
+    PyObject *zeros, *result_type, *result_over, *raw_name;
     long long host_memory_limit;
     bool made;              /* __init__ was called: never again (it may have failed halfway) */
     void *user_context;    /* what __user_context points to */
@@ -395,15 +394,26 @@ static bool describe(const argument_spec *a, const Py_buffer *view, halide_buffe
     return true;
 }
 
+/* After a Python call of the fast path's failed: an Exception is the general path's to meet
+ * again and report (decline: NotImplemented, error cleared); anything else (a
+ * KeyboardInterrupt raised in there) goes to the caller (NULL, error kept). */
+static PyObject *declined(void) {
+    if (PyErr_ExceptionMatches(PyExc_Exception)) {
+        PyErr_Clear();
+        return Py_NotImplemented;
+    }
+    return NULL;
+}
+
 static bool is_shape(PyObject *value) {
     return PyTuple_CheckExact(value) || PyList_CheckExact(value);
 }
 
 /* The memory a CPU pipeline's output given as the shape `value` (numpy order) gets, as the
  * general path allocates it (shim/calls/arguments.py, output_of_shape): a new, zeroed numpy
- * array. NULL to decline, with no error set, for a shape the general path must judge (not one
- * Python int per dimension, each at least 1, more elements or bytes than surely fit); NULL
- * with an error for anything that is not an Exception, raised while making it. */
+ * array. NULL with no error set for a shape the general path must judge (not one Python int
+ * per dimension, each at least 1, more elements or bytes than surely fit); NULL with numpy's
+ * error where making it failed. */
 static PyObject *array_of_shape(plan_object *plan, const argument_spec *a, PyObject *value) {
     Py_ssize_t count = PySequence_Size(value);
     if (count != a->dimensions || count > MAX_DIMENSIONS || a->dtype == Py_None) {
@@ -436,9 +446,6 @@ static PyObject *array_of_shape(plan_object *plan, const argument_spec *a, PyObj
     }
     PyObject *array = PyObject_CallFunctionObjArgs(plan->zeros, shape, a->dtype, NULL);
     Py_DECREF(shape);
-    if (array == NULL && PyErr_ExceptionMatches(PyExc_Exception)) {
-        PyErr_Clear(); /* (numpy's MemoryError: the general path's to raise, with its words) */
-    }
     return array;
 }
 
@@ -579,12 +586,8 @@ static PyObject *fast_call(plan_object *plan, PyObject *positional, PyObject *na
         }
         if ((PyObject *)Py_TYPE(value) == plan->result_type) {
             PyObject *raw = PyObject_GetAttr(value, plan->raw_name);
-            if (raw == NULL) { /* the general path meets the same failure, and reports it */
-                if (PyErr_ExceptionMatches(PyExc_Exception)) {
-                    PyErr_Clear();
-                } else {
-                    result = NULL;
-                }
+            if (raw == NULL) {
+                result = declined();
                 goto done;
             }
             Py_DECREF(raw);
@@ -593,16 +596,11 @@ static PyObject *fast_call(plan_object *plan, PyObject *positional, PyObject *na
             (a->role == ROLE_OUTPUT && !plan->host_write && is_shape(value))) {
             if ((PyObject *)Py_TYPE(value) != plan->buffer_type) {
                 /* A shape: the general path's Buffer for it (shim/calls/arguments.py). A shape
-                 * it refuses is refused by the general path, with its message; anything that is
-                 * not an Exception (a KeyboardInterrupt raised in there) goes to the caller. */
+                 * it refuses is refused by the general path, with its message. */
                 PyObject *buffer = PyObject_CallFunctionObjArgs(plan->output_of_shape, a->name,
                                                                 value, NULL);
                 if (buffer == NULL) {
-                    if (PyErr_ExceptionMatches(PyExc_Exception)) {
-                        PyErr_Clear();
-                    } else {
-                        result = NULL;
-                    }
+                    result = declined();
                     goto done;
                 }
                 made[nmade] = value = buffer;
@@ -619,7 +617,7 @@ static PyObject *fast_call(plan_object *plan, PyObject *positional, PyObject *na
                  * returned as the Buffer the general path's would be. */
                 PyObject *array = array_of_shape(plan, a, value);
                 if (array == NULL) {
-                    result = PyErr_Occurred() ? NULL : result;
+                    result = PyErr_Occurred() ? declined() : result;
                     goto done;
                 }
                 made[nmade] = value = array;
@@ -688,7 +686,7 @@ static PyObject *fast_call(plan_object *plan, PyObject *positional, PyObject *na
     for (int k = 0; k < nmade; k++) {
         int i = made_index[k];
         if (plan->host_write) { /* the array the pipeline wrote becomes its Buffer */
-            PyObject *buffer = PyObject_CallFunctionObjArgs(plan->pipeline_result, made[k],
+            PyObject *buffer = PyObject_CallFunctionObjArgs(plan->result_over, made[k],
                                                             plan->arguments[i].name, NULL);
             if (buffer == NULL) {
                 result = NULL;
@@ -754,18 +752,17 @@ static int read_bound(PyObject *value, const argument_spec *a, struct halide_sca
 }
 
 /* Plan(argv_fn address, arguments, fast, host_write, backends, numpy.ndarray, shim.Buffer,
- * families.FamilyLock, finish, end_call, output_of_shape, numpy.zeros, PipelineResult.over,
- * host memory limit, PipelineResult): ``arguments`` is a sequence of (name, role, type code, bits,
+ * families.FamilyLock, finish, end_call, output_of_shape, numpy.zeros, host memory limit,
+ * PipelineResult): ``arguments`` is a sequence of (name, role, type code, bits,
  * dimensions, min, max, default C value as bytes or None, dtype or None). */
 static int plan_init(plan_object *plan, PyObject *args, PyObject *kwargs) {
     PyObject *address, *specs, *array_type, *buffer_type, *lock_type, *finish, *end_call,
-        *output_of_shape, *zeros, *pipeline_result, *result_type;
+        *output_of_shape, *zeros, *result_type;
     int fast, host_write, backends;
     long long host_memory_limit;
-    if (!PyArg_ParseTuple(args, "OOppiOOOOOOOOLO", &address, &specs, &fast, &host_write, &backends,
+    if (!PyArg_ParseTuple(args, "OOppiOOOOOOOLO", &address, &specs, &fast, &host_write, &backends,
                           &array_type, &buffer_type, &lock_type, &finish, &end_call,
-                          &output_of_shape, &zeros, &pipeline_result, &host_memory_limit,
-                          &result_type)) {
+                          &output_of_shape, &zeros, &host_memory_limit, &result_type)) {
         return -1;
     }
     if (plan->made) {
@@ -775,7 +772,8 @@ static int plan_init(plan_object *plan, PyObject *args, PyObject *kwargs) {
     plan->made = true; /* even if this fails halfway: what it took would be taken twice */
     if (!shim_call_records_ready(buffer_type, lock_type) ||
         (plan->general_name = PyUnicode_InternFromString("_call_in_python")) == NULL ||
-        (plan->raw_name = PyUnicode_InternFromString("raw")) == NULL) {
+        (plan->raw_name = PyUnicode_InternFromString("raw")) == NULL ||
+        (plan->result_over = PyObject_GetAttrString(result_type, "over")) == NULL) {
         return -1;
     }
     plan->host_write = host_write;
@@ -784,7 +782,6 @@ static int plan_init(plan_object *plan, PyObject *args, PyObject *kwargs) {
     plan->end_call = Py_NewRef(end_call);
     plan->output_of_shape = Py_NewRef(output_of_shape);
     plan->zeros = Py_NewRef(zeros);
-    plan->pipeline_result = Py_NewRef(pipeline_result);
     plan->result_type = Py_NewRef(result_type);
     plan->host_memory_limit = host_memory_limit;
     plan->argv_fn = (int (*)(void **))PyLong_AsVoidPtr(address);
@@ -867,7 +864,7 @@ static void plan_dealloc(plan_object *plan) {
     Py_XDECREF(plan->general_name);
     Py_XDECREF(plan->output_of_shape);
     Py_XDECREF(plan->zeros);
-    Py_XDECREF(plan->pipeline_result);
+    Py_XDECREF(plan->result_over);
     Py_XDECREF(plan->result_type);
     Py_XDECREF(plan->raw_name);
     shim_object_free((PyObject *)plan);

@@ -25,6 +25,7 @@ from shim.core import buffer_operations, shutdown
 from shim.core.bridge import runtime_call
 from shim.buffers.buffer_arguments import dimensions_of, is_halide
 
+
 class ManagedBuffer(Finalized):
     """A halide_buffer_t that Python owns, and its place in the device layer. Made only as a
     shim.Buffer (its subclass), whose constructors fill it through ``_init_from_array``."""

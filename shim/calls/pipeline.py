@@ -69,8 +69,8 @@ class Pipeline(CallPlan):
         super().__init__(self._library.argv_address, self._signature.plan_entries(),
                          runner.native_calls, runner.host_write, runner.backend_mask, np.ndarray,
                          Buffer, FamilyLock, runner.finish_fast, call_uses.end_call,
-                         self._signature.output_of_shape, np.zeros, PipelineResult.over,
-                         PHYSICAL_MEMORY, PipelineResult)
+                         self._signature.output_of_shape, np.zeros, PHYSICAL_MEMORY,
+                         PipelineResult)
 
     @property
     def inputs(self) -> list[Argument]:

@@ -98,6 +98,10 @@ def raise_failure(result: int, message: str, cause: BaseException | None, what: 
     raise DeviceError(result, message, context=what) from cause
 
 
+# The section runtime_call holds the main thread's signal handlers in (interrupts.deferred()).
+_SIGNALS_WAIT = interrupts.deferred()
+
+
 class runtime_call:
     """``with runtime_call(what) as check:`` -- make the calling thread's runtime calls report
     into a fresh call context, and raise DeviceError for a failing one: ``check(result)``.
@@ -137,9 +141,6 @@ class runtime_call:
                 self._context.end()
             finally:
                 _SIGNALS_WAIT.__exit__(*exc)  # (raises what a signal handler raised meanwhile)
-
-
-_SIGNALS_WAIT = interrupts.deferred()
 
 
 @contextmanager
