@@ -56,6 +56,15 @@ bool shim_serves_allocations(int backend);
 int64_t shim_served_live(int backend, int64_t *bytes);
 /* Bytes the served copies moved so far, each way. */
 void shim_served_transferred(int backend, uint64_t *uploaded, uint64_t *downloaded);
+/* Buffer.device_malloc and Buffer.device_free (shim/core/buffer_operations.py) of a shim.Buffer's
+ * struct `buf`, served as halide_device_malloc and halide_device_free serve one: 0 once done,
+ * anything else (nothing done) where the Python core decides. The malloc marks host memory
+ * the newer copy, as the Python core's; the free leaves a buffer whose results are only on the
+ * device to the Python core, which brings them home first. Call with the GIL released (a
+ * cffi call). */
+int shim_served_buffer_malloc(struct halide_buffer_t *buf,
+                              const struct halide_device_interface_t *interface);
+int shim_served_buffer_free(struct halide_buffer_t *buf);
 /* Take over the served allocation behind `handle`: 1, with its native value, the bytes asked
  * for and the capacity, and the native layer forgets it (the handle stays valid: it is now
  * the caller's, released as any other); 0 if `handle` is not one served and not yet taken. */

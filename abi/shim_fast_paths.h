@@ -15,3 +15,9 @@ void *shim_lock_state_type(void);
 void *shim_member_plans_type(void);
 void *shim_finalized_type(void);
 void *shim_held_context_type(void);
+
+/* Where a shim.Buffer's family lives (shim/memory/families.py: its registry of Buffers' structs,
+ * Family and FamilyLock), for the served allocations of Buffers' structs
+ * (native_stubs/fast/buffer_families.c): PyObject *s, called once with the GIL held (ctypes, as
+ * the types above); 1 if taken. */
+int shim_buffer_families_watch(void *owned, void *family_type, void *lock_type);

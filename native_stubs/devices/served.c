@@ -145,11 +145,34 @@ static void give_back(void *user_context, served_backend *b, const shim_allocato
     }
 }
 
-int shim_served_malloc(void *user_context, struct halide_buffer_t *buf, int backend,
-                       const struct halide_device_interface_t *interface) {
-    const shim_allocator *a = serving(backend);
-    if (a == NULL || (shim_flags_load(buf) & (SHIM_BUFFER_FLAG_PYTHON | SHIM_BUFFER_FLAG_REGIONS)) ||
-        shim_device_load(buf) != 0 ||
+/* What a served malloc or free works on: the call's arguments and the backend's allocator. */
+typedef struct {
+    void *user_context;
+    struct halide_buffer_t *buf;
+    int backend;
+    const struct halide_device_interface_t *interface;
+    const shim_allocator *allocator;
+    bool mark_host; /* Buffer.device_malloc: the host holds the data (see shim_served_buffer_malloc) */
+    bool keep_device_data; /* Buffer.device_free: device-only results are never dropped */
+} served_call;
+
+/* A served operation, run either directly (a bare struct) or, for a shim.Buffer's struct,
+ * where its family's lock stands taken (shim_buffer_family_serve). */
+static int run_served(served_call *c, int operation, shim_served_step step) {
+    uint64_t flags = shim_flags_load(c->buf);
+    if (flags & SHIM_BUFFER_FLAG_REGIONS) {
+        return SHIM_NOT_SERVED;
+    }
+    if (flags & SHIM_BUFFER_FLAG_PYTHON) {
+        return shim_buffer_family_serve(c->buf, operation, step, c);
+    }
+    return c->mark_host || c->keep_device_data ? SHIM_NOT_SERVED : step(c);
+}
+
+static int malloc_step(void *context) {
+    served_call *c = context;
+    struct halide_buffer_t *buf = c->buf;
+    if (shim_device_load(buf) != 0 ||
         __atomic_load_n(&buf->device_interface, __ATOMIC_ACQUIRE) != NULL) {
         return SHIM_NOT_SERVED;
     }
@@ -157,8 +180,9 @@ int shim_served_malloc(void *user_context, struct halide_buffer_t *buf, int back
     if (!shim_buffer_span(buf, &nbytes)) {
         return SHIM_NOT_SERVED;
     }
-    served_backend *b = &backends[backend];
-    bool reuse = halide_can_reuse_device_allocations(user_context);
+    served_backend *b = &backends[c->backend];
+    const shim_allocator *a = c->allocator;
+    bool reuse = halide_can_reuse_device_allocations(c->user_context);
     uint64_t size = reuse ? shim_pool_quantize(nbytes) : nbytes, capacity = size;
     uint64_t native = reuse ? shim_pool_take(b->pool, size, &capacity) : 0;
     bool fresh = native == 0;
@@ -170,35 +194,61 @@ int shim_served_malloc(void *user_context, struct halide_buffer_t *buf, int back
         shim_pool_count(b->pool, 1, 0);
     }
     uint64_t handle = a->make_handle(native, nbytes, capacity);
+    if (handle != 0 && c->mark_host && buf->host != NULL) {
+        shim_flags_set(buf, halide_buffer_flag_host_dirty); /* before the handle is published */
+    }
     const struct halide_device_interface_t *none = NULL;
     if (handle != 0 &&
-        __atomic_compare_exchange_n(&buf->device_interface, &none, interface, false,
+        __atomic_compare_exchange_n(&buf->device_interface, &none, c->interface, false,
                                     __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
         count_live(b, 1, (int64_t)capacity);
         __atomic_store_n(&buf->device, handle, __ATOMIC_RELEASE);
         return halide_error_code_success;
     }
     if (handle != 0) { /* another thread gave the struct an interface meanwhile */
-        uint64_t n, s, c;
-        a->claim(handle, &n, &s, &c);
+        uint64_t n, s, cap;
+        a->claim(handle, &n, &s, &cap);
         a->release_handle(handle);
     }
-    give_back(user_context, b, a, native, capacity);
+    give_back(c->user_context, b, a, native, capacity);
     return SHIM_NOT_SERVED;
 }
 
-int shim_served_free(void *user_context, struct halide_buffer_t *buf, int backend,
-                     const struct halide_device_interface_t *interface) {
-    const shim_allocator *a = serving(backend); /* (NULL for a backend out of range) */
-    uint64_t handle = shim_device_load(buf);
-    if (a == NULL || handle == 0 ||
-        __atomic_load_n(&buf->device_interface, __ATOMIC_ACQUIRE) != interface) {
+int shim_served_malloc(void *user_context, struct halide_buffer_t *buf, int backend,
+                       const struct halide_device_interface_t *interface) {
+    served_call c = {user_context, buf, backend, interface, serving(backend), false, false};
+    if (c.allocator == NULL || shim_device_load(buf) != 0 ||
+        __atomic_load_n(&buf->device_interface, __ATOMIC_ACQUIRE) != NULL) {
         return SHIM_NOT_SERVED;
     }
-    served_backend *b = &backends[backend];
-    if (shim_pool_max_bytes(b->pool) < 0) {
-        return SHIM_NOT_SERVED; /* the pool's byte bound is set by the Python core's first free */
+    return run_served(&c, SHIM_FAMILY_MALLOC, malloc_step);
+}
+
+int shim_served_buffer_malloc(struct halide_buffer_t *buf,
+                              const struct halide_device_interface_t *interface) {
+    if (buf == NULL || !(shim_flags_load(buf) & SHIM_BUFFER_FLAG_PYTHON)) {
+        return SHIM_NOT_SERVED;
     }
+    int backend = shim_backend_of(interface); /* (-1, served by nobody, for another's) */
+    served_call c = {NULL, buf, backend, interface, serving(backend), true, false};
+    if (c.allocator == NULL || shim_device_load(buf) != 0 ||
+        __atomic_load_n(&buf->device_interface, __ATOMIC_ACQUIRE) != NULL) {
+        return SHIM_NOT_SERVED;
+    }
+    return run_served(&c, SHIM_FAMILY_IDLE, malloc_step);
+}
+
+static int free_step(void *context) {
+    served_call *c = context;
+    struct halide_buffer_t *buf = c->buf;
+    const shim_allocator *a = c->allocator;
+    uint64_t handle = shim_device_load(buf);
+    if (handle == 0 || __atomic_load_n(&buf->device_interface, __ATOMIC_ACQUIRE) != c->interface ||
+        (c->keep_device_data && buf->host != NULL &&
+         (shim_flags_load(buf) & halide_buffer_flag_device_dirty))) {
+        return SHIM_NOT_SERVED; /* (Buffer.device_free brings device-only results home first) */
+    }
+    served_backend *b = &backends[c->backend];
     uint64_t native, nbytes, capacity;
     if (!a->claim(handle, &native, &nbytes, &capacity)) {
         return SHIM_NOT_SERVED; /* made by the Python core, or adopted by it */
@@ -207,8 +257,34 @@ int shim_served_free(void *user_context, struct halide_buffer_t *buf, int backen
     shim_flags_clear(buf, halide_buffer_flag_device_dirty);
     a->release_handle(handle);
     count_live(b, -1, (int64_t)capacity);
-    give_back(user_context, b, a, native, capacity);
+    give_back(c->user_context, b, a, native, capacity);
     return halide_error_code_success;
+}
+
+static int serve_free(served_call *c, int operation) {
+    if (c->allocator == NULL || shim_device_load(c->buf) == 0 ||
+        __atomic_load_n(&c->buf->device_interface, __ATOMIC_ACQUIRE) != c->interface ||
+        shim_pool_max_bytes(backends[c->backend].pool) < 0) {
+        return SHIM_NOT_SERVED; /* (the pool's byte bound is set by the Python core's first free) */
+    }
+    return run_served(c, operation, free_step);
+}
+
+int shim_served_free(void *user_context, struct halide_buffer_t *buf, int backend,
+                     const struct halide_device_interface_t *interface) {
+    served_call c = {user_context, buf, backend, interface, serving(backend), false, false};
+    return serve_free(&c, SHIM_FAMILY_FREE);
+}
+
+int shim_served_buffer_free(struct halide_buffer_t *buf) {
+    const struct halide_device_interface_t *interface =
+        buf == NULL ? NULL : __atomic_load_n(&buf->device_interface, __ATOMIC_ACQUIRE);
+    if (interface == NULL || !(shim_flags_load(buf) & SHIM_BUFFER_FLAG_PYTHON)) {
+        return SHIM_NOT_SERVED;
+    }
+    int backend = shim_backend_of(interface);
+    served_call c = {NULL, buf, backend, interface, serving(backend), false, true};
+    return serve_free(&c, SHIM_FAMILY_IDLE);
 }
 
 int shim_served_adopt(int backend, uint64_t handle, uint64_t *native, uint64_t *nbytes,

@@ -47,4 +47,17 @@ int shim_served_copy_to_device(void *user_context, struct halide_buffer_t *buf, 
                                const struct halide_device_interface_t *interface);
 int shim_served_copy_to_host(void *user_context, struct halide_buffer_t *buf, int backend);
 
+/* A served malloc or free of a shim.Buffer's struct (SHIM_BUFFER_FLAG_PYTHON), whose family
+ * lives in Python, asks fast/buffer_families.c to run it (`step(context)`) where the family's
+ * lock stands taken; SHIM_NOT_SERVED, with nothing run, where the family is not one the
+ * native layer may serve now. What `operation` needs of the family: */
+enum {
+    SHIM_FAMILY_MALLOC, /* halide_device_malloc: nobody is changing it */
+    SHIM_FAMILY_FREE,   /* halide_device_free: and no other thread's call is using it */
+    SHIM_FAMILY_IDLE,   /* a Buffer's own method: and no call at all is using it */
+};
+typedef int (*shim_served_step)(void *context);
+int shim_buffer_family_serve(const struct halide_buffer_t *buf, int operation,
+                             shim_served_step step, void *context);
+
 #endif

@@ -215,7 +215,8 @@ class PreparedCall(PreparedRun, HeldContext):
     def _device_memories(self):
         """(backend, allocation) of each of the call's Buffers that has one, for the backends'
         ordering of work across streams."""
-        for _, family, _ in self._arguments:
+        for raw, _, _ in self._arguments:
+            family = families.family_of(raw)  # (an allocation served during the call joins it)
             backend, memory = family.backend, family.memory
             if backend is not None and memory is not None:
                 yield backend, memory

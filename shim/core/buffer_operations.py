@@ -20,7 +20,7 @@ from shim.core.bridge import E, Failure, run_for_python
 from shim.base.errors import ArgumentError, DeviceError
 from shim.memory.families import await_calls, locked
 from shim.native.flags import DEVICE_DIRTY, HOST_DIRTY
-from shim.native import ffi
+from shim.native import ffi, lib
 
 
 def adopt(parent_raw, parent_box, view_raw, view_box) -> None:
@@ -66,7 +66,11 @@ def malloc_device(raw, interface) -> None:
     """Buffer.device_malloc: as halide_device_malloc, and since new device memory holds
     nothing, the host has the data: the next copy_to_device uploads it. (Halide leaves the
     flags alone, and a later copy_to_device of a clean buffer leaves garbage on the device.
-    A shared family's regions say so already.)"""
+    A shared family's regions say so already.) Served by the native layer where the family
+    is idle (native_stubs/fast/buffer_families.c)."""
+    if lib.shim_served_buffer_malloc(raw, interface) == 0:
+        return
+
     def device_malloc(uc, raw):  # (named for profiles)
         with locked(raw) as family:
             if runtime.lives_elsewhere(raw, interface):  # (halide_device_malloc's refusal)
@@ -105,7 +109,12 @@ def move_device(raw, interface) -> None:
 def free_device(raw) -> None:
     """Buffer.device_free: wait for pipeline calls using the allocation, bring what only the
     device holds home (to host memory, if the buffer has any), then free; if the download
-    fails, the allocation stays and DeviceError says why. A later device use uploads again."""
+    fails, the allocation stays and DeviceError says why. A later device use uploads again.
+    Served by the native layer where the family is idle and nothing needs bringing home
+    (native_stubs/fast/buffer_families.c)."""
+    if lib.shim_served_buffer_free(raw) == 0:
+        return
+
     def device_free(uc, raw):  # (named for profiles)
         with locked(raw) as family:
             await_calls(family)

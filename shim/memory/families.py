@@ -6,7 +6,10 @@ owned here; unrelated buffers never contend, and there is no global lock. (Halid
 runtime serializes every device call in the process on one mutex.)
 
 A halide_buffer_t finds its family in one of three ways:
- - it belongs to a shim.Buffer: the Buffer registered its struct's address here;
+ - it belongs to a shim.Buffer: the Buffer registered its struct's address here (its
+   allocation may be one the native layer served while the family was idle,
+   native_stubs/fast/buffer_families.c, which joins the family the first time Python meets it:
+   ``family_of``);
  - it carries a device handle the shim gave out: the handle is registered here, or it is one
    the native layer served without Python (a pipeline's own buffer: native_stubs/devices/served.c),
    which becomes a family here the first time Python meets it (``family_of_handle``);
@@ -28,7 +31,7 @@ from shim.base import sections
 from shim.base.errors import ShimError
 from shim.backends.devices import backend_for_interface
 from shim.native.flags import DEVICE_DIRTY, HOST_DIRTY
-from shim.native import FamilyState, LockState, MemberPlans, ffi, lib
+from shim.native import FamilyState, LockState, MemberPlans, ffi, lib, watch_buffer_families
 from shim.native.regions import Layout, intersect, overlaps
 
 
@@ -101,15 +104,18 @@ class FamilyLock(LockState):
     def wait(self, timeout: float) -> None:
         """With the lock held: release it until ``notify_all`` (or ``timeout``), then hold it
         again."""
-        self.owner = None
+        # Counted before owner is cleared, and owner set before the count drops: a thread
+        # holding the lock always shows one of the two, which is what the native layer reads
+        # for "nobody holds it" (native_stubs/fast/buffer_families.c).
         self.waiting += 1
+        self.owner = None
         if self._changed is None:
             self._changed = threading.Condition(self._lock)
         try:
             self._changed.wait(timeout)
         finally:
-            self.waiting -= 1
             self.owner = threading.get_ident()
+            self.waiting -= 1
 
     def notify_all(self) -> None:
         """With the lock held: wake the threads in ``wait``."""
@@ -341,6 +347,12 @@ _owned: dict[int, Family] = {}
 _unallocated: dict[int, FamilyLock] = {}
 
 
+# The native layer serves a Buffer's allocation where its family is idle, reading these
+# (native_stubs/fast/buffer_families.c); the allocation stays in its handle until family_of
+# adopts it.
+watch_buffer_families(_owned, Family, FamilyLock)
+
+
 def live_counts() -> dict[str, int]:
     """How many entries each registry holds: structs of live shim.Buffers ("owned"), device
     handles given out ("handles"), structs waiting for their first allocation
@@ -405,8 +417,9 @@ def family_of(raw, address: int | None = None) -> Family | None:
         if raw.device:
             family = family_of_handle(raw.device_interface, raw.device)
     elif raw.device and not family.shared and raw.device not in family.handles:
-        # A shim.Buffer's struct whose flags someone assigned whole, losing the PYTHON bit:
-        # the native layer may have served it an allocation, which joins the Buffer's family.
+        # An allocation the native layer served the Buffer's struct while its family was idle
+        # (or while someone's assigning the flags whole had lost the PYTHON bit): it joins the
+        # Buffer's family.
         _adopted(lib.shim_backend_of(raw.device_interface), raw.device_interface, raw.device,
                  into=family)
         flags.assign(raw, flags.PYTHON, True)

@@ -104,6 +104,22 @@ def _native_type(function: str):
     return made
 
 
+def _python_api(function: str, *arguments):
+    """A function of the native library that takes PyObject *s (fetched as _native_type's)."""
+    import ctypes
+
+    address = int(ffi.cast("uintptr_t", ffi.addressof(lib, function)))
+    return ctypes.PYFUNCTYPE(ctypes.c_int, *[ctypes.py_object] * len(arguments))(address)(*arguments)
+
+
+def watch_buffer_families(owned: dict, family_type: type, lock_type: type) -> None:
+    """Show the native layer where shim.Buffers' families live (shim/memory/families.py), so
+    that it can serve their allocations where a family is idle
+    (native_stubs/fast/buffer_families.c)."""
+    if not _python_api("shim_buffer_families_watch", owned, family_type, lock_type):
+        raise ImportError("shim._native: the native layer could not take the Buffers' families")
+
+
 CallPlan = _native_type("shim_fastcall_plan_type")
 PreparedRun = _native_type("shim_prepared_run_type")
 FamilyState = _native_type("shim_family_state_type")
