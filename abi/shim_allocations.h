@@ -62,9 +62,9 @@ void shim_served_transferred(int backend, uint64_t *uploaded, uint64_t *download
  * the newer copy, as the Python core's; the free leaves a buffer whose results are only on the
  * device to the Python core, which brings them home first. Call with the GIL released (a
  * cffi call). */
-int shim_served_buffer_malloc(struct halide_buffer_t *buf,
+int shim_buffer_device_malloc(struct halide_buffer_t *buf,
                               const struct halide_device_interface_t *interface);
-int shim_served_buffer_free(struct halide_buffer_t *buf);
+int shim_buffer_device_free(struct halide_buffer_t *buf);
 /* Take over the served allocation behind `handle`: 1, with its native value, the bytes asked
  * for and the capacity, and the native layer forgets it (the handle stays valid: it is now
  * the caller's, released as any other); 0 if `handle` is not one served and not yet taken. */

@@ -334,6 +334,22 @@ int halide_device_free(void *user_context, struct halide_buffer_t *buf) {
     return result;
 }
 
+int shim_buffer_device_malloc(struct halide_buffer_t *buf,
+                              const struct halide_device_interface_t *interface) {
+    if (buf == NULL || !shim_owns_interface(interface)) {
+        return SHIM_NOT_SERVED;
+    }
+    return shim_served_buffer_malloc(buf, shim_backend_of(interface), interface);
+}
+
+int shim_buffer_device_free(struct halide_buffer_t *buf) {
+    const struct halide_device_interface_t *interface = buf == NULL ? NULL : interface_of(buf);
+    if (interface == NULL || !shim_owns_interface(interface)) {
+        return SHIM_NOT_SERVED;
+    }
+    return shim_served_buffer_free(buf, shim_backend_of(interface), interface);
+}
+
 void halide_device_free_as_destructor(void *user_context, void *obj) {
     (void)halide_device_free(user_context, (struct halide_buffer_t *)obj);
 }

@@ -1,5 +1,5 @@
 /* Device allocations served by the native layer, with no Python: device_malloc and
- * device_free of a pipeline's own buffers.
+ * device_free of a pipeline's own buffers, and of a shim.Buffer's struct whose family is idle.
  *
  * Generated code allocates and frees its intermediate GPU buffers on every call (Halide's
  * interpolate app: 13 pairs a call, local_laplacian: 22). Through the Python core each pair
@@ -7,9 +7,11 @@
  * size from the dims, memory from the backend's pool or its driver, a handle, and the reverse.
  * This file does exactly that, for the one case where nothing else is involved, and leaves
  * every other case to the Python core (shim/core/runtime.py), the implementation of record:
- *  - the buffer is no shim.Buffer's (SHIM_BUFFER_FLAG_PYTHON) and no member of a shared
- *    family (SHIM_BUFFER_FLAG_REGIONS): no allocation family exists in Python for it, so
- *    there are no regions, no calls in flight to wait for and no other holders of its memory;
+ *  - the buffer is no member of a shared family (SHIM_BUFFER_FLAG_REGIONS), and either no
+ *    shim.Buffer's (no allocation family exists in Python for it, so there are no regions, no
+ *    calls in flight to wait for and no other holders of its memory) or a shim.Buffer's
+ *    (SHIM_BUFFER_FLAG_PYTHON) whose family is idle, checked and served where its lock stands
+ *    taken (fast/buffer_families.c, which says what idle is and why that is a lock);
  *  - the backend's native side registered an allocator (shim_served_register) and can call
  *    its driver now (not in a forked child), and Python has not switched serving off;
  *  - nobody is profiling (a profile sees every allocation the Python core makes);
@@ -51,6 +53,11 @@ typedef struct {
 } served_backend;
 
 static served_backend backends[SHIM_BACKEND_COUNT];
+static shim_family_server family_server; /* NULL until fast/buffer_families.c registers */
+
+void shim_served_register_family_server(shim_family_server server) {
+    __atomic_store_n(&family_server, server, __ATOMIC_RELEASE);
+}
 
 void shim_served_register(int backend, const shim_allocator *allocator, shim_pool *pool) {
     if (backend < 0 || backend >= SHIM_BACKEND_COUNT) {
@@ -164,7 +171,8 @@ static int run_served(served_call *c, int operation, shim_served_step step) {
         return SHIM_NOT_SERVED;
     }
     if (flags & SHIM_BUFFER_FLAG_PYTHON) {
-        return shim_buffer_family_serve(c->buf, operation, step, c);
+        shim_family_server server = __atomic_load_n(&family_server, __ATOMIC_ACQUIRE);
+        return server == NULL ? SHIM_NOT_SERVED : server(c->buf, operation, step, c);
     }
     return c->mark_host || c->keep_device_data ? SHIM_NOT_SERVED : step(c);
 }
@@ -224,14 +232,11 @@ int shim_served_malloc(void *user_context, struct halide_buffer_t *buf, int back
     return run_served(&c, SHIM_FAMILY_MALLOC, malloc_step);
 }
 
-int shim_served_buffer_malloc(struct halide_buffer_t *buf,
+int shim_served_buffer_malloc(struct halide_buffer_t *buf, int backend,
                               const struct halide_device_interface_t *interface) {
-    if (buf == NULL || !(shim_flags_load(buf) & SHIM_BUFFER_FLAG_PYTHON)) {
-        return SHIM_NOT_SERVED;
-    }
-    int backend = shim_backend_of(interface); /* (-1, served by nobody, for another's) */
     served_call c = {NULL, buf, backend, interface, serving(backend), true, false};
-    if (c.allocator == NULL || shim_device_load(buf) != 0 ||
+    if (c.allocator == NULL || !(shim_flags_load(buf) & SHIM_BUFFER_FLAG_PYTHON) ||
+        shim_device_load(buf) != 0 ||
         __atomic_load_n(&buf->device_interface, __ATOMIC_ACQUIRE) != NULL) {
         return SHIM_NOT_SERVED;
     }
@@ -276,14 +281,12 @@ int shim_served_free(void *user_context, struct halide_buffer_t *buf, int backen
     return serve_free(&c, SHIM_FAMILY_FREE);
 }
 
-int shim_served_buffer_free(struct halide_buffer_t *buf) {
-    const struct halide_device_interface_t *interface =
-        buf == NULL ? NULL : __atomic_load_n(&buf->device_interface, __ATOMIC_ACQUIRE);
-    if (interface == NULL || !(shim_flags_load(buf) & SHIM_BUFFER_FLAG_PYTHON)) {
+int shim_served_buffer_free(struct halide_buffer_t *buf, int backend,
+                            const struct halide_device_interface_t *interface) {
+    served_call c = {NULL, buf, backend, interface, serving(backend), false, true};
+    if (!(shim_flags_load(buf) & SHIM_BUFFER_FLAG_PYTHON)) {
         return SHIM_NOT_SERVED;
     }
-    int backend = shim_backend_of(interface);
-    served_call c = {NULL, buf, backend, interface, serving(backend), false, true};
     return serve_free(&c, SHIM_FAMILY_IDLE);
 }
 

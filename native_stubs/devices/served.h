@@ -46,18 +46,26 @@ int shim_served_free(void *user_context, struct halide_buffer_t *buf, int backen
 int shim_served_copy_to_device(void *user_context, struct halide_buffer_t *buf, int backend,
                                const struct halide_device_interface_t *interface);
 int shim_served_copy_to_host(void *user_context, struct halide_buffer_t *buf, int backend);
+/* Buffer.device_malloc and device_free of a shim.Buffer's struct (device_generic.c's
+ * shim_buffer_device_malloc and shim_buffer_device_free). */
+int shim_served_buffer_malloc(struct halide_buffer_t *buf, int backend,
+                              const struct halide_device_interface_t *interface);
+int shim_served_buffer_free(struct halide_buffer_t *buf, int backend,
+                            const struct halide_device_interface_t *interface);
 
 /* A served malloc or free of a shim.Buffer's struct (SHIM_BUFFER_FLAG_PYTHON), whose family
- * lives in Python, asks fast/buffer_families.c to run it (`step(context)`) where the family's
- * lock stands taken; SHIM_NOT_SERVED, with nothing run, where the family is not one the
- * native layer may serve now. What `operation` needs of the family: */
+ * lives in Python, is run (`step(context)`) by the family server that fast/buffer_families.c
+ * registers, where the family's lock stands taken; it returns SHIM_NOT_SERVED, with nothing
+ * run, where the family is not one the native layer may serve now (and none is registered
+ * until Python shows where the families live). What `operation` needs of the family: */
 enum {
     SHIM_FAMILY_MALLOC, /* halide_device_malloc: nobody is changing it */
     SHIM_FAMILY_FREE,   /* halide_device_free: and no other thread's call is using it */
     SHIM_FAMILY_IDLE,   /* a Buffer's own method: and no call at all is using it */
 };
 typedef int (*shim_served_step)(void *context);
-int shim_buffer_family_serve(const struct halide_buffer_t *buf, int operation,
-                             shim_served_step step, void *context);
+typedef int (*shim_family_server)(const struct halide_buffer_t *buf, int operation,
+                                  shim_served_step step, void *context);
+void shim_served_register_family_server(shim_family_server server);
 
 #endif

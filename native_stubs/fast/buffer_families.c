@@ -44,6 +44,9 @@ static PyTypeObject *s_family_type; /* families.Family */
 static PyTypeObject *s_lock_type;   /* families.FamilyLock */
 static PyObject *s_members, *s_memory, *s_handles, *s_uses, *s_lock, *s_abandoned;
 
+static int serve(const struct halide_buffer_t *buf, int operation, shim_served_step step,
+                 void *context);
+
 int shim_buffer_families_watch(void *owned, void *family_type, void *lock_type) {
     PyObject *registry = owned, *family = family_type, *lock = lock_type;
     if (s_owned != NULL) {
@@ -67,6 +70,7 @@ int shim_buffer_families_watch(void *owned, void *family_type, void *lock_type) 
     s_family_type = (PyTypeObject *)Py_NewRef(family);
     s_lock_type = (PyTypeObject *)Py_NewRef(lock);
     __atomic_store_n(&s_owned, Py_NewRef(registry), __ATOMIC_RELEASE);
+    shim_served_register_family_server(serve);
     return 1;
 }
 
@@ -117,10 +121,11 @@ static bool servable(PyObject *family, int operation) {
     return attribute_empty(family, s_uses);
 }
 
-int shim_buffer_family_serve(const struct halide_buffer_t *buf, int operation,
-                             shim_served_step step, void *context) {
+/* The family server (devices/served.h). */
+static int serve(const struct halide_buffer_t *buf, int operation, shim_served_step step,
+                 void *context) {
     PyObject *owned = __atomic_load_n(&s_owned, __ATOMIC_ACQUIRE);
-    if (owned == NULL || !Py_IsInitialized()) {
+    if (!Py_IsInitialized()) {
         return SHIM_NOT_SERVED;
     }
     PyGILState_STATE gil = PyGILState_Ensure();

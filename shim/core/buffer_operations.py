@@ -68,7 +68,7 @@ def malloc_device(raw, interface) -> None:
     flags alone, and a later copy_to_device of a clean buffer leaves garbage on the device.
     A shared family's regions say so already.) Served by the native layer where the family
     is idle (native_stubs/fast/buffer_families.c)."""
-    if lib.shim_served_buffer_malloc(raw, interface) == 0:
+    if lib.shim_buffer_device_malloc(raw, interface) == 0:
         return
 
     def device_malloc(uc, raw):  # (named for profiles)
@@ -112,7 +112,7 @@ def free_device(raw) -> None:
     fails, the allocation stays and DeviceError says why. A later device use uploads again.
     Served by the native layer where the family is idle and nothing needs bringing home
     (native_stubs/fast/buffer_families.c)."""
-    if lib.shim_served_buffer_free(raw) == 0:
+    if lib.shim_buffer_device_free(raw) == 0:
         return
 
     def device_free(uc, raw):  # (named for profiles)
