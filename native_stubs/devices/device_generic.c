@@ -115,8 +115,19 @@ static COLD int validate(void *user_context, const halide_buffer_t *buf, const c
     if (buf == NULL) {
         return halide_error_buffer_is_null(user_context, routine);
     }
-    bool has_device = shim_device_load(buf) != 0;
-    bool has_interface = interface_of(buf) != NULL;
+    /* A malloc stores the interface, then the handle; a free the handle, then the interface
+     * (shim_device_store): a pair read while another thread does either can be half of each.
+     * It is read again until the handle is the same on both sides of the interface's read (a
+     * few tries: a program that allocates and frees one buffer on two threads at once races
+     * in Halide too, and gets the error). */
+    uint64_t device = shim_device_load(buf), again;
+    const struct halide_device_interface_t *interface = interface_of(buf);
+    for (int tries = 0; tries < 8 && (again = shim_device_load(buf)) != device; tries++) {
+        device = again;
+        interface = interface_of(buf);
+    }
+    bool has_device = device != 0;
+    bool has_interface = interface != NULL;
     if (has_device && !has_interface) {
         return halide_error_no_device_interface(user_context);
     }

@@ -159,8 +159,9 @@ typedef struct {
     int backend;
     const struct halide_device_interface_t *interface;
     const shim_allocator *allocator;
-    bool mark_host; /* Buffer.device_malloc: the host holds the data (see shim_served_buffer_malloc) */
+    bool mark_host; /* Buffer.device_malloc: the host holds the data */
     bool keep_device_data; /* Buffer.device_free: device-only results are never dropped */
+    bool to_device; /* a copy's direction */
 } served_call;
 
 /* A served operation, run either directly (a bare struct) or, for a shim.Buffer's struct,
@@ -174,7 +175,7 @@ static int run_served(served_call *c, int operation, shim_served_step step) {
         shim_family_server server = __atomic_load_n(&family_server, __ATOMIC_ACQUIRE);
         return server == NULL ? SHIM_NOT_SERVED : server(c->buf, operation, step, c);
     }
-    return c->mark_host || c->keep_device_data ? SHIM_NOT_SERVED : step(c);
+    return operation == SHIM_FAMILY_IDLE ? SHIM_NOT_SERVED : step(c);
 }
 
 static int malloc_step(void *context) {
@@ -341,26 +342,55 @@ static bool dense(const halide_buffer_t *buf) {
     return true;
 }
 
-/* The native value of the served allocation `buf` holds on `backend` and the bytes it spans, if
- * a copy of it may be served. */
+/* The native value of the served allocation `buf` holds and the bytes it spans, if a copy of
+ * it may be served. */
 static bool copyable(const shim_allocator *a, const halide_buffer_t *buf, uint64_t *native,
                      uint64_t *nbytes) {
     uint64_t device = shim_device_load(buf);
-    return buf->host != NULL && device != 0 &&
-           !(shim_flags_load(buf) & (SHIM_BUFFER_FLAG_PYTHON | SHIM_BUFFER_FLAG_REGIONS)) &&
-           a->served(device, native) && shim_buffer_span(buf, nbytes) && dense(buf);
+    return buf->host != NULL && device != 0 && a->served(device, native) &&
+           shim_buffer_span(buf, nbytes) && dense(buf);
+}
+
+/* The copy itself, once the struct's family (if it has one) is held: `c->mark_host` says which
+ * way (true: to the device). */
+static int copy_step(void *context) {
+    served_call *c = context;
+    struct halide_buffer_t *buf = c->buf;
+    bool up = c->to_device;
+    uint64_t native, nbytes;
+    if (!copyable(c->allocator, buf, &native, &nbytes)) {
+        return SHIM_NOT_SERVED;
+    }
+    uint64_t flags = shim_flags_load(buf);
+    uint64_t newer = up ? halide_buffer_flag_host_dirty : halide_buffer_flag_device_dirty;
+    if (!(flags & newer)) {
+        return halide_error_code_success;
+    }
+    if (flags & (halide_buffer_flag_host_dirty | halide_buffer_flag_device_dirty) & ~newer) {
+        return SHIM_NOT_SERVED; /* both sides changed: the Python core reports it */
+    }
+    int failed = up ? c->allocator->write(native, buf->host, nbytes)
+                    : c->allocator->read(native, buf->host, nbytes);
+    if (failed) {
+        return SHIM_NOT_SERVED; /* the Python core reports it (or tries again, and reports) */
+    }
+    served_backend *b = &backends[c->backend];
+    __atomic_add_fetch(up ? &b->uploaded : &b->downloaded, nbytes, __ATOMIC_RELAXED);
+    shim_flags_clear(buf, newer); /* only once the copy has completed (see device_generic.c) */
+    return halide_error_code_success;
 }
 
 int shim_served_copy_to_device(void *user_context, struct halide_buffer_t *buf, int backend,
                                const struct halide_device_interface_t *interface) {
-    const shim_allocator *a = serving(backend);
-    if (a == NULL || buf->host == NULL) {
+    served_call c = {user_context, buf, backend, interface, serving(backend), false, false, true};
+    if (c.allocator == NULL || buf->host == NULL) {
         return SHIM_NOT_SERVED;
     }
     if (shim_device_load(buf) == 0) {
         /* As the Python core allocates for a copy (runtime.allocate_behind_host): new memory
          * holds nothing, so the host holds the data, marked so before the handle is published;
-         * unless the running call replaces the buffer's contents (shim_call_set_replaced). */
+         * unless the running call replaces the buffer's contents (shim_call_set_replaced). A
+         * shim.Buffer's struct is allocated by the Python core, which knows its calls. */
         uint64_t nbytes;
         if (!shim_buffer_span(buf, &nbytes) || !dense(buf) ||
             (shim_flags_load(buf) & (SHIM_BUFFER_FLAG_PYTHON | SHIM_BUFFER_FLAG_REGIONS)) ||
@@ -376,37 +406,13 @@ int shim_served_copy_to_device(void *user_context, struct halide_buffer_t *buf, 
     } else if (__atomic_load_n(&buf->device_interface, __ATOMIC_ACQUIRE) != interface) {
         return SHIM_NOT_SERVED; /* on another device: the Python core refuses or moves it */
     }
-    uint64_t native, nbytes;
-    if (!copyable(a, buf, &native, &nbytes)) {
-        return SHIM_NOT_SERVED;
-    }
-    uint64_t flags = shim_flags_load(buf);
-    if (!(flags & halide_buffer_flag_host_dirty)) {
-        return halide_error_code_success;
-    }
-    if ((flags & halide_buffer_flag_device_dirty) || a->write(native, buf->host, nbytes) != 0) {
-        return SHIM_NOT_SERVED; /* the Python core reports it (or tries again, and reports) */
-    }
-    __atomic_add_fetch(&backends[backend].uploaded, nbytes, __ATOMIC_RELAXED);
-    shim_flags_clear(buf, halide_buffer_flag_host_dirty);
-    return halide_error_code_success;
+    return run_served(&c, SHIM_FAMILY_COPY, copy_step);
 }
 
 int shim_served_copy_to_host(void *user_context, struct halide_buffer_t *buf, int backend) {
-    (void)user_context;
-    const shim_allocator *a = serving(backend);
-    uint64_t native, nbytes;
-    if (a == NULL || !copyable(a, buf, &native, &nbytes)) {
+    served_call c = {user_context, buf, backend, NULL, serving(backend), false, false};
+    if (c.allocator == NULL || buf->host == NULL || shim_device_load(buf) == 0) {
         return SHIM_NOT_SERVED;
     }
-    uint64_t flags = shim_flags_load(buf);
-    if (!(flags & halide_buffer_flag_device_dirty)) {
-        return halide_error_code_success;
-    }
-    if ((flags & halide_buffer_flag_host_dirty) || a->read(native, buf->host, nbytes) != 0) {
-        return SHIM_NOT_SERVED;
-    }
-    __atomic_add_fetch(&backends[backend].downloaded, nbytes, __ATOMIC_RELAXED);
-    shim_flags_clear(buf, halide_buffer_flag_device_dirty);
-    return halide_error_code_success;
+    return run_served(&c, SHIM_FAMILY_COPY, copy_step);
 }

@@ -32,7 +32,10 @@ typedef struct {
     int (*read)(uint64_t native, void *host, uint64_t nbytes);
 } shim_allocator;
 
-/* The backend's native side, once bound: its allocator, and the pool its Python side uses. */
+/* The backend's native side, once bound: its allocator, and the pool its Python side uses.
+ * Only a backend whose work runs in one order registers one (OpenCL's one queue): Python's
+ * ordering across streams (Backend.ran_on) never sees the calls a served allocation was used
+ * in. */
 void shim_served_register(int backend, const shim_allocator *allocator, shim_pool *pool);
 
 /* What the generic entry points ask first, for a backend of the shim's own (`interface` is
@@ -62,6 +65,8 @@ enum {
     SHIM_FAMILY_MALLOC, /* halide_device_malloc: nobody is changing it */
     SHIM_FAMILY_FREE,   /* halide_device_free: and no other thread's call is using it */
     SHIM_FAMILY_IDLE,   /* a Buffer's own method: and no call at all is using it */
+    SHIM_FAMILY_COPY,   /* a copy: as a free; its step runs with the family's lock taken and
+                         * the GIL released, since a driver copy may take long */
 };
 typedef int (*shim_served_step)(void *context);
 typedef int (*shim_family_server)(const struct halide_buffer_t *buf, int operation,

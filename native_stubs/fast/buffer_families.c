@@ -31,6 +31,14 @@
  * handle published last with a release store and claimed with one atomic exchange:
  * device_generic.c). A driver allocation on a pool miss runs with the GIL held, as short as a
  * Python thread's own calls into the driver between two bytecodes.
+ *
+ * A copy of such an allocation (copy_to_device, copy_to_host: generated code, Buffer's methods)
+ * may take long, so it does not keep the GIL: once the family is found idle, this file takes
+ * the family's lock itself, as FamilyLock.acquire does (its mutex, then owner), lets the GIL go
+ * for the copy, and gives the lock back after. A Python thread that wants the family meanwhile
+ * waits for the lock as for any holder; one that adopts the allocation first (family_of runs
+ * before the lock is taken) only moves its record into the family: the memory stays, and the
+ * copy's flags are set before the lock is given back.
  */
 #define Py_LIMITED_API 0x030B0000
 #include <Python.h>
@@ -43,6 +51,7 @@ static PyObject *s_owned;           /* families._owned: struct address -> Family
 static PyTypeObject *s_family_type; /* families.Family */
 static PyTypeObject *s_lock_type;   /* families.FamilyLock */
 static PyObject *s_members, *s_memory, *s_handles, *s_uses, *s_lock, *s_abandoned;
+static PyObject *s_mutex, *s_acquire, *s_release, *s_owner; /* FamilyLock's _lock and its use */
 
 static int serve(const struct halide_buffer_t *buf, int operation, shim_served_step step,
                  void *context);
@@ -63,7 +72,11 @@ int shim_buffer_families_watch(void *owned, void *family_type, void *lock_type) 
         (s_handles = PyUnicode_InternFromString("handles")) == NULL ||
         (s_uses = PyUnicode_InternFromString("uses")) == NULL ||
         (s_lock = PyUnicode_InternFromString("lock")) == NULL ||
-        (s_abandoned = PyUnicode_InternFromString("abandoned")) == NULL) {
+        (s_abandoned = PyUnicode_InternFromString("abandoned")) == NULL ||
+        (s_mutex = PyUnicode_InternFromString("_lock")) == NULL ||
+        (s_acquire = PyUnicode_InternFromString("acquire")) == NULL ||
+        (s_release = PyUnicode_InternFromString("release")) == NULL ||
+        (s_owner = PyUnicode_InternFromString("owner")) == NULL) {
         PyErr_Clear();
         return 0;
     }
@@ -112,13 +125,42 @@ static bool servable(PyObject *family, int operation) {
     if (operation == SHIM_FAMILY_MALLOC) {
         return true;
     }
-    if (operation == SHIM_FAMILY_FREE) {
+    if (operation == SHIM_FAMILY_FREE || operation == SHIM_FAMILY_COPY) {
         shim_call *call = shim_current_call();
         if (call != NULL && shim_call_in_pipeline(call)) {
             return true;
         }
     }
     return attribute_empty(family, s_uses);
+}
+
+/* `step(context)` with the family's lock taken as FamilyLock.acquire takes it (its mutex, then
+ * owner: this thread), and the GIL released: a Python thread that wants the family waits for
+ * the lock, and the fast paths, which read owner, leave the family to Python meanwhile. With
+ * the GIL held. */
+static int step_holding_lock(PyObject *family, shim_served_step step, void *context) {
+    int result = SHIM_NOT_SERVED;
+    PyObject *lock = PyObject_GetAttr(family, s_lock);
+    PyObject *mutex = lock == NULL ? NULL : PyObject_GetAttr(lock, s_mutex);
+    PyObject *taken = mutex == NULL ? NULL : PyObject_CallMethodObjArgs(mutex, s_acquire, Py_False, NULL);
+    PyObject *me = taken == Py_True ? PyLong_FromUnsignedLong(PyThread_get_thread_ident()) : NULL;
+    if (me != NULL && PyObject_SetAttr(lock, s_owner, me) == 0) {
+        PyThreadState *state = PyEval_SaveThread();
+        result = step(context);
+        PyEval_RestoreThread(state);
+        if (PyObject_SetAttr(lock, s_owner, Py_None) != 0) {
+            PyErr_Clear();
+        }
+    }
+    if (taken == Py_True) {
+        PyObject *released = PyObject_CallMethodObjArgs(mutex, s_release, NULL);
+        Py_XDECREF(released);
+    }
+    Py_XDECREF(me);
+    Py_XDECREF(taken);
+    Py_XDECREF(mutex);
+    Py_XDECREF(lock);
+    return result;
 }
 
 /* The family server (devices/served.h). */
@@ -135,7 +177,8 @@ static int serve(const struct halide_buffer_t *buf, int operation, shim_served_s
     PyObject *address = PyLong_FromVoidPtr((void *)buf);
     PyObject *family = address == NULL ? NULL : PyDict_GetItemWithError(owned, address);
     if (family != NULL && servable(family, operation)) {
-        result = step(context);
+        result = operation == SHIM_FAMILY_COPY ? step_holding_lock(family, step, context)
+                                               : step(context);
     }
     Py_XDECREF(address);
     PyErr_Clear();

@@ -215,8 +215,7 @@ class PreparedCall(PreparedRun, HeldContext):
     def _device_memories(self):
         """(backend, allocation) of each of the call's Buffers that has one, for the backends'
         ordering of work across streams."""
-        for raw, _, _ in self._arguments:
-            family = families.family_of(raw)  # (an allocation served during the call joins it)
+        for _, family, _ in self._arguments:
             backend, memory = family.backend, family.memory
             if backend is not None and memory is not None:
                 yield backend, memory

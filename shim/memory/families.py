@@ -8,8 +8,8 @@ runtime serializes every device call in the process on one mutex.)
 A halide_buffer_t finds its family in one of three ways:
  - it belongs to a shim.Buffer: the Buffer registered its struct's address here (its
    allocation may be one the native layer served while the family was idle,
-   native_stubs/fast/buffer_families.c, which joins the family the first time Python meets it:
-   ``family_of``);
+   native_stubs/fast/buffer_families.c, which joins the family the first time Python takes its
+   lock: ``locked``);
  - it carries a device handle the shim gave out: the handle is registered here, or it is one
    the native layer served without Python (a pipeline's own buffer: native_stubs/devices/served.c),
    which becomes a family here the first time Python meets it (``family_of_handle``);
@@ -413,17 +413,20 @@ def _adopted(index: int, interface, handle: int, into: Family | None = None) -> 
 def family_of(raw, address: int | None = None) -> Family | None:
     """The family ``raw`` belongs to: its shim.Buffer's, or that of the handle it carries."""
     family = _owned.get(address_of(raw) if address is None else address)
-    if family is None:
-        if raw.device:
-            family = family_of_handle(raw.device_interface, raw.device)
-    elif raw.device and not family.shared and raw.device not in family.handles:
-        # An allocation the native layer served the Buffer's struct while its family was idle
-        # (or while someone's assigning the flags whole had lost the PYTHON bit): it joins the
-        # Buffer's family.
+    if family is None and raw.device:
+        family = family_of_handle(raw.device_interface, raw.device)
+    return family
+
+
+def _adopt_served(raw, family: Family) -> None:
+    """With the lock of ``family``, a shim.Buffer's, held: an allocation the native layer served
+    its struct while the family was idle (native_stubs/fast/buffer_families.c), or while
+    someone's assigning the flags whole had lost the PYTHON bit, joins the family. Only with
+    the lock held: until then the native layer may free the allocation, and its handle with it."""
+    if raw.device and not family.shared and raw.device not in family.handles:
         _adopted(lib.shim_backend_of(raw.device_interface), raw.device_interface, raw.device,
                  into=family)
         flags.assign(raw, flags.PYTHON, True)
-    return family
 
 
 def _target(raw, address: int):
@@ -481,6 +484,14 @@ class locked:
                     break
                 for lock in reversed(locks):
                     lock.release()
+            try:
+                for raw, address, (_, family) in zip(raws, addresses, targets):
+                    if family is not None and _owned.get(address) is family:
+                        _adopt_served(raw, family)
+            except BaseException:
+                for lock in reversed(locks):
+                    lock.release()
+                raise
         except BaseException as e:
             _DEFERRED.__exit__(type(e), e, e.__traceback__)
             raise
