@@ -22,7 +22,9 @@ Cases, each with Halide's switch (halide_reuse_device_allocations) on and off in
   runtimes (what a pipeline calls). The stock runtime's buffer is a bare halide_buffer_t, as
   a pipeline's own intermediate is; the shim's is one too (``shim, own buffer``: served by the
   native layer, native_stubs/devices/served.c), a shim.Buffer's struct (``shim``: its family
-  lives in Python), and a shim.Buffer through Buffer.device_malloc/device_free.
+  lives in Python, and the native layer serves it while the family is idle,
+  native_stubs/fast/buffer_families.c), and a shim.Buffer through Buffer.device_malloc/
+  device_free.
 
 Halide 21 reuses allocations in its CUDA runtime only (its OpenCL runtime ignores the switch),
 so on OpenCL the stock runtime's two settings time the same thing. The stock runtime runs the
