@@ -92,8 +92,10 @@ def test_one_call_reports_every_func_its_times_and_memory(built):
     names = [s.name for s in stages.funcs()]
     assert set(FUNCS) <= set(names)
     assert stages.pipeline == NAME
-    # Halide's measured duration of the call fits inside the shim's record of it
-    assert 0 < stages.time_ns <= record.duration_ns
+    # Halide's measured duration of the call fits inside the shim's record of it, up to the
+    # clocks' disagreement: Halide times it with CLOCK_REALTIME (src/runtime/linux_clock.cpp),
+    # which the system's time service may step or slew meanwhile (seen: 2 % over, once)
+    assert 0 < stages.time_ns <= record.duration_ns * 1.05
     assert stages.samples >= 1
     # Halide scales the sampled times to the measured duration: they add up to it (up to a
     # rounding per Func; generous for the sampling)
