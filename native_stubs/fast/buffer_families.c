@@ -116,10 +116,10 @@ static bool lock_idle(PyObject *family) {
     return idle;
 }
 
-static bool servable(PyObject *family, int operation) {
+/* Whether the family is idle for `operation`, apart from its lock. */
+static bool unused(PyObject *family, int operation) {
     if (Py_TYPE(family) != s_family_type || !attribute_is(family, s_members, Py_None) ||
-        !attribute_is(family, s_memory, Py_None) || !attribute_empty(family, s_handles) ||
-        !lock_idle(family)) {
+        !attribute_is(family, s_memory, Py_None) || !attribute_empty(family, s_handles)) {
         return false;
     }
     if (operation == SHIM_FAMILY_MALLOC) {
@@ -134,6 +134,10 @@ static bool servable(PyObject *family, int operation) {
     return attribute_empty(family, s_uses);
 }
 
+static bool servable(PyObject *family, int operation) {
+    return unused(family, operation) && lock_idle(family);
+}
+
 /* `step(context)` with the family's lock taken as FamilyLock.acquire takes it (its mutex, then
  * owner: this thread), and the GIL released: a Python thread that wants the family waits for
  * the lock, and the fast paths, which read owner, leave the family to Python meanwhile. With
@@ -145,9 +149,13 @@ static int step_holding_lock(PyObject *family, shim_served_step step, void *cont
     PyObject *taken = mutex == NULL ? NULL : PyObject_CallMethodObjArgs(mutex, s_acquire, Py_False, NULL);
     PyObject *me = taken == Py_True ? PyLong_FromUnsignedLong(PyThread_get_thread_ident()) : NULL;
     if (me != NULL && PyObject_SetAttr(lock, s_owner, me) == 0) {
-        PyThreadState *state = PyEval_SaveThread();
-        result = step(context);
-        PyEval_RestoreThread(state);
+        /* Checked again now that it is held: making the argument tuple above may have run the
+         * collector, and a finalizer may have let another thread in after the first check. */
+        if (unused(family, SHIM_FAMILY_COPY)) {
+            PyThreadState *state = PyEval_SaveThread();
+            result = step(context);
+            PyEval_RestoreThread(state);
+        }
         if (PyObject_SetAttr(lock, s_owner, Py_None) != 0) {
             PyErr_Clear();
         }
