@@ -27,7 +27,7 @@ from shim.native import ffi, lib
 from shim.native.regions import Layout, NegativeStrides
 from shim.pipelines.build import Build, build
 from support.budget import scaled
-from support.served import accounting, python_calls_during, served_live
+from support.served import accounting, in_both_worlds, python_calls_during, served_live
 from support.threads import run_threads
 from test_device_layer import raw_like
 from test_fork import run_isolated
@@ -317,13 +317,7 @@ class ServedAgainstPython(RuleBasedStateMachine):
 
     def both(self, operation):
         """operation(world) on each world with its setting; the results must agree."""
-        results = []
-        for world in self.worlds:
-            lib.shim_serve_allocations(OPENCL, world.on)
-            results.append(operation(world))
-        lib.shim_serve_allocations(OPENCL, True)
-        assert results[0] == results[1], results
-        return results[0]
+        return in_both_worlds(self.worlds, operation)
 
     def state(self, buf) -> tuple:
         return (buf.raw.device != 0, buf.raw.device_interface != ffi.NULL, buf.raw.flags & DIRTY)

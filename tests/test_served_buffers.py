@@ -27,7 +27,7 @@ from shim.memory import families
 from shim.native import ffi, lib
 from shim.pipelines.build import Build, build
 from support.budget import scaled
-from support.served import accounting, served_live
+from support.served import accounting, in_both_worlds, served_live
 from support.threads import run_threads
 from test_served_allocations import OPENCL, core_calls_during, serve  # noqa: F401 (a fixture)
 
@@ -247,16 +247,9 @@ class BuffersServedAgainstPython(RuleBasedStateMachine):
         self.value = 0
 
     def both(self, operation):
-        results = []
-        for world in self.worlds:
-            lib.shim_serve_allocations(OPENCL, world.on)
-            try:
-                results.append(operation(world))
-            except shim.ShimError as e:
-                results.append(type(e).__name__)
-        lib.shim_serve_allocations(OPENCL, True)
-        assert results[0] == results[1], results
-        return results[0]
+        """operation(world) on each world with its setting; the results (or the ShimErrors'
+        types) must agree."""
+        return in_both_worlds(self.worlds, operation, shim.ShimError)
 
     def pick(self, i) -> int:
         return i % len(self.models)

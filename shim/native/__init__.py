@@ -97,8 +97,7 @@ def _native_type(function: str):
     PyObject), so it is fetched through ctypes, which keeps the GIL and takes a reference."""
     import ctypes
 
-    address = int(ffi.cast("uintptr_t", ffi.addressof(lib, function)))
-    made = ctypes.PYFUNCTYPE(ctypes.py_object)(address)()
+    made = ctypes.PYFUNCTYPE(ctypes.py_object)(_address_of(function))()
     if not isinstance(made, type):
         raise ImportError(f"shim._native: {function}() could not make its type")
     return made
@@ -108,8 +107,12 @@ def _python_api(function: str, *arguments):
     """A function of the native library that takes PyObject *s (fetched as _native_type's)."""
     import ctypes
 
-    address = int(ffi.cast("uintptr_t", ffi.addressof(lib, function)))
-    return ctypes.PYFUNCTYPE(ctypes.c_int, *[ctypes.py_object] * len(arguments))(address)(*arguments)
+    signature = ctypes.PYFUNCTYPE(ctypes.c_int, *[ctypes.py_object] * len(arguments))
+    return signature(_address_of(function))(*arguments)
+
+
+def _address_of(function: str) -> int:
+    return int(ffi.cast("uintptr_t", ffi.addressof(lib, function)))
 
 
 def watch_buffer_families(owned: dict, family_type: type, lock_type: type) -> None:

@@ -37,3 +37,19 @@ def python_calls_during(work, module_prefix: str) -> set[str]:
         sys.setprofile(None)
         threading.setprofile(None)
     return seen
+
+
+def in_both_worlds(worlds, operation, errors=()):
+    """operation(world) on each of ``worlds`` (each with ``on``: whether the native layer
+    serves OpenCL's allocations there), with serving switched accordingly and then back on;
+    an exception of ``errors`` counts as its type's name. The results must agree: the one."""
+    results = []
+    for world in worlds:
+        lib.shim_serve_allocations(OPENCL, world.on)
+        try:
+            results.append(operation(world))
+        except errors as e:
+            results.append(type(e).__name__)
+    lib.shim_serve_allocations(OPENCL, True)
+    assert results[0] == results[1], results
+    return results[0]
