@@ -366,6 +366,9 @@ static bool describe(const argument_spec *a, const Py_buffer *view, halide_buffe
         !format_matches(a, view->format, view->itemsize)) {
         return false;
     }
+    if (view->ndim > 1 && PyBuffer_IsContiguous(view, 'F') && !PyBuffer_IsContiguous(view, 'C')) {
+        return false; /* Fortran order: the general path warns (shim.LayoutWarning) */
+    }
     long long elements = 1;
     for (int d = 0; d < view->ndim; d++) {
         int axis = view->ndim - 1 - d;

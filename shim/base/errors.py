@@ -6,6 +6,10 @@ shim/native/__init__.py, which raises these errors."""
 
 from __future__ import annotations
 
+import os
+import sys
+import warnings
+
 from shim._native import ffi, lib
 from shim.base.private_files import UnsafeCacheWarning  # noqa: F401 (defined there: see that module)
 
@@ -81,6 +85,26 @@ class DeviceError(HalideCodeError):
 
 class DeviceUnavailable(ShimError):
     """The requested device does not exist on this machine, or its driver cannot be loaded."""
+
+
+class LayoutWarning(UserWarning):
+    """An array whose memory order makes the shim's axes differ from those of the Python
+    extension Halide generates for a pipeline: an F-contiguous array (numpy's ``order="F"``)
+    that is not C-contiguous. The shim takes its last axis as x, as halide.Buffer(array) does;
+    the generated extension takes its first (``shim.load(path, convention="extension")``
+    calls the pipeline as the extension does)."""
+
+
+def warn_caller(message: str, category: type[Warning]) -> None:
+    """Warn with the location of the first frame outside the shim package: the user's line,
+    however deep in the shim (or in its native fast path's fallback) the warning was found."""
+    frame, level = sys._getframe(1), 2
+    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE_DIR):
+        frame, level = frame.f_back, level + 1
+    warnings.warn(message, category, stacklevel=level)
+
+
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 
 
 class DirtyBufferWarning(UserWarning):

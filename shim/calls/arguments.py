@@ -7,7 +7,7 @@ turns its value into the Buffer a run passes to the pipeline (its ``halide_buffe
 - a DLPack producer whose data is on a device: a Buffer over that device memory
   (shim/interop/dlpack.py);
 - host memory: numpy arrays, DLPack producers on the CPU, anything with the buffer protocol
-  (a halide.Buffer among them, without its mins), a Buffer over it, or over a copy Halide can
+  (a halide.Buffer among them, with its mins), a Buffer over it, or over a copy Halide can
   address.
 
 ``kind_of`` is the one place that asks a value what it is (a producer's
@@ -22,11 +22,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from shim.base.errors import ArgumentError, DeviceUnavailable
+from shim.base.errors import ArgumentError, DeviceUnavailable, LayoutWarning, warn_caller
 from shim.base.types import INT32_MAX, HalideType
 from shim.exchange.dlpack_capsules import HOST_DEVICES, ImportedTensor, claimed_device
 from shim.buffers.buffer import Buffer, as_host_array
-from shim.buffers.buffer_arguments import check_memory, shape_tuple, zeroed
+from shim.buffers.buffer_arguments import check_memory, is_halide, shape_tuple, zeroed
 from shim.interop import dlpack, pyopencl_interop
 from shim.calls.metadata import Argument, check_extents
 
@@ -122,34 +122,57 @@ def _device_tensor(arg, value, claimed, call: Call, pipeline: PipelineFacts) -> 
 
 
 def _host_memory(arg, value, claimed, call: Call, pipeline: PipelineFacts) -> Buffer:
+    mins = None
     if claimed is not None:  # a DLPack producer on the CPU: its claim is checked once
         array = ImportedTensor(value, None, claimed, arg.name).host_view()
+    elif is_halide(value, "Buffer"):
+        array, mins = _halide_buffer_memory(value, arg)
     else:
         array = as_host_array(value, arg.name)
+        if array.ndim > 1 and array.flags.f_contiguous and not array.flags.c_contiguous:
+            warn_caller(f"{arg.name}: a Fortran-ordered array: its last axis (extent "
+                        f"{array.shape[-1]}) is x, as halide.Buffer(array) takes it; a Python "
+                        f"extension Halide generates would take its first (load with "
+                        f"convention='extension' for that)", LayoutWarning)
     _check_buffer_type(arg, _array_type(array, arg), array.ndim, array.shape)
     check_extents(arg, array.shape, pipeline.target)  # before any copy of it is made
     if arg.is_output:
         _check_writable(arg, array.flags.writeable)
     if _halide_can_address(array):
-        buf = Buffer.over_array(array, arg.name)
+        buf = Buffer.over_array(array, arg.name, mins=mins)
         if arg.is_output:
             call.copy_back.append((buf, None))
     elif arg.is_output:
         # Compute into memory Halide can address, then copy into the caller's array.
         buf = Buffer.over_array(zeroed(array.shape, dtype_of(arg), arg.name), arg.name,
-                                exposed=False)
+                                exposed=False, mins=mins)
         call.copy_back.append((buf, array))
     else:
         # A copy made once: later runs of a PreparedCall see the copy, not the array.
-        buf = Buffer.over_array(_addressable_copy(arg, array), arg.name)
+        buf = Buffer.over_array(_addressable_copy(arg, array), arg.name, mins=mins)
     call.temporaries.append(buf)
     if arg.is_output:
-        # The caller's own object back (a torch tensor stays one); numpy for the rest.
-        call.results.append(value if hasattr(value, "__dlpack__") else array)
+        # The caller's own object back (a torch tensor, a halide.Buffer stay one); numpy for
+        # the rest.
+        own = hasattr(value, "__dlpack__") or is_halide(value, "Buffer")
+        call.results.append(value if own else array)
     elif buf.is_over(array):
         call.array_inputs.append(buf)
     buf.set_host_dirty(not arg.is_output)
     return buf
+
+
+def _halide_buffer_memory(value, arg: Argument) -> tuple[np.ndarray, list]:
+    """A halide.Buffer's host memory (its buffer protocol: numpy's axis order) and its mins.
+    Its device memory belongs to Halide's own runtime, which the shim cannot hand to its own:
+    where the device holds the newer data, Halide's runtime brings it home first. An output's
+    device copy is marked stale (the pipeline writes the host)."""
+    if value.device_dirty():
+        value.copy_to_host()
+    if arg.is_output:
+        value.set_host_dirty(True)
+    mins = [value.dim(d).min() for d in range(value.dimensions())]
+    return as_host_array(value, arg.name), mins
 
 
 def _over_device_memory(arg, value, call: Call, pipeline: PipelineFacts, to_buffer) -> Buffer:

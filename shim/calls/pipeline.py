@@ -22,6 +22,7 @@ from shim.buffers.buffer_arguments import PHYSICAL_MEMORY
 from shim.buffers.pipeline_result import PipelineResult
 from shim.base.errors import ArgumentError
 from shim.memory.families import FamilyLock
+from shim.calls.extension import CONVENTIONS, ExtensionFunction
 from shim.calls.library import Library
 from shim.calls.metadata import USER_CONTEXT, Argument
 from shim.native import CallPlan, ffi
@@ -32,13 +33,23 @@ from shim.calls.scalars import MISSING, ScalarArgument
 DEVICE_FEATURES = {"opencl", "cuda", "metal", "vulkan", "d3d12compute", "webgpu"}
 
 
-def load(path, name: str | None = None) -> Pipeline:
+def load(path, name: str | None = None, *, convention: str = "numpy"):
     """Load the Halide pipeline in the shared library at ``path``.
 
     Works for any Halide 21 AOT pipeline, built with its runtime bundled or with the
     ``no_runtime`` feature. ``name`` picks one pipeline when the library holds several.
+
+    ``convention="numpy"`` (the default) gives a Pipeline: numpy's last axis is x whatever
+    the array's memory order, as halide.Buffer(array) takes it. ``convention="extension"``
+    gives a function called exactly as the Python extension Halide generates for the
+    pipeline (``-e python_extension``): an F-contiguous array's axis 0 is x, outputs are
+    written in place, the result is None, errors are the extension's (shim/calls/extension.py).
     """
-    return Pipeline(path, name)
+    if convention not in CONVENTIONS:
+        raise ArgumentError("convention", f"expected one of {', '.join(map(repr, CONVENTIONS))}, "
+                                          f"got {convention!r}")
+    pipeline = Pipeline(path, name)
+    return pipeline if convention == "numpy" else ExtensionFunction(pipeline)
 
 
 class Pipeline(CallPlan):
@@ -61,6 +72,9 @@ class Pipeline(CallPlan):
         self._signature = Signature(self.name, self.target, self._library.arguments,
                                     self.device_kinds)
         self.arguments = self._signature.arguments
+        # Every argument in the order the pipeline's own function takes them, __user_context
+        # included where it takes one.
+        self.argv_arguments = self._signature.all_arguments
         self._runner = Runner(self.name, self._library.argv_fn, self.device_kinds,
                               halide_profiler.builds_profile(self.target))
         # The fast path and the cache of argument shapes that passed the bounds query: CallPlan,

@@ -1,0 +1,136 @@
+"""``shim.load(path, convention="extension")`` calls a pipeline exactly as the Python extension
+Halide generates for it (``-e python_extension``, src/PythonExtensionGen.cpp) does (issue 27):
+the same cases (tests/support/extension_cases.py) through real generated extensions of the
+sample pipelines, built here and run in a child process that never imports the shim, and
+through the shim, give the same outputs, byte for byte, the same return value and the same
+exceptions (type and text). Then the shim's own convention: a halide.Buffer keeps its mins,
+and a Fortran-ordered array is taken as numpy's axes with a LayoutWarning that says how the
+extension would differ.
+"""
+
+import os
+import pickle
+import shutil
+import subprocess
+import sys
+import sysconfig
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import shim
+from shim.calls.extension import sanitized
+from shim.pipelines.build import GENERATORS_DIR, Build, build_all
+from support import extension_cases
+
+halide = pytest.importorskip("halide", reason="building generated extensions needs halide")
+TIMEOUT = 600
+
+
+def _compiler():
+    compiler = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
+    if compiler is None:
+        pytest.skip("no C++ compiler to build Halide's generated Python extensions with")
+    return compiler
+
+
+@pytest.fixture(scope="module")
+def extensions(tmp_path_factory):
+    """The folder holding a generated Python extension of each case's pipeline (host, its
+    runtime bundled, as `-e python_extension` users build them)."""
+    folder = tmp_path_factory.mktemp("extensions")
+    env = dict(os.environ, PYTHONPATH=str(GENERATORS_DIR.parent))
+    include = [f"-I{Path(halide.__file__).parent / 'include'}",
+               f"-I{sysconfig.get_paths()['include']}"]
+    suffix = sysconfig.get_config_var("EXT_SUFFIX")
+    for name in extension_cases.PIPELINES:
+        subprocess.run([sys.executable, "-m", f"generators.{name}", "-g", name, "-o", str(folder),
+                        "-e", "python_extension,object", "-f", name, "target=host"],
+                       env=env, cwd=folder, check=True, capture_output=True, timeout=TIMEOUT)
+        subprocess.run([_compiler(), "-shared", "-fPIC", *include, f"{name}.py.cpp", f"{name}.o",
+                        "-o", f"{name}{suffix}", "-lpthread", "-ldl"],
+                       cwd=folder, check=True, capture_output=True, timeout=TIMEOUT)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def generated(extensions):
+    """What the cases gave through the generated extensions."""
+    out = extensions / "generated.pickle"
+    subprocess.run([sys.executable, extension_cases.__file__, str(extensions), str(out)],
+                   check=True, capture_output=True, timeout=TIMEOUT)
+    return pickle.loads(out.read_bytes())
+
+
+@pytest.fixture(scope="module", params=["bundled", "no_runtime"])
+def shim_paths(request):
+    specs = [Build(name, "host", request.param) for name in extension_cases.PIPELINES]
+    return {spec.name: path for spec, path in build_all(specs, progress=None).items()}
+
+
+def test_the_extension_convention_matches_generated_extensions(generated, shim_paths):
+    functions = {name: shim.load(path, convention="extension") for name, path in shim_paths.items()}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", shim.LayoutWarning)  # (the convention never warns)
+        seen = extension_cases.run(functions)
+    assert seen.keys() == generated.keys()
+    for label, stock in generated.items():
+        mine = seen[label]
+        if stock[0] == "error":
+            # The generated extension's exception type is the shim's or one of its bases.
+            assert mine[0] == "error" and stock[1][0] in mine[1] and mine[2] == stock[2], label
+        else:
+            assert mine == stock, label
+    # The cases exercise both outcomes and the axis rule.
+    assert generated["blur F"][0] == "ok" and generated["blur, strided input"][0] == "error"
+
+
+def test_the_cases_tell_the_conventions_apart(generated, shim_paths):
+    """What the numpy convention does differently: F-ordered arrays (with a LayoutWarning),
+    outputs returned; a halide.Buffer keeps its mins in both."""
+    blur = shim.load(shim_paths["blur3x3"])
+    with pytest.warns(shim.LayoutWarning, match="a Fortran-ordered array") as caught:
+        seen = extension_cases.run({"blur3x3": blur})
+    # The warning names the caller's line, not the shim's.
+    assert {w.filename for w in caught} == {extension_cases.__file__}
+    assert seen["blur C"][2] == generated["blur C"][2]
+    # Mixed memory orders: each convention refuses what the other runs.
+    assert generated["blur F in, C out of the transposed shape"][0] == "ok"
+    assert seen["blur F in, C out of the transposed shape"][0] == "error"
+    assert generated["blur C in, F out"][0] == "error"
+    assert seen["blur C in, F out"][0] == "ok"
+    assert seen["blur, halide.Buffers with mins"][2] == \
+        generated["blur, halide.Buffers with mins"][2]
+    beyond = seen["blur, halide.Buffer output beyond the input"]
+    assert beyond[0] == "error" and "BoundsError" in beyond[1]
+
+
+def test_a_halide_buffer_keeps_its_mins(host_pipelines):
+    """Against numpy: an input at (10, 20) read where its mins say, an output at (11, 21)
+    written from there; the halide.Buffer itself returned, its host marked newer."""
+    blur = shim.load(host_pipelines["blur3x3", "no_runtime"])
+    data = np.random.default_rng(3).integers(0, 65536, (10, 12), dtype=np.uint16)
+    inp = halide.Buffer(halide.UInt(16), [12, 10])
+    inp.set_min([10, 20])
+    np.asarray(inp)[:] = data
+    out = halide.Buffer(halide.UInt(16), [8, 6])
+    out.set_min([11, 21])  # reads input x 11..20, y 21..28
+    assert blur(inp, out) is out
+    wide = data.astype(np.uint32)
+    rows = ((wide[:, :-2] + wide[:, 1:-1] + wide[:, 2:]) // 3).astype(np.uint16).astype(np.uint32)
+    expected = ((rows[:-2] + rows[1:-1] + rows[2:]) // 3).astype(np.uint16)
+    np.testing.assert_array_equal(np.asarray(out), expected[1:7, 1:9])
+    assert out.host_dirty()
+
+
+def test_sanitized_names_follow_the_generator():
+    assert sanitized("input") == "input"
+    assert sanitized("a.b_c") == "a_b_c"
+    assert sanitized("x-y") == "x_45y"
+
+
+def test_an_unknown_convention_is_refused(host_pipelines):
+    with pytest.raises(shim.ArgumentError, match="convention: expected one of 'numpy', 'extension'"):
+        shim.load(host_pipelines["blur3x3", "no_runtime"], convention="fortran")
