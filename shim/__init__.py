@@ -30,6 +30,7 @@ from shim.base.errors import (
     LayoutWarning,
     PipelineError,
     ShimError,
+    SizeWarning,
     UnsafeCacheWarning,
 )
 from shim.calls.metadata import Argument, ArgumentKind
@@ -64,6 +65,7 @@ __all__ = [
     "Profile",
     "PipelineError",
     "ShimError",
+    "SizeWarning",
     "UnsafeCacheWarning",
     "can_reuse_device_allocations",
     "default_device",

@@ -27,7 +27,8 @@ from dask.highlevelgraph import HighLevelGraph
 from shim.calls.binding import size_guesses
 from shim.buffers.buffer import Buffer
 from shim.backends.devices import device as shim_device
-from shim.base.errors import ArgumentError, BoundsError
+from shim.base.errors import ArgumentError, BoundsError, HalideCodeError, SizeWarning, warn_caller
+from shim.calls import output_sizes
 
 
 def map_pipeline(pipeline, *arrays, output_dtype=None, chunks=None, shape=None, device=None,
@@ -148,31 +149,41 @@ def _checked_device(pipeline, device):
 
 
 def _output_box(pipeline, inputs: dict, shape, scalars) -> tuple:
-    """The outputs' box, x first: ``shape`` at mins 0, else the first of the call's guesses
-    (like the first input, else the estimates) whose needs the inputs cover; an output the
-    pipeline pins elsewhere gets the box it asks for. None fits: None (the whole call's check
-    then refuses, as a call sizing its outputs would)."""
+    """The outputs' box, x first: ``shape`` at mins 0, else by the rule a call sizes an
+    omitted output by (shim/calls/output_sizes.py: the largest the inputs cover, else the
+    estimates, with a SizeWarning where that is not what the first input gives); an output
+    the pipeline pins elsewhere gets the box it asks for. None fits: None (the whole call's
+    check then refuses, as a call sizing its outputs would)."""
     outputs = pipeline.outputs
     if shape is not None:
         return _box_of(_extents(shape))
-    first = next(iter(inputs.items()), None)
-    guesses = [boxes[0] for _, boxes in size_guesses(
-        [outputs[0]], None if first is None else (first[0], _box_of(first[1].shape)))]
+    known = {name: _box_of(array.shape) for name, array in inputs.items()}
+    first = next(iter(known.items()), None)
+    guesses = dict(size_guesses([outputs[0]], first))
     if not guesses:
         raise ArgumentError("shape", f"cannot tell the size of {outputs[0].name}: the pipeline "
                                      "has no estimates for it and there is no input to size it "
                                      "like; pass shape= (numpy order)")
-    for guess in guesses:
+    name = outputs[0].name
+    like = next(({name: boxes[0]} for how, boxes in guesses.items() if how.startswith("like")),
+                None)
+    estimated = guesses.get("from the pipeline's estimates")
+
+    def ask(boxes: dict) -> dict | None:
         try:
-            needed = pipeline.required_regions({o.name: guess for o in outputs},
-                                               {n: _box_of(a.shape) for n, a in inputs.items()},
-                                               **scalars)
-        except BoundsError:
-            continue
-        box = needed[outputs[0].name]
-        if all(_covers(array.shape, needed[name]) for name, array in inputs.items()):
-            return box
-    return None
+            return pipeline.required_regions({o.name: boxes[name] for o in outputs}, known,
+                                             **scalars)
+        except HalideCodeError:  # (a BoundsError among them)
+            return None
+
+    choice = output_sizes.choose(ask, known, like, estimated and {name: estimated[0]},
+                                 first and first[0])
+    if choice is None:
+        return None
+    if choice.surprise is not None:
+        warn_caller(f"{pipeline.name}: {name} {tuple(n for _, n in reversed(choice.boxes[name]))}"
+                    f", {choice.surprise}; pass shape= to choose it", SizeWarning)
+    return choice.boxes[name]
 
 
 def _extents(shape) -> list[int]:

@@ -1,8 +1,13 @@
-"""Outputs the caller leaves out: sized like the first input (RunGen's default) when the bounds
-query accepts that, else from the pipeline's estimates, else a bounds error that says how the
-size was guessed and how to pass one."""
+"""Outputs the caller leaves out (issue 27): the largest the inputs cover, starting like the
+first input (RunGen's default), in the Python API, the CLI and shim.dask alike; else the
+pipeline's estimates; else a bounds error that says how the size was guessed and how to pass
+one. Never a size the user would not expect without a SizeWarning: the estimates do not
+override what the inputs say (a 3000x3000 image through a 3x3 blur is 2998x2998, not the
+estimated 480x640)."""
 
 import subprocess
+import sys
+import warnings
 
 import numpy as np
 import pytest
@@ -24,12 +29,32 @@ def test_an_elementwise_pipelines_output_is_its_inputs_shape_even_where_estimate
     assert (out.numpy() == 3).all()
 
 
-def test_estimates_size_a_stencil_whose_input_shape_does_not_fit(load):
-    # blur3x3 reads two more columns and rows than it writes: an output like its input would
-    # read outside it, while the estimates (480x640 from a 482x642 input) fit.
-    image = np.arange(482 * 642, dtype=np.uint16).reshape(482, 642)
-    out = load("blur3x3")(image)
-    assert out.shape == (480, 640)
+def _blurred(image):
+    """blur3x3 in numpy: two passes of integer means over 3, the output 2 smaller each way."""
+    wide = image.astype(np.uint32)
+    rows = ((wide[:, :-2] + wide[:, 1:-1] + wide[:, 2:]) // 3).astype(np.uint16).astype(np.uint32)
+    return ((rows[:-2] + rows[1:-1] + rows[2:]) // 3).astype(np.uint16)
+
+
+@pytest.mark.parametrize("shape", [(3000, 3000), (482, 642), (64, 64), (5, 3)])
+def test_a_stencils_output_is_as_large_as_its_input_covers(load, shape):
+    # blur3x3 reads two more columns and rows than it writes. Its estimates (480x640) fit a
+    # 3000x3000 input too, but say nothing about it: the inputs decide.
+    image = np.random.default_rng(1).integers(0, 65536, shape, dtype=np.uint16)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", shim.SizeWarning)
+        out = load("blur3x3")(image)
+    assert out.shape == (shape[0] - 2, shape[1] - 2)
+    np.testing.assert_array_equal(out.numpy(), _blurred(image))
+
+
+def test_inputs_of_different_shapes_give_what_all_cover_with_a_warning(load):
+    a, b = np.full((4, 5), 3, np.uint8), np.full((2, 3), 0.5, np.float32)
+    with pytest.warns(shim.SizeWarning, match=r"mix: output \(2, 3\), smaller than the first "
+                                              r"input, a, allows: b covers less") as caught:
+        out = load("mix")(a, b, alpha=0.5, offset=1)
+    assert caught[0].filename == __file__  # (the caller's line)
+    np.testing.assert_array_equal(out.numpy(), load("mix")(a[:2, :3], b, 0.5, 1).numpy())
 
 
 def test_without_estimates_the_first_input_gives_the_size(load):
@@ -57,21 +82,42 @@ def test_prepared_calls_size_omitted_outputs_once(load):
 
 def test_a_guess_that_fits_nothing_says_how_it_was_made_and_how_to_pass_a_size(load):
     with pytest.raises(shim.BoundsError) as e:
-        load("blur3x3")(np.zeros((100, 100), np.uint16))  # reads two more than it writes
+        load("blur3x3")(np.zeros((2, 2), np.uint16))  # reads two more than it writes
     message = str(e.value)
     assert e.value.argument == "input" and e.value.code == -4
-    assert "over [0, 102) but the input covers [0, 100)" in message
-    assert "output was not given and sized like the first input, input: (100, 100)" in message
+    assert "over [0, 4) but the input covers [0, 2)" in message
+    assert "output was not given and sized like the first input, input: (2, 2)" in message
     assert "sized from the pipeline's estimates, (480, 640): input: too small" in message
     assert "over [0, 642)" in message
     assert "Pass the size: output=(height, width) in numpy order (x last)" in message
     assert "dimension 0 (x, numpy axis 1)" in message
 
 
-def test_a_guess_without_estimates_says_it_came_from_the_first_input(load):
-    with pytest.raises(shim.BoundsError, match=r"b: too small.*output was not given and sized "
-                                               r"like the first input, a: \(4, 5\)\. Pass the size"):
-        load("mix")(np.ones((4, 5), np.uint8), np.ones((2, 2), np.float32))
+def test_a_guess_without_estimates_says_it_came_from_the_first_input(compiled):
+    # 'far' reads src 100 to the right of what it writes: a 50-wide input covers nothing.
+    with pytest.raises(shim.BoundsError, match=r"src: too small.*far was not given and sized "
+                                               r"like the first input, src: \(50,\)\. Pass"):
+        compiled("far")(np.ones((3, 50), np.uint8))
+
+
+def test_a_pipeline_without_buffer_inputs_is_sized_by_its_estimates_without_a_warning(compiled):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", shim.SizeWarning)
+        np.testing.assert_array_equal(compiled("shifted")().numpy(), np.arange(3, 13))
+
+
+def test_sizes_are_chosen_once_per_shape(load):
+    # Remembered per shapes and scalars: the bounds queries run for a new shape only.
+    blur = load("blur3x3")
+    image = np.zeros((40, 30), np.uint16)
+    with shim.profile() as first:
+        blur(image)
+    with shim.profile() as again:
+        blur(image)
+    queries = [r for r in first.records if r.name.endswith("(bounds query)")]
+    assert len(queries) > 2
+    assert not [r for r in again.records if r.name.endswith("(bounds query)") and
+                r.name.startswith("blur3x3")][1:]
 
 
 def test_a_given_output_is_never_resized(load):
@@ -86,7 +132,9 @@ def test_a_given_output_is_never_resized(load):
 @pytest.fixture(scope="module")
 def compiled(tmp_path_factory):
     """compiled(name) -> shim.Pipeline: 'shifted' (no inputs; its output estimated at x=3+10),
-    'pinned' (output x from 2, no extent estimate; reads its 2-D input's row 0 from x - 2)."""
+    'pinned' (output x from 2, no extent estimate; reads its 2-D input's row 0 from x - 2),
+    'far' (no estimates; reads its 2-D input's row 0 at x + 100), 'half' (a 2x downsample
+    of its 2-D input's row 0, no estimates)."""
     hl = pytest.importorskip("halide", reason="compiling test pipelines needs halide")
     work = tmp_path_factory.mktemp("sizing")
     x = hl.Var("x")
@@ -97,8 +145,13 @@ def compiled(tmp_path_factory):
     pinned = hl.Func("pinned")
     pinned[x] = hl.cast(hl.Int(32), x) + hl.cast(hl.Int(32), src[x - 2, 0])
     pinned.output_buffer().dim(0).set_min(2)
+    far = hl.Func("far")
+    far[x] = hl.cast(hl.Int(32), src[x + 100, 0])
+    half = hl.Func("half")
+    half[x] = hl.cast(hl.Int(32), src[2 * x, 0]) + src[2 * x + 1, 0]
     libraries = {}
-    for name, func, args in (("shifted", shifted, []), ("pinned", pinned, [src])):
+    for name, func, args in (("shifted", shifted, []), ("pinned", pinned, [src]),
+                             ("far", far, [src]), ("half", half, [src])):
         obj = work / f"{name}.o"
         func.compile_to({hl.OutputFileType.object: str(obj)}, args, name, hl.Target("host"))
         subprocess.run(["cc", "-shared", "-o", str(work / f"{name}.so"), str(obj), "-lpthread",
@@ -117,3 +170,24 @@ def test_an_output_the_pipeline_pins_gets_the_region_the_bounds_query_asks_for(c
     # guessed output takes the region the bounds query answers, [2, 7).
     out = compiled("pinned")(np.full((3, 5), 7, np.uint8))
     np.testing.assert_array_equal(out.numpy(), np.arange(2, 7) + 7)
+
+
+def test_a_downsample_is_as_large_as_its_input_covers(compiled):
+    row = np.arange(11, dtype=np.uint8)
+    out = compiled("half")(row[None, :])
+    np.testing.assert_array_equal(out.numpy(), row[0:10:2].astype(np.int32) + row[1:10:2])
+
+
+def test_the_cli_and_dask_size_as_the_python_api_does(host_pipelines, tmp_path):
+    """A 3000x3000 image through blur3x3: 2998x2998 from `python -m shim run` and shim.dask
+    too, not the estimates' 480x640."""
+    done = subprocess.run([sys.executable, "-m", "shim", "run",
+                           str(host_pipelines["blur3x3", "no_runtime"]),
+                           "input=zero:[3000,3000]"], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    assert "output: uint16 2998x2998" in done.stdout
+    da = pytest.importorskip("dask.array", reason="shim.dask needs the dask extra")
+    import shim.dask
+    image = da.zeros((3000, 3000), dtype=np.uint16, chunks=1500)
+    out = shim.dask.map_pipeline(shim.load(host_pipelines["blur3x3", "no_runtime"]), image)
+    assert out.shape == (2998, 2998)

@@ -212,9 +212,10 @@ def test_a_16_bit_rgb_png_in_and_out(apps, rgb16, tmp_path):
     succeeded(rungen(apps["local_laplacian"], line, **{"../images/rgb_small16.png": path,
                                                        "/tmp/out.png": tmp_path / "out.png"}))
     written = read_png16(tmp_path / "out.png")
-    # Sized like the input (the estimates need 65 x 48 of it at most, and it is larger).
-    assert written.shape == (3, 48, 64)
-    assert_close_u16(written, local_laplacian(image, 8, 1, 1, 64)[:, :48])
+    # As large as the input covers (issue 27): the stand-in reads one column right of what it
+    # writes, so 119 of the image's 120 columns; not the estimates' 64 x 48, which fit too.
+    assert written.shape == (3, 210, 119)
+    assert_close_u16(written, local_laplacian(image, 8, 1, 1, 119))
 
 
 def test_scalars_from_default_and_estimate(apps, rgb16, tmp_path):
@@ -353,14 +354,16 @@ def test_hellowasm_line_picks_a_pipeline_by_name(apps):
 
 # --- apps/harris: an output from (3, 3) -----------------------------------------------------------
 
-def test_harris_output_starts_at_its_estimated_mins(apps, tmp_path):
+def test_harris_output_is_as_large_as_its_input_covers(apps, tmp_path):
+    # The stand-in reads 2 pixels around each output pixel: its output starts at (2, 2) and
+    # is 4 smaller each way, larger than its estimates' (3, 3) + 58x42, which fit too.
     rgba = np.random.default_rng(4).integers(0, 256, size=(48, 64, 4), dtype=np.uint8)
     iio.imwrite(tmp_path / "rgba.png", rgba)
     done = succeeded(rungen(apps["harris"], f"input={tmp_path / 'rgba.png'} "
                                             f"output={tmp_path / 'out.npy'}"))
-    assert "output: float32 58x42 from (3, 3) -> " in done.stdout
+    assert "output: float32 60x44 from (2, 2) -> " in done.stdout
     image = np.moveaxis(rgba, 2, 0).astype(np.float32) / 255
-    assert_harris_close(np.load(tmp_path / "out.npy"), harris(image, 3, 3, 58, 42))
+    assert_harris_close(np.load(tmp_path / "out.npy"), harris(image, 2, 2, 60, 44))
 
 
 @pytest.mark.parametrize("flags", [
@@ -382,8 +385,8 @@ def test_an_input_other_than_the_estimates_sizes_the_output_less_the_border(apps
     done = succeeded(rungen(apps["harris"], f"input={tmp_path / 'in.npy'} "
                                             f"output={tmp_path / 'out.npy'} --verbose"))
     # harris reads 2 pixels around each output pixel.
-    assert ("sized like the first input, input, less the border the pipeline reads: "
-            "[2+36,2+26]") in done.stderr
+    assert ("sized as large as the inputs cover (the first, input, less what the pipeline "
+            "reads around it): [2+36,2+26]") in done.stderr
     assert_harris_close(np.load(tmp_path / "out.npy"), harris(image, 2, 2, 36, 26))
 
 

@@ -95,6 +95,12 @@ class LayoutWarning(UserWarning):
     calls the pipeline as the extension does)."""
 
 
+class SizeWarning(UserWarning):
+    """An output the caller left out was sized from the pipeline's estimates, not from its
+    inputs: no output like the first input fits what the inputs hold (shim/calls/output_sizes.py).
+    Passing the output's shape chooses it."""
+
+
 def warn_caller(message: str, category: type[Warning]) -> None:
     """Warn with the location of the first frame outside the shim package: the user's line,
     however deep in the shim (or in its native fast path's fallback) the warning was found."""

@@ -1,12 +1,12 @@
 """Binding a call's Python values to a pipeline's arguments: by position or by name; each
 buffer made into a Buffer by its kind's adapter (shim/calls/arguments.py), omitted outputs
-sized by the bounds query's verdict on the first input's shape, else on the pipeline's
-estimates; scalars converted and range-checked. The result is a Call, the native form a run
+sized through the bounds query (shim/calls/output_sizes.py); scalars converted and range-checked. The result is a Call, the native form a run
 needs, checked against the pipeline's bounds query before anything runs."""
 
 from __future__ import annotations
 
-from shim.base.errors import ArgumentError, BoundsError
+from shim.base.errors import ArgumentError, BoundsError, HalideCodeError, SizeWarning, warn_caller
+from shim.calls import output_sizes
 from shim.native import ffi, lib
 from shim.native.regions import dimension_label
 from shim.buffers.buffer import Buffer
@@ -30,6 +30,9 @@ class Signature:
         self._names = [a.name for a in self.arguments]
         self._scalars = {a.name: ScalarArgument(a) for a in self.arguments if not a.is_buffer}
         self._null_user_context = ffi.new("void **")  # what __user_context points to
+        # Omitted outputs' sizes chosen before: {(the given buffers' boxes, the scalars'
+        # values): (boxes, the SizeWarning's text or None)}.
+        self._sized = {}
 
     def bind(self, args, kwargs) -> dict:
         """{argument name: value} of a call's positional and named values."""
@@ -102,28 +105,69 @@ class Signature:
 
     def _size_omitted(self, call: Call, omitted: list, run_query) -> list:
         """The boxes ((min, extent) per Halide dimension) of the outputs the caller left out
-        (``omitted``: (index into argv, Argument) each). As RunGen does by default, the shim
-        tries the first input's shape first (its mins too; dimensions it lacks from the
-        estimates): what a numpy user expects of an elementwise pipeline. Then the
-        pipeline's estimates (its own word on its sizes: a stencil's output is smaller than
-        its input, and harris's starts at (3, 3)). It takes the first guess the bounds query
-        accepts, before anything is allocated. Where the query asks a guessed output for
-        another region (an output of fixed size), it gets that region, as in RunGen. When no
-        guess fits, the first one's bounds error says how the outputs were sized and how to
-        pass a size."""
-        guesses = _size_guesses(omitted, call)
-        if not guesses:
-            raise ArgumentError(omitted[0][1].name,
-                                "missing output: pass a shim.Buffer, a numpy array, or its shape "
-                                "(numpy order); the pipeline has no size estimates and no input "
-                                "buffer to size it like")
-        failures = []
-        for how, boxes in guesses:
+        (``omitted``: (index into argv, Argument) each), by shim/calls/output_sizes.py's rule:
+        the largest the inputs cover, starting like the first input (the dimensions it lacks
+        from the estimates), else the estimates where the inputs hold what they read (with a
+        SizeWarning where there were inputs). Decided before anything is allocated, and
+        remembered for the same inputs and scalars. When nothing fits, the bounds error of
+        the guess like the first input says how the outputs were sized and how to pass a
+        size."""
+        key = _sizing_key(call, omitted)
+        remembered = self._sized.get(key)
+        if remembered is not None:
+            boxes, warning = remembered
+        else:
+            boxes, warning = self._choose_sizes(call, omitted, run_query)
+            if len(self._sized) >= _SIZED_KEPT:
+                self._sized.clear()
+            self._sized[key] = boxes, warning
+        if warning is not None:
+            warn_caller(warning, SizeWarning)
+        return boxes
+
+    def _choose_sizes(self, call: Call, omitted: list, run_query) -> tuple[list, str | None]:
+        given = _given(call)
+        known = {arg.name: buf.box for arg, buf in given if not arg.is_output}
+        first = next(((arg.name, buf.box) for arg, buf in given if not arg.is_output), None)
+        outputs = [arg for _, arg in omitted]
+        guesses = size_guesses(outputs, first)
+        like = dict(zip((a.name for a in outputs), guesses[0][1])) if first and guesses and \
+            guesses[0][0].startswith("like") else None
+        estimated = [_estimated_box(arg) for arg in outputs]
+        estimated = None if None in estimated else dict(zip((a.name for a in outputs), estimated))
+
+        def ask(boxes: dict) -> dict | None:
             try:
-                return _fit(call, omitted, boxes, run_query, self.target)
-            except BoundsError as e:
-                failures.append((how, boxes, e))
-        raise _sizing_error(omitted, failures)
+                asked, wanted = _query_with(call, omitted, [boxes[a.name] for a in outputs],
+                                            run_query)
+            except HalideCodeError:
+                return None
+            needed = {arg.name: box for arg, box in zip(outputs, asked)}
+            needed.update((arg.name, box) for (arg, _), box in zip(given, wanted))
+            return needed
+
+        choice = output_sizes.choose(ask, known, like, estimated, first and first[0])
+        if choice is None:
+            if not guesses:
+                raise ArgumentError(outputs[0].name,
+                                    "missing output: pass a shim.Buffer, a numpy array, or its "
+                                    "shape (numpy order); the pipeline has no size estimates and "
+                                    "no input buffer to size it like")
+            failures = []
+            for how, boxes in guesses:
+                try:
+                    return _fit(call, omitted, boxes, run_query, self.target), None
+                except BoundsError as e:
+                    failures.append((how, boxes, e))
+            raise _sizing_error(omitted, failures)
+        boxes = _fit(call, omitted, [choice.boxes[a.name] for a in outputs], run_query,
+                     self.target)
+        warning = None
+        if choice.surprise is not None:
+            sized = ", ".join(f"{a.name} {_numpy_shape(box)}" for a, box in zip(outputs, boxes))
+            warning = (f"{self.name}: {sized}, {choice.surprise}; pass the output's shape to "
+                       f"choose it")
+        return boxes, warning
 
     def plan_entries(self) -> list[tuple]:
         """What the call plan knows of each argument (see native_stubs/fast/fastcall.c, plan_init)."""
@@ -140,6 +184,18 @@ class Signature:
         dtype = arg.type.dtype if arg.is_buffer else None  # (None too where numpy has none)
         return (arg.name, role, arg.type.code, arg.type.bits, arg.dimensions, *bounds, default,
                 dtype)
+
+
+# How many sizings a Signature remembers (a few shapes in a loop; not every shape ever seen).
+_SIZED_KEPT = 64
+
+
+def _sizing_key(call: Call, omitted: list) -> tuple:
+    """What an omitted output's size depends on: the given buffers' boxes, the scalars'
+    values (``call.keep_alive``: their C values), which outputs are omitted."""
+    boxes = tuple((arg.name, buf.box) for arg, buf in _given(call))
+    scalars = tuple(bytes(ffi.buffer(scalar)) for scalar in call.keep_alive)
+    return boxes, scalars, tuple(i for i, _ in omitted)
 
 
 def free_temporaries(call: Call) -> None:

@@ -1,20 +1,20 @@
-"""The sizes ``python -m shim run`` chooses where the command line gives none, as RunGen
-chooses them, through the pipeline's bounds query: outputs, and inputs whose extents are
-``auto`` (run_values.DERIVED_EXTENTS).
+"""The sizes ``python -m shim run`` chooses where the command line gives none, through the
+pipeline's bounds query: outputs, and inputs whose extents are ``auto``
+(run_values.DERIVED_EXTENTS).
 
 An output without extents of its own (``OUTPUT=FILE:EXTENTS``) or from ``--output_extents``
-takes the first of these guesses that the inputs cover, as the Python API sizes an omitted
-output (shim/calls/binding.py): like the first input (RunGen's default; the dimensions it lacks
-from the estimates, else RunGen's guesses: 1000 for x and y, 4 beyond); the estimates (their
-mins too: apps/harris's output starts at (3, 3)); then, the command line's own, like the first
-input less the border the pipeline reads around it (a 3x3 blur of a W x H image gives W-2 x
-H-2). Where the bounds query constrains an output (histogram's 256 bins), that is its size.
-None covered: the first guess stays, and the call's bounds check reports what it lacks
-(runner.py adds how the size was guessed).
+is sized by the rule the Python API sizes an omitted output by (shim/calls/output_sizes.py):
+the largest the inputs cover, starting like the first input (the dimensions it lacks from the
+estimates, else RunGen's guesses: 1000 for x and y, 4 beyond), else the estimates (their mins
+too: apps/harris's output starts at (3, 3)), with a warning where that is not what the first
+input alone gives. Where the bounds query constrains an output (histogram's 256 bins), that
+is its size. None covered: the first guess stays, and the call's bounds check reports what it
+lacks (runner.py adds how the size was guessed).
 """
 
 from __future__ import annotations
 
+from shim.calls import output_sizes
 from shim.calls.binding import box_query_buffer, query_answer
 from shim.base.errors import ArgumentError, HalideCodeError
 from shim.calls.library import Library
@@ -60,13 +60,13 @@ def keep_pointer(keep: list, pointer):
 class Sizer:
     """Sizes a pipeline's outputs and its ``auto`` inputs (see the module's docstring)."""
 
-    def __init__(self, pipeline, scalars: dict, log):
+    def __init__(self, pipeline, scalars: dict, log, warn):
         self._query = BoundsQuery(pipeline)
         self._inputs = pipeline.inputs
         self._buffers = [a for a in pipeline.arguments if a.is_buffer]
         self._outputs = pipeline.outputs
         self._scalars = scalars
-        self._log = log
+        self._log, self._warn = log, warn
 
     def outputs(self, given: dict, inputs: dict) -> tuple[dict, dict]:
         """({output: Box}, {output: how its size was chosen}) for every output: ``given``
@@ -79,34 +79,28 @@ class Sizer:
         known = {name: box for name, box in inputs.items() if box is not None}
         first = next((a.name for a in self._inputs if a.is_buffer and a.name in known), None)
         estimated = {a.name: estimated_box(a) for a in missing}
-        guesses = []
-        if first is not None:
-            like = {a.name: _like(known[first], a.dimensions, estimated[a.name])
-                    for a in missing}
-            guesses.append((f"like the first input, {first}", like))
-        if all(box is not None for box in estimated.values()):  # (a 0-D output's is ())
-            guesses.append(("from its estimates", estimated))
-        if first is not None:
-            guesses.append((f"like the first input, {first}, less the border the pipeline "
-                            f"reads", None))
-        if not guesses:
+        like = None if first is None else {
+            a.name: _like(known[first], a.dimensions, estimated[a.name]) for a in missing}
+        if None in estimated.values():  # (a 0-D output's is ())
+            estimated = None
+        if like is None and estimated is None:
             raise ArgumentError(missing[0].name, "cannot tell its size: the pipeline has no "
                                                  "estimates for it and there is no input to "
                                                  "size it like; give --output_extents=[W,H,...] "
                                                  f"or {missing[0].name}=FILE:[W,H,...]")
-        for label, guess in guesses:
-            if guess is None:
-                guess = self._without_border(boxes | like, known)
-                if guess is None:
-                    continue
-            trial = boxes | guess
-            needed = self._ask(trial, inputs)
-            if needed is not None and _covered(needed, known):
-                for a in missing:
-                    boxes[a.name], how[a.name] = needed[a.name], label
-                    self._log(f"output {a.name} is sized {label}: {describe_box(needed[a.name])}")
-                return boxes, how
-        label, guess = guesses[0]
+        choice = output_sizes.choose(lambda trial: self._ask(boxes | trial, inputs), known,
+                                     like, estimated, first)
+        if choice is not None:
+            for a in missing:
+                boxes[a.name], how[a.name] = choice.boxes[a.name], choice.how
+                self._log(f"output {a.name} is sized {choice.how}: "
+                          f"{describe_box(choice.boxes[a.name])}")
+            if choice.surprise is not None:
+                self._warn(f"the outputs' size is {choice.surprise}; give --output_extents "
+                           f"to choose it")
+            return boxes, how
+        label, guess = (f"like the first input, {first}", like) if like else \
+            ("from its estimates", estimated)
         for a in missing:
             boxes[a.name], how[a.name] = guess[a.name], label
             self._log(f"output {a.name} is sized {label}: {describe_box(guess[a.name])}, which "
@@ -141,42 +135,9 @@ class Sizer:
             return None
         return needed
 
-    def _without_border(self, outputs: dict, known: dict) -> dict | None:
-        """``outputs`` shrunk, dimension by dimension, by as much as the bounds query says
-        the pipeline reads beyond the inputs' edges (None: nothing to shrink, or nothing
-        left)."""
-        needed = self._ask(outputs, known)
-        if needed is None:
-            return None
-        shrunk, changed = {}, False
-        for a in self._outputs:
-            box = list(outputs[a.name])
-            for d, (lo, extent) in enumerate(box):
-                low = max((have[d][0] - needed[name][d][0] for name, have in known.items()
-                           if d < len(have)), default=0)
-                high = max((needed[name][d][0] + needed[name][d][1] - have[d][0] - have[d][1]
-                            for name, have in known.items() if d < len(have)), default=0)
-                low, high = max(low, 0), max(high, 0)
-                if low or high:
-                    changed = True
-                    box[d] = (lo + low, extent - low - high)
-                    if box[d][1] < 1:
-                        return None
-            shrunk[a.name] = tuple(box)
-        return shrunk if changed else None
-
 
 def _like(box: Box, dimensions: int, estimated: Box | None) -> Box:
     """An output Box like an input's: its first dimensions, then the estimates', else
     RunGen's guesses (extent 1000 for x and y, 4 beyond)."""
     return tuple(box[d] if d < len(box) else estimated[d] if estimated else
                  (0, 1000 if d < 2 else 4) for d in range(dimensions))
-
-
-def _covered(needed: dict, known: dict) -> bool:
-    """Whether each input of a known Box holds all the bounds query says is read of it."""
-    for name, have in known.items():
-        for (want_lo, want_n), (have_lo, have_n) in zip(needed[name], have):
-            if want_n > 0 and (want_lo < have_lo or want_lo + want_n > have_lo + have_n):
-                return False
-    return True

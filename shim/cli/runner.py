@@ -204,7 +204,7 @@ def output_sizes(pipeline, scalars, arrays, specs, outputs, output_extents, cons
     for name, box in [*inputs.items(), *given.items()]:
         if box is not None:
             check_extents(_argument(pipeline, name), run_values.numpy_shape(box), pipeline.target)
-    sizer = Sizer(pipeline, scalars, console.log)
+    sizer = Sizer(pipeline, scalars, console.log, console.warn)
     boxes, how = sizer.outputs(given, inputs)
     if auto:
         inputs.update(sizer.derived_inputs(boxes, inputs, auto))
