@@ -6,8 +6,9 @@
  * see shim/native/__init__.py): a pipeline's call plan (native_stubs/fast/fastcall.c), a prepared call's
  * run (native_stubs/fast/prepared_call.c) and the base of an allocation family
  * (native_stubs/fast/family_state.c) and a Buffer's plans in it (native_stubs/fast/shared_records.c),
- * and the bases of objects whose finalizer, or whose with statement's entering and leaving, a
- * signal handler's exception must not cut short (native_stubs/calls/signals_held.c). */
+ * the bases of objects whose finalizer, or whose with statement's entering and leaving, a
+ * signal handler's exception must not cut short (native_stubs/calls/signals_held.c), and
+ * Finalized's subtype that exports a buffer (shim.Buffer's base: native_stubs/calls/host_export.c). */
 void *shim_fastcall_plan_type(void);
 void *shim_prepared_run_type(void);
 void *shim_family_state_type(void);
@@ -15,6 +16,7 @@ void *shim_lock_state_type(void);
 void *shim_member_plans_type(void);
 void *shim_finalized_type(void);
 void *shim_held_context_type(void);
+void *shim_host_exporter_type(void);
 
 /* Where a shim.Buffer's family lives (shim/memory/families.py: its registry of Buffers' structs,
  * Family and FamilyLock), for the served allocations of Buffers' structs

@@ -40,7 +40,7 @@ from shim.interop.pyopencl_interop import from_pyopencl, to_pyopencl
 from shim.calls.running import PreparedCall
 from shim.native.streams import stream
 from shim.native.threads import num_threads, set_num_threads
-from shim.base.types import HalideType
+from shim.base.types import HalideType, Type, TypeCode
 
 interrupts.install()  # no signal handler runs inside the device layer's bookkeeping
 # Last of the at-fork hooks (after those every module above registered): until it has run, a
@@ -66,6 +66,8 @@ __all__ = [
     "PipelineError",
     "ShimError",
     "SizeWarning",
+    "Type",
+    "TypeCode",
     "UnsafeCacheWarning",
     "can_reuse_device_allocations",
     "default_device",

@@ -9,6 +9,7 @@ GPUs, against numpy.
 """
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -76,7 +77,9 @@ def test_mins_in_every_constructor_and_in_place():
     array = np.arange(20, dtype=np.int32).reshape(4, 5)
     placed = shim.Buffer(array, mins=[3, -3])
     assert dims(placed) == [(3, 5, 1), (-3, 4, 5)] and placed[3, -3] == 0 and placed[7, 0] == 19
-    assert np.asarray(placed) is array  # numpy has no mins: the same array
+    # numpy has no mins: the same memory (through the buffer protocol, which numpy asks
+    # first), and numpy() is the array itself.
+    assert placed.numpy() is array and np.shares_memory(np.asarray(placed), array)
     assert dims(shim.Buffer(np.int32, [5, 4], mins=[-2])) == [(-2, 5, 1), (0, 4, 5)]
     assert dims(shim.Buffer(shape=(4, 5), dtype=np.float32, mins=(1, 2))) == [(1, 5, 1),
                                                                              (2, 4, 5)]
@@ -104,7 +107,8 @@ def test_elements_are_read_and_written_at_halide_coordinates():
     assert isinstance(buf[2, 7], int) and isinstance(shim.Buffer(np.ones(1, bool))[0], bool)
     with pytest.raises(IndexError):
         buf[3, 5]
-    with pytest.raises(shim.ArgumentError, match=r"3 is outside dimension 0 \(x, numpy axis 1\)"
+    with pytest.raises(shim.ArgumentError, match=r"index 3 is out of bounds for axis 0 with "
+                                                 r"min=-1, extent=4 \(dimension 0 \(x, numpy axis 1\)"
                        ) as e:
         buf[3, 5] = 1
     assert isinstance(e.value, shim.CoordinateError) and e.value.argument == "pos"
@@ -120,7 +124,7 @@ def test_elements_are_read_and_written_at_halide_coordinates():
     floats = shim.Buffer(np.float16, [2])
     floats.fill(3)
     floats[1] = np.float64(0.5)
-    assert floats[0] == 3.0 and floats[1] == 0.5 and floats.type().bits == 16
+    assert floats[0] == 3.0 and floats[1] == 0.5 and floats.type().bits() == 16
 
 
 def test_zero_dimensional_buffers():
@@ -216,7 +220,6 @@ def test_in_place_forms_change_the_buffer_itself():
 
 
 ARGUMENT_ERRORS = [
-    (lambda b: shim.Buffer(), "buffer"),
     (lambda b: shim.Buffer(np.int32), "sizes"),
     (lambda b: shim.Buffer(np.int32, [2, -1]), "sizes"),
     (lambda b: shim.Buffer(np.int32, [2, 2.0]), "sizes"),
@@ -400,3 +403,126 @@ def test_gpu_pipelines_write_through_views_of_one_family(gpu, gpu_libraries, run
     sums = plane_sum(buf.transposed(0, 0).translated([1, 1, 1]).cropped(2, 1, 2),
                      output=shim.Buffer(np.int32, [9, 12], mins=[1, 1]))
     np.testing.assert_array_equal(sums.numpy(), expected[:2].sum(axis=0))
+
+
+# --- halide.Type and the rest of halide.Buffer's API (issue 27) -----------------------------
+
+TYPE_QUERIES = ("bits", "bytes", "lanes", "is_bool", "is_int", "is_uint", "is_float",
+                "is_bfloat", "is_handle", "is_vector", "is_scalar")
+
+
+def _halide_types(hl):
+    return [hl.Bool(), hl.Int(8), hl.Int(16), hl.Int(32), hl.Int(64), hl.UInt(8), hl.UInt(16),
+            hl.UInt(32), hl.UInt(64), hl.Float(16), hl.Float(32), hl.Float(64),
+            hl.Int(32).with_lanes(4), hl.Float(32).with_lanes(8)]
+
+
+def test_shim_type_answers_halide_types_queries_as_halide_does():
+    hl = pytest.importorskip("halide", reason="the reference is halide.Type")
+    for theirs in _halide_types(hl):
+        mine = shim.Type(int(theirs.code()), theirs.bits(), theirs.lanes())
+        for query in TYPE_QUERIES:
+            assert getattr(mine, query)() == getattr(theirs, query)(), (theirs, query)
+        assert mine.code() == theirs.code() and str(mine.code()) == str(theirs.code())
+        assert str(mine) == str(theirs)
+        assert mine == theirs and mine == shim.HalideType(int(theirs.code()), theirs.bits(),
+                                                          theirs.lanes())
+        assert mine.element_of() == theirs.element_of()
+        assert mine.with_bits(16) == theirs.with_bits(16)
+        assert mine.with_lanes(2) == theirs.with_lanes(2)
+        assert mine.with_code(shim.TypeCode.Int) == theirs.with_code(hl.TypeCode.Int)
+        for other in _halide_types(hl):
+            mine_other = shim.Type(int(other.code()), other.bits(), other.lanes())
+            assert mine.can_represent(mine_other) == theirs.can_represent(other), (theirs, other)
+        if theirs.is_scalar() and not theirs.is_float():
+            # halide's max() and min() are Exprs of the type; the shim's are Python numbers.
+            assert mine.max() == _expr_value(theirs.max())
+            assert mine.min() == _expr_value(theirs.min())
+
+
+def _expr_value(expr) -> int:
+    """The value of a constant halide.Expr, from its text: "<halide.Expr of type T: (T)V>"
+    (int32's without the cast)."""
+    return int(re.search(r"(-?\d+)>$", str(expr)).group(1))
+
+
+def test_shim_type_limits_and_numbers_against_numpy():
+    for dtype in (np.int8, np.uint16, np.int32, np.uint64):
+        t = shim.Type.of(shim.HalideType.from_dtype(np.dtype(dtype)))
+        info = np.iinfo(dtype)
+        assert (t.max(), t.min()) == (info.max, info.min)
+        assert t.can_represent(int(info.max)) and not t.can_represent(int(info.max) + 1)
+        assert t.is_max(info.max) and t.is_min(info.min)
+    f32 = shim.Type(shim.TypeCode.Float, 32)
+    assert f32.max() == np.inf and f32.can_represent(0.5) and not f32.can_represent(0.1)
+    with pytest.raises(AttributeError):
+        f32._t = None
+    with pytest.raises(TypeError, match="a Type or a number"):
+        f32.can_represent("1")
+
+
+def test_buffer_type_is_halides_where_halide_is_imported_else_shims():
+    # In a child: whether halide is imported decides, and both compare equal to halide's.
+    code = ("import numpy as np, shim, sys\n"
+            "b = shim.Buffer(np.zeros((2, 3), np.uint16))\n"
+            "t = b.type(); print(type(t).__module__, t.bits(), t.is_uint(), str(t))\n"
+            "import halide as hl\n"
+            "h = b.type(); print(type(h).__module__, h == hl.UInt(16), hl.UInt(16) == h, "
+            "t == hl.UInt(16), hl.UInt(16).code() == t.code())\n")
+    pytest.importorskip("halide", reason="the comparison is with halide.Type")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=TIMEOUT)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split("\n")[:2] == ["shim.base.types 16 True uint16",
+                                           "halide.halide_ True True True True"]
+
+
+def test_a_buffer_exports_its_host_memory_through_the_buffer_protocol():
+    data = np.arange(12, dtype=np.int32).reshape(3, 4)
+    buf = shim.Buffer(data)
+    view = memoryview(buf)
+    assert view.shape == (3, 4) and view.format == "i" and not view.readonly
+    assert bytes(buf) == data.tobytes()
+    view[1, 2] = 99  # the Buffer's own memory
+    assert buf[2, 1] == 99
+    del buf
+    assert view.tolist()[1][2] == 99  # (the view keeps the memory)
+    read_only = data.copy()
+    read_only.flags.writeable = False
+    assert memoryview(shim.Buffer(read_only)).readonly
+    hl = pytest.importorskip("halide", reason="halide.Buffer(shim.Buffer)")
+    theirs = hl.Buffer(shim.Buffer(data))
+    assert (theirs.width(), theirs.height(), theirs[3, 2]) == (4, 3, data[2, 3])
+
+
+def test_an_undefined_buffer_is_halides_and_refuses_everything_else():
+    buf = shim.Buffer()
+    assert isinstance(buf, shim.Buffer) and not buf.defined()
+    assert str(buf) == "<undefined halide.Buffer>"
+    for use in (buf.dimensions, buf.type, lambda: buf.shape, lambda: memoryview(buf),
+                lambda: buf[0], buf.numpy, buf.copy_to_device, lambda: np.asarray(buf)):
+        with pytest.raises(shim.ArgumentError, match="the Buffer is undefined"):
+            use()
+    with pytest.raises(shim.ArgumentError, match="undefined"):
+        shim.load(_host_library("brighten"))(buf, scale=1.0, offset=0.0)
+    assert shim.Buffer(np.zeros(3, np.uint8)).defined()
+
+
+def _host_library(name):
+    [path] = build_all([Build(name, "host", "no_runtime")], progress=None).values()
+    return path
+
+
+def test_halide_texts_for_printing_out_of_bounds_and_overflow():
+    buf = shim.Buffer(shim.Type(shim.TypeCode.Int, 32), [128, 256])
+    assert str(buf) == "<halide.Buffer of type int32 shape:[[0,128,1],[0,256,128]]>"
+    small = shim.Buffer(shim.Type(shim.TypeCode.Int, 16), [4, 6])
+    with pytest.raises(IndexError, match="index -1 is out of bounds for axis 0 with min=0, "
+                                         "extent=4"):
+        small[-1, 2]
+    with pytest.raises(IndexError, match="index 6 is out of bounds for axis 1 with min=0, "
+                                         "extent=6"):
+        small[1, 6] = 42
+    huge = np.ndarray(dtype=np.uint8, shape=(2**31,))  # (never touched: no memory used)
+    with pytest.raises(ValueError, match="Out of range dimensions in buffer conversion"):
+        shim.Buffer(huge)

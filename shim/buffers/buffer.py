@@ -8,13 +8,15 @@ Its Python API is halide.Buffer's, so that a program written for halide.Buffer r
 
 from __future__ import annotations
 
+import inspect
 import itertools
+import sys
 import math
 
 import numpy as np
 
 from shim.base.errors import ArgumentError, CoordinateError
-from shim.base.types import HalideType
+from shim.base.types import HalideType, Type
 from shim.native import ffi
 from shim.native.regions import dimension_label
 from shim.exchange import cuda_array_interface, dlpack_export
@@ -118,6 +120,9 @@ class Buffer(ManagedBuffer):
         order, host-dirty (its zeros are its data). ``mins=``, in any form: the coordinates of
         the first element, x first; dimensions it leaves out start at 0 (as ``set_min``).
         """
+        if not args and not kwargs:
+            self.__class__ = UndefinedBuffer  # (no slot set: nothing to release)
+            return
         given = constructor_arguments(args, kwargs)
         name = buffer_name(given.get("name", ""))
         dirty = True
@@ -186,8 +191,20 @@ class Buffer(ManagedBuffer):
 
     # --- shape ---------------------------------------------------------------------------
 
-    def type(self) -> HalideType:
-        """The element type; it compares equal to halide's (``buf.type() == hl.UInt(8)``)."""
+    def type(self):
+        """The element type, as halide.Buffer.type() gives it: halide's own Type where halide
+        is imported (so that ``buf.type() == hl.UInt(8)`` holds both ways), else a shim.Type,
+        which answers the same queries with the same spelling (``bits()``, ``is_float()``,
+        ``with_lanes()``, ...). ``element_type`` is the shim's HalideType."""
+        halide = sys.modules.get("halide")
+        if halide is not None and hasattr(halide, "Type"):
+            t = self._type
+            return halide.Type(halide.TypeCode(t.code), t.bits, t.lanes)
+        return Type.of(self._type)
+
+    @property
+    def element_type(self) -> HalideType:
+        """The element type as the shim's HalideType (code, bits and lanes as attributes)."""
         return self._type
 
     @property
@@ -274,8 +291,8 @@ class Buffer(ManagedBuffer):
         self._name = buffer_name(name)
 
     def defined(self) -> bool:
-        """True: there is no undefined shim.Buffer (halide.Buffer() makes one; Buffer() here
-        is an error)."""
+        """Whether the Buffer has a type, dimensions and memory: False only for ``Buffer()``
+        (halide.Buffer's undefined Buffer)."""
         return True
 
     def same_as(self, other) -> bool:
@@ -510,6 +527,10 @@ class Buffer(ManagedBuffer):
         self.mark_read()
         return self._array
 
+    # Python's buffer protocol (memoryview(buf), halide.Buffer(buf)): HostExporter's, in C
+    # (native_stubs/calls/host_export.c), exports this.
+    _host_export = numpy
+
     def __array__(self, dtype=None, copy=None):
         array = self.numpy()
         if copy:
@@ -565,10 +586,10 @@ class Buffer(ManagedBuffer):
         and mark it host-dirty. ``other`` has the same element type and dimensions."""
         if not isinstance(other, Buffer):
             raise ArgumentError("other", f"expected a shim.Buffer, got {type(other).__name__}")
-        if other.type() != self._type or other.dimensions() != self.dimensions():
+        if other.element_type != self._type or other.dimensions() != self.dimensions():
             raise ArgumentError("other", f"expected a {self.dimensions()}-D buffer of "
                                          f"{self._type}, got a {other.dimensions()}-D one of "
-                                         f"{other.type()}")
+                                         f"{other.element_type}")
         common = [(max(a, b), min(a + m, b + n))
                   for (a, m), (b, n) in zip(self._box, other._box)]
         if any(lo >= hi for lo, hi in common):
@@ -586,9 +607,11 @@ class Buffer(ManagedBuffer):
                                        f"a {self.dimensions()}-D buffer, got {len(coords)}")
         for d, (c, (lo, n)) in enumerate(zip(coords, self._box)):
             if not lo <= c < lo + n:
-                raise CoordinateError("pos", f"{c} is outside "
-                                             f"{dimension_label(d, self.dimensions())}: "
-                                             f"[{lo}, {lo + n})")
+                # (halide.Buffer's words first: its axis is the Halide dimension.)
+                raise CoordinateError("pos", f"index {c} is out of bounds for axis {d} with "
+                                             f"min={lo}, extent={n} "
+                                             f"({dimension_label(d, self.dimensions())}: "
+                                             f"[{lo}, {lo + n}))")
         return tuple(c - lo for c, (lo, _) in zip(reversed(coords), reversed(self._box)))
 
     def _host_for_writing(self, argument: str) -> np.ndarray:
@@ -657,6 +680,13 @@ class Buffer(ManagedBuffer):
     def __repr__(self) -> str:
         return f"<shim.Buffer {self._type} shape={self.shape}>"
 
+    def __str__(self) -> str:
+        # halide.Buffer's text, (min, extent, stride) per dimension, x first: programs and
+        # tests written for halide.Buffer print and compare it.
+        dims = ",".join(f"[{lo},{n},{stride}]" for lo, n, stride in
+                        (self.dim(d) for d in range(self.dimensions())))
+        return f"<halide.Buffer of type {self._type} shape:[{dims}]>"
+
 
 def _range(pair) -> tuple[int, int]:
     """One (min, extent) pair of ``Buffer.cropped``'s list form."""
@@ -677,3 +707,44 @@ def _index_of(ranges, box) -> tuple:
 
 # Where the made-up names of unnamed Buffers (Buffer.name) come from.
 _UNNAMED = itertools.count()
+
+
+class UndefinedBuffer(Buffer):
+    """What ``Buffer()`` makes, as ``halide.Buffer()`` does: a Buffer with no type, dimensions
+    or memory. ``defined()`` is False; everything else a Buffer offers is refused with an
+    ArgumentError (halide's raises, or crashes the process)."""
+
+    __slots__ = ()
+
+    def defined(self) -> bool:
+        return False
+
+    def __str__(self) -> str:
+        return "<undefined halide.Buffer>"
+
+    def __repr__(self) -> str:
+        return "<undefined shim.Buffer>"
+
+
+def _refused(name: str):
+    def refuse(self, *args, **kwargs):
+        raise ArgumentError("buffer", f"{name}: the Buffer is undefined (Buffer() with no "
+                                      f"arguments): it has no type, dimensions or memory")
+    return refuse
+
+
+# Every method and property of a Buffer, on an undefined one, refuses (the classmethods that
+# make new Buffers are the class's, not the Buffer's, and stay).
+for _name in sorted({n for cls in Buffer.__mro__[:-1] for n in vars(cls)}):
+    _value = inspect.getattr_static(Buffer, _name)
+    if _name in vars(UndefinedBuffer) or isinstance(_value, (classmethod, staticmethod)) or \
+            (_name.startswith("__") and _name not in ("__getitem__", "__setitem__", "__array__",
+                                                       "__dlpack__", "__dlpack_device__",
+                                                       "__reduce__", "__cuda_array_interface__")):
+        continue
+    if isinstance(_value, property):
+        setattr(UndefinedBuffer, _name, property(_refused(_name)))
+    elif callable(_value) and not _name.startswith("_") or _name.startswith("__"):
+        setattr(UndefinedBuffer, _name, _refused(_name))
+UndefinedBuffer._host_export = _refused("its buffer protocol")
+del _name, _value

@@ -13,19 +13,13 @@ import os
 import numpy as np
 
 from shim.base.errors import ArgumentError
-from shim.base.types import INT32_MAX, HalideType
+from shim.base.types import INT32_MAX, HalideType, Type, is_halide
 from shim.native.regions import dimension_label
 
 
 # Host memory the shim will allocate or copy at most at once: more than the machine has can
 # never be computed with (numpy fails, or the kernel kills the process once the pages fill).
 PHYSICAL_MEMORY = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-
-
-def is_halide(value, class_name: str) -> bool:
-    """Whether ``value`` is an instance of halide's class ``class_name``."""
-    cls = type(value)
-    return cls.__name__ == class_name and cls.__module__.split(".")[0] == "halide"
 
 
 def shape_tuple(shape, argument: str) -> tuple[int, ...]:
@@ -85,8 +79,9 @@ def dimensions_of(array: np.ndarray, mins, argument: str,
                                           f"a multiple of the element size ({itemsize})")
         stride = stride_bytes // itemsize
         if extent > INT32_MAX or abs(stride) > INT32_MAX:
-            raise ArgumentError(argument, f"axis {axis} is too large for Halide's 32-bit "
-                                          f"extents and strides")
+            raise ArgumentError(argument, f"Out of range dimensions in buffer conversion (as "
+                                          f"halide.Buffer says it): axis {axis} is too large "
+                                          f"for Halide's 32-bit extents and strides")
         if not (-INT32_MAX - 1 <= mins[i] and mins[i] + max(extent, 1) - 1 <= INT32_MAX):
             raise ArgumentError(mins_argument, f"{dimension_label(i, n)}: min {mins[i]} with "
                                                f"extent {extent} is beyond Halide's 32-bit "
@@ -139,13 +134,13 @@ def buffer_name(name) -> str:
 def is_element_type(value) -> bool:
     """Whether ``value`` names an element type (Buffer(type, sizes)), not an array: a
     halide.Type, a numpy dtype or scalar type, a HalideType."""
-    return (isinstance(value, (HalideType, np.dtype)) or is_halide(value, "Type")
+    return (isinstance(value, (HalideType, Type, np.dtype)) or is_halide(value, "Type")
             or (isinstance(value, type) and issubclass(value, np.generic)))
 
 
 def element_type(value, argument: str) -> HalideType:
-    """An element type given as halide.Buffer takes it (a halide.Type), as numpy does, or as a
-    HalideType; one that has a numpy dtype."""
+    """An element type given as halide.Buffer takes it (a halide.Type, or the shim's Type), as
+    numpy does, or as a HalideType; one that has a numpy dtype."""
     if value is None:
         raise ArgumentError(argument, "expected an element type: a halide.Type such as "
                                       "hl.UInt(8), or a numpy dtype")
@@ -153,6 +148,8 @@ def element_type(value, argument: str) -> HalideType:
         htype = HalideType(int(value.code()), value.bits(), value.lanes())
     elif isinstance(value, HalideType):
         htype = value
+    elif isinstance(value, Type):
+        htype = value.halide_type
     else:
         try:
             htype = HalideType.from_dtype(value)

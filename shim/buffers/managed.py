@@ -13,8 +13,8 @@ import numpy as np
 
 from shim.base import sections
 from shim.base.errors import ArgumentError, DeviceError, DirtyBufferWarning
-from shim.base.types import HalideType
-from shim.native import Finalized, ffi, flags, interrupts, lib
+from shim.base.types import HalideType, is_halide
+from shim.native import HostExporter, ffi, flags, interrupts, lib
 from shim.native.flags import DEVICE_DIRTY, HOST_DIRTY
 from shim.backends import devices
 from shim.backends.base import Backend, interface_of
@@ -23,10 +23,10 @@ from shim.memory.aliasing import has_allocation
 from shim.memory.families import Family
 from shim.core import buffer_operations, shutdown
 from shim.core.bridge import runtime_call
-from shim.buffers.buffer_arguments import dimensions_of, is_halide
+from shim.buffers.buffer_arguments import dimensions_of
 
 
-class ManagedBuffer(Finalized):
+class ManagedBuffer(HostExporter):
     """A halide_buffer_t that Python owns, and its place in the device layer. Made only as a
     shim.Buffer (its subclass), whose constructors fill it through ``_init_from_array``."""
 

@@ -23,10 +23,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from shim.base.errors import ArgumentError, DeviceUnavailable, LayoutWarning, warn_caller
-from shim.base.types import INT32_MAX, HalideType
+from shim.base.types import INT32_MAX, HalideType, is_halide
 from shim.exchange.dlpack_capsules import HOST_DEVICES, ImportedTensor, claimed_device
 from shim.buffers.buffer import Buffer, as_host_array
-from shim.buffers.buffer_arguments import check_memory, is_halide, shape_tuple, zeroed
+from shim.buffers.buffer_arguments import check_memory, shape_tuple, zeroed
 from shim.interop import dlpack, pyopencl_interop
 from shim.calls.metadata import Argument, check_extents
 
@@ -89,7 +89,7 @@ def kind_of(arg: Argument, value):
 # --- the adapters: (arg, value, claimed, call, pipeline) -> Buffer --------------------------
 
 def _given_buffer(arg, buf: Buffer, _claimed, call: Call, pipeline: PipelineFacts) -> Buffer:
-    _check_buffer_type(arg, buf.type(), buf.dimensions(), buf.shape)
+    _check_buffer_type(arg, buf.element_type, buf.dimensions(), buf.shape)
     check_extents(arg, buf.shape, pipeline.target)
     if arg.is_output:
         _check_writable(arg, buf.writeable)
@@ -184,7 +184,7 @@ def _over_device_memory(arg, value, call: Call, pipeline: PipelineFacts, to_buff
     except (BufferError, DeviceUnavailable) as e:
         raise ArgumentError(arg.name, f"cannot use {type(value).__name__}'s device memory: "
                                       f"{e}") from None
-    _check_buffer_type(arg, buf.type(), buf.dimensions(), buf.shape)
+    _check_buffer_type(arg, buf.element_type, buf.dimensions(), buf.shape)
     if arg.is_output:
         if pipeline.device_kinds and buf.device.kind not in pipeline.device_kinds:
             raise ArgumentError(arg.name, f"{pipeline.name} runs on "

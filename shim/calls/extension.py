@@ -33,8 +33,7 @@ from __future__ import annotations
 import numpy as np
 
 from shim.base.errors import PipelineError
-from shim.base.types import HalideType
-from shim.buffers.buffer_arguments import is_halide
+from shim.base.types import HalideType, is_halide
 from shim.calls.metadata import USER_CONTEXT
 from shim.native import lib
 

@@ -168,7 +168,7 @@ def _export_device(buf, target, stream, copy, versioned, max_version):
     def capsule(exported, unpin):
         flags = (IS_COPIED if copy else 0) | (READ_ONLY if exported.read_only else 0)
         return make_capsule((exported.source, unpin), exported.data, exported.offset, target,
-                            exported.strides, exported.shape, exported.source.type(), flags,
+                            exported.strides, exported.shape, exported.source.element_type, flags,
                             versioned, max_version)
 
     return device_export.share(buf, backend, consumer, capsule, what="DLPack export",

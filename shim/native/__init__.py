@@ -129,6 +129,7 @@ FamilyState = _native_type("shim_family_state_type")
 LockState = _native_type("shim_lock_state_type")
 MemberPlans = _native_type("shim_member_plans_type")
 Finalized = _native_type("shim_finalized_type")
+HostExporter = _native_type("shim_host_exporter_type")
 HeldContext = _native_type("shim_held_context_type")
 
 _per_thread = threading.local()
