@@ -145,7 +145,9 @@ def test_run_times_iterations_and_profile_summarizes_a_gpu_pipeline(opencl, tmp_
     ([], "input: missing input: give input=FILE"),
     (["--input=random:64x48", "--scale=abc"], "scale: expected a number of type float32, got 'abc'"),
     (["--input=random:64x48", "--scale=30"], "scale: 30.0 is above the maximum 10.0"),
-    (["--input=random:64x48", "--bogus=1"], "unrecognized arguments: --bogus=1"),
+    (["--input=random:64x48", "--bogus=1"], "Unknown argument name: bogus (brighten takes "
+                                             "input, scale, offset, output)"),
+    (["--input=random:64x48", "bogus=3"], "Unknown argument name: bogus"),
     (["--input=missing.npy"], "input: no such file: 'missing.npy'"),
     (["--input=random:64"], "input: 'random:64' gives 1 extents; input is 2-D"),
     (["--input=random:64xq"], "input: expected extents like [640,480] or 640x480"),

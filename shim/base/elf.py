@@ -41,6 +41,18 @@ def architecture(path) -> str:
             f"{MACHINES.get(machine, f'machine {machine}')}")
 
 
+# e_type: what kind of ELF file it is (a shared library is ET_DYN).
+ET_REL, ET_EXEC, ET_DYN = 1, 2, 3
+
+
+def file_type(path) -> int:
+    """The ELF file's e_type (ET_REL for an object file such as Halide's ``-e object``)."""
+    with open(path, "rb") as f:
+        header = f.read(20)
+    _is64, order = _identity(header)  # (which checks there are 20 bytes)
+    return struct.unpack_from(order + "H", header, 16)[0]
+
+
 def exported_functions(path) -> set[str]:
     with open(path, "rb") as f:
         data = f.read()

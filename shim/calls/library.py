@@ -13,7 +13,7 @@ import functools
 import hashlib
 import os
 
-from shim.base.elf import NotELF, architecture, pipeline_names
+from shim.base.elf import ET_REL, NotELF, architecture, file_type, pipeline_names
 from shim.base.errors import ArgumentError
 from shim.calls.metadata import read_metadata
 from shim.native import LIBRARY_PATH, ffi
@@ -87,8 +87,19 @@ def _choose_name(path: str, name: str | None) -> str:
         raise ArgumentError("path", f"no such file: {path}")
     try:
         _check_architecture(path)
+        if file_type(path) == ET_REL:
+            stem = os.path.splitext(os.path.basename(path))[0]
+            raise ArgumentError("path", f"{path} is an object file, not a shared library: link "
+                                        f"it into one first (cc -shared -o {stem}.so "
+                                        f"{os.path.basename(path)} -lpthread -ldl)")
         names = pipeline_names(path)
     except NotELF as e:
+        if _is_archive(path):
+            stem = os.path.splitext(os.path.basename(path))[0]
+            raise ArgumentError("path", f"{path} is a static library, not a shared one: link it "
+                                        f"into one first (cc -shared -o {stem}.so "
+                                        f"-Wl,--whole-archive {os.path.basename(path)} "
+                                        f"-Wl,--no-whole-archive -lpthread -ldl)") from None
         raise ArgumentError("path", f"{path} is not a Halide pipeline: {e}") from None
     except OSError as e:
         raise ArgumentError("path", f"cannot read {path}: {e}") from None
@@ -103,6 +114,12 @@ def _choose_name(path: str, name: str | None) -> str:
     if name not in names:
         raise ArgumentError("name", f"{path} has no pipeline {name!r}; it has {', '.join(names)}")
     return name
+
+
+def _is_archive(path: str) -> bool:
+    """Whether the file is an ar archive (Halide's ``-e static_library``)."""
+    with open(path, "rb") as f:
+        return f.read(8) == b"!<arch>\n"
 
 
 def _check_architecture(path: str) -> None:

@@ -91,8 +91,16 @@ def _run(args, parser) -> int:
     args.iterations = args.iterations or 1
     pipeline_values = [f"--{text}" if "=" in text and not text.startswith(("-", "=")) else text
                        for text in args.values]  # RunGen's NAME=VALUE
-    texts = {name: text for name, text in vars(own.parse_args(pipeline_values)).items()
-             if text is not None}
+    given, unknown = own.parse_known_args(pipeline_values)
+    named = [text for text in unknown if text.startswith("--") and "=" in text[3:]]
+    if named:
+        # RunGen's words for a NAME=VALUE whose NAME the pipeline lacks.
+        name = named[0][2:].partition("=")[0]
+        own.error(f"Unknown argument name: {name} ({pipeline.name} takes "
+                  f"{', '.join(a.name for a in pipeline.arguments)})")
+    if unknown:
+        own.error(f"unrecognized arguments: {' '.join(unknown)}")
+    texts = {name: text for name, text in vars(given).items() if text is not None}
     console = runner.Console(args.verbose)
     if args.command == "profile":
         # The summary's Stages tables show Halide's profiler figures: its own report at exit
@@ -119,8 +127,8 @@ def _pipeline_parser(pipeline, prog: str) -> argparse.ArgumentParser:
         prog=f"{prog} {pipeline.path}", add_help=False, allow_abbrev=False,
         usage=f"{prog} {pipeline.path} NAME=VALUE ... [options]",
         description=f"Arguments of {pipeline.name} (target {pipeline.target}), as NAME=VALUE "
-                    f"or --NAME=VALUE. Extents: [W,H,...] (x first), or MIN+EXTENT per "
-                    f"dimension: [3+1530,3+2554].")
+                    f"or --NAME=VALUE. Extents: [W,H,...] (x first); the shim's own (not "
+                    f"RunGen's): MIN+EXTENT per dimension, [3+1530,3+2554], and WxH.")
     for argument in pipeline.arguments:
         own.add_argument(f"--{argument.name}", help=argument.describe(),
                          metavar=_metavar(argument), action=_GivenOnce)
@@ -141,7 +149,7 @@ class _GivenOnce(argparse.Action):
 
 def _metavar(argument) -> str:
     if argument.is_output:
-        return "FILE|FILE:[W,H,...]|:[W,H,...]"
+        return "FILE|FILE:[W,H,...]|:[W,H,...] (the last two the shim's)"
     if argument.is_buffer:
         return ("FILE|zero:EXT|constant:V:EXT|identity:EXT|random:SEED:EXT "
                 "(EXT: [W,H,...], estimate, auto or estimate_then_auto)")
@@ -265,13 +273,14 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
             description=text + ", with Halide's RunGen command line. The pipeline's arguments "
             "follow as NAME=VALUE (or --NAME=VALUE): inputs as a file (.npy, PNG, JPEG, PGM, "
             "PPM, BMP, TIFF) or zero:[W,H,...], constant:VALUE:[W,H,...], "
-            "identity:[W,H,...], random:SEED:[W,H,...] (extents x first; a dimension may be "
-            "MIN+EXTENT; estimate, auto or estimate_then_auto in place of the extents); "
-            "scalars by value, default or estimate (the pipeline's default if not given); "
-            "outputs as FILE, FILE:[W,H,...] or :[W,H,...] (default: like the first input, else "
-            "the estimates, else like the first input less the border the pipeline reads). A file of another type or dimensionality is converted as "
-            "RunGen does, with a warning. `%(prog)s PIPELINE.so --help` lists the pipeline's "
-            "arguments.")
+            "identity:[W,H,...], random:SEED:[W,H,...] (RunGen's values, bit for bit; extents "
+            "x first; estimate, auto or estimate_then_auto in place of the extents); scalars "
+            "by value, default or estimate (the pipeline's default if not given); outputs as "
+            "FILE (default size: the largest the inputs cover, starting like the first input, "
+            "else the estimates, with a warning). The shim's own, which RunGen refuses: "
+            "MIN+EXTENT for a dimension, WxH extents, outputs as FILE:[W,H,...] or :[W,H,...]. "
+            "A file of another type or dimensionality is converted as RunGen does, with a "
+            "warning. `%(prog)s PIPELINE.so --help` lists the pipeline's arguments.")
         run.add_argument("pipeline", nargs="?", metavar="PIPELINE.so",
                          help="path of the pipeline's shared library")
         run.add_argument("-h", "--help", action="store_true",

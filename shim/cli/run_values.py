@@ -214,16 +214,51 @@ def _diagonal(box: Box) -> np.ndarray:
     return np.ascontiguousarray(np.broadcast_to(coordinates[-1] == y, numpy_shape(box)))
 
 
+# What one draw of RunGen's generator gives each element type, from its 32 raw bits ``r``: with
+# libstdc++ (GCC 11 and later), uniform_int_distribution over a power-of-two range takes the
+# high bits of r * range (Lemire's method, never rejecting); RunGen's int8, uint8 and bool
+# distributions are over int (-128..127, 0..255, 0..1), its others over the type's
+# [0, max]. (name: right shift of r, offset)
+_DRAWN_BITS = {"bool": (31, 0), "int8": (24, -128), "uint8": (24, 0), "int16": (17, 0),
+               "uint16": (16, 0), "int32": (1, 0), "uint32": (0, 0)}
+
+
 def _random(shape: tuple, dtype: np.dtype, seed: int) -> np.ndarray:
-    rng = np.random.default_rng(seed)
+    """RunGen's ``random:SEED:EXTENTS``, bit for bit (tools/RunGen.h, FillWithRandom): a
+    std::mt19937 seeded with SEED's 32 bits, one draw per element in memory order (x
+    fastest), two for 64-bit types; integers uniform over [0, the type's max] (int8 over
+    [-128, 127]), floats uniform_real_distribution(0, 1) as libstdc++'s generate_canonical
+    makes them. (numpy's legacy RandomState seeds its MT19937 as std::mt19937 does.) float16,
+    which RunGen refuses, takes float32's values rounded: the shim's own."""
+    count = math.prod(shape)
+    draws = np.random.RandomState(seed).randint(0, 2**32, size=count * (2 if dtype.itemsize == 8
+                                                                        else 1), dtype=np.uint32)
     if dtype.kind == "f":
-        # Made in the element type where numpy can, so that no larger array is needed on the way.
-        made = np.float64 if dtype.itemsize == 8 else np.float32
-        return rng.random(shape, dtype=made).astype(dtype, copy=False)
-    if dtype.kind == "b":
-        return rng.integers(0, 2, shape, dtype=np.uint8).astype(dtype)
-    info = np.iinfo(dtype)
-    return rng.integers(info.min, info.max, shape, dtype=dtype, endpoint=True)
+        if dtype.itemsize == 8:
+            # generate_canonical<double>: two draws, the first the low part, over 2^64.
+            values = draws[0::2].astype(np.float64)
+            values += draws[1::2].astype(np.float64) * 2.0**32
+            values /= 2.0**64
+            below_one = np.nextafter(1.0, 0.0)
+        else:
+            values = draws.astype(np.float32) / np.float32(2.0**32)
+            below_one = np.nextafter(np.float32(1), np.float32(0))
+        values[values >= 1] = below_one  # (what libstdc++ gives where rounding reached 1)
+        return values.astype(dtype, copy=False).reshape(shape)
+    if dtype.itemsize == 8:
+        # Two draws: the first the high 32 bits (uniform over [0, 2^31) for int64), the
+        # second the low.
+        high = draws[0::2].astype(np.uint64)
+        if dtype.kind == "i":
+            high >>= np.uint64(1)
+        values = (high << np.uint64(32)) | draws[1::2].astype(np.uint64)
+        return values.view(np.int64 if dtype.kind == "i" else np.uint64).astype(
+            dtype, copy=False).reshape(shape)
+    shift, offset = _DRAWN_BITS["bool" if dtype.kind == "b" else dtype.name]
+    values = draws >> np.uint32(shift)
+    if offset:
+        values = values.astype(np.int32) + offset
+    return values.astype(dtype).reshape(shape)
 
 
 # --- outputs ------------------------------------------------------------------------------
