@@ -218,6 +218,26 @@ def test_a_16_bit_rgb_png_in_and_out(apps, rgb16, tmp_path):
     assert_close_u16(written, local_laplacian(image, 8, 1, 1, 119))
 
 
+@pytest.mark.parametrize("suffix", [".tiff", ".tif"])
+def test_a_16_bit_rgb_tiff_keeps_its_16_bits(apps, rgb16, tmp_path, suffix):
+    # halide_image_io saves uint16 colour to TIFF as it is: no conversion, no warning.
+    tifffile = pytest.importorskip("tifffile", reason="TIFF files need tifffile")
+    path, image = rgb16
+    out = tmp_path / f"out{suffix}"
+    done = succeeded(rungen(apps["local_laplacian"], f"input={path} levels=8 alpha=1 beta=1 "
+                                                     f"output={out}"))
+    assert "data loss" not in done.stderr
+    written = tifffile.imread(out)
+    assert written.dtype == np.uint16 and written.shape == (210, 119, 3)
+    assert_close_u16(np.moveaxis(written, 2, 0), local_laplacian(image, 8, 1, 1, 119))
+    # And read back as an input, 16 bits and all.
+    again = succeeded(rungen(apps["local_laplacian"], f"input={out} levels=8 alpha=0 beta=0 "
+                                                      f"output={tmp_path / 'again.npy'}"))
+    assert "data loss" not in again.stderr
+    np.testing.assert_array_equal(np.load(tmp_path / "again.npy"),
+                                  np.moveaxis(written, 2, 0)[:, :, :118])
+
+
 def test_scalars_from_default_and_estimate(apps, rgb16, tmp_path):
     path, image = rgb16
     line = ("--output_extents=[100,200,3] input=../images/rgb_small16.png levels=8 "

@@ -2,7 +2,9 @@
 do: ``.npy`` (any type and dimensionality) and images (PNG, JPEG, PGM, PPM, BMP, TIFF).
 
 Images are read and written by imageio (its Pillow plugin); 16-bit colour PNGs, which Pillow
-cannot hold (it reads them as 8-bit), by pypng. Arrays here are in numpy order over Halide's
+cannot hold (it reads them as 8-bit), by pypng; TIFFs by tifffile, in every type
+halide_image_io writes (16-bit colour, 32- and 64-bit integers, doubles; RunGen itself reads
+no TIFF, the shim does). Arrays here are in numpy order over Halide's
 (x, y, c) layout: a W x H RGB image is a (3, H, W) array, a grayscale one (H, W).
 
 A file whose type or dimensionality differs from the buffer's is converted as RunGen
@@ -13,6 +15,7 @@ image given to a uint16 input is scaled by 257, a float output saved to PNG is s
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass
 
@@ -31,6 +34,11 @@ class _ImageFormat:
     channels: tuple
 
 
+_TIFF = _ImageFormat(frozenset((np.dtype(f"{kind}{size}"), dimensions)
+                                for kind in "iu" for size in (1, 2, 4, 8) for dimensions in (2, 3)
+                                ) | {(np.dtype(f"f{size}"), d) for size in (4, 8) for d in (2, 3)},
+                     (1, 2, 3, 4))
+
 _IMAGE_FORMATS = {
     ".png": _ImageFormat(frozenset({(_U8, 2), (_U8, 3), (_U16, 2), (_U16, 3)}), (1, 2, 3, 4)),
     ".jpg": _ImageFormat(frozenset({(_U8, 2), (_U8, 3)}), (1, 3)),
@@ -38,8 +46,10 @@ _IMAGE_FORMATS = {
     ".pgm": _ImageFormat(frozenset({(_U8, 2), (_U16, 2)}), ()),
     ".ppm": _ImageFormat(frozenset({(_U8, 3)}), (3,)),
     ".bmp": _ImageFormat(frozenset({(_U8, 2), (_U8, 3)}), (1, 3)),
-    ".tif": _ImageFormat(frozenset({(_U8, 2), (_U8, 3), (_U16, 2), (_F32, 2)}), (1, 2, 3, 4)),
-    ".tiff": _ImageFormat(frozenset({(_U8, 2), (_U8, 3), (_U16, 2), (_F32, 2)}), (1, 2, 3, 4)),
+    # halide_image_io writes every int, uint and 32/64-bit float type to TIFF (here through
+    # tifffile: Pillow cannot write 16-bit colour).
+    ".tif": _TIFF,
+    ".tiff": _TIFF,
 }
 SUFFIXES = (".npy", *_IMAGE_FORMATS)
 
@@ -74,6 +84,8 @@ def read(path: str, argument: str) -> np.ndarray:
     try:
         if suffix == ".png" and _is_16_bit_colour_png(path):
             pixels = _pypng_read(path, argument)
+        elif suffix in (".tif", ".tiff"):
+            pixels = _tiff_read(path, argument)
         else:
             pixels = _imageio(argument).imread(path)
     except (OSError, ValueError) as e:
@@ -186,6 +198,8 @@ def plan_save(argument: str, path: str, shape: tuple, dtype: np.dtype, warn) -> 
     # The libraries are needed now, not after the runs.
     if suffix == ".png" and best_dtype == _U16 and best_dims == 3 and saved_shape[0] > 1:
         _pypng(argument)
+    elif suffix in (".tif", ".tiff"):
+        _tifffile(argument)
     else:
         _imageio(argument)
     return SavePlan(path, best_dims, best_dtype)
@@ -222,6 +236,10 @@ def save(plan: SavePlan, array: np.ndarray, argument: str) -> None:
                 np.save(f, array)
             elif array.ndim == 3 and array.dtype == _U16 and suffix == ".png":
                 _pypng_write(f, array, argument)
+            elif suffix in (".tif", ".tiff"):
+                colour = array.ndim == 3 and array.shape[2] in (3, 4)
+                _tifffile(argument).imwrite(f, array, photometric="rgb" if colour else
+                                            "minisblack")
             else:
                 _imageio(argument).imwrite(f, array, extension=suffix)
     except (OSError, ValueError) as e:
@@ -300,6 +318,34 @@ def _imageio(argument: str):
                                       "\"halide-shim[images]\"); .npy files work without it"
                             ) from None
     return iio
+
+
+def _tiff_read(path: str, argument: str) -> np.ndarray:
+    """A TIFF's first image; a damaged file (tifffile logs it and finds no image) is refused."""
+    tifffile = _tifffile(argument)
+    logger = logging.getLogger("tifffile")
+    level = logger.level
+    logger.setLevel(logging.CRITICAL)  # (its complaints become this refusal)
+    try:
+        with tifffile.TiffFile(path) as tif:
+            if not tif.pages:
+                raise ValueError("no image in it")
+            pixels = tif.asarray()
+    finally:
+        logger.setLevel(level)
+    if pixels.size == 0:
+        raise ValueError("no pixels in it")
+    return pixels
+
+
+def _tifffile(argument: str):
+    try:
+        import tifffile
+    except ImportError:
+        raise ArgumentError(argument, "TIFF files need tifffile (pip install "
+                                      "\"halide-shim[images]\"): Pillow writes no 16-bit colour "
+                                      "and no 32-bit integers") from None
+    return tifffile
 
 
 def _pypng(argument: str):
