@@ -51,9 +51,16 @@ def interleave(runners: dict, requests: dict, repeats: int, per_sample=lambda re
     for runner in runners.values():
         for request in requests.values():
             runner.seconds(**request)  # warm up: compile, allocate, fault pages in
-    for _ in range(repeats):
+    # (Imported here: the stock runtime's children import this module and must not load the
+    # shim.)
+    from shim.base.progress import Progress
+
+    progress = Progress(repeats, f"{len(requests)} cases x {len(runners)} sides, samples")
+    for sample in range(repeats):
         for case, request in requests.items():
             for name, runner in runners.items():
                 samples[name][case].append(runner.seconds(**request) / per_sample(request))
+        progress.update(sample + 1)
+    progress.finish()
     return {name: {case: {"min": min(v), "median": statistics.median(v)} for case, v in cases.items()}
             for name, cases in samples.items()}

@@ -209,3 +209,34 @@ def test_profile_keeps_the_exit_report_destination_a_program_chose(built, tmp_pa
     assert "total time:" not in done.stderr, done.stderr
     text = report.read_text()
     assert f"{NAME}\n total time:" in text and "runs: 3" in text
+
+
+def test_kernel_compilation_is_labelled_as_such(tmp_path):
+    """A GPU pipeline's first call compiles its kernels, inside whichever call comes first (its
+    bounds query): the summary's Pipeline calls table says how much of that call was
+    compiling, and the timeline names the slice. A child with a fresh program cache compiles
+    inside its profile."""
+    import shim
+    from shim.pipelines.build import Build, build
+
+    try:
+        shim.device("opencl")
+    except shim.DeviceUnavailable as e:
+        pytest.skip(f"no OpenCL device: {e}")
+    library = build(Build("brighten", "opencl", "no_runtime"))
+    trace = tmp_path / "trace.json"
+    code = ("import sys, numpy as np, shim\n"
+            "p = shim.load(sys.argv[1])\n"
+            "with shim.profile() as profile:\n"
+            "    p(np.ones((48, 64), np.float32), scale=2.0, offset=1.0)\n"
+            "print(profile.summary()); profile.save_trace(sys.argv[2])\n")
+    done = subprocess.run([sys.executable, "-c", code, str(library), str(trace)],
+                          capture_output=True, text=True, timeout=HANG_GUARD_S,
+                          env=_env(HALIDE_SHIM_CACHE=str(tmp_path / "programs")))
+    assert done.returncode == 0, done.stderr
+    _, rows = table(done.stdout, "Pipeline calls")
+    compiled = {row["pipeline"]: float(row["compiling ms"]) for row in rows}
+    assert compiled["brighten (bounds query)"] > 0 and compiled["brighten"] == 0
+    events = json.loads(trace.read_text())["traceEvents"]
+    compiles = [e for e in events if e.get("name") == "compiling GPU code (initialize_kernels)"]
+    assert len(compiles) == 1 and compiles[0]["dur"] > 0

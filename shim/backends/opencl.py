@@ -25,6 +25,7 @@ from collections import Counter, OrderedDict
 from shim.base import binary_cache
 from shim.base import private_files
 from shim.base import sections
+from shim.base.progress import if_slow
 from shim.backends.base import Backend, BackendError, Memory, fork_guard
 from shim.base.errors import DeviceUnavailable
 from shim.native import ffi, lib
@@ -467,7 +468,10 @@ class OpenCLBackend(Backend):
         return entry[1]
 
     def _compile(self, source: bytes):
-        program = self._build_program(source)
+        # (A first build from source takes seconds; the program cache makes later ones quick.)
+        with if_slow(f"compiling a pipeline's OpenCL kernels ({len(source) // 1024 + 1} KiB "
+                     f"of source) for {self.name}"):
+            program = self._build_program(source)
         module = lib.shim_opencl_module_new(ffi.cast("void *", program.int_ptr), source, len(source))
         if module == ffi.NULL:
             raise MemoryError("cannot allocate a kernel module")

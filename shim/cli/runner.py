@@ -14,6 +14,7 @@ import sys
 import numpy as np
 
 import shim
+from shim.base.progress import Progress
 from shim.cli import images
 from shim.cli import memory_tracker
 from shim.cli import run_values
@@ -291,7 +292,7 @@ def _timed_runs(args, label: str, call, results: list):
         if args.benchmarks:
             timings = timing.benchmark(run_once, args.benchmark_min_time)
         else:
-            progress = timing.Progress(args.iterations, label)
+            progress = Progress(args.iterations, label)
             timings = timing.time_iterations(run_once, args.iterations, progress)
     return timings, None if tracker is None else tracker.highwater, profile
 

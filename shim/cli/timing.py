@@ -5,37 +5,16 @@ reports the best time."""
 from __future__ import annotations
 
 import statistics
-import sys
 import time
 from dataclasses import dataclass
+
+from shim.base.progress import Progress
 
 # halide_benchmark.h's BenchmarkConfig defaults.
 DEFAULT_MIN_TIME = 0.1
 _MAX_ITERATIONS_PER_SAMPLE = 1_000_000
 _ACCURACY = 0.03
 _MIN_SAMPLES = 3
-
-
-class Progress:
-    """A progress bar on stderr, drawn only where someone watches (a terminal)."""
-
-    def __init__(self, total: int, label: str, stream=None):
-        self.total, self.label = total, label
-        self.stream = stream or sys.stderr
-        self.visible = total > 1 and self.stream.isatty()
-
-    def update(self, done: int) -> None:
-        if self.visible:
-            width = 30
-            filled = width * done // self.total
-            self.stream.write(f"\r{self.label} [{'#' * filled}{'.' * (width - filled)}] "
-                              f"{done}/{self.total}")
-            self.stream.flush()
-
-    def finish(self) -> None:
-        if self.visible:
-            self.stream.write("\n")
-            self.stream.flush()
 
 
 @dataclass(frozen=True)

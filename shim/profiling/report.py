@@ -73,16 +73,28 @@ def _kernel_table(profile) -> str:
                                       "blocks", "threads", "errors"], rows)
 
 
+# The runtime call in which a GPU pipeline's kernels are compiled (shim/core/runtime.py's
+# operation, named as Halide's halide_<api>_initialize_kernels): shown as compilation, not as
+# part of whichever call of the pipeline happened to trigger it.
+KERNEL_COMPILE = "initialize_kernels"
+
+
 def _pipeline_table(profile) -> str:
     by_name = defaultdict(list)
+    compiling = defaultdict(int)  # pipeline call id -> ns its GPU code took to compile
     for record in profile.records:
         if record.kind == "pipeline":
             by_name[record.name].append(record)
+        elif record.kind == "runtime" and record.name == KERNEL_COMPILE:
+            compiling[record.call] += record.duration_ns
     rows = [[name, len(records), *_time_columns([r.duration_ns for r in records]),
+             f"{sum(compiling[r.id] for r in records) / 1e6:.3f}",
              sum(1 for r in records if r.result != 0)]
             for name, records in sorted(by_name.items())]
+    # (A GPU pipeline's first call compiles its kernels, whichever call that is: often its
+    # bounds query. "compiling ms" is that part of the call's time.)
     return _table("Pipeline calls", ["pipeline", "calls", "total ms", "mean us", "p50 us",
-                                     "p99 us", "errors"], rows)
+                                     "p99 us", "compiling ms", "errors"], rows)
 
 
 def _stage_tables(profile) -> list[str]:
@@ -341,6 +353,8 @@ def _slice(record, pid: int, tid: int, start_ns: int, duration_ns: int) -> dict:
                                 "stack peak": s.stack_peak} for s in calls.funcs()}}
     name = f"{_SPAN_LABELS[record.kind]} {record.name}" if record.kind in _SPAN_LABELS \
         else record.name
+    if record.kind == "runtime" and record.name == KERNEL_COMPILE:
+        name = f"compiling GPU code ({KERNEL_COMPILE})"
     return {"ph": "X", "name": name, "cat": record.kind, "pid": pid, "tid": tid,
             "ts": _us(start_ns), "dur": _us(duration_ns), "args": args}
 
