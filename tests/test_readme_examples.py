@@ -1,8 +1,9 @@
-"""The README's examples run, so that none can rot: its ```python blocks in order, in one
-namespace (the README reads top to bottom: a name defined in one section is used in later
-ones), in a fresh interpreter whose working directory holds the sample pipelines under the
-names the README loads (``blur3x3.so``, ``crop_fill-opencl.so``, ``P.so``, ...); its shell
-blocks' ``python -m shim ...`` commands there too. A block or command skips only for a reason
+"""The examples of the README and of the manual (docs/, its pages in the index's order) run,
+so that none can rot: their ```python blocks in order, in one namespace (the manual reads top
+to bottom: a name defined in one page is used in later ones), in a fresh interpreter whose
+working directory holds the sample pipelines under the names the examples load
+(``blur3x3.so``, ``crop_fill-opencl.so``, ``P.so``, ...); their shell blocks'
+``python -m shim ...`` commands there too. A block or command skips only for a reason
 given here (it needs a GPU or PyTorch this machine lacks; it is not an example of the shim's
 use, as ``pip install`` is). And what the README says about when host memory is current,
 tested where a GPU backend runs it."""
@@ -27,11 +28,26 @@ from shim.pipelines.build import RUNTIMES, Build, build_all, generator_names
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
+DOCS = ROOT / "docs"
 SHELLS = ("sh", "bash", "shell", "console")
+
+
+def manual_pages() -> list[Path]:
+    """The README, then the manual's pages in the order of docs/index.md's toctree."""
+    index = (DOCS / "index.md").read_text()
+    toctree = index.split("```{toctree}", 1)[1].split("```", 1)[0]
+    names = [line.strip() for line in toctree.splitlines()
+             if line.strip() and not line.strip().startswith(":")]
+    return [README] + [DOCS / f"{name}.md" for name in names]
+
+
+PAGES = manual_pages()
+TEXT = "\n".join(page.read_text() for page in PAGES)
 
 
 @dataclass(frozen=True)
 class Block:
+    page: str  # relative to the repository's root
     line: int  # of the opening fence, 1-based
     section: str
     language: str
@@ -39,10 +55,14 @@ class Block:
 
     @property
     def id(self) -> str:
-        return f"README.md:{self.line} ({self.section})"
+        return f"{self.page}:{self.line} ({self.section})"
+
+    @property
+    def key(self) -> str:
+        return f"{self.page}:{self.line}"
 
 
-def readme_blocks(text: str) -> list[Block]:
+def readme_blocks(text: str, page: str = "README.md") -> list[Block]:
     """The fenced blocks that have a language, dedented (a block inside a list item is
     indented), with the heading they are under."""
     blocks, section, fence = [], "", None
@@ -55,17 +75,18 @@ def readme_blocks(text: str) -> list[Block]:
                 fence = (number, stripped[3:].strip(), len(line) - len(stripped), [])
         elif stripped.startswith("```"):
             start, language, indent, lines = fence
-            if language:
+            if language and not language.startswith("{"):  # ({toctree}, {eval-rst}: Sphinx's)
                 code = textwrap.dedent("\n".join(lines)) + "\n"
-                blocks.append(Block(start, section, language, code))
+                blocks.append(Block(page, start, section, language, code))
             fence = None
         else:
             fence[3].append(line)
-    assert fence is None, f"README.md:{fence[0]}: a code block is never closed"
+    assert fence is None, f"{page}:{fence[0]}: a code block is never closed"
     return blocks
 
 
-BLOCKS = readme_blocks(README.read_text())
+BLOCKS = [block for page in PAGES
+          for block in readme_blocks(page.read_text(), str(page.relative_to(ROOT)))]
 PYTHON = [b for b in BLOCKS if b.language == "python"]
 
 
@@ -146,14 +167,14 @@ def workdir(tmp_path_factory, host_pipelines):
     for name in generator_names():
         (work / f"{name}.so").symlink_to(host_pipelines[name, "bundled"])
     (work / "P.so").symlink_to(host_pipelines["brighten", "bundled"])
-    opencl_names = sorted(set(re.findall(r"\b(\w+)-opencl\.so", README.read_text()))
+    opencl_names = sorted(set(re.findall(r"\b(\w+)-opencl\.so", TEXT))
                           & set(generator_names()))
     if opencl_names and opencl_missing() is None:
         built = build_all([Build(name, "opencl", "bundled") for name in opencl_names], progress=None)
         for spec, path in built.items():
             (work / f"{spec.name}-opencl.so").symlink_to(path)
     featured = {(name, features) for name, features
-                in re.findall(r"\b(\w+)-((?:profile|trace)[\w-]*)\.so", README.read_text())
+                in re.findall(r"\b(\w+)-((?:profile|trace)[\w-]*)\.so", TEXT)
                 if name in generator_names()}
     built = build_all([Build(name, features=features) for name, features in featured],
                       progress=None)
@@ -173,33 +194,32 @@ RUNNER = textwrap.dedent("""
     import json, sys, traceback
     blocks, results = json.load(open(sys.argv[1])), {}
     namespace = {"__name__": "__readme__"}
-    for line, code in blocks:
+    for key, code in blocks:
         try:
-            exec(compile(code, f"README.md:{line}", "exec"), namespace)
-            results[line] = None
+            exec(compile(code, key, "exec"), namespace)
+            results[key] = None
         except BaseException:
-            results[line] = traceback.format_exc()
+            results[key] = traceback.format_exc()
     json.dump(results, open(sys.argv[2], "w"))
     """)
 
 
 @pytest.fixture(scope="module")
 def python_results(workdir):
-    """{block line: None or the traceback} for every python block this machine can run."""
-    runnable = [(b.line, b.code) for b in PYTHON if needs(b.code) is None]
+    """{block key: None or the traceback} for every python block this machine can run."""
+    runnable = [(b.key, b.code) for b in PYTHON if needs(b.code) is None]
     (workdir / "blocks.json").write_text(json.dumps(runnable))
     done = subprocess.run([sys.executable, "-c", RUNNER, "blocks.json", "results.json"],
                           cwd=workdir, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
-    return {int(line): outcome for line, outcome in
-            json.loads((workdir / "results.json").read_text()).items()}
+    return json.loads((workdir / "results.json").read_text())
 
 
 @pytest.mark.parametrize("block", PYTHON, ids=[b.id for b in PYTHON])
 def test_python_example(block, python_results):
     if reason := needs(block.code):
         pytest.skip(reason)
-    outcome = python_results[block.line]
+    outcome = python_results[block.key]
     assert outcome is None, f"{block.id} fails:\n{block.code}\n{outcome}"
 
 

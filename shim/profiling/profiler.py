@@ -102,7 +102,7 @@ def profile(*, trace_limit: int = halide_trace.DEFAULT_LIMIT,
 
     For pipelines built with Halide's tracing (shim/profiling/halide_trace.py): at most ``trace_limit``
     begin/end events are kept (the rest are counted in ``trace_dropped``); loads and stores are
-    counted per Func, and every ``sample_accesses``th one is kept as well where it is not 0."""
+    counted per Func, and one in every ``sample_accesses`` is kept as well where it is not 0."""
     return Profile(trace_limit=trace_limit, sample_accesses=sample_accesses)
 
 

@@ -1,0 +1,29 @@
+"""The manual (docs/, Sphinx and MyST) builds with warnings as errors: its pages, their links
+and headings, and the API reference autodoc makes from the docstrings of ``shim.__all__``
+(a docstring that docutils cannot read fails here). Its examples run in
+tests/test_readme_examples.py."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+DOCS = Path(__file__).resolve().parent.parent / "docs"
+
+
+def test_the_manual_builds_without_a_warning(tmp_path):
+    pytest.importorskip("sphinx", reason="the manual needs the docs extra (in the test extra)")
+    pytest.importorskip("myst_parser", reason="the manual needs the docs extra (in the test extra)")
+    done = subprocess.run([sys.executable, "-m", "sphinx", "-W", "--keep-going", "-q", "-b",
+                           "html", str(DOCS), str(tmp_path / "html")],
+                          capture_output=True, text=True, timeout=600, cwd=DOCS.parent)
+    assert done.returncode == 0, done.stdout + done.stderr
+    api = (tmp_path / "html" / "api.html").read_text()
+    import shim
+    for name in ("load", "Buffer", "Pipeline", "profile", "Type", "LayoutWarning"):
+        assert f'id="shim.{name}"' in api, name
+    assert len(shim.__all__) > 30
+    for page in ("using", "devices", "crops", "threads", "interop", "dask", "profiling", "cli",
+                 "security", "cuda"):
+        assert (tmp_path / "html" / f"{page}.html").exists(), page
