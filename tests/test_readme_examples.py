@@ -193,7 +193,7 @@ def workdir(tmp_path_factory, host_pipelines):
 RUNNER = textwrap.dedent("""
     import json, sys, traceback
     blocks, results = json.load(open(sys.argv[1])), {}
-    namespace = {"__name__": "__readme__"}
+    namespace = {"__name__": "__main__"}  # (as a script pasted from the manual runs)
     for key, code in blocks:
         try:
             exec(compile(code, key, "exec"), namespace)
