@@ -12,6 +12,7 @@
 
 #include "shim_native.h"
 #include "calls/call_context.h"
+#include "calls/halide_hooks.h"
 
 /* Error text is short; print text can be large (the `debug` target feature logs every runtime
  * call), so it is capped and the excess counted rather than kept. */
@@ -317,12 +318,24 @@ static text_buffer *prints_of(shim_call *call) {
     return &call->prints;
 }
 
+/* An error handler an application installed (halide_set_error_handler) is called, as
+ * Halide's runtime calls it, and the shim still keeps the message for the call's exception.
+ * Halide's default handler prints and aborts: in its place, the shim only keeps the message. */
 void halide_error(void *user_context, const char *msg) {
-    (void)user_context;
+    halide_error_handler_t handler = __atomic_load_n(&shim_halide_error_handler, __ATOMIC_ACQUIRE);
+    if (handler != NULL && handler != halide_default_error) {
+        handler(user_context, msg);
+    }
     report(errors_of, msg, true);
 }
 
+/* A print function an application installed (halide_set_custom_print) gets the text instead
+ * of the shim, which otherwise hands it to Python's stderr when the call returns. */
 void halide_print(void *user_context, const char *msg) {
-    (void)user_context;
+    halide_print_t print = __atomic_load_n(&shim_halide_custom_print, __ATOMIC_ACQUIRE);
+    if (print != NULL && print != halide_default_print) {
+        print(user_context, msg);
+        return;
+    }
     report(prints_of, msg, false);
 }

@@ -1,0 +1,134 @@
+"""Halide's runtime hooks are honoured under the shim (issue 27): what an application installs
+with halide_set_error_handler, halide_set_custom_print, halide_set_custom_malloc /
+halide_set_custom_free and halide_set_custom_do_par_for is called with Halide's semantics,
+from the pipeline's own threads too, and the shim's exceptions still carry Halide's messages.
+The hooks are installed through ctypes, as a program embedding the shim would, and put back
+as they were after each test.
+
+A runtime function an application defines itself (its own halide_malloc, say) is its own
+business: the shim's runtime library is loaded with RTLD_GLOBAL before any pipeline, so a
+definition in a library loaded later does not replace it (see docs/internals.md); the hooks
+are the way to change what the runtime does."""
+
+import ctypes
+import threading
+from contextlib import contextmanager
+
+import numpy as np
+import pytest
+
+import shim
+import shim._native
+
+RUNTIME = ctypes.CDLL(shim._native.__file__)
+ERROR = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_char_p)
+MALLOC = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t)
+FREE = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p)
+TASK = ctypes.c_void_p  # (passed on untouched)
+DO_PAR_FOR = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, TASK, ctypes.c_int, ctypes.c_int,
+                              ctypes.c_void_p)
+
+
+def _setter(name, kind):
+    setter = getattr(RUNTIME, name)
+    setter.argtypes, setter.restype = [kind], kind
+    return setter
+
+
+@contextmanager
+def installed(name, kind, function):
+    """The hook ``function`` installed with Halide's ``name`` setter, the previous one back
+    afterwards."""
+    setter = _setter(name, kind)
+    previous = setter(kind(function) if not isinstance(function, kind) else function)
+    try:
+        yield
+    finally:
+        setter(previous)
+
+
+@pytest.fixture
+def checked_sqrt(host_pipelines, runtime):
+    return shim.load(host_pipelines["checked_sqrt", runtime])
+
+
+def test_an_error_handler_is_called_and_the_exception_keeps_the_message(checked_sqrt):
+    seen = []
+    handler = ERROR(lambda uc, msg: seen.append((msg.decode(), threading.get_ident())))
+    image = np.ones((8, 4), np.float32)
+    image[5, 2] = -1
+    with installed("halide_set_error_handler", ERROR, handler):
+        with pytest.raises(shim.PipelineError, match="negative input") as e:
+            checked_sqrt(image, False, output=np.zeros_like(image))
+    assert len(seen) == 1 and "negative input -1.000000 at row 5" in seen[0][0]
+    assert seen[0][0].strip() in str(e.value)
+    # Put back: the next failure reaches no handler, and still raises.
+    with pytest.raises(shim.PipelineError, match="negative input"):
+        checked_sqrt(image, False, output=np.zeros_like(image))
+    assert len(seen) == 1
+
+
+def test_a_custom_print_gets_halides_text_instead_of_stderr(checked_sqrt, capfd):
+    text = []
+    printer = ERROR(lambda uc, msg: text.append(msg.decode()))
+    image = np.ones((6, 3), np.float32)
+    with installed("halide_set_custom_print", ERROR, printer):
+        checked_sqrt(image, True, output=np.zeros_like(image))
+    assert sorted(line for chunk in text for line in chunk.splitlines()) == \
+        sorted(f"1.000000 row {y}" for y in range(6))
+    assert "row" not in capfd.readouterr().err  # (the shim did not print it too)
+    checked_sqrt(image, True, output=np.zeros_like(image))
+    assert "row 5" in capfd.readouterr().err  # put back: the shim's printing again
+
+
+def test_custom_malloc_and_free_serve_the_pipelines_own_allocations(host_pipelines, runtime):
+    # blur3x3's horizontal pass is compute_root: one heap allocation per call.
+    blur = shim.load(host_pipelines["blur3x3", runtime])
+    libc = ctypes.CDLL(None)
+    libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+    libc.free.argtypes = [ctypes.c_void_p]
+    calls = {"malloc": 0, "free": 0}
+    live = set()
+
+    def my_malloc(uc, size):
+        calls["malloc"] += 1
+        pointer = libc.malloc(size + 128)
+        aligned = (pointer + 128) & ~127  # (Halide wants aligned memory, as its own gives)
+        live.add(aligned)
+        ctypes.c_void_p.from_address(aligned - 8).value = pointer
+        return aligned
+
+    def my_free(uc, pointer):
+        calls["free"] += 1
+        live.discard(pointer)
+        libc.free(ctypes.c_void_p.from_address(pointer - 8).value)
+
+    image = np.random.default_rng(0).integers(0, 65536, (40, 30), dtype=np.uint16)
+    expected = blur(image).numpy()
+    with installed("halide_set_custom_malloc", MALLOC, MALLOC(my_malloc)), \
+            installed("halide_set_custom_free", FREE, FREE(my_free)):
+        out = blur(image).numpy()
+    np.testing.assert_array_equal(out, expected)
+    assert calls["malloc"] >= 1 and calls["free"] == calls["malloc"] and not live
+
+
+def test_a_custom_do_par_for_runs_the_parallel_loops(checked_sqrt):
+    default = RUNTIME.halide_default_do_par_for
+    default.restype = ctypes.c_int
+    default.argtypes = [ctypes.c_void_p, TASK, ctypes.c_int, ctypes.c_int, ctypes.c_void_p]
+    loops = []
+
+    def my_do_par_for(uc, task, lo, size, closure):
+        loops.append((lo, size))
+        return default(uc, task, lo, size, closure)
+
+    image = np.arange(24, dtype=np.float32).reshape(6, 4)
+    with installed("halide_set_custom_do_par_for", DO_PAR_FOR, DO_PAR_FOR(my_do_par_for)):
+        out = checked_sqrt(image, False, output=np.zeros_like(image))
+    np.testing.assert_allclose(out, np.sqrt(image), rtol=1e-6)
+    assert loops == [(0, 6)]  # (the rows, in one parallel loop)
+    # The tasks still ran under the call's context: an error from a row still raises.
+    image[3, 1] = -5
+    with installed("halide_set_custom_do_par_for", DO_PAR_FOR, DO_PAR_FOR(my_do_par_for)):
+        with pytest.raises(shim.PipelineError, match="at row 3"):
+            checked_sqrt(image, False, output=np.zeros_like(image))
