@@ -1,0 +1,80 @@
+"""The wheel people install (issue 27): built from a copy of the source tree, tagged abi3 for
+CPython 3.11 and later (shim._native uses the 3.11 limited API), repaired by auditwheel to a
+manylinux tag, installed into a fresh virtual environment with its dependencies only (numpy,
+cffi, pyopencl: no halide), where it loads and runs a pipeline built here.
+
+The build runs without build isolation, in this environment, which has the build
+requirements (pyproject.toml: setuptools, wheel, cffi, halide 21, whose standalone runtime is
+compiled into the library): an isolated build fetches halide (168 MB) into its own
+environment first, and makes the same wheel."""
+
+import re
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+TIMEOUT = 900
+# What the built tree does not need (and what a build leaves behind).
+IGNORED = shutil.ignore_patterns(".git", "build", "dist", "*.egg-info", "__pycache__", "*.so",
+                                 "_native.c", "*.o", ".pytest_cache", ".hypothesis", "_build",
+                                 ".benchmarks")
+
+
+def _run(*command, **options):
+    done = subprocess.run(list(map(str, command)), capture_output=True, text=True,
+                          timeout=TIMEOUT, **options)
+    assert done.returncode == 0, f"{' '.join(map(str, command))}:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    return done
+
+
+@pytest.fixture(scope="module")
+def repaired(tmp_path_factory):
+    pytest.importorskip("auditwheel", reason="repairing the wheel needs auditwheel (test extra)")
+    work = tmp_path_factory.mktemp("wheel")
+    source = work / "src"
+    shutil.copytree(ROOT, source, ignore=IGNORED, symlinks=True)
+    _run(sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w",
+         work / "dist", source)
+    [wheel] = (work / "dist").glob("*.whl")
+    assert re.fullmatch(r"halide_shim-[\d.]+-cp311-abi3-linux_x86_64\.whl", wheel.name), wheel.name
+    _run(sys.executable, "-m", "auditwheel", "repair", "-w", work / "repaired", wheel)
+    [fixed] = (work / "repaired").glob("*.whl")
+    return fixed
+
+
+def test_the_wheel_is_abi3_and_manylinux(repaired):
+    assert re.fullmatch(r"halide_shim-[\d.]+-cp311-abi3-manylinux_2_\d+_x86_64\.whl",
+                        repaired.name), repaired.name
+    with zipfile.ZipFile(repaired) as wheel:
+        names = wheel.namelist()
+        metadata = wheel.read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
+    assert "shim/_native.abi3.so" in names
+    assert any(n.startswith("shim/pipelines/generators/") for n in names)
+    assert "Requires-Python: >=3.11" in metadata
+    requires = [line for line in metadata.splitlines() if line.startswith("Requires-Dist:")
+                and "extra ==" not in line]
+    assert sorted(r.split()[1].split(">")[0] for r in requires) == ["cffi", "numpy", "pyopencl"]
+
+
+def test_the_wheel_runs_a_pipeline_in_a_fresh_venv(repaired, host_pipelines, tmp_path):
+    venv = tmp_path / "venv"
+    _run(sys.executable, "-m", "venv", venv)
+    python = venv / "bin" / "python"
+    _run(python, "-m", "pip", "install", "--quiet", repaired)
+    code = ("import sys, numpy as np, shim\n"
+            "p = shim.load(sys.argv[1])\n"
+            "out = p(np.arange(12, dtype=np.float32).reshape(3, 4), scale=2.0, offset=1.0)\n"
+            "print(shim.__file__); print(out.numpy().tolist())\n"
+            "import importlib.util; print(importlib.util.find_spec('halide') is None)\n")
+    done = _run(python, "-c", code, host_pipelines["brighten", "no_runtime"], cwd=tmp_path)
+    where, values, no_halide = done.stdout.splitlines()
+    assert where.startswith(str(venv))  # the installed wheel, not this checkout
+    expected = np.arange(12, dtype=np.float32).reshape(3, 4) * 2 + 1
+    assert values == str(expected.tolist())
+    assert no_halide == "True"
