@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import os
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -69,7 +70,13 @@ def _unsupported(argument: str, path: str) -> ArgumentError:
 
 # --- reading ------------------------------------------------------------------------------------
 
-def read(path: str, argument: str) -> np.ndarray:
+# How a .npy file's shape is read and written: "numpy" (numpy's np.save / np.load: a W x H
+# image is shape (H, W)) or "halide" (halide_image_io's, which RunGen reads and writes: the
+# same bytes, the header's shape listed x first, (W, H)).
+NPY_ORDERS = ("numpy", "halide")
+
+
+def read(path: str, argument: str, npy_order: str = "numpy") -> np.ndarray:
     """The array a file holds, in numpy order over Halide's layout."""
     suffix = suffix_of(path)
     if suffix not in SUFFIXES:
@@ -80,7 +87,13 @@ def read(path: str, argument: str) -> np.ndarray:
         raise ArgumentError(argument, f"{path} is a directory" if os.path.isdir(path) else
                                       f"{path} is not a regular file")
     if suffix == ".npy":
-        return _read_npy(path, argument)
+        array = _read_npy(path, argument)
+        if npy_order == "halide":
+            if array.ndim > 1 and not array.flags.c_contiguous:
+                raise ArgumentError(argument, f"{path} is in Fortran order, which "
+                                              f"halide_image_io does not read (--npy_order=halide)")
+            array = array.reshape(array.shape[::-1])  # (the same bytes, x last)
+        return array
     try:
         if suffix == ".png" and _is_16_bit_colour_png(path):
             pixels = _pypng_read(path, argument)
@@ -106,7 +119,11 @@ def _read_npy(path: str, argument: str) -> np.ndarray:
         with open(path, "rb") as f:
             is_npy = f.read(len(magic)) == magic
             f.seek(0)
-            array = np.load(f, allow_pickle=False) if is_npy else None
+            with warnings.catch_warnings():
+                # (halide_image_io writes headers numpy calls old-fashioned: nothing to act on.)
+                warnings.filterwarnings("ignore", "Reading `.npy` or `.npz` file required "
+                                                  "additional header parsing")
+                array = np.load(f, allow_pickle=False) if is_npy else None
     except (OSError, ValueError, MemoryError) as e:  # (the header's shape is allocated first)
         raise ArgumentError(argument, f"cannot read {path}: {e}") from None
     except Exception as e:  # np.load's header parser raises what it meets (tokenize's errors)
@@ -159,9 +176,11 @@ class SavePlan:
     path: str
     dimensions: int
     dtype: np.dtype
+    npy_order: str = "numpy"  # (for a .npy file: see NPY_ORDERS)
 
 
-def plan_save(argument: str, path: str, shape: tuple, dtype: np.dtype, warn) -> SavePlan:
+def plan_save(argument: str, path: str, shape: tuple, dtype: np.dtype, warn,
+              npy_order: str = "numpy") -> SavePlan:
     """The SavePlan for an output of numpy ``shape`` and ``dtype`` (RunGen's best format:
     the fewest dimensions added or dropped, then the nearest bit width, then the same kind of
     number), after checking that it can be written; conversions are announced through
@@ -171,7 +190,7 @@ def plan_save(argument: str, path: str, shape: tuple, dtype: np.dtype, warn) -> 
         raise _unsupported(argument, path)
     check_writable(argument, path)
     if suffix == ".npy":
-        return SavePlan(path, len(shape), dtype)
+        return SavePlan(path, len(shape), dtype, npy_order)
     image_format = _IMAGE_FORMATS[suffix]
     dims = len(shape)
     # Ties go to the first in halide_image_io's order: by type code, bits, dimensions.
@@ -232,7 +251,10 @@ def save(plan: SavePlan, array: np.ndarray, argument: str) -> None:
         # Into a file of our own: np.save would add .npy to a name in .NPY, and imageio's own
         # file, failing to close (a full disk), fails again when collected, with a traceback.
         with open(plan.path, "wb") as f:
-            if suffix == ".npy":
+            if suffix == ".npy" and plan.npy_order == "halide":
+                dense = np.ascontiguousarray(array)
+                np.save(f, dense.reshape(dense.shape[::-1]))  # the same bytes, x first
+            elif suffix == ".npy":
                 np.save(f, array)
             elif array.ndim == 3 and array.dtype == _U16 and suffix == ".png":
                 _pypng_write(f, array, argument)

@@ -21,6 +21,7 @@ import sys
 
 import shim
 from shim.profiling import halide_profiler
+from shim.cli import images
 from shim.cli import runner
 from shim.cli import timing
 from shim.backends.devices import kinds
@@ -106,6 +107,8 @@ def _run(args, parser) -> int:
         # The summary's Stages tables show Halide's profiler figures: its own report at exit
         # would repeat them (it stays where the program or the environment sends it).
         halide_profiler.silence_exit_report_unless_chosen()
+    if (args.chunks is not None or args.scheduler is not None) and args.npy_order != "numpy":
+        parser.error("--chunks streams .npy files in numpy's order only: leave out --npy_order")
     if args.chunks is not None or args.scheduler is not None:
         from shim.cli import run_chunked  # (its dask is an optional extra)
 
@@ -302,6 +305,11 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
             help="run once over the inputs in chunks of W x H (x first, like the extents; "
                  "dimensions left out whole) through dask, with a progress bar: .npy inputs and "
                  "outputs stream through memory maps (needs the dask extra)")
+        shim_options.add_argument(
+            "--npy_order", choices=images.NPY_ORDERS, default="numpy",
+            help=".npy files' shape: numpy's (default: a W x H image is (H, W), as np.save "
+                 "writes it and np.load gives it) or halide_image_io's, which RunGen reads and "
+                 "writes (the same bytes, the shape listed x first: (W, H))")
         shim_options.add_argument(
             "--scheduler", metavar="ADDRESS",
             help="with --chunks: the distributed scheduler to run on (tcp://HOST:PORT; "

@@ -176,10 +176,10 @@ def parse_input(arg: Argument, text: str) -> InputSpec:
     return InputSpec(text, kind=kind, extents=extents)
 
 
-def read_input(arg: Argument, spec: InputSpec, warn) -> np.ndarray:
+def read_input(arg: Argument, spec: InputSpec, warn, npy_order: str = "numpy") -> np.ndarray:
     """A file input's array, conformed to the argument as RunGen does (shim/cli/images.py)."""
     dtype = buffer_dtype(arg)
-    array = images.read(spec.path, arg.name)
+    array = images.read(spec.path, arg.name, npy_order)
     return images.conform(array, arg.dimensions, dtype, f"input {arg.name!r} ({spec.path})", warn)
 
 

@@ -75,7 +75,7 @@ def run(args, pipeline, texts: dict, console: Console) -> int:
     """Run ``pipeline`` with the argument ``texts`` ({name: text}) and the options ``args``
     (cli.py's), reporting through ``console``."""
     scalars = input_scalars(pipeline, texts, args.default_input_scalars)
-    arrays, specs = _inputs(pipeline, texts, args.default_input_buffers, console)
+    arrays, specs = _inputs(pipeline, texts, args.default_input_buffers, console, args.npy_order)
     outputs = {a.name: run_values.parse_output(a, texts[a.name]) if texts.get(a.name)
                else run_values.OutputSpec(None, None) for a in pipeline.outputs}
     boxes, how = output_sizes(pipeline, scalars, arrays, specs, outputs, args.output_extents,
@@ -86,7 +86,7 @@ def run(args, pipeline, texts: dict, console: Console) -> int:
         images.check_writable("--profile", args.profile)
     plans = {a.name: images.plan_save(a.name, outputs[a.name].path,
                                       run_values.numpy_shape(boxes[a.name]),
-                                      run_values.buffer_dtype(a), console.warn)
+                                      run_values.buffer_dtype(a), console.warn, args.npy_order)
              for a in pipeline.outputs if outputs[a.name].path is not None}
     for name, spec in specs.items():
         arrays[name] = run_values.make_input(_argument(pipeline, name), spec, boxes[name],
@@ -142,7 +142,8 @@ def input_scalars(pipeline, texts: dict, default_text: str | None) -> dict:
     return scalars
 
 
-def _inputs(pipeline, texts: dict, default_text: str | None, console: Console):
+def _inputs(pipeline, texts: dict, default_text: str | None, console: Console,
+            npy_order: str = "numpy"):
     """({input: array} of the inputs read from files, {input: InputSpec} of the others)."""
     arrays, specs = {}, {}
     for a in pipeline.inputs:
@@ -154,7 +155,7 @@ def _inputs(pipeline, texts: dict, default_text: str | None, console: Console):
                                         f"random:SEED:[W,H,...], ...) or --default_input_buffers")
         spec = run_values.parse_input(a, text)
         if spec.path is not None:
-            arrays[a.name] = run_values.read_input(a, spec, console.warn)
+            arrays[a.name] = run_values.read_input(a, spec, console.warn, npy_order)
         else:
             specs[a.name] = spec
     return arrays, specs
