@@ -28,7 +28,10 @@ is read over and each output written over; None where the query fails."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+
+from shim.base.types import INT32_MAX
 
 # How far beyond the first input's extent an output may grow (an upsampling pipeline): a
 # dimension still covered this far out is one the inputs do not bound.
@@ -89,7 +92,10 @@ def _answering(ask):
     """``ask``, answering None where the query's 32-bit arithmetic overflowed (near 2^31 it
     rounds extents up past the limit: negative extents)."""
     def checked(boxes):
-        needed = ask(boxes)
+        try:
+            needed = ask(boxes)
+        except OverflowError:  # (a box beyond 32 bits: no answer, as for the query's own)
+            return None
         if needed is None or any(extent < 0 for box in needed.values() for _, extent in box):
             return None
         return needed
@@ -126,12 +132,24 @@ def _largest_covered(ask, like: dict, known: dict) -> dict | None:
             answer = ask(trial)
             return answer is not None and covered(answer, known, d)
 
-        if covered_at(start * _GROWTH):
-            extent = start  # not bounded by the inputs: the first input's
+        # No trial beyond what a halide_buffer_t's 32-bit extents and strides hold.
+        others = max((math.prod(max(n, 1) for i, (_, n) in enumerate(box) if i != d)
+                      for box in boxes.values()), default=1)
+        cap = min(start * _GROWTH, INT32_MAX // others)
+        if cap > start and covered_at(cap):
+            extent = start  # not bounded by the inputs (as far as can be asked): the first's
+        elif covered_at(min(start, cap)):
+            extent = min(start, cap)
+            if cap > start:  # covered at start, not at cap: the largest in between
+                lo, hi = start, cap
+                while hi - lo > 1:
+                    mid = (lo + hi) // 2
+                    lo, hi = (mid, hi) if covered_at(mid) else (lo, mid)
+                extent = lo
         elif not covered_at(1):
             return None
         else:
-            lo, hi = 1, start * _GROWTH  # covered at lo, not at hi
+            lo, hi = 1, min(start, cap)  # covered at lo, not at hi
             while hi - lo > 1:
                 mid = (lo + hi) // 2
                 lo, hi = (mid, hi) if covered_at(mid) else (lo, mid)
