@@ -191,3 +191,12 @@ def test_the_cli_and_dask_size_as_the_python_api_does(host_pipelines, tmp_path):
     image = da.zeros((3000, 3000), dtype=np.uint16, chunks=1500)
     out = shim.dask.map_pipeline(shim.load(host_pipelines["blur3x3", "no_runtime"]), image)
     assert out.shape == (2998, 2998)
+
+
+def test_sizing_a_wide_input_stays_within_32_bit_boxes(load):
+    # Growing x 64-fold to see whether the inputs bound it would pass 2^31 elements: the
+    # trials stop where a halide_buffer_t's fields end (this raised OverflowError once).
+    image = np.broadcast_to(np.arange(40000, dtype=np.uint16), (1000, 40000))
+    out = load("blur3x3")(image)
+    assert out.shape == (998, 39998)
+    np.testing.assert_array_equal(out.numpy()[:2, :6], _blurred(np.asarray(image[:4, :8])))
