@@ -8,6 +8,7 @@ requirements (pyproject.toml: setuptools, wheel, cffi, halide 21, whose standalo
 compiled into the library): an isolated build fetches halide (168 MB) into its own
 environment first, and makes the same wheel."""
 
+import os
 import re
 import shutil
 import subprocess
@@ -66,13 +67,16 @@ def test_the_wheel_runs_a_pipeline_in_a_fresh_venv(repaired, host_pipelines, tmp
     venv = tmp_path / "venv"
     _run(sys.executable, "-m", "venv", venv)
     python = venv / "bin" / "python"
-    _run(python, "-m", "pip", "install", "--quiet", repaired)
+    # (Nothing of this environment's: a PYTHONPATH would put a checkout before the wheel.)
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
+    _run(python, "-m", "pip", "install", "--quiet", repaired, env=env)
     code = ("import sys, numpy as np, shim\n"
             "p = shim.load(sys.argv[1])\n"
             "out = p(np.arange(12, dtype=np.float32).reshape(3, 4), scale=2.0, offset=1.0)\n"
             "print(shim.__file__); print(out.numpy().tolist())\n"
             "import importlib.util; print(importlib.util.find_spec('halide') is None)\n")
-    done = _run(python, "-c", code, host_pipelines["brighten", "no_runtime"], cwd=tmp_path)
+    done = _run(python, "-c", code, host_pipelines["brighten", "no_runtime"], cwd=tmp_path,
+                env=env)
     where, values, no_halide = done.stdout.splitlines()
     assert where.startswith(str(venv))  # the installed wheel, not this checkout
     expected = np.arange(12, dtype=np.float32).reshape(3, 4) * 2 + 1
