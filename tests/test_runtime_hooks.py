@@ -5,13 +5,16 @@ from the pipeline's own threads too, and the shim's exceptions still carry Halid
 The hooks are installed through ctypes, as a program embedding the shim would, and put back
 as they were after each test.
 
-A runtime function an application defines itself (its own halide_malloc, say) is its own
-business: the shim's runtime library is loaded with RTLD_GLOBAL before any pipeline, so a
-definition in a library loaded later does not replace it (see docs/internals.md); the hooks
-are the way to change what the runtime does."""
+A runtime function an application defines itself (its own halide_acquire_cl_context, say)
+does not replace the shim's: the shim's runtime library is loaded with RTLD_GLOBAL before any
+pipeline (see docs/internals.md), and a library that defines one strongly (Halide's runtime
+defines them weak) is warned of when it loads; the hooks are the way to change what the
+runtime does."""
 
 import ctypes
+import subprocess
 import threading
+import warnings
 from contextlib import contextmanager
 
 import numpy as np
@@ -132,3 +135,50 @@ def test_a_custom_do_par_for_runs_the_parallel_loops(checked_sqrt):
     with installed("halide_set_custom_do_par_for", DO_PAR_FOR, DO_PAR_FOR(my_do_par_for)):
         with pytest.raises(shim.PipelineError, match="at row 3"):
             checked_sqrt(image, False, output=np.zeros_like(image))
+
+
+def test_outside_a_call_a_handled_error_is_the_handlers_alone(capfd):
+    # A program calling a pipeline from C (or a destructor at exit) has no shim call to keep
+    # the message for: the shim prints it, as Halide's default does, unless a handler had it.
+    halide_error = RUNTIME.halide_error
+    halide_error.argtypes, halide_error.restype = [ctypes.c_void_p, ctypes.c_char_p], None
+    halide_error(None, b"unhandled outside a call\n")
+    assert "unhandled outside a call" in capfd.readouterr().err
+    seen = []
+    with installed("halide_set_error_handler", ERROR,
+                   ERROR(lambda uc, msg: seen.append(msg.decode()))):
+        halide_error(None, b"handled outside a call\n")
+    assert seen == ["handled outside a call\n"]
+    assert "handled outside a call" not in capfd.readouterr().err
+
+
+OVERRIDE = """
+#include <stdbool.h>
+/* What Halide's docs tell an application to do to give its OpenCL runtime its own context. */
+int halide_acquire_cl_context(void *user_context, void **ctx, void **q, bool create) {
+    return 0;
+}
+int halide_release_cl_context(void *user_context) { return 0; }
+"""
+
+
+def test_a_library_defining_runtime_functions_itself_is_warned_of(host_pipelines, tmp_path):
+    hl = pytest.importorskip("halide", reason="compiling a test pipeline needs halide")
+    x = hl.Var("x")
+    plus = hl.Func("plus_one")
+    plus[x] = x + 1
+    plus.compile_to({hl.OutputFileType.object: str(tmp_path / "plus.o")}, [], "plus_one",
+                    hl.Target("host-no_runtime"))
+    (tmp_path / "own.c").write_text(OVERRIDE)
+    library = tmp_path / "plus_own.so"
+    subprocess.run(["cc", "-shared", "-fPIC", "-o", library, tmp_path / "plus.o",
+                    tmp_path / "own.c"], check=True)
+    with pytest.warns(shim.RuntimeOverrideWarning, match="defines its own "
+                      "halide_acquire_cl_context, halide_release_cl_context: the shim's runtime "
+                      "replaces them"):
+        pipeline = shim.load(library)
+    np.testing.assert_array_equal(np.asarray(pipeline(plus_one=(4,))), [1, 2, 3, 4])
+    # Halide's own runtime, bundled, defines them all weak: no warning.
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", shim.RuntimeOverrideWarning)
+        shim.load(host_pipelines["brighten", "bundled"])

@@ -293,15 +293,20 @@ size_t shim_call_prints_dropped(const shim_call *call) {
 /* `whole_lines`: end the message with a newline if it lacks one, so that messages from
  * several threads stay apart (each halide_error call is one whole message; print text may
  * come in pieces). */
-static void report(text_buffer *(*which)(shim_call *), const char *msg, bool whole_lines) {
+static void report(text_buffer *(*which)(shim_call *), const char *msg, bool whole_lines,
+                   bool handled) {
     size_t n = strlen(msg);
     const char *end = whole_lines && n > 0 && msg[n - 1] != '\n' ? "\n" : "";
     shim_call *call = current_call;
     if (call == NULL) {
         /* Not inside any shim call (a destructor at exit, a thread Halide did not start for
-         * us): there is nobody to hand the text to, so do what Halide does, minus the abort. */
-        fputs(msg, stderr);
-        fputs(end, stderr);
+         * us, a program calling a pipeline from C): there is nobody to hand the text to, so do
+         * what Halide does, minus the abort; unless an application's handler had it, as
+         * Halide then prints nothing. */
+        if (!handled) {
+            fputs(msg, stderr);
+            fputs(end, stderr);
+        }
         return;
     }
     pthread_mutex_lock(&call->lock);
@@ -319,14 +324,16 @@ static text_buffer *prints_of(shim_call *call) {
 }
 
 /* An error handler an application installed (halide_set_error_handler) is called, as
- * Halide's runtime calls it, and the shim still keeps the message for the call's exception.
- * Halide's default handler prints and aborts: in its place, the shim only keeps the message. */
+ * Halide's runtime calls it, and the shim still keeps the message for the call's exception
+ * (outside a shim call the handler alone has it, as under Halide). Halide's default handler
+ * prints and aborts: in its place, the shim only keeps the message. */
 void halide_error(void *user_context, const char *msg) {
     halide_error_handler_t handler = __atomic_load_n(&shim_halide_error_handler, __ATOMIC_ACQUIRE);
-    if (handler != NULL && handler != halide_default_error) {
+    bool handled = handler != NULL && handler != halide_default_error;
+    if (handled) {
         handler(user_context, msg);
     }
-    report(errors_of, msg, true);
+    report(errors_of, msg, true, handled);
 }
 
 /* A print function an application installed (halide_set_custom_print) gets the text instead
@@ -337,5 +344,5 @@ void halide_print(void *user_context, const char *msg) {
         print(user_context, msg);
         return;
     }
-    report(prints_of, msg, false);
+    report(prints_of, msg, false, false);
 }

@@ -54,6 +54,13 @@ def file_type(path) -> int:
 
 
 def exported_functions(path) -> set[str]:
+    return set(function_symbols(path))
+
+
+def function_symbols(path) -> dict[str, bool]:
+    """{name: whether its definition is strong (STB_GLOBAL, not weak)} of the functions the
+    ELF file defines and exports. Halide's runtime defines every function weak: a strong
+    halide_* one is an application's own."""
     with open(path, "rb") as f:
         data = f.read()
     is64, order = _identity(data)
@@ -78,7 +85,7 @@ def exported_functions(path) -> set[str]:
                 _name, sh_type, _flags, _addr, offset, size, link, _info, _align, entsize = unpack(
                     "IIIIIIIIII", base)
             sections.append((sh_type, offset, size, link, entsize))
-        names = set()
+        names = {}
         for sh_type, offset, size, link, entsize in sections:
             if sh_type != SHT_DYNSYM or entsize == 0:
                 continue
@@ -94,16 +101,18 @@ def exported_functions(path) -> set[str]:
                 if st_shndx == SHN_UNDEF or kind != STT_FUNC or binding not in (STB_GLOBAL, STB_WEAK):
                     continue
                 end = data.index(b"\0", strtab_offset + st_name)
-                names.add(data[strtab_offset + st_name:end].decode("utf-8", "replace"))
+                name = data[strtab_offset + st_name:end].decode("utf-8", "replace")
+                names[name] = names.get(name, False) or binding == STB_GLOBAL
         return names
     except (struct.error, IndexError, ValueError, OverflowError) as e:
         # (OverflowError: an offset beyond any file, read from a header of random bytes.)
         raise NotELF(f"malformed ELF file ({e})") from None
 
 
-def pipeline_names(path) -> list[str]:
-    """The NAMEs for which the library exports both NAME_argv and NAME_metadata."""
-    functions = exported_functions(path)
+def pipeline_names(path, functions=None) -> list[str]:
+    """The NAMEs for which the library exports both NAME_argv and NAME_metadata (among
+    ``functions``, if they were read already)."""
+    functions = exported_functions(path) if functions is None else functions
     return sorted(
         name[: -len("_metadata")]
         for name in functions

@@ -95,6 +95,12 @@ class LayoutWarning(UserWarning):
     calls the pipeline as the extension does)."""
 
 
+class RuntimeOverrideWarning(UserWarning):
+    """A pipeline's library defines a Halide runtime function itself (its own
+    halide_acquire_cl_context, say), which under Halide's runtime would replace Halide's: the
+    shim's runtime, loaded first, is the one its pipelines call."""
+
+
 class SizeWarning(UserWarning):
     """An output the caller left out was sized from the pipeline's estimates, not from its
     inputs: no output like the first input fits what the inputs hold (shim/calls/output_sizes.py).

@@ -13,8 +13,9 @@ import functools
 import hashlib
 import os
 
-from shim.base.elf import ET_REL, NotELF, architecture, file_type, pipeline_names
-from shim.base.errors import ArgumentError
+from shim.base.elf import (ET_REL, NotELF, architecture, exported_functions, file_type,
+                           function_symbols, pipeline_names)
+from shim.base.errors import ArgumentError, RuntimeOverrideWarning, warn_caller
 from shim.calls.metadata import read_metadata
 from shim.native import LIBRARY_PATH, ffi
 
@@ -92,7 +93,8 @@ def _choose_name(path: str, name: str | None) -> str:
             raise ArgumentError("path", f"{path} is an object file, not a shared library: link "
                                         f"it into one first (cc -shared -o {stem}.so "
                                         f"{os.path.basename(path)} -lpthread -ldl)")
-        names = pipeline_names(path)
+        symbols = function_symbols(path)
+        names = pipeline_names(path, symbols)
     except NotELF as e:
         if _is_archive(path):
             stem = os.path.splitext(os.path.basename(path))[0]
@@ -106,6 +108,7 @@ def _choose_name(path: str, name: str | None) -> str:
     if not names:
         raise ArgumentError("path", f"{path} is not a Halide pipeline: it exports no "
                                     "NAME_argv / NAME_metadata pair")
+    _warn_of_own_runtime_functions(path, symbols)
     if name is None:
         if len(names) > 1:
             raise ArgumentError("name", f"{path} holds several pipelines ({', '.join(names)}); "
@@ -114,6 +117,25 @@ def _choose_name(path: str, name: str | None) -> str:
     if name not in names:
         raise ArgumentError("name", f"{path} has no pipeline {name!r}; it has {', '.join(names)}")
     return name
+
+
+def _warn_of_own_runtime_functions(path: str, symbols: dict) -> None:
+    """A library that defines a runtime function itself (strongly, where Halide's runtime is
+    weak), such as halide_acquire_cl_context to hand Halide its own OpenCL context, expects
+    Halide to call it: under the shim, the shim's definition is the one every pipeline calls
+    (its library is loaded first, with RTLD_GLOBAL). Said once per library, not silently."""
+    own = sorted(name for name, strong in symbols.items()
+                 if strong and name.startswith("halide_") and name in _shim_runtime_functions())
+    if own:
+        warn_caller(f"{path} defines its own {', '.join(own)}: the shim's runtime replaces "
+                    f"{'them' if len(own) > 1 else 'it'} (what the pipeline calls is the "
+                    f"shim's; Halide's halide_set_* hooks are the way to change what it does: "
+                    f"docs/internals.md)", RuntimeOverrideWarning)
+
+
+@functools.cache
+def _shim_runtime_functions() -> frozenset:
+    return frozenset(exported_functions(LIBRARY_PATH))
 
 
 def _is_archive(path: str) -> bool:
