@@ -2,6 +2,7 @@
  * Python calls directly, plus the OpenCL context hook that opencl.cpp defines. cffi cdef. */
 
 const struct halide_device_interface_t *halide_opencl_device_interface(void);
+const struct halide_device_interface_t *halide_opencl_image_device_interface(void);
 int halide_opencl_initialize_kernels(void *user_context, void **state_ptr, const char *src, int size);
 int halide_opencl_run(void *user_context, void *state_ptr, const char *entry_name,
                       int blocksX, int blocksY, int blocksZ, int threadsX, int threadsY, int threadsZ,

@@ -13,7 +13,9 @@ enum shim_backend {
      * It stands for "the parent's allocation, not yet made"; the crop's first device use
      * allocates the parent on the device asked for and makes the crop alias it. */
     SHIM_BACKEND_PROXY = 3,
-    SHIM_BACKEND_COUNT = 4
+    /* OpenCL image memory (Halide's MemoryType::GPUTexture), on the OpenCL backend's device. */
+    SHIM_BACKEND_OPENCL_IMAGE = 4,
+    SHIM_BACKEND_COUNT = 5
 };
 
 const struct halide_device_interface_t *shim_backend_interface(int backend);
@@ -33,6 +35,10 @@ typedef struct shim_cl_handle {
     uint32_t served;
     uint32_t native_made;  /* made by the native layer: shim_opencl_handle_release frees it */
     uint64_t nbytes, capacity;  /* a served allocation's: asked for, and held */
+    /* A handle of the image interface: the image's dimensions (1-3), and launch_mem is the
+     * image where the buffer is the image's own (offset 0, as many dimensions); any other crop
+     * or slice is staged into an image of its own around each launch. 0 for a buffer. */
+    uint32_t image_dims;
 } shim_cl_handle;
 
 typedef struct shim_cl_module shim_cl_module;

@@ -22,7 +22,8 @@ def test_every_backend_class_is_registered_once_with_its_own_facts():
     classes = devices.BACKEND_CLASSES
     assert len({cls.kind for cls in classes}) == len({cls.index for cls in classes}) == len(classes)
     # The native indices are the enum's, one interface each, and the proxy is none of them.
-    native = {lib.SHIM_BACKEND_HOST, lib.SHIM_BACKEND_OPENCL, lib.SHIM_BACKEND_CUDA}
+    native = {lib.SHIM_BACKEND_HOST, lib.SHIM_BACKEND_OPENCL, lib.SHIM_BACKEND_CUDA,
+              lib.SHIM_BACKEND_OPENCL_IMAGE}
     assert {cls.index for cls in classes} == native
     assert devices.kinds() == [cls.kind for cls in classes]
     for cls in classes:

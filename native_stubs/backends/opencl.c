@@ -36,11 +36,30 @@ typedef void *cl_command_queue;
 typedef void *cl_context;
 typedef void *cl_event;
 typedef uint64_t cl_mem_flags;
+typedef struct {
+    cl_uint image_channel_order;
+    cl_uint image_channel_data_type;
+} cl_image_format;
+typedef struct {
+    cl_uint image_type;
+    size_t image_width, image_height, image_depth, image_array_size;
+    size_t image_row_pitch, image_slice_pitch;
+    cl_uint num_mip_levels, num_samples;
+    cl_mem buffer;
+} cl_image_desc;
 
 #define CL_MEM_READ_WRITE ((cl_mem_flags)1)
 #define CL_OUT_OF_RESOURCES (-5)
 #define CL_OUT_OF_HOST_MEMORY (-6)
 #define CL_INVALID_VALUE (-30)
+#define CL_INVALID_OPERATION (-59)
+#define CL_IMAGE_FORMAT 0x1110
+#define CL_IMAGE_ELEMENT_SIZE 0x1111
+#define CL_IMAGE_WIDTH 0x1114
+#define CL_IMAGE_HEIGHT 0x1115
+#define CL_MEM_OBJECT_IMAGE2D 0x10F1
+#define CL_MEM_OBJECT_IMAGE3D 0x10F2
+#define CL_MEM_OBJECT_IMAGE1D 0x10F4
 
 static struct {
     cl_int (*set_kernel_arg)(cl_kernel, cl_uint, size_t, const void *);
@@ -62,6 +81,13 @@ static struct {
                                        const size_t *, const size_t *, size_t, size_t, size_t,
                                        size_t, cl_uint, const cl_event *, cl_event *);
     cl_int (*finish)(cl_command_queue);
+    /* Images (halide_opencl_image_device_interface): optional, since only image launches need
+     * them; an OpenCL 1.1 loader lacks clCreateImage. */
+    cl_mem (*create_image)(cl_context, cl_mem_flags, const cl_image_format *,
+                           const cl_image_desc *, void *, cl_int *);
+    cl_int (*enqueue_copy_image)(cl_command_queue, cl_mem, cl_mem, const size_t *, const size_t *,
+                                 const size_t *, cl_uint, const cl_event *, cl_event *);
+    cl_int (*get_image_info)(cl_mem, cl_uint, size_t, void *, size_t *);
     cl_context context;
     cl_command_queue queue;
     pid_t process; /* where it was bound (forks/fork.c) */
@@ -89,6 +115,9 @@ int shim_opencl_bind(const char *loader, void *context, void *queue) {
     cl.enqueue_copy_buffer = dlsym(library, "clEnqueueCopyBuffer");
     cl.enqueue_copy_buffer_rect = dlsym(library, "clEnqueueCopyBufferRect");
     cl.finish = dlsym(library, "clFinish");
+    cl.create_image = dlsym(library, "clCreateImage");
+    cl.enqueue_copy_image = dlsym(library, "clEnqueueCopyImage");
+    cl.get_image_info = dlsym(library, "clGetImageInfo");
     if (!cl.set_kernel_arg || !cl.enqueue_nd_range_kernel || !cl.create_kernel ||
         !cl.release_kernel || !cl.create_buffer || !cl.release_mem_object || !cl.retain_mem_object ||
         !cl.enqueue_write_buffer || !cl.enqueue_read_buffer ||
@@ -292,6 +321,12 @@ static void give_kernel(kernel_entry *entry, cl_kernel kernel) {
 
 const struct halide_device_interface_t *halide_opencl_device_interface(void) {
     return shim_backend_interface(SHIM_BACKEND_OPENCL);
+}
+
+/* OpenCL image memory: the Python side is shim/backends/opencl_image.py; kernels take an
+ * image where they take a buffer, so launches below serve both. */
+const struct halide_device_interface_t *halide_opencl_image_device_interface(void) {
+    return shim_backend_interface(SHIM_BACKEND_OPENCL_IMAGE);
 }
 
 int halide_opencl_initialize_kernels(void *user_context, void **state_ptr, const char *src,
@@ -569,6 +604,9 @@ typedef struct {
     shim_cl_staging *staging;
     layout layout;
     bool written; /* given as a parameter the kernel may write through */
+    /* A crop of an image: its own image, where the crop is in the parent image. */
+    cl_mem image;
+    size_t origin[3], region[3];
 } staged_buffer;
 
 static staged_buffer *staged_for(staged_buffer *staged, int staged_count,
@@ -601,9 +639,86 @@ static bool failed(launch_error *error, const char *what, cl_int code) {
     return code != 0;
 }
 
+/* --- staging crops of images ---------------------------------------------------------------
+ *
+ * A kernel reads an image at coordinates relative to the buffer's min, and OpenCL has no
+ * sub-images: a crop or slice of an image other than the image itself gets an image of its own
+ * extents around each launch, copied from where the crop is in the parent image and, if the
+ * kernel may write it, back, on the one in-order queue (only the crop's pixels). Its
+ * dimensions must follow the image's axes in order (x, then y, then z: a slice of z, or a crop
+ * of any box); Halide's runtime refuses every crop of an image that is not the whole image. */
+
+static bool image_info(cl_mem image, cl_uint what, size_t *value) {
+    *value = 0;
+    return cl.get_image_info(image, what, sizeof *value, value, NULL) == 0;
+}
+
+static bool stage_image_in(cl_command_queue queue, const halide_buffer_t *buf,
+                           staged_buffer *staged, launch_error *error) {
+    const shim_cl_handle *handle = staged->handle;
+    if (cl.create_image == NULL || cl.enqueue_copy_image == NULL || cl.get_image_info == NULL) {
+        failed(error, "staging a crop of an image (the OpenCL loader has no clCreateImage)",
+               CL_INVALID_OPERATION);
+        return false;
+    }
+    cl_image_format format;
+    size_t elem, width, height;
+    if (cl.get_image_info(handle->mem, CL_IMAGE_FORMAT, sizeof format, &format, NULL) != 0 ||
+        !image_info(handle->mem, CL_IMAGE_ELEMENT_SIZE, &elem) ||
+        !image_info(handle->mem, CL_IMAGE_WIDTH, &width) ||
+        !image_info(handle->mem, CL_IMAGE_HEIGHT, &height) || elem == 0 || width == 0) {
+        failed(error, "clGetImageInfo (staging a crop of an image)", CL_INVALID_VALUE);
+        return false;
+    }
+    height = height ? height : 1;
+    uint64_t first = handle->offset / elem;
+    staged->origin[0] = first % width;
+    staged->origin[1] = first / width % height;
+    staged->origin[2] = first / (width * height);
+    const int64_t axis_strides[3] = {1, (int64_t)width, (int64_t)(width * height)};
+    int dims = buf->dimensions;
+    for (int d = 0; d < 3; d++) {
+        staged->region[d] = d < dims ? (size_t)buf->dim[d].extent : 1;
+    }
+    bool in_order = dims >= 1 && dims <= 3 && handle->offset % elem == 0;
+    for (int d = 0; in_order && d < dims; d++) {
+        in_order = buf->dim[d].extent == 1 || buf->dim[d].stride == axis_strides[d];
+    }
+    if (!in_order) {
+        failed(error, "staging a crop of an image whose dimensions are not the image's x, y, z "
+                      "in order", CL_INVALID_VALUE);
+        return false;
+    }
+    static const cl_uint types[] = {0, CL_MEM_OBJECT_IMAGE1D, CL_MEM_OBJECT_IMAGE2D,
+                                    CL_MEM_OBJECT_IMAGE3D};
+    cl_image_desc desc = {types[dims], staged->region[0], staged->region[1], staged->region[2],
+                          1, 0, 0, 0, 0, NULL};
+    cl_int code = 0;
+    staged->image = cl.create_image(cl.context, CL_MEM_READ_WRITE, &format, &desc, NULL, &code);
+    if (staged->image == NULL) {
+        failed(error, "clCreateImage (staging a crop of an image)",
+               code ? code : CL_OUT_OF_RESOURCES);
+        return false;
+    }
+    const size_t zero[3] = {0, 0, 0};
+    code = cl.enqueue_copy_image(queue, handle->mem, staged->image, staged->origin, zero,
+                                 staged->region, 0, NULL, NULL);
+    return !failed(error, "clEnqueueCopyImage (staging a crop of an image)", code);
+}
+
+/* Whether a launch gives the kernel the buffer's own memory (else it stages it). */
+static bool launched_directly(const halide_buffer_t *buf) {
+    const shim_cl_handle *handle = (const shim_cl_handle *)buf->device;
+    return handle->launch_mem != NULL &&
+           (handle->image_dims == 0 || handle->image_dims == (uint32_t)buf->dimensions);
+}
+
 /* Stage one misaligned crop: its bytes, gaps included, into a staging buffer. */
 static bool stage_in(cl_command_queue queue, const halide_buffer_t *buf, staged_buffer *staged,
                      launch_error *error) {
+    if (staged->handle->image_dims) {
+        return stage_image_in(queue, buf, staged, error);
+    }
     if (!layout_of(buf, &staged->layout)) {
         failed(error, "staging a crop with a negative stride or over 16 dimensions",
                CL_INVALID_VALUE);
@@ -631,7 +746,7 @@ static bool stage_all(cl_command_queue queue, const kernel_entry *entry, int cou
     for (int i = 0; i < count; i++) {
         const halide_buffer_t *buf = args[i];
         shim_cl_handle *handle = arg_is_buffer[i] ? (shim_cl_handle *)buf->device : NULL;
-        if (handle == NULL || handle->launch_mem != NULL) {
+        if (handle == NULL || launched_directly(buf)) {
             continue;
         }
         staged_buffer *b = staged_for(staged, *staged_count, handle);
@@ -639,7 +754,7 @@ static bool stage_all(cl_command_queue queue, const kernel_entry *entry, int cou
             b = &staged[(*staged_count)++];
             *b = (staged_buffer){.handle = handle};
             if (!stage_in(queue, buf, b, error)) {
-                *staged_count -= b->staging == NULL; /* nothing to give back */
+                *staged_count -= b->staging == NULL && b->image == NULL; /* nothing to give back */
                 return false;
             }
         }
@@ -654,6 +769,16 @@ static void unstage_all(cl_command_queue queue, staged_buffer *staged, int stage
                         launch_error *error) {
     for (int s = 0; s < staged_count; s++) {
         staged_buffer *b = &staged[s];
+        if (b->image != NULL) {
+            if (ran && b->written) {
+                const size_t zero[3] = {0, 0, 0};
+                cl_int code = cl.enqueue_copy_image(queue, b->image, b->handle->mem, zero,
+                                                    b->origin, b->region, 0, NULL, NULL);
+                failed(error, "clEnqueueCopyImage (a staged crop of an image's results)", code);
+            }
+            cl.release_mem_object(b->image); /* OpenCL keeps it until the queued copies ran */
+            continue;
+        }
         if (ran && b->written && b->layout.span > 0) {
             cl_int code = copy_elements(queue, &b->layout, b->staging->mem, 0, b->handle->mem,
                                         b->handle->offset);
@@ -663,12 +788,15 @@ static void unstage_all(cl_command_queue queue, staged_buffer *staged, int stage
     }
 }
 
-/* What the kernel gets for a buffer: its launch_mem, else its staging buffer. */
+/* What the kernel gets for a buffer: its launch_mem, else its staging buffer or image. */
 static cl_mem kernel_mem(const halide_buffer_t *buf, staged_buffer *staged,
                          int staged_count) {
     const shim_cl_handle *handle = (const shim_cl_handle *)buf->device;
-    return handle->launch_mem ? handle->launch_mem
-                              : staged_for(staged, staged_count, handle)->staging->mem;
+    if (launched_directly(buf)) {
+        return handle->launch_mem;
+    }
+    const staged_buffer *b = staged_for(staged, staged_count, handle);
+    return b->image != NULL ? b->image : b->staging->mem;
 }
 
 /* Set the kernel's arguments and enqueue it, with a pooled kernel object. */
@@ -704,22 +832,23 @@ static bool enqueue_kernel(shim_cl_module *module, kernel_entry *entry, cl_comma
     return !failed(error, "clEnqueueNDRangeKernel", code);
 }
 
-/* The number of buffer arguments without a launch_mem, or -1 (after halide_error) if one is
- * not on the OpenCL device. */
+/* The number of buffer arguments to stage, or -1 (after halide_error) if one is not on the
+ * OpenCL device (as a buffer or as an image). */
 static int misaligned_buffers(void *user_context, int count, void *args[],
                               int8_t arg_is_buffer[]) {
     const struct halide_device_interface_t *opencl = halide_opencl_device_interface();
+    const struct halide_device_interface_t *image = halide_opencl_image_device_interface();
     int misaligned = 0;
     for (int i = 0; i < count; i++) {
         const halide_buffer_t *buf = args[i];
         if (!arg_is_buffer[i]) {
             continue;
         }
-        if (buf->device == 0 || buf->device_interface != opencl) {
+        if (buf->device == 0 || (buf->device_interface != opencl && buf->device_interface != image)) {
             halide_error(user_context, "OpenCL: a kernel argument is not on the OpenCL device\n");
             return -1;
         }
-        misaligned += ((const shim_cl_handle *)buf->device)->launch_mem == NULL;
+        misaligned += !launched_directly(buf);
     }
     return misaligned;
 }
@@ -786,10 +915,15 @@ int halide_opencl_detach_cl_mem(void *user_context, struct halide_buffer_t *buf)
     return result ? result : halide_device_detach_native(user_context, buf);
 }
 
-/* A shim OpenCL handle, or NULL (after halide_error where the buffer is another interface's). */
+/* A shim OpenCL handle, of a buffer or of an image, or NULL (after halide_error where the
+ * buffer is another interface's). */
 static const shim_cl_handle *handle_of(void *user_context, struct halide_buffer_t *buf,
                                        const char *routine) {
-    int result = shim_check_native_handle(user_context, buf, SHIM_BACKEND_OPENCL, routine);
+    int backend = buf != NULL && __atomic_load_n(&buf->device_interface, __ATOMIC_ACQUIRE) ==
+                                     halide_opencl_image_device_interface()
+                      ? SHIM_BACKEND_OPENCL_IMAGE
+                      : SHIM_BACKEND_OPENCL;
+    int result = shim_check_native_handle(user_context, buf, backend, routine);
     return result ? NULL : (const shim_cl_handle *)shim_device_load(buf);
 }
 

@@ -147,6 +147,32 @@ static COLD int refuse_interface_switch(void *user_context, const char *routine)
     return halide_error_code_incompatible_device_interface;
 }
 
+/* Halide refuses to move a buffer to another interface; between OpenCL's buffer memory and
+ * its image memory (one device, one context) the shim moves it, as a program would by hand:
+ * what only the device holds goes home, the allocation is freed, and the caller goes on to
+ * allocate on the interface it asked for. A pipeline that stores an argument in texture memory
+ * asks for images where the shim may have put the argument in buffer memory for it (a numpy
+ * array uploaded before the call) or an earlier pipeline left it there. 1: moved; 0: not a
+ * move between those two; else the failure. */
+static int move_between_opencl_memories(void *user_context, struct halide_buffer_t *buf,
+                                        const struct halide_device_interface_t *current,
+                                        const struct halide_device_interface_t *wanted) {
+    int from = shim_backend_of(current), to = shim_backend_of(wanted);
+    bool opencl_pair = (from == SHIM_BACKEND_OPENCL && to == SHIM_BACKEND_OPENCL_IMAGE) ||
+                       (from == SHIM_BACKEND_OPENCL_IMAGE && to == SHIM_BACKEND_OPENCL);
+    if (!opencl_pair || !shim_has_allocation(shim_device_load(buf), current)) {
+        return 0;
+    }
+    int result = halide_error_code_success;
+    if (shim_flags_load(buf) & DEVICE_DIRTY) {
+        result = halide_copy_to_host(user_context, buf);
+    }
+    if (result == halide_error_code_success) {
+        result = halide_device_free(user_context, buf);
+    }
+    return result == halide_error_code_success ? 1 : result;
+}
+
 /* A malloc-like entry point may not move a buffer to another interface. */
 static int check_same_interface(void *user_context, const halide_buffer_t *buf,
                                 const struct halide_device_interface_t *device_interface,
@@ -254,7 +280,14 @@ int halide_copy_to_device(void *user_context, struct halide_buffer_t *buf,
      * allocates its parent and makes it alias that (shim/core/runtime.py). */
     bool allocated = shim_has_allocation(shim_device_load(buf), current);
     if (allocated && current != device_interface) {
-        return refuse_interface_switch(user_context, "halide_copy_to_device");
+        result = move_between_opencl_memories(user_context, buf, current, device_interface);
+        if (result == 0) {
+            return refuse_interface_switch(user_context, "halide_copy_to_device");
+        }
+        if (result != 1) {
+            return result;
+        }
+        allocated = false;
     }
     if (allocated && !(shim_flags_load(buf) & HOST_DIRTY)) {
         return NOOP(COPY_TO_DEVICE);
@@ -300,6 +333,13 @@ int halide_device_malloc(void *user_context, struct halide_buffer_t *buf,
     int result = validate(user_context, buf, "halide_device_malloc");
     if (result) {
         return REFUSED(DEVICE_MALLOC, result);
+    }
+    if (device_interface != NULL) {
+        result = move_between_opencl_memories(user_context, buf, interface_of(buf),
+                                              device_interface);
+        if (result < 0 || result > 1) {
+            return result;
+        }
     }
     result = check_same_interface(user_context, buf, device_interface, "halide_device_malloc");
     if (result) {
@@ -623,12 +663,17 @@ static int cuda_compute_capability(void *uc, int *major, int *minor) {
 static int proxy_compute_capability(void *uc, int *major, int *minor) {
     return compute_capability(SHIM_BACKEND_PROXY, uc, major, minor);
 }
+static int opencl_image_compute_capability(void *uc, int *major, int *minor) {
+    return compute_capability(SHIM_BACKEND_OPENCL_IMAGE, uc, major, minor);
+}
 
 static const struct halide_device_interface_t interfaces[SHIM_BACKEND_COUNT] = {
     [SHIM_BACKEND_HOST] = INTERFACE(SHIM_BACKEND_HOST, host_compute_capability),
     [SHIM_BACKEND_OPENCL] = INTERFACE(SHIM_BACKEND_OPENCL, opencl_compute_capability),
     [SHIM_BACKEND_CUDA] = INTERFACE(SHIM_BACKEND_CUDA, cuda_compute_capability),
     [SHIM_BACKEND_PROXY] = INTERFACE(SHIM_BACKEND_PROXY, proxy_compute_capability),
+    [SHIM_BACKEND_OPENCL_IMAGE] = INTERFACE(SHIM_BACKEND_OPENCL_IMAGE,
+                                            opencl_image_compute_capability),
 };
 
 const struct halide_device_interface_t *shim_backend_interface(int backend) {
@@ -707,12 +752,14 @@ IMPL_FUNCTIONS(host, SHIM_BACKEND_HOST)
 IMPL_FUNCTIONS(opencl, SHIM_BACKEND_OPENCL)
 IMPL_FUNCTIONS(cuda, SHIM_BACKEND_CUDA)
 IMPL_FUNCTIONS(proxy, SHIM_BACKEND_PROXY)
+IMPL_FUNCTIONS(opencl_image, SHIM_BACKEND_OPENCL_IMAGE)
 
 static const struct halide_device_interface_impl_t impls[SHIM_BACKEND_COUNT] = {
     [SHIM_BACKEND_HOST] = IMPL_TABLE(host),
     [SHIM_BACKEND_OPENCL] = IMPL_TABLE(opencl),
     [SHIM_BACKEND_CUDA] = IMPL_TABLE(cuda),
     [SHIM_BACKEND_PROXY] = IMPL_TABLE(proxy),
+    [SHIM_BACKEND_OPENCL_IMAGE] = IMPL_TABLE(opencl_image),
 };
 
 void shim_buffer_set_device(struct halide_buffer_t *buf, uint64_t device,

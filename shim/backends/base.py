@@ -35,7 +35,7 @@ from abc import ABC, abstractmethod
 from shim.base import sections
 from shim.backends import pool as pools
 from shim.native import ffi, lib
-from shim.native.regions import CopyPlan
+from shim.native.regions import CopyPlan, Layout
 
 
 class BackendError(Exception):
@@ -112,6 +112,9 @@ class Backend(ABC):
     #: Where shim.default_device() tries this kind among the others (lower first); None:
     #: never chosen by default.
     default_rank: int | None = None
+    #: The Halide target feature of the pipelines whose kernels take this backend's memory,
+    #: where it is not ``kind``: another kind of memory of the same API (OpenCL images).
+    api: str | None = None
 
     @classmethod
     @abstractmethod
@@ -181,6 +184,12 @@ class Backend(ABC):
         memory.nbytes = nbytes
         self._live[id(memory)] = memory
         return memory
+
+    def allocate_for(self, layout: Layout, type_code: int, nbytes: int) -> Memory:
+        """An allocation of ``nbytes`` for a buffer laid out as ``layout``, of elements of
+        Halide type code ``type_code``: ``allocate``'s, where memory is plain bytes. A backend
+        whose memory has a shape and an element type (OpenCL images) makes it from these."""
+        return self.allocate(nbytes)
 
     def free(self, memory: Memory) -> None:
         """Release an owned allocation (called once, when no handle into it remains): pooled

@@ -10,12 +10,14 @@ from shim.backends.base import Backend
 from shim.backends.cuda import CUDABackend
 from shim.backends.host import HostBackend
 from shim.backends.opencl import OpenCLBackend
+from shim.backends.opencl_image import OpenCLImageBackend
 from shim.base.errors import ArgumentError, DeviceUnavailable
 from shim.native import ffi, lib
 
 # Every backend the shim has. Each class holds its own facts (kind, native index, DLPack
 # device type, default_rank); everything else derives them from here.
-BACKEND_CLASSES: tuple[type[Backend], ...] = (HostBackend, OpenCLBackend, CUDABackend)
+BACKEND_CLASSES: tuple[type[Backend], ...] = (HostBackend, OpenCLBackend, CUDABackend,
+                                               OpenCLImageBackend)
 _BY_KIND = {cls.kind: cls for cls in BACKEND_CLASSES}
 _BY_INDEX = {cls.index: cls for cls in BACKEND_CLASSES}
 
@@ -44,6 +46,13 @@ def backend_class(kind: str) -> type[Backend] | None:
     return _BY_KIND.get(kind)
 
 
+def classes_for_apis(apis) -> list[type[Backend]]:
+    """The backends whose memory a pipeline built for the device APIs ``apis`` (Halide target
+    features: "opencl", "cuda") takes: each API's own, and other kinds of memory of the same
+    API (OpenCL images)."""
+    return [cls for cls in BACKEND_CLASSES if (cls.api or cls.kind) in apis]
+
+
 def kind_of_index(index: int) -> str | None:
     """The kind of the backend whose native index (enum shim_backend) is ``index``."""
     cls = _BY_INDEX.get(index)
@@ -62,10 +71,13 @@ def device(kind: str = HostBackend.kind, **options) -> Backend:
                                     f"{', '.join(sorted(_BY_KIND))}")
     backend = _backends.get(factory.index)
     if backend is None:
+        # Another kind of memory of an API's device (OpenCL images) is made on that device,
+        # made first (the lock is not reentrant).
+        on = () if factory.api is None else (device(factory.api, **options),)
         with _creation_lock:
             backend = _backends.get(factory.index)
             if backend is None:
-                backend = factory(**options)
+                backend = factory(*on) if on else factory(**options)
                 _backends[factory.index] = backend
     elif options and not backend.matches(**options):
         raise ArgumentError("options", f"the {kind} backend already uses {backend.name}; a "

@@ -165,11 +165,13 @@ class OpenCLBackend(Backend):
     default_rank = 1
 
     @classmethod
-    def available(cls) -> list[str]:
-        """"device (platform)" for every OpenCL device on this machine; none without pyopencl
-        (which people who only run CPU or CUDA pipelines need not install) or a driver."""
+    def available(cls, images: bool = False) -> list[str]:
+        """"device (platform)" for every OpenCL device on this machine (``images``: those with
+        image memory); none without pyopencl (which people who only run CPU or CUDA pipelines
+        need not install) or a driver."""
         try:
-            return [f"{d.name} ({p.name})" for p in _platforms() for d in p.get_devices()]
+            return [f"{d.name} ({p.name})" for p in _platforms() for d in p.get_devices()
+                    if d.image_support or not images]
         except Exception:  # noqa: BLE001 - no pyopencl, or pyopencl's own errors for a broken driver
             return []
 
@@ -209,6 +211,11 @@ class OpenCLBackend(Backend):
     @property
     def name(self) -> str:
         return f"{self._device.name.strip()} ({self._platform.name.strip()})"
+
+    @property
+    def images_supported(self) -> bool:
+        """Whether the device has image memory (shim/backends/opencl_image.py)."""
+        return bool(self._device.image_support)
 
     # Every device operation goes through the context or the queue: here a forked child is
     # refused before it reaches the driver (kernel launches, in C, refuse on their own).

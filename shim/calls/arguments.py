@@ -186,7 +186,7 @@ def _over_device_memory(arg, value, call: Call, pipeline: PipelineFacts, to_buff
                                       f"{e}") from None
     _check_buffer_type(arg, buf.element_type, buf.dimensions(), buf.shape)
     if arg.is_output:
-        if pipeline.device_kinds and buf.device.kind not in pipeline.device_kinds:
+        if pipeline.device_kinds and (buf.device.api or buf.device.kind) not in pipeline.device_kinds:
             raise ArgumentError(arg.name, f"{pipeline.name} runs on "
                                           f"{'/'.join(sorted(pipeline.device_kinds))} and "
                                           f"cannot write into {buf.device.kind} memory")

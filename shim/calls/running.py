@@ -18,7 +18,7 @@ from shim.calls.arguments import Call
 from shim.calls.binding import free_temporaries
 from shim.core.bridge import backend_calls, raise_failure, take_exception
 from shim.buffers.buffer import Buffer
-from shim.backends.devices import backend_class
+from shim.backends.devices import backend_class, classes_for_apis
 from shim.base.errors import DEVICE_ERROR_CODES, DeviceError, PipelineError
 from shim.native import CallContext, HeldContext, PreparedRun, ffi, lib, print_text
 
@@ -42,7 +42,7 @@ class Runner:
         # A CPU pipeline writes its outputs on the host.
         self.host_write = not device_kinds
         backends = [backend_class(kind) for kind in device_kinds]
-        self.backend_mask = sum(1 << backend.index for backend in backends if backend is not None)
+        self.backend_mask = sum(1 << backend.index for backend in classes_for_apis(device_kinds))
         # Whether its calls may run from C (the fast paths): not on a device the shim has no
         # backend for, nor on one that orders work across streams (CUDA's fences are Python's).
         self.native_calls = all(backend is not None and not backend.orders_streams

@@ -84,7 +84,8 @@ def allocate(family: Family, backend, raw) -> None:
     (except where a running pipeline call writes it)."""
     family.device_base = backend.placement(_host_offset(family, raw))
     family.backend = backend
-    family.memory = backend.allocate(family.device_base + family.root_layout.nbytes_span)
+    family.memory = backend.allocate_for(family.root_layout, raw.type.code,
+                                         family.device_base + family.root_layout.nbytes_span)
     family.regions = (frozenset(subtract_all([family.root_box()],
                                              [use.box for use in family.uses if use.replaces])),
                       frozenset())
