@@ -185,10 +185,14 @@ class Backend(ABC):
         self._live[id(memory)] = memory
         return memory
 
+    #: Whether memory is made for a buffer's layout and element type (``allocate_for``), not
+    #: for a number of bytes: OpenCL images. The core makes a Layout only for such a backend.
+    shaped_memory = False
+
     def allocate_for(self, layout: Layout, type_code: int, nbytes: int) -> Memory:
         """An allocation of ``nbytes`` for a buffer laid out as ``layout``, of elements of
         Halide type code ``type_code``: ``allocate``'s, where memory is plain bytes. A backend
-        whose memory has a shape and an element type (OpenCL images) makes it from these."""
+        with ``shaped_memory`` makes it from the layout and type."""
         return self.allocate(nbytes)
 
     def free(self, memory: Memory) -> None:

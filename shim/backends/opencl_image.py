@@ -99,6 +99,7 @@ class OpenCLImageBackend(Backend):
     api = "opencl"
     # An image fits only a buffer of its own shape and type; Halide's runtime pools none either.
     reuses_allocations = False
+    shaped_memory = True
 
     @classmethod
     def available(cls) -> list[str]:

@@ -226,7 +226,8 @@ def allocate(raw, interface, family: Family | None) -> Family:
         return family
     nbytes = _span(raw, E.halide_error_code_device_malloc_failed)
     try:
-        memory = backend.allocate_for(Layout.of(raw), raw.type.code, nbytes)
+        memory = (backend.allocate_for(Layout.of(raw), raw.type.code, nbytes)
+                  if backend.shaped_memory else backend.allocate(nbytes))
     except BackendError as e:
         raise Failure(E.halide_error_code_device_malloc_failed, str(e)) from e
     profiler.memory_changed(backend)
