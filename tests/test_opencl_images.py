@@ -159,6 +159,28 @@ def test_a_slice_across_an_images_rows_fails_clearly(texture_pipelines, images):
         pipeline(across, np.zeros((8, 32), np.int32))
 
 
+@pytest.mark.parametrize("on_device", [True, False], ids=["image", "host"])
+def test_a_transposed_view_of_a_3d_image_is_never_launched_as_the_image(texture_pipelines,
+                                                                        images, on_device):
+    # It starts where the image does, with its dimensions, but its y and z are the image's z
+    # and y: a kernel given the image itself would read the wrong pixels (found by an
+    # adversarial pass). It is staged, which refuses it, as Halide's runtime refuses a buffer
+    # that is not dense from x up.
+    pipeline = shim.load(texture_pipelines["tex3_i32", "no_runtime"])
+    source = _array((16, 8, 24), np.int32, seed=3)
+    whole = shim.Buffer(source)
+    if on_device:
+        whole.copy_to_device(images)
+    view = whole.transposed(1, 2)
+    expected = _expected(np.ascontiguousarray(np.swapaxes(source, 0, 1)))
+    try:
+        result = np.asarray(pipeline(view))
+    except shim.ShimError as e:
+        assert "not the image's x, y, z in order" in str(e) or "dense from its first" in str(e)
+    else:
+        np.testing.assert_array_equal(result, expected)
+
+
 def test_images_refuse_what_opencl_cannot_hold(images):
     with pytest.raises(shim.ShimError, match="OpenCL images hold"):
         shim.Buffer(np.zeros((4, 4), np.float64)).copy_to_device(images)

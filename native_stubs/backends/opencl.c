@@ -171,8 +171,8 @@ shim_cl_module *shim_opencl_module_new(void *program, const char *source, size_t
  *
  * A staged crop (see below) is copied back after the kernel only if the kernel may write it:
  * copying back a crop it only reads would put old values over what another call wrote there
- * meanwhile. A kernel cannot write through a pointer to const, and Halide declares every
- * buffer a kernel does not write so. */
+ * meanwhile. A kernel cannot write through a pointer to const, nor to an image it takes
+ * __read_only, and Halide declares every buffer and image a kernel does not write so. */
 
 static bool identifier_char(char c) {
     return c == '_' || isalnum((unsigned char)c);
@@ -183,10 +183,11 @@ static bool is_word(const char *p, size_t n, const char *word) {
 }
 
 /* Reads the parameter list that starts after `p`'s '(': the number of parameters (-1 if the
- * list does not end) and which of them are pointers to const or __constant data. */
+ * list does not end) and which of them are pointers to const or __constant data, or images
+ * taken __read_only. */
 static int read_params(const char *p, uint64_t *read_only) {
     int index = 0, depth = 0;
-    bool pointer = false, constant = false;
+    bool pointer = false, constant = false, read_only_image = false;
     *read_only = 0;
     for (; *p; p++) {
         if (identifier_char(*p)) {
@@ -196,6 +197,7 @@ static int read_params(const char *p, uint64_t *read_only) {
             }
             constant |= !pointer && (is_word(p, n, "const") || is_word(p, n, "__constant") ||
                                      is_word(p, n, "constant"));
+            read_only_image |= is_word(p, n, "__read_only") || is_word(p, n, "read_only");
             p += n - 1;
         } else if (*p == '*') {
             pointer = true;
@@ -204,14 +206,14 @@ static int read_params(const char *p, uint64_t *read_only) {
         } else if (*p == ')' && depth > 0) {
             depth--;
         } else if ((*p == ',' && depth == 0) || *p == ')') {
-            if (pointer && constant && index < 64) {
+            if (((pointer && constant) || read_only_image) && index < 64) {
                 *read_only |= (uint64_t)1 << index;
             }
             index++;
             if (*p == ')') {
                 return index;
             }
-            pointer = constant = false;
+            pointer = constant = read_only_image = false;
         }
     }
     return -1;
@@ -706,11 +708,26 @@ static bool stage_image_in(cl_command_queue queue, const halide_buffer_t *buf,
     return !failed(error, "clEnqueueCopyImage (staging a crop of an image)", code);
 }
 
+/* Whether the buffer is laid out as an image is, x then y then z, dense (dimensions of
+ * extent 1 aside): at the image's offset 0, with its dimensions, it is the image's own start
+ * (a transposed view is not, though it may start there too). */
+static bool dense_from_x(const halide_buffer_t *buf) {
+    int64_t expected = 1;
+    for (int d = 0; d < buf->dimensions; d++) {
+        if (buf->dim[d].extent != 1 && buf->dim[d].stride != expected) {
+            return false;
+        }
+        expected *= buf->dim[d].extent;
+    }
+    return true;
+}
+
 /* Whether a launch gives the kernel the buffer's own memory (else it stages it). */
 static bool launched_directly(const halide_buffer_t *buf) {
     const shim_cl_handle *handle = (const shim_cl_handle *)buf->device;
     return handle->launch_mem != NULL &&
-           (handle->image_dims == 0 || handle->image_dims == (uint32_t)buf->dimensions);
+           (handle->image_dims == 0 ||
+            (handle->image_dims == (uint32_t)buf->dimensions && dense_from_x(buf)));
 }
 
 /* Stage one misaligned crop: its bytes, gaps included, into a staging buffer. */

@@ -87,8 +87,8 @@ def malloc_device(raw, interface) -> None:
 def move_device(raw, interface) -> None:
     """Buffer.copy_to_device to another device than the one the buffer is on: once the calls
     using it have finished, what only the device holds comes home, that allocation goes, and
-    a new one on ``interface`` gets the data. A crop or slice shares its family's allocation
-    and cannot move alone. (Decided under the lock: a buffer that is no longer elsewhere by
+    a new one on ``interface`` gets the data. A family that has had crops or slices shares
+    one allocation, which none of its members moves alone. (Decided under the lock: a buffer that is no longer elsewhere by
     then is simply copied to the device.)"""
     def copy_to_device(uc, raw):  # (named for profiles)
         with locked(raw) as family:
@@ -96,8 +96,9 @@ def move_device(raw, interface) -> None:
             if runtime.lives_elsewhere(raw, interface):
                 if family.shared:
                     raise Failure(E.halide_error_code_incompatible_device_interface,
-                                  "a crop or slice shares its family's allocation and cannot "
-                                  "move alone; free the family's device memory first")
+                                  "the buffer and the crops or slices made of it (even ones "
+                                  "since dropped) share one allocation, which cannot move for "
+                                  "one of them; free its device memory first (device_free)")
                 runtime.bring_home(raw, family)
                 runtime.free_allocation(raw, family)
             runtime.copy_to_device_of(raw, interface, family)
