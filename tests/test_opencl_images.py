@@ -5,7 +5,6 @@ of images work as crops of buffers do (Halide's runtime refuses them); and copie
 an image move exactly its pixels (a Hypothesis property against a numpy model)."""
 
 import subprocess
-import threading
 
 import numpy as np
 import pytest
@@ -15,6 +14,7 @@ import shim
 from shim.backends.devices import device as device_of_kind
 from shim.native import ffi, lib
 from shim.native.regions import Layout, box_plan, mirror_plan
+from support.threads import run_threads
 
 hl = pytest.importorskip("halide", reason="building texture pipelines needs halide")
 
@@ -193,24 +193,13 @@ def test_images_refuse_what_opencl_cannot_hold(images):
 
 def test_threads_calling_a_texture_pipeline_at_once(texture_pipelines):
     pipeline = shim.load(texture_pipelines["tex2_i32", "no_runtime"])
-    failures = []
 
     def work(seed):
-        try:
-            for i in range(10):
-                source = _array((17 + seed, 23 + i), np.int32, seed=seed * 100 + i)
-                result = np.asarray(pipeline(source))
-                if not np.array_equal(result, _expected(source)):
-                    failures.append((seed, i))
-        except Exception as e:  # noqa: BLE001 - reported below
-            failures.append(e)
+        for i in range(10):
+            source = _array((17 + seed, 23 + i), np.int32, seed=seed * 100 + i)
+            np.testing.assert_array_equal(np.asarray(pipeline(source)), _expected(source))
 
-    threads = [threading.Thread(target=work, args=(seed,)) for seed in range(4)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    assert failures == []
+    run_threads(4, work)
 
 
 # --- copies of boxes, against a numpy model ----------------------------------------------------
