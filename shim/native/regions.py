@@ -10,7 +10,6 @@ outer loop extents and strides on each side, and the contiguous chunk copied at 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
@@ -35,9 +34,10 @@ class NegativeStrides(ValueError):
     buffers with negative strides on devices, and so does the shim."""
 
 
-@dataclass(frozen=True)
-class Layout:
-    """A buffer's shape in memory: per Halide dimension, min, extent and stride in bytes."""
+class Layout(NamedTuple):
+    """A buffer's shape in memory: per Halide dimension, min, extent and stride in bytes.
+    (A NamedTuple, not a frozen dataclass: it is made on device paths, and a frozen
+    dataclass's construction and its class's creation at import cost several times more.)"""
 
     elem_size: int
     mins: tuple[int, ...]
@@ -71,10 +71,10 @@ class Layout:
         return sum((c - m) * s for c, m, s in zip(coords, self.mins, self.strides))
 
 
-@dataclass(frozen=True)
-class CopyPlan:
+class CopyPlan(NamedTuple):
     """Copy ``shape`` (outer extents..., chunk bytes) from src_offset to dst_offset, stepping
-    the outer dimensions by src_strides on one side and dst_strides on the other."""
+    the outer dimensions by src_strides on one side and dst_strides on the other (a NamedTuple,
+    as Layout)."""
 
     shape: tuple[int, ...]
     src_strides: tuple[int, ...]

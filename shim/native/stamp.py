@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import subprocess
 import sys
 from pathlib import Path, PurePosixPath
 
@@ -109,6 +108,8 @@ print("" if stamp is None else module.ffi.string(stamp).decode())
 def read(library, python: str = sys.executable) -> dict | None:
     """The stamp of the compiled module at ``library`` (None: it has none), read by ``python``
     in a process of its own: loading it here would put a second native library in this one."""
+    import subprocess  # (here: every import of shim reads this module, few read a stamp)
+
     done = subprocess.run([python, "-I", "-c", READ_SCRIPT, str(library)], capture_output=True,
                           text=True, timeout=120)
     if done.returncode != 0:

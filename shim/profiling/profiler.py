@@ -30,7 +30,6 @@ import time
 from dataclasses import dataclass, field, replace
 
 from shim.profiling import halide_profiler
-from shim.profiling import halide_trace
 from shim.native import interrupts
 from shim.base import sections
 from shim.backends.devices import backend_for_interface, kind_of_index
@@ -96,13 +95,21 @@ class Record:
     _snapshot: object = field(default=None, repr=False)
 
 
-def profile(*, trace_limit: int = halide_trace.DEFAULT_LIMIT,
-            sample_accesses: int = 0) -> Profile:
+def _halide_trace():
+    """shim/profiling/halide_trace.py, imported at the first profile: most processes never
+    make one, and every import of shim would pay for it."""
+    from shim.profiling import halide_trace
+
+    return halide_trace
+
+
+def profile(*, trace_limit: int | None = None, sample_accesses: int = 0) -> Profile:
     """A new profile; it records inside ``with`` or between ``start()`` and ``stop()``.
 
     For pipelines built with Halide's tracing (shim/profiling/halide_trace.py): at most ``trace_limit``
-    begin/end events are kept (the rest are counted in ``trace_dropped``); loads and stores are
-    counted per Func, and one in every ``sample_accesses`` is kept as well where it is not 0."""
+    begin/end events are kept (the rest are counted in ``trace_dropped``; None: 20,000,
+    halide_trace.DEFAULT_LIMIT); loads and stores are counted per Func, and one in every
+    ``sample_accesses`` is kept as well where it is not 0."""
     return Profile(trace_limit=trace_limit, sample_accesses=sample_accesses)
 
 
@@ -117,8 +124,9 @@ class Profile(HeldContext):
     context manager, its start and stop run with signal handlers held (HeldContext): a
     Ctrl-C raised at the first bytecode of a Python __exit__ would leave it recording."""
 
-    def __init__(self, *, trace_limit: int = halide_trace.DEFAULT_LIMIT,
-                 sample_accesses: int = 0):
+    def __init__(self, *, trace_limit: int | None = None, sample_accesses: int = 0):
+        if trace_limit is None:
+            trace_limit = _halide_trace().DEFAULT_LIMIT
         self.trace_limit = _event_count("trace_limit", trace_limit)
         self.sample_accesses = _event_count("sample_accesses", sample_accesses)
         self.records: list[Record] = []
@@ -155,7 +163,7 @@ class Profile(HeldContext):
                 if self._recording or self.duration_ns:
                     raise ShimError("this profile has already recorded; make a new one")
                 self._origin = time.perf_counter_ns()  # (before any span can begin)
-                halide_trace.start(self.trace_limit, self.sample_accesses)
+                _halide_trace().start(self.trace_limit, self.sample_accesses)
                 try:
                     lib.shim_profile_reset()
                     self._recording = True
@@ -193,7 +201,7 @@ class Profile(HeldContext):
         reading of the results below never races them."""
         global _active
         lib.shim_profile_enable(False)
-        trace = halide_trace.stop()  # (read before another profile's start resets it)
+        trace = _halide_trace().stop()  # (read before another profile's start resets it)
         _active = None
         with self._lock:
             self._recording = False
