@@ -3,7 +3,9 @@
  * run (shim/core/call_uses.py's begin_call and end_call, PreparedCall._results), done with a few
  * C-API calls on the same Python objects, for the common case where they are simple:
  *
- * - no thread holds a family's lock (FamilyLock.owner is None); a shared family (a Buffer and its crops, which keep regions) is in a state for which
+ * - no thread holds a family's lock (FamilyLock.owner is None) or waits on it (an operation
+ *   waiting for the family's calls goes before a new one: call_uses.begin_call); a shared
+ *   family (a Buffer and its crops, which keep regions) is in a state for which
  *   shared_records.c has a plan;
  * - array inputs' families have no call in flight and no changes on the device side.
  *
@@ -167,7 +169,9 @@ static int end_in_python(const shim_member *m, PyObject *end_call) {
  * first, after which the lock is checked again. */
 static bool begin_use(shim_member *m, bool host_write) {
     for (bool plan = true;; plan = false) {
-        if (!lock_free(m, false)) {
+        /* (No waiters either: an operation waiting for the family's calls goes before a new
+         * call, which Python arranges: call_uses.begin_call.) */
+        if (!lock_free(m, true)) {
             return false;
         }
         if (!shared_family(m)) {

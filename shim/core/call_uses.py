@@ -27,6 +27,12 @@ def begin_call(call_id: int, arguments, host_write: bool) -> list:
     writes an output on the host (a CPU pipeline) first brings the family's device-side
     changes home. (A Buffer's family never changes: its lock is taken directly.)"""
     inputs = [families.address_of(raw) for raw, _, output in arguments if not output]
+    # Operations of other threads waiting for the families' calls go first; the call waits
+    # before it holds any use (see families.await_operations).
+    for _, family, _ in arguments:
+        if family.lock.awaiting:
+            with family.lock:
+                families.await_operations(family)
     uses = []
     try:
         with interrupts.deferred():

@@ -43,7 +43,7 @@ class FamilyLock(LockState):
     ``owner`` and ``waiting`` are C fields of its base class: the C fast paths read them at
     every call (native_stubs/fast/call_records.c)."""
 
-    __slots__ = ("_lock", "_changed", "abandoned")
+    __slots__ = ("_lock", "_changed", "abandoned", "awaiting")
 
     def __init__(self):
         self._lock = threading.Lock()
@@ -53,6 +53,9 @@ class FamilyLock(LockState):
         self._changed = None
         self.owner = None
         self.waiting = 0  # threads in wait(): notify_all costs nothing without them
+        # Threads (idents) in await_calls: operations waiting for the family's pipeline calls
+        # to end, which new calls let go first (call_uses.begin_call).
+        self.awaiting: list = []
         # In a forked child: another thread of the parent was changing or using the family
         # at the fork (see after_fork_in_child), and never goes on here.
         self.abandoned = False
@@ -543,8 +546,32 @@ def await_calls(family: Family | None, raw=None, *, writers_only: bool = False) 
         raise _abandoned_error()  # (the calls it would wait for never end in this child)
     member = family.members.get(address_of(raw)) if family.shared and raw is not None else None
     box = member.box if member is not None else None
-    while any(_conflicts(use, box, writers_only) for use in family.uses):
-        interrupts.run_pending()  # (a safe point: a handler's exception ends the wait)
+    if not any(_conflicts(use, box, writers_only) for use in family.uses):
+        return
+    # Counted while it waits: a new call on the family waits for it before it begins (else a
+    # thread calling pipelines back to back would keep this one waiting for good), and the
+    # C fast paths, which see a waiter, leave their calls to Python, which does that.
+    me = threading.get_ident()
+    family.lock.awaiting.append(me)
+    try:
+        while any(_conflicts(use, box, writers_only) for use in family.uses):
+            interrupts.run_pending()  # (a safe point: a handler's exception ends the wait)
+            family.lock.wait(0.05)
+    finally:
+        family.lock.awaiting.remove(me)
+        family.lock.notify_all()  # (calls waiting for it)
+
+
+def await_operations(family: Family) -> None:
+    """Called with the family's lock held, by a pipeline call before it records any use: wait,
+    with the lock released, while other threads' operations wait for the family's calls to
+    end (await_calls), so that they go first. A call that waits holds no use, so no operation
+    waits for it: nothing waits in a circle."""
+    if _inside_pipeline_call():
+        return  # (an extern stage's call: the call it runs in may be what they wait for)
+    me = threading.get_ident()
+    while any(thread != me for thread in family.lock.awaiting):
+        interrupts.run_pending()
         family.lock.wait(0.05)
 
 
