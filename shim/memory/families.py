@@ -571,6 +571,8 @@ def await_operations(family: Family) -> None:
         return  # (an extern stage's call: the call it runs in may be what they wait for)
     me = threading.get_ident()
     while any(thread != me for thread in family.lock.awaiting):
+        if abandoned(family):
+            raise _abandoned_error()
         interrupts.run_pending()
         family.lock.wait(0.05)
 
@@ -616,9 +618,13 @@ def _abandoned_error() -> ShimError:
 
 def after_fork_in_child() -> None:
     global _process
+    me = threading.get_ident()
     for family in {id(f): f for f in (*_owned.values(), *_by_handle.values())}.values():
         if _left_by_another_thread(family):
             family.lock.abandoned = True
+        # Operations of the parent's other threads that waited for calls do not exist here:
+        # new calls must not wait for them (await_operations).
+        family.lock.awaiting[:] = [thread for thread in family.lock.awaiting if thread == me]
     _process = os.getpid()
 
 
