@@ -147,20 +147,28 @@ static COLD int refuse_interface_switch(void *user_context, const char *routine)
     return halide_error_code_incompatible_device_interface;
 }
 
-/* Halide refuses to move a buffer to another interface; between OpenCL's buffer memory and
- * its image memory (one device, one context) the shim moves it, as a program would by hand:
- * what only the device holds goes home, the allocation is freed, and the caller goes on to
- * allocate on the interface it asked for. A pipeline that stores an argument in texture memory
- * asks for images where the shim may have put the argument in buffer memory for it (a numpy
- * array uploaded before the call) or an earlier pipeline left it there. 1: moved; 0: not a
- * move between those two; else the failure. */
-static int move_between_opencl_memories(void *user_context, struct halide_buffer_t *buf,
-                                        const struct halide_device_interface_t *current,
-                                        const struct halide_device_interface_t *wanted) {
+/* The device each interface's memory is on: its own, except for another kind of memory of
+ * one device (OpenCL images, on the OpenCL backend's: shim/backends/opencl_image.py, whose
+ * class says so as ``api``). */
+static const int device_of[SHIM_BACKEND_COUNT] = {
+    [SHIM_BACKEND_HOST] = SHIM_BACKEND_HOST,     [SHIM_BACKEND_OPENCL] = SHIM_BACKEND_OPENCL,
+    [SHIM_BACKEND_CUDA] = SHIM_BACKEND_CUDA,     [SHIM_BACKEND_PROXY] = SHIM_BACKEND_PROXY,
+    [SHIM_BACKEND_OPENCL_IMAGE] = SHIM_BACKEND_OPENCL,
+};
+
+/* Halide refuses to move a buffer to another interface; between two kinds of memory of one
+ * device (one context: OpenCL's buffers and images) the shim moves it, as a program would by
+ * hand: what only the device holds goes home, the allocation is freed, and the caller goes on
+ * to allocate on the interface it asked for. A pipeline that stores an argument in texture
+ * memory asks for images where the shim may have put the argument in buffer memory for it (a
+ * numpy array uploaded before the call) or an earlier pipeline left it there. 1: moved; 0: not
+ * such a move; else the failure. */
+static int move_within_device(void *user_context, struct halide_buffer_t *buf,
+                              const struct halide_device_interface_t *current,
+                              const struct halide_device_interface_t *wanted) {
     int from = shim_backend_of(current), to = shim_backend_of(wanted);
-    bool opencl_pair = (from == SHIM_BACKEND_OPENCL && to == SHIM_BACKEND_OPENCL_IMAGE) ||
-                       (from == SHIM_BACKEND_OPENCL_IMAGE && to == SHIM_BACKEND_OPENCL);
-    if (!opencl_pair || !shim_has_allocation(shim_device_load(buf), current)) {
+    if (from < 0 || to < 0 || from == to || device_of[from] != device_of[to] ||
+        !shim_has_allocation(shim_device_load(buf), current)) {
         return 0;
     }
     int result = halide_error_code_success;
@@ -280,7 +288,7 @@ int halide_copy_to_device(void *user_context, struct halide_buffer_t *buf,
      * allocates its parent and makes it alias that (shim/core/runtime.py). */
     bool allocated = shim_has_allocation(shim_device_load(buf), current);
     if (allocated && current != device_interface) {
-        result = move_between_opencl_memories(user_context, buf, current, device_interface);
+        result = move_within_device(user_context, buf, current, device_interface);
         if (result == 0) {
             return refuse_interface_switch(user_context, "halide_copy_to_device");
         }
@@ -335,7 +343,7 @@ int halide_device_malloc(void *user_context, struct halide_buffer_t *buf,
         return REFUSED(DEVICE_MALLOC, result);
     }
     if (device_interface != NULL) {
-        result = move_between_opencl_memories(user_context, buf, interface_of(buf),
+        result = move_within_device(user_context, buf, interface_of(buf),
                                               device_interface);
         if (result < 0 || result > 1) {
             return result;

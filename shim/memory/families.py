@@ -54,8 +54,9 @@ class FamilyLock(LockState):
         self.owner = None
         self.waiting = 0  # threads in wait(): notify_all costs nothing without them
         # Threads (idents) in await_calls: operations waiting for the family's pipeline calls
-        # to end, which new calls let go first (call_uses.begin_call).
-        self.awaiting: list = []
+        # to end, which new calls let go first (call_uses.begin_call). A tuple, replaced with
+        # the lock held: most families never have one, and a Buffer makes no list for it.
+        self.awaiting: tuple = ()
         # In a forked child: another thread of the parent was changing or using the family
         # at the fork (see after_fork_in_child), and never goes on here.
         self.abandoned = False
@@ -552,13 +553,14 @@ def await_calls(family: Family | None, raw=None, *, writers_only: bool = False) 
     # thread calling pipelines back to back would keep this one waiting for good), and the
     # C fast paths, which see a waiter, leave their calls to Python, which does that.
     me = threading.get_ident()
-    family.lock.awaiting.append(me)
+    family.lock.awaiting += (me,)
     try:
         while any(_conflicts(use, box, writers_only) for use in family.uses):
             interrupts.run_pending()  # (a safe point: a handler's exception ends the wait)
             family.lock.wait(0.05)
     finally:
-        family.lock.awaiting.remove(me)
+        mine = family.lock.awaiting.index(me)
+        family.lock.awaiting = family.lock.awaiting[:mine] + family.lock.awaiting[mine + 1:]
         family.lock.notify_all()  # (calls waiting for it)
 
 
@@ -624,7 +626,7 @@ def after_fork_in_child() -> None:
             family.lock.abandoned = True
         # Operations of the parent's other threads that waited for calls do not exist here:
         # new calls must not wait for them (await_operations).
-        family.lock.awaiting[:] = [thread for thread in family.lock.awaiting if thread == me]
+        family.lock.awaiting = tuple(thread for thread in family.lock.awaiting if thread == me)
     _process = os.getpid()
 
 
