@@ -45,7 +45,10 @@ def mark_dirty(raw, bit: int, value: bool) -> None:
     shared family, through the family's regions; raises DeviceError when the other side
     holds overlapping changes."""
     with locked(raw) as family:
-        await_calls(family, raw, writers_only=True)
+        # A mark waits for the calls writing the buffer; a device-side one for those reading
+        # it too: a CPU pipeline reading it would find it newer on the device mid-call and
+        # fail (Halide's device_dirty_with_no_device_support).
+        await_calls(family, raw, writers_only=not (bit == DEVICE_DIRTY and value))
         if bit == DEVICE_DIRTY and value and not has_allocation(raw):
             raise ArgumentError("dirty", "this Buffer has no device allocation (nor, for a crop, "
                                          "does its parent), so no device copy can hold changes; "
@@ -88,8 +91,8 @@ def move_device(raw, interface) -> None:
     """Buffer.copy_to_device to another device than the one the buffer is on: once the calls
     using it have finished, what only the device holds comes home, that allocation goes, and
     a new one on ``interface`` gets the data. A family that has had crops or slices shares
-    one allocation, which none of its members moves alone. (Decided under the lock: a buffer that is no longer elsewhere by
-    then is simply copied to the device.)"""
+    one allocation, which none of its members moves alone. (Decided under the lock: a buffer
+    that is no longer elsewhere by then is simply copied to the device.)"""
     def copy_to_device(uc, raw):  # (named for profiles)
         with locked(raw) as family:
             await_calls(family)
