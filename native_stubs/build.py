@@ -87,7 +87,7 @@ def build_ffi():
     ffibuilder.set_source(
         "shim._native",
         '#include "shim_native.h"\n'
-        # A JSON string is also a C string literal: the stamp is ASCII.
+        # A JSON string is also a C string literal (the stamp is ASCII).
         f"static const char *const {native_stamp.SYMBOL} = {json.dumps(stamp)};\n",
         # Every layer's C files; they include each other's headers by their path from HERE.
         sources=[_relative(p) for p in sorted(glob.glob(os.path.join(HERE, "*", "*.c")))],

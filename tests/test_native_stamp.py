@@ -2,7 +2,6 @@
 another package version or from another ABI than the checkout's, with an error that says what
 is stale and how to rebuild, instead of failing strangely later."""
 
-import json
 import os
 import shutil
 import subprocess
@@ -22,12 +21,12 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def test_the_package_version_has_one_source_that_setup_cfg_and_the_module_share():
     assert shim.__version__ == read_configuration(ROOT / "setup.cfg")["metadata"]["version"]
-    stamp = json.loads(ffi.string(getattr(lib, native_stamp.SYMBOL)))
+    stamp = native_stamp.parse(ffi.string(getattr(lib, native_stamp.SYMBOL)).decode())
     assert stamp["version"] == shim.__version__
 
 
 def test_the_module_is_stamped_with_the_abi_of_this_checkout():
-    stamp = json.loads(ffi.string(getattr(lib, native_stamp.SYMBOL)))
+    stamp = native_stamp.parse(ffi.string(getattr(lib, native_stamp.SYMBOL)).decode())
     current = native_stamp.digests(ROOT, native_stamp.CONTRACT)
     assert native_stamp.contract(stamp["sources"]) == current
     assert {"abi/shim_calls.h", "abi/shim_callbacks.h", "native_stubs/build.py"} <= current.keys()

@@ -19,7 +19,6 @@ the caller reads or reuses the host memory next.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import re
 import time
@@ -485,6 +484,8 @@ class CUDABackend(Backend):
     def module(self, ptx: bytes):
         """The loaded module for ``ptx`` in the current context (a shim_cuda_module*), loading
         it once, with Halide 21's register cap."""
+        import hashlib  # (here: 4 ms of every import shim otherwise)
+
         with self._entered() as context:
             key = (context, hashlib.sha256(ptx).digest())
             entry = self._modules.get(key)

@@ -10,7 +10,7 @@ leak checks.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -29,8 +29,7 @@ class HostMemory(Memory):
         self.array = array  # keeps owned memory alive; None for wrapped memory
 
 
-@dataclass
-class Faults:
+class Faults(NamedTuple):
     """What to break. Counts are "the Nth from now" (1 = the next one); None disables."""
 
     fail_allocation: int | None = None

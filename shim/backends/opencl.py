@@ -14,15 +14,12 @@ and copies.
 from __future__ import annotations
 
 import gc
-import hashlib
-import json
 import os
 import re
 import threading
 import time
 from collections import Counter, OrderedDict
 
-from shim.base import binary_cache
 from shim.base import private_files
 from shim.base import sections
 from shim.base.progress import if_slow
@@ -465,6 +462,8 @@ class OpenCLBackend(Backend):
 
     def module(self, source: bytes):
         """The compiled module for ``source`` (a shim_cl_module*), compiling it once."""
+        import hashlib  # (here, as json, binary_cache: 6 ms of every import shim otherwise)
+
         key = hashlib.sha256(source).digest()
         entry = self._programs.get(key)
         if entry is None:
@@ -542,6 +541,9 @@ class OpenCLBackend(Backend):
     def _program_cache_key(self, source: bytes) -> str:
         """Everything the binary of ``source`` depends on (pyopencl adds only its include
         directory to the options: sources with #include are not cached)."""
+        import hashlib
+        import json
+
         p, d = self._platform, self._device
         return json.dumps({
             "format": PROGRAM_CACHE_FORMAT,
@@ -583,5 +585,7 @@ def _program_cache():
     anything but 0). Read at every build."""
     if os.environ.get("HALIDE_SHIM_NO_PROGRAM_CACHE", "").strip() not in ("", "0"):
         return None
+    from shim.base import binary_cache
+
     directory = os.environ.get("HALIDE_SHIM_CACHE") or private_files.cache_root() / "opencl"
     return binary_cache.BinaryCache(directory, "opencl")

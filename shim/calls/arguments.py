@@ -18,7 +18,7 @@ the memory each run needs handled around it are recorded in the call's ``Call``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 
@@ -31,31 +31,33 @@ from shim.interop import dlpack, pyopencl_interop
 from shim.calls.metadata import Argument, check_extents
 
 
-@dataclass(eq=False)
 class Call:
     """The native form of one call's arguments, and what must happen around each run."""
 
-    argv: object = None
-    # The scalars' C values, which argv points to.
-    keep_alive: list = field(default_factory=list)
-    # (index into argv, Argument, Buffer) for each buffer argument.
-    buffers: list = field(default_factory=list)
-    # Buffers the shim made over the caller's input arrays: host-dirty before every run, since
-    # the caller may have written to the array.
-    array_inputs: list = field(default_factory=list)
-    # Buffers the shim made for this call; their device memory is freed when it closes.
-    temporaries: list = field(default_factory=list)
-    # (output Buffer, the caller's array to copy it into, or None when the Buffer is a view of
-    # that array) for outputs given as arrays: their results go back to host memory.
-    copy_back: list = field(default_factory=list)
-    # Outputs over another library's device memory (DLPack): their results go to that memory.
-    device_outputs: list = field(default_factory=list)
-    # What the call returns, in metadata order of the outputs.
-    results: list = field(default_factory=list)
+    __slots__ = ("argv", "keep_alive", "buffers", "array_inputs", "temporaries", "copy_back",
+                 "device_outputs", "results")
+
+    def __init__(self):
+        self.argv = None
+        # The scalars' C values, which argv points to.
+        self.keep_alive = []
+        # (index into argv, Argument, Buffer) for each buffer argument.
+        self.buffers = []
+        # Buffers the shim made over the caller's input arrays: host-dirty before every run,
+        # since the caller may have written to the array.
+        self.array_inputs = []
+        # Buffers the shim made for this call; their device memory is freed when it closes.
+        self.temporaries = []
+        # (output Buffer, the caller's array to copy it into, or None when the Buffer is a
+        # view of that array) for outputs given as arrays: their results go back to host memory.
+        self.copy_back = []
+        # Outputs over another library's device memory (DLPack): their results go to that memory.
+        self.device_outputs = []
+        # What the call returns, in metadata order of the outputs.
+        self.results = []
 
 
-@dataclass(frozen=True)
-class PipelineFacts:
+class PipelineFacts(NamedTuple):
     """What the adapters need to know of the pipeline: its name, target string and the
     device kinds it runs on."""
 

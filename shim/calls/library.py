@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import hashlib
 import os
 
 from shim.base.elf import (ET_REL, NotELF, architecture, exported_functions, file_type,
@@ -56,6 +55,8 @@ class Library:
         first pickle, which most libraries never see. (Not a functools.cached_property: see
         HalideType.dtype in shim/base/types.py.)"""
         if self._digest is None:
+            import hashlib  # (here: its 4 ms import is for the few libraries ever pickled)
+
             self._digest = hashlib.sha256(self.data).hexdigest()  # (two threads: the same value)
         return self._digest
 

@@ -29,7 +29,7 @@ is read over and each output written over; None where the query fails."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from shim.base.types import INT32_MAX
 
@@ -38,8 +38,7 @@ from shim.base.types import INT32_MAX
 _GROWTH = 64
 
 
-@dataclass(frozen=True)
-class Choice:
+class Choice(NamedTuple):
     boxes: dict  # {output name: box}
     how: str  # for messages: "like the first input, NAME", ...
     # Where the size is not what the first input alone would give, why (for a SizeWarning or

@@ -25,7 +25,6 @@ code cannot be unloaded); loaded ones only while someone holds them.
 from __future__ import annotations
 
 import fcntl
-import hashlib
 import os
 import pickle
 import threading
@@ -104,4 +103,6 @@ def _sealed_file(label: str, data: bytes) -> str:
 
 
 def _sha256(data) -> str:
+    import hashlib  # (here: 4 ms of every import shim otherwise)
+
     return hashlib.sha256(data).hexdigest()

@@ -15,7 +15,7 @@ import math
 import operator
 import reprlib
 import warnings
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -234,8 +234,7 @@ def _capsule_of(obj, stream, argument: str):
     return _producer_call(obj, "__dlpack__", argument, export)
 
 
-@dataclass(frozen=True)
-class _Tensor:
+class _Tensor(NamedTuple):
     """A DLTensor's fields, checked, as Python values."""
 
     device: tuple[int, int]

@@ -19,7 +19,6 @@ version of the package, or from another ABI than the checkout's, raises ImportEr
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import threading
@@ -65,8 +64,12 @@ def _check_stamp(module, from_environment: bool) -> None:
     from the cause."""
     root = native_stamp.source_root(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     stamp = getattr(module.lib, native_stamp.SYMBOL, None)
-    built = None if stamp is None else json.loads(module.ffi.string(stamp))
-    problems = native_stamp.problems(built, __version__, root)
+    try:
+        built = None if stamp is None else native_stamp.parse(module.ffi.string(stamp).decode())
+    except ValueError as e:  # a stamp of another form: from an older build of the package
+        problems = [f"its build stamp is of a form this package does not read ({e})"]
+    else:
+        problems = native_stamp.problems(built, __version__, root)
     if not problems:
         return
     if from_environment:

@@ -7,14 +7,16 @@ so, instead of failing strangely far from the cause; benchmarks/gpu_kit.py reads
 whether the module a kit carries was built from this tree.
 
 Standard library only, and no import of shim: the build and the kit load this file by path,
-because importing shim needs the built module.
+because importing shim needs the built module. Every ``import shim`` in a checkout reads the
+stamp and digests the contract's files, so both are cheap: lines of text rather than JSON, and
+a CRC-32 with the size rather than a cryptographic hash (json and hashlib cost 6 ms to import,
+a tenth of the shim's import budget; the stamp guards against mistakes, not adversaries).
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import sys
+import zlib
 from pathlib import Path, PurePosixPath
 
 # What the module is built from, relative to the checkout.
@@ -27,7 +29,7 @@ SOURCES = ("abi/*.h", "native_stubs/**/*.h", "native_stubs/**/*.c", "native_stub
 # next rebuild.
 CONTRACT = ("abi/*.h", "native_stubs/build.py")
 
-# The stamp's name in the module's lib: a C string holding JSON.
+# The stamp's name in the module's lib: a C string holding the stamp's text (see ``text``).
 SYMBOL = "shim_native_stamp"
 
 
@@ -38,16 +40,43 @@ def source_root(package_dir) -> Path | None:
     return root if (root / "native_stubs" / "build.py").is_file() else None
 
 
+def digest(data: bytes) -> str:
+    """A file's digest in a stamp: its size and CRC-32, in hex."""
+    return f"{len(data):x}-{zlib.crc32(data):08x}"
+
+
 def digests(root, patterns=SOURCES) -> dict[str, str]:
-    """{path relative to ``root``: its sha256, 16 hex digits} for the files ``patterns`` match."""
+    """{path relative to ``root``: its digest} for the files ``patterns`` match."""
     root = Path(root)
-    return {path.relative_to(root).as_posix(): hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+    return {path.relative_to(root).as_posix(): digest(path.read_bytes())
             for pattern in patterns for path in sorted(root.glob(pattern))}
 
 
 def make(version: str, root) -> str:
     """The stamp of a module built now, for package ``version``, from the sources in ``root``."""
-    return json.dumps({"version": version, "sources": digests(root)}, sort_keys=True)
+    return text({"version": version, "sources": digests(root)})
+
+
+def text(stamp: dict) -> str:
+    """A stamp ({"version": ..., "sources": {path: digest}}) as the module carries it: a line
+    ``version V``, then a line ``source PATH DIGEST`` per file (paths hold no blanks)."""
+    return "\n".join([f"version {stamp['version']}"] +
+                      [f"source {path} {d}" for path, d in sorted(stamp["sources"].items())])
+
+
+def parse(stamp_text: str) -> dict:
+    """The stamp ``text`` wrote, as the dict it was made from."""
+    version, sources = None, {}
+    for line in stamp_text.splitlines():
+        word, _, rest = line.partition(" ")
+        if word == "version":
+            version = rest
+        elif word == "source":
+            path, _, d = rest.rpartition(" ")
+            sources[path] = d
+    if version is None:
+        raise ValueError(f"not a native module's stamp: {stamp_text[:80]!r}")
+    return {"version": version, "sources": sources}
 
 
 def contract(sources: dict) -> dict:
@@ -58,7 +87,7 @@ def contract(sources: dict) -> dict:
 
 def summary(sources: dict) -> str:
     """One short digest of a set of files' digests, to name the set in a message."""
-    return hashlib.sha256(json.dumps(sources, sort_keys=True).encode()).hexdigest()[:12]
+    return f"{zlib.crc32(text({'version': '', 'sources': sources}).encode()):08x}"
 
 
 def changes(built: dict, current: dict) -> list[str]:
@@ -114,5 +143,5 @@ def read(library, python: str = sys.executable) -> dict | None:
                           text=True, timeout=120)
     if done.returncode != 0:
         raise RuntimeError(f"cannot load {library} to read its stamp:\n{done.stderr}")
-    text = done.stdout.strip()
-    return json.loads(text) if text else None
+    printed = done.stdout.strip()
+    return parse(printed) if printed else None

@@ -52,7 +52,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from shim.native import interrupts
 from shim.native import CallContext, ffi, lib
@@ -84,8 +84,7 @@ def builds_profile(target: str) -> bool:
     return bool(PROFILE_FEATURES & set(target.split("-")))
 
 
-@dataclass(frozen=True, slots=True)
-class StageStats:
+class StageStats(NamedTuple):
     """One Func's figures for one call, as Halide's profiler keeps them. ``time_ns`` is
     sampled (Halide scales the samples to the call's measured duration); ``threads`` is the
     average number of threads active while it ran (None: never sampled)."""
@@ -101,8 +100,7 @@ class StageStats:
     samples: int
 
 
-@dataclass(frozen=True, slots=True)
-class CallStages:
+class CallStages(NamedTuple):
     """Halide's profiler figures for one pipeline call. ``time_ns``: the call's duration as
     Halide measured it; ``share(stage)``: the stage's part of it; ``stages``: every Func in
     Halide's order, its own four slots first (overhead, waiting for parallel tasks,

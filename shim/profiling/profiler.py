@@ -27,7 +27,7 @@ import itertools
 import os
 import threading
 import time
-from dataclasses import dataclass, field, replace
+from typing import NamedTuple
 
 from shim.profiling import halide_profiler
 from shim.native import interrupts
@@ -47,8 +47,7 @@ _start_lock = threading.Lock()
 _local = threading.local()
 
 
-@dataclass(frozen=True, slots=True)
-class BufferInfo:
+class BufferInfo(NamedTuple):
     """A halide_buffer_t as the profile saw it first: ``id`` is the profile's own number for
     it; ``crop_of`` the id of the buffer it is a crop or slice of."""
 
@@ -58,41 +57,52 @@ class BufferInfo:
     crop_of: int | None = None
 
 
-@dataclass(slots=True, eq=False)
 class Record:
     """One recorded call. Times are ns since the profile started; ``device_*`` are None where
     the backend cannot time device work. ``kind`` is "pipeline", "runtime" (a runtime function),
-    "launch" (a kernel) or "copy" (bytes moved inside a runtime call)."""
+    "launch" (a kernel) or "copy" (bytes moved inside a runtime call).
 
-    id: int
-    kind: str
-    name: str
-    thread: int
-    start_ns: int
-    duration_ns: int = 0
-    backend: str | None = None
-    buffer: BufferInfo | None = None
-    bytes: int = 0
-    result: int = 0
-    parent: int | None = None
-    call: int | None = None
-    launch: dict | None = None
-    device_track: str | None = None
-    device_start_ns: int | None = None
-    device_ns: int | None = None
-    markers: object = field(default=None, repr=False)
-    #: A pipeline call of a build with Halide's profiler (``-profile``): that call's per-Func
-    #: figures, a shim.profiling.halide_profiler.CallStages (None where Halide recorded no run of it,
-    #: or where another call of it ended meanwhile and mixed in: one run outside the profile,
-    #: or one that went ahead without its turn, shim/profiling/halide_profiler.py).
-    stages: object = None
-    #: A span of Halide's tracing (kinds "realization", "production", "consumption",
-    #: "halide pipeline"): the box Halide passed, ((min, extent), ...) per dimension.
-    box: tuple | None = None
-    #: A kernel launch in a call of a build with Halide's profiler: the Func (stage) whose
-    #: kernel it is, from the kernel's name (Halide names it after the Func's loop).
-    stage: str | None = None
-    _snapshot: object = field(default=None, repr=False)
+    Other fields: ``backend`` (a device kind), ``buffer`` (a BufferInfo), ``bytes`` moved,
+    ``result`` (Halide's return code), ``parent`` (the id of the record it ran inside),
+    ``call`` (the id of the pipeline call it belongs to), ``launch`` (a kernel's launch
+    geometry), ``device_track``, ``device_start_ns`` and ``device_ns`` (device timing).
+
+    - ``stages``: a pipeline call of a build with Halide's profiler (``-profile``): that call's
+      per-Func figures, a shim.profiling.halide_profiler.CallStages (None where Halide recorded
+      no run of it, or where another call of it ended meanwhile and mixed in: one run outside
+      the profile, or one that went ahead without its turn, shim/profiling/halide_profiler.py).
+    - ``box``: a span of Halide's tracing (kinds "realization", "production", "consumption",
+      "halide pipeline"): the box Halide passed, ((min, extent), ...) per dimension.
+    - ``stage``: a kernel launch in a call of a build with Halide's profiler: the Func (stage)
+      whose kernel it is, from the kernel's name (Halide names it after the Func's loop).
+
+    (A plain class, not a dataclass: a dataclass costs every ``import shim`` a millisecond.)"""
+
+    __slots__ = ("id", "kind", "name", "thread", "start_ns", "duration_ns", "backend", "buffer",
+                 "bytes", "result", "parent", "call", "launch", "device_track",
+                 "device_start_ns", "device_ns", "markers", "stages", "box", "stage",
+                 "_snapshot")
+    # What repr shows: everything but the markers and the snapshot, which are the profile's.
+    _SHOWN = __slots__[:16] + ("stages", "box", "stage")
+
+    def __init__(self, id: int, kind: str, name: str, thread: int, start_ns: int,
+                 duration_ns: int = 0, backend: str | None = None,
+                 buffer: BufferInfo | None = None, bytes: int = 0, result: int = 0,
+                 parent: int | None = None, call: int | None = None, launch: dict | None = None,
+                 device_track: str | None = None, device_start_ns: int | None = None,
+                 device_ns: int | None = None, markers=None, stages=None,
+                 box: tuple | None = None, stage: str | None = None, _snapshot=None):
+        self.id, self.kind, self.name, self.thread = id, kind, name, thread
+        self.start_ns, self.duration_ns, self.backend, self.buffer = start_ns, duration_ns, backend, buffer
+        self.bytes, self.result, self.parent, self.call = bytes, result, parent, call
+        self.launch, self.device_track = launch, device_track
+        self.device_start_ns, self.device_ns = device_start_ns, device_ns
+        self.markers, self.stages, self.box, self.stage = markers, stages, box, stage
+        self._snapshot = _snapshot
+
+    def __repr__(self) -> str:
+        fields = ", ".join(f"{name}={getattr(self, name)!r}" for name in self._SHOWN)
+        return f"Record({fields})"
 
 
 def _halide_trace():
@@ -327,6 +337,8 @@ class Profile(HeldContext):
         thread each ran on, in the pipeline call it ran under."""
         self.accesses, self.trace_dropped = trace.accesses, trace.dropped
         # (times from the profile's start, like the records')
+        from dataclasses import replace  # (halide_trace's records: imported with it)
+
         self.samples = [replace(a, time_ns=a.time_ns - self._origin) for a in trace.samples]
         calls = {r.id: r for r in self.records if r.kind == "pipeline"}
         by_halide_id: dict[int, Record] = {}
