@@ -23,3 +23,7 @@ void *shim_host_exporter_type(void);
  * (native_stubs/fast/buffer_families.c): PyObject *s, called once with the GIL held (ctypes, as
  * the types above); 1 if taken. */
 int shim_buffer_families_watch(void *owned, void *family_type, void *lock_type);
+
+/* The one subclass of Finalized whose instances have nothing to finalize when nothing else
+ * references them (native_stubs/calls/signals_held.c): a PyObject *, as above; 1 if taken. */
+int shim_finalized_skip_when_alone(void *type);

@@ -261,6 +261,41 @@ def test_a_result_used_after_its_finalizer_ran_is_left_unregistered(blur):
     assert families.live_counts() == before
 
 
+def test_a_dying_cycle_whose_other_finalizer_uses_the_result_in_either_order(blur):
+    """The same, through the collector itself: a result and an object whose __del__ reads it
+    (making its struct) die in one cycle. Whichever finalizer the collector runs first, the
+    __del__ reads the pipeline's values and the struct is left unregistered. (The finalizer
+    skips its Python work only for a result nothing else references: signals_held.c.)"""
+    import gc
+
+    reads = []
+
+    class Reader:
+        def __del__(self):
+            result = self.cycle[0]
+            reads.append((result.host_dirty(), result.numpy()[0, 0]))
+
+    before = families.live_counts()
+    gc.disable()  # (the cycles die in the collect below, not at a collection of the loop's)
+    try:
+        for reader_first in (False, True, False, True):
+            # (the collector finalizes in the order the objects came into its list)
+            if reader_first:
+                reader = Reader()
+                result = blur(IMAGE, (10, 12))
+            else:
+                result = blur(IMAGE, (10, 12))
+                reader = Reader()
+            assert type(result) is PipelineResult
+            reader.cycle = [result, reader]
+            del result, reader
+            gc.collect()
+            assert families.live_counts() == before, f"reader first: {reader_first}"
+    finally:
+        gc.enable()
+    assert reads == [(True, blur_reference(IMAGE)[0, 0])] * 4
+
+
 def test_a_result_whose_class_made_a_whole_buffer(blur, opencl):
     """A constructor reached through a result's class (type(result)(array), or a Buffer
     method that makes its copy as type(self)) gives a whole Buffer, never one that waits for a

@@ -12,7 +12,11 @@
  * back and leaves its family; a DLPack import releases its producer's tensor; a CUDA fence gives
  * its event back). Its tp_finalize calls the object's _finalize(): as a Python __del__, a
  * KeyboardInterrupt (or a timeout's exception) raised at its start would be swallowed as
- * "Exception ignored in __del__" and the work left undone for good.
+ * "Exception ignored in __del__" and the work left undone for good. One class may say that its
+ * instances have nothing to finalize when nothing else references them
+ * (shim_finalized_skip_when_alone): a PipelineResult whose struct was never made, which only
+ * marks itself for a later finalizer of its own dying cycle (shim/buffers/pipeline_result.py).
+ * Dropped by its last reference, it then costs no Python call at all.
  *
  * HeldContext: context managers whose entering and leaving must run to their end (a profile
  * that starts must be stopped; a stream set for a block must be put back). Its __enter__ and
@@ -68,7 +72,28 @@ void shim_signal_again(int signum) {
     PyErr_SetInterruptEx(signum); /* (async-signal-safe, needs no GIL) */
 }
 
+/* The class whose instances' finalizer has nothing to do when they are alone (a new
+ * reference). */
+static PyObject *skip_when_alone;
+
+int shim_finalized_skip_when_alone(void *type) {
+    if (!PyType_Check((PyObject *)type)) {
+        return 0;
+    }
+    PyObject *previous = skip_when_alone;
+    skip_when_alone = Py_NewRef((PyObject *)type);
+    Py_XDECREF(previous);
+    return 1;
+}
+
 static void finalize(PyObject *self) {
+    /* Alone: the finalizer runs from the object's deallocation, which holds the one reference
+     * (the collector holds its own and the cycle's while it finalizes a cycle's objects). No
+     * other finalizer can reach the object after this one. (An exact type: a class that made
+     * the instance something else, as a PipelineResult becomes a Buffer, has its own work.) */
+    if ((PyObject *)Py_TYPE(self) == skip_when_alone && Py_REFCNT(self) == 1) {
+        return;
+    }
     PyObject *type, *value, *traceback; /* (a finalizer keeps the current exception) */
     PyErr_Fetch(&type, &value, &traceback);
     shim_signals_hold();

@@ -15,7 +15,7 @@ import threading
 
 import numpy as np
 
-from shim.native import interrupts
+from shim.native import finalized_skip_when_alone, interrupts
 from shim.native.flags import HOST_DIRTY
 from shim.native import flags
 from shim.memory import families
@@ -57,15 +57,10 @@ os.register_at_fork(after_in_child=_after_fork_in_child)
 class PipelineResult(Buffer):
     __slots__ = ()
 
-    @classmethod
-    def over(cls, array: np.ndarray, argument: str) -> Buffer:
-        """The result for the output ``argument`` over ``array``, memory nobody else sees."""
-        buf = cls.__new__(cls)
-        buf._array = array
-        buf._name, buf._superseded = "", None
-        buf._exposed, buf._unread, buf._keepalive = False, False, None
-        buf._pending = argument
-        return buf
+    # What a result's other slots start as, with ``_array`` the array the pipeline wrote and
+    # ``_pending`` the output's name: the fast path makes results in C from this (fastcall.c).
+    FRESH = (("_name", ""), ("_superseded", None), ("_exposed", False), ("_unread", False),
+             ("_keepalive", None))
 
     def __getattr__(self, name: str):
         # Anything the slots do not hold yet (a deferred slot, or an attribute that raised
@@ -74,6 +69,11 @@ class PipelineResult(Buffer):
         # call this after another thread, or the attribute's own code, made it a Buffer.)
         _make_deferred(self)
         return getattr(self, name)
+
+
+# Its finalizer only marks a result whose struct was never made, for a later finalizer of its
+# own dying cycle (ManagedBuffer._finalize): one dropped by its last reference has none.
+finalized_skip_when_alone(PipelineResult)
 
 
 def _make_deferred(result: PipelineResult) -> None:

@@ -126,6 +126,14 @@ def watch_buffer_families(owned: dict, family_type: type, lock_type: type) -> No
         raise ImportError("shim._native: the native layer could not take the Buffers' families")
 
 
+def finalized_skip_when_alone(cls: type) -> None:
+    """Tell Finalized that instances of exactly ``cls`` have nothing to finalize when nothing
+    else references them (native_stubs/calls/signals_held.c): no Python call when the last
+    reference goes."""
+    if not _python_api("shim_finalized_skip_when_alone", cls):
+        raise ImportError("shim._native: Finalized could not take the class")
+
+
 CallPlan = _native_type("shim_fastcall_plan_type")
 PreparedRun = _native_type("shim_prepared_run_type")
 FamilyState = _native_type("shim_family_state_type")
