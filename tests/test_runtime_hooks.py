@@ -9,13 +9,15 @@ A runtime function an application defines itself (its own halide_acquire_cl_cont
 does not replace the shim's: the shim's runtime library is loaded with RTLD_GLOBAL before any
 pipeline (see docs/internals.md), and a library that defines one strongly (Halide's runtime
 defines them weak) is warned of when it loads; the hooks are the way to change what the
-runtime does."""
+runtime does. MemorySanitizer's memory-level hooks are the exception: a library's own are
+called for its code, as Halide's msan test expects."""
 
 import ctypes
 import subprocess
 import threading
 import warnings
 from contextlib import contextmanager
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -182,3 +184,110 @@ def test_a_library_defining_runtime_functions_itself_is_warned_of(host_pipelines
     with warnings.catch_warnings():
         warnings.simplefilter("error", shim.RuntimeOverrideWarning)
         shim.load(host_pipelines["brighten", "bundled"])
+
+
+# A program that checks memory with its own msan hooks, as Halide's msan AOT test does: the
+# pipeline (built with the msan feature) annotates what it writes and checks what it reads,
+# and the hooks log each call's kind and length. MemorySanitizer's own entry points must never
+# be reached: the program's hooks stand in for them.
+MSAN_PROGRAM = r"""
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "HalideRuntime.h"
+
+int doubled(struct halide_buffer_t *in, struct halide_buffer_t *out);
+
+static char log_text[8192];
+static size_t log_used;
+
+static void note(const char *kind, uint64_t len) {
+    log_used += snprintf(log_text + log_used, sizeof log_text - log_used, "%s %llu\n", kind,
+                         (unsigned long long)len);
+}
+int halide_msan_annotate_memory_is_initialized(void *uc, const void *p, uint64_t len) {
+    note("annotate", len);
+    return 0;
+}
+int halide_msan_check_memory_is_initialized(void *uc, const void *p, uint64_t len, const char *n) {
+    note(n, len);
+    return 0;
+}
+void __msan_unpoison(const volatile void *p, size_t n) { abort(); }
+void __msan_check_mem_is_initialized(const volatile void *p, size_t n) { abort(); }
+long __msan_test_shadow(const volatile void *p, size_t n) { abort(); }
+static void on_error(void *uc, const char *msg) { note("error", strlen(msg)); }
+
+/* Runs the pipeline on an interleaved 4x4x3 input of width `in_width` (4 fits; less fails
+ * the bounds check) into a planar 4x4x3 output; the log of the hooks' calls. */
+const char *run_logged(int in_width) {
+    static uint8_t in_data[4 * 4 * 3], out_data[4 * 4 * 3];
+    for (int i = 0; i < 4 * 4 * 3; i++) in_data[i] = (uint8_t)(i * 7 + 1);
+    halide_dimension_t in_dim[3] = {{0, in_width, 3, 0}, {0, 4, 12, 0}, {0, 3, 1, 0}};
+    halide_dimension_t out_dim[3] = {{0, 4, 1, 0}, {0, 4, 4, 0}, {0, 3, 16, 0}};
+    halide_buffer_t in = {0}, out = {0};
+    in.host = in_data; in.type.code = halide_type_uint; in.type.bits = 8; in.type.lanes = 1;
+    in.dimensions = 3; in.dim = in_dim;
+    out.host = out_data; out.type = in.type; out.dimensions = 3; out.dim = out_dim;
+    log_used = 0;
+    log_text[0] = 0;
+    halide_set_error_handler(on_error);
+    int result = doubled(&in, &out);
+    note("result", (uint64_t)(result < 0 ? -result : result));
+    for (int i = 0; i < 4 * 4 * 3; i++) {
+        int x = i % 4, y = i / 4 % 4, c = i / 16;
+        if (result == 0 && out_data[i] != (uint8_t)(in_data[x * 3 + y * 12 + c] * 2)) note("wrong", i);
+    }
+    return log_text;
+}
+
+#ifdef MAIN
+int main(void) {
+    fputs(run_logged(4), stdout);
+    fputs("--\n", stdout);
+    fputs(run_logged(3), stdout);
+    return 0;
+}
+#endif
+"""
+
+
+def test_a_programs_own_msan_hooks_see_what_they_see_under_halides_runtime(tmp_path):
+    """Halide's msan test, in small: a library that defines halide_msan_*_memory_is_initialized
+    itself gets the same calls, in the same order and of the same lengths, through the shim as
+    the same code linked with Halide's own msan runtime (a program of its own), the failing
+    call's error message included. No RuntimeOverrideWarning: these are honoured
+    (native_stubs/calls/msan.c)."""
+    hl = pytest.importorskip("halide", reason="compiling a test pipeline needs halide")
+    x, y, c = hl.Var("x"), hl.Var("y"), hl.Var("c")
+    source = hl.ImageParam(hl.UInt(8), 3, "source")
+    doubled = hl.Func("doubled")
+    doubled[x, y, c] = source[x, y, c] * 2
+    source.dim(0).set_stride(3)
+    source.dim(2).set_stride(1)
+    objects = {"pipeline": tmp_path / "doubled.o", "runtime": tmp_path / "runtime.o"}
+    doubled.compile_to({hl.OutputFileType.object: str(objects["pipeline"])}, [source], "doubled",
+                       hl.Target("host-msan-no_runtime"))
+    hl.compile_standalone_runtime(str(objects["runtime"]), hl.Target("host-msan"))
+    (tmp_path / "program.c").write_text(MSAN_PROGRAM)
+    include = ["-I", str(Path(hl.install_dir()) / "include")]
+    stock = tmp_path / "stock"
+    subprocess.run(["cc", "-DMAIN", *include, "-o", stock, tmp_path / "program.c",
+                    objects["pipeline"], objects["runtime"], "-lpthread", "-ldl", "-lm"],
+                   check=True)
+    library = tmp_path / "doubled_checked.so"
+    subprocess.run(["cc", "-shared", "-fPIC", *include, "-o", library, tmp_path / "program.c",
+                    objects["pipeline"]], check=True)
+    expected = subprocess.run([stock], capture_output=True, text=True, check=True).stdout
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", shim.RuntimeOverrideWarning)
+        shim.load(library)
+    program = ctypes.CDLL(str(library))
+    program.run_logged.restype, program.run_logged.argtypes = ctypes.c_char_p, [ctypes.c_int]
+    seen = program.run_logged(4).decode() + "--\n" + program.run_logged(3).decode()
+    assert seen == expected
+    # (what was compared: checks of the input, annotations of the output, an error's message)
+    fits, fails = expected.split("--\n")
+    assert "source.buffer 48" in fits and "annotate 48" in fits and fits.endswith("result 0\n")
+    assert "error" in fails and not fails.endswith("result 0\n") and "wrong" not in expected

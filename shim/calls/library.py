@@ -120,13 +120,21 @@ def _choose_name(path: str, name: str | None) -> str:
     return name
 
 
+# The runtime functions whose definition in a library the shim calls for that library's code:
+# the msan hooks (native_stubs/calls/msan.c), as Halide's msan test defines them.
+HONOURED_DEFINITIONS = frozenset({"halide_msan_annotate_memory_is_initialized",
+                                  "halide_msan_check_memory_is_initialized"})
+
+
 def _warn_of_own_runtime_functions(path: str, symbols: dict) -> None:
     """A library that defines a runtime function itself (strongly, where Halide's runtime is
     weak), such as halide_acquire_cl_context to hand Halide its own OpenCL context, expects
     Halide to call it: under the shim, the shim's definition is the one every pipeline calls
-    (its library is loaded first, with RTLD_GLOBAL). Said once per library, not silently."""
+    (its library is loaded first, with RTLD_GLOBAL), except for HONOURED_DEFINITIONS. Said once
+    per library, not silently."""
     own = sorted(name for name, strong in symbols.items()
-                 if strong and name.startswith("halide_") and name in _shim_runtime_functions())
+                 if strong and name.startswith("halide_") and name in _shim_runtime_functions()
+                 and name not in HONOURED_DEFINITIONS)
     if own:
         warn_caller(f"{path} defines its own {', '.join(own)}: the shim's runtime replaces "
                     f"{'them' if len(own) > 1 else 'it'} (what the pipeline calls is the "

@@ -1,0 +1,273 @@
+/* Halide's MemorySanitizer hooks (halide_msan_*), which code built with the msan target feature
+ * calls: the pipeline annotates memory it wrote as initialized and checks the buffers it reads.
+ *
+ * Each hook does what Halide's msan runtime (src/runtime/msan.cpp) does, with one difference
+ * that makes the shim a drop-in where Halide's runtime is linked into the program:
+ *
+ * - A library that defines a memory-level hook itself (halide_msan_annotate_memory_is_initialized,
+ *   halide_msan_check_memory_is_initialized) has its own definition called for its code, as the
+ *   static linker would have bound it against Halide's weak one. The shim's definitions come
+ *   first in the process's symbol scope, so the pipeline's call arrives here; the library is the
+ *   one holding the caller's code (dladdr of the return address), and its definition is what
+ *   dlsym finds in it. The buffer-level hooks walk the buffer as Halide's do and call the
+ *   memory-level hook of the library that called them. Halide's own msan test works this way:
+ *   it counts the calls its definitions see.
+ * - Otherwise, in a process with MemorySanitizer's runtime (__msan_unpoison and friends found by
+ *   dlsym), the hooks tell it, as Halide's do. Without one there is nothing to tell, and they do
+ *   nothing: Halide's msan runtime would not even link there.
+ *
+ * Not a hot path: only pipelines built with the msan feature call these, so each call looks its
+ * caller's library up again.
+ */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <link.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "shim_native.h"
+
+typedef int (*annotate_fn)(void *, const void *, uint64_t);
+typedef int (*check_fn)(void *, const void *, uint64_t, const char *);
+
+/* The memory-level hooks to call for the code of one library (NULL: the shim's own behaviour). */
+typedef struct {
+    annotate_fn annotate;
+    check_fn check;
+} library_hooks;
+
+/* Whether ``symbol`` is defined strongly, in the library ``path`` if not NULL: a program's own
+ * definition, where every copy of Halide's runtime (bundled into a pipeline, or into one of
+ * Halide's autoscheduler plugins) defines its hooks weak. */
+static bool own(void *symbol, const char *path) {
+    Dl_info where;
+    const ElfW(Sym) *entry = NULL;
+    return symbol != NULL && dladdr1(symbol, &where, (void **)&entry, RTLD_DL_SYMENT) &&
+           entry != NULL && where.dli_saddr == symbol && ELF64_ST_BIND(entry->st_info) == STB_GLOBAL &&
+           (path == NULL || (where.dli_fname != NULL && strcmp(where.dli_fname, path) == 0));
+}
+
+/* ``name`` as ``library`` (at ``path``) defines it itself (see own), or NULL; never ``ours``. */
+static void *own_definition(void *library, const char *path, const char *name, void *ours) {
+    void *theirs = dlsym(library, name); /* (the library first, then what it depends on) */
+    return theirs != ours && own(theirs, path) ? theirs : NULL;
+}
+
+typedef struct {
+    const char *name;
+    void *ours;
+    void *found;
+} search;
+
+static int find_in_library(struct dl_phdr_info *info, size_t size, void *data) {
+    (void)size;
+    search *s = data;
+    if (info->dlpi_name == NULL || info->dlpi_name[0] == 0) {
+        return 0; /* the main program: its definitions would have come before ours */
+    }
+    void *library = dlopen(info->dlpi_name, RTLD_LAZY | RTLD_NOLOAD);
+    if (library == NULL) {
+        return 0;
+    }
+    s->found = own_definition(library, info->dlpi_name, s->name, s->ours);
+    dlclose(library);
+    return s->found != NULL;
+}
+
+/* The first library's own definition of ``name`` (of which ``ours`` is the shim's), in load
+ * order. */
+static void *defined_elsewhere(const char *name, void *ours) {
+    search s = {name, ours, NULL};
+    dl_iterate_phdr(find_in_library, &s);
+    return s.found;
+}
+
+/* The hooks of the library holding the code at ``caller``, looked up at each call: a cache by
+ * address would call into a library unloaded since, were another loaded where it was. */
+static library_hooks hooks_for(const void *caller) {
+    library_hooks found = {NULL, NULL};
+    Dl_info info;
+    if (caller == NULL || !dladdr(caller, &info) || info.dli_fname == NULL || info.dli_fname[0] == 0) {
+        return found; /* the main program: its own definitions already come first everywhere */
+    }
+    Dl_info ours;
+    if (dladdr((void *)halide_msan_annotate_memory_is_initialized, &ours) &&
+        ours.dli_fbase == info.dli_fbase) {
+        /* The shim's own runtime calling (Halide's error messages annotate their text, on
+         * behalf of whichever pipeline failed): a definition of another loaded library. */
+        found.annotate = (annotate_fn)defined_elsewhere("halide_msan_annotate_memory_is_initialized",
+                                                        (void *)halide_msan_annotate_memory_is_initialized);
+        found.check = (check_fn)defined_elsewhere("halide_msan_check_memory_is_initialized",
+                                                  (void *)halide_msan_check_memory_is_initialized);
+        return found;
+    }
+    void *library = dlopen(info.dli_fname, RTLD_LAZY | RTLD_NOLOAD);
+    if (library == NULL) {
+        return found;
+    }
+    found.annotate = (annotate_fn)own_definition(library, info.dli_fname,
+                                                 "halide_msan_annotate_memory_is_initialized",
+                                                 (void *)halide_msan_annotate_memory_is_initialized);
+    found.check = (check_fn)own_definition(library, info.dli_fname,
+                                           "halide_msan_check_memory_is_initialized",
+                                           (void *)halide_msan_check_memory_is_initialized);
+    dlclose(library);
+    return found;
+}
+
+/* MemorySanitizer's runtime, where the process has one. */
+static void *sanitizer(const char *name) {
+    return dlsym(RTLD_DEFAULT, name);
+}
+
+static int annotate_memory(library_hooks hooks, void *user_context, const void *ptr, uint64_t len) {
+    if (hooks.annotate != NULL) {
+        return hooks.annotate(user_context, ptr, len);
+    }
+    void (*unpoison)(const volatile void *, size_t) = sanitizer("__msan_unpoison");
+    if (unpoison != NULL) {
+        unpoison(ptr, (size_t)len);
+    }
+    return 0;
+}
+
+static int check_memory(library_hooks hooks, void *user_context, const void *ptr, uint64_t len,
+                        const char *name) {
+    if (hooks.check != NULL) {
+        return hooks.check(user_context, ptr, len, name);
+    }
+    long (*test_shadow)(const volatile void *, size_t) = sanitizer("__msan_test_shadow");
+    void (*check)(const volatile void *, size_t) = sanitizer("__msan_check_mem_is_initialized");
+    if (test_shadow != NULL && check != NULL) {
+        long offset = test_shadow(ptr, (size_t)len);
+        if (offset >= 0) {
+            char text[256];
+            snprintf(text, sizeof text, "MSAN failure detected for %s @ %p + %ld\n",
+                     name != NULL ? name : "", ptr, offset);
+            halide_print(user_context, text);
+            check(ptr, (size_t)len);
+        }
+    }
+    return 0;
+}
+
+int halide_msan_annotate_memory_is_initialized(void *user_context, const void *ptr, uint64_t len) {
+    return annotate_memory(hooks_for(__builtin_return_address(0)), user_context, ptr, len);
+}
+
+int halide_msan_check_memory_is_initialized(void *user_context, const void *ptr, uint64_t len,
+                                            const char *name) {
+    return check_memory(hooks_for(__builtin_return_address(0)), user_context, ptr, len, name);
+}
+
+/* --- whole buffers ----------------------------------------------------------------------- */
+
+/* Halide's walk of a buffer's host memory (device_buffer_utils.h, make_buffer_copy, as the msan
+ * runtime uses it): the dimensions sorted by stride, those of stride 0 last; the innermost ones
+ * that are dense folded into one chunk; the chunks visited outermost dimension first, skipping
+ * dimensions of extent 1. The visitor sees each chunk's address and size, in that order. */
+#define MAX_WALK_DIMS 16
+
+typedef struct {
+    library_hooks hooks;
+    void *user_context;
+    const char *name; /* NULL: annotate; else check, with this name */
+} visitor;
+
+static void visit(const visitor *v, const uint8_t *chunk, uint64_t size) {
+    if (v->name == NULL) {
+        (void)annotate_memory(v->hooks, v->user_context, chunk, size); /* (errors ignored, as Halide) */
+    } else {
+        (void)check_memory(v->hooks, v->user_context, chunk, size, v->name);
+    }
+}
+
+static void walk(const visitor *v, const uint8_t *at, uint64_t chunk, const int64_t *extent,
+                 const int64_t *stride, int d) {
+    while (d >= 0 && extent[d] == 1) {
+        d--;
+    }
+    if (d < 0) {
+        visit(v, at, chunk);
+        return;
+    }
+    for (int64_t i = 0; i < extent[d]; i++) {
+        walk(v, at + i * stride[d], chunk, extent, stride, d - 1);
+    }
+}
+
+static void walk_buffer(const visitor *v, const halide_buffer_t *b) {
+    int64_t element = (b->type.bits + 7) / 8;
+    if (b->host == NULL || element == 0 || b->dimensions < 0 || b->dimensions > MAX_WALK_DIMS) {
+        return; /* (Halide's walk is empty for these too) */
+    }
+    int64_t extent[MAX_WALK_DIMS], stride[MAX_WALK_DIMS];
+    int n = 0;
+    for (int i = 0; i < b->dimensions; i++, n++) {
+        int64_t s = (int64_t)b->dim[i].stride * element, e = b->dim[i].extent;
+        if (e <= 0) {
+            return; /* no elements */
+        }
+        /* Sorted by stride as Halide sorts (unsigned: a negative stride sorts as a large one; a
+         * stride of 0 goes after those before it, since it cannot be folded). */
+        int insert = 0;
+        while (insert < n && !(s != 0 && (uint64_t)s < (uint64_t)stride[insert])) {
+            insert++;
+        }
+        for (int j = n; j > insert; j--) {
+            extent[j] = extent[j - 1];
+            stride[j] = stride[j - 1];
+        }
+        extent[insert] = e;
+        stride[insert] = s;
+    }
+    for (int i = n; i < MAX_WALK_DIMS; i++) {
+        extent[i] = 1;
+        stride[i] = 0;
+    }
+    uint64_t chunk = (uint64_t)element;
+    while (n > 0 && stride[0] == (int64_t)chunk) {
+        chunk *= (uint64_t)extent[0];
+        for (int j = 1; j < MAX_WALK_DIMS; j++) {
+            extent[j - 1] = extent[j];
+            stride[j - 1] = stride[j];
+        }
+        extent[MAX_WALK_DIMS - 1] = 1;
+        stride[MAX_WALK_DIMS - 1] = 0;
+        n--;
+    }
+    walk(v, b->host, chunk, extent, stride, MAX_WALK_DIMS - 1);
+}
+
+static int annotate_buffer(library_hooks hooks, void *user_context, halide_buffer_t *b) {
+    if (b == NULL || (shim_flags_load(b) & halide_buffer_flag_device_dirty)) {
+        return 0; /* its host memory is not what holds the values */
+    }
+    visitor v = {hooks, user_context, NULL};
+    walk_buffer(&v, b);
+    return 0;
+}
+
+int halide_msan_annotate_buffer_is_initialized(void *user_context, halide_buffer_t *b) {
+    return annotate_buffer(hooks_for(__builtin_return_address(0)), user_context, b);
+}
+
+void halide_msan_annotate_buffer_is_initialized_as_destructor(void *user_context, void *b) {
+    (void)annotate_buffer(hooks_for(__builtin_return_address(0)), user_context, (halide_buffer_t *)b);
+}
+
+int halide_msan_check_buffer_is_initialized(void *user_context, halide_buffer_t *b,
+                                            const char *buf_name) {
+    if (b == NULL) {
+        return 0;
+    }
+    library_hooks hooks = hooks_for(__builtin_return_address(0));
+    (void)check_memory(hooks, user_context, b, sizeof(*b), buf_name);
+    (void)check_memory(hooks, user_context, b->dim, b->dimensions * sizeof(b->dim[0]), buf_name);
+    if (shim_flags_load(b) & halide_buffer_flag_device_dirty) {
+        return 0;
+    }
+    visitor v = {hooks, user_context, buf_name};
+    walk_buffer(&v, b);
+    return 0;
+}
