@@ -16,12 +16,13 @@
  *   dlsym), the hooks tell it, as Halide's do. Without one there is nothing to tell, and they do
  *   nothing: Halide's msan runtime would not even link there.
  *
- * Not a hot path: only pipelines built with the msan feature call these, so each call looks its
- * caller's library up again.
+ * Pipelines built with the msan feature call them; Halide's runtime in the shim calls the
+ * annotation for the text of every message it prints, so what the hooks find is cached (below).
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <link.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -30,10 +31,14 @@
 typedef int (*annotate_fn)(void *, const void *, uint64_t);
 typedef int (*check_fn)(void *, const void *, uint64_t, const char *);
 
-/* The memory-level hooks to call for the code of one library (NULL: the shim's own behaviour). */
+/* What the hooks call for the code of one library: its own memory-level hooks, else
+ * MemorySanitizer's runtime (NULLs where the process has none). */
 typedef struct {
     annotate_fn annotate;
     check_fn check;
+    void (*unpoison)(const volatile void *, size_t);
+    long (*test_shadow)(const volatile void *, size_t);
+    void (*check_mem)(const volatile void *, size_t);
 } library_hooks;
 
 /* Whether ``symbol`` is defined strongly, in the library ``path`` if not NULL: a program's own
@@ -82,51 +87,135 @@ static void *defined_elsewhere(const char *name, void *ours) {
     return s.found;
 }
 
-/* The hooks of the library holding the code at ``caller``, looked up at each call: a cache by
- * address would call into a library unloaded since, were another loaded where it was. */
-static library_hooks hooks_for(const void *caller) {
-    library_hooks found = {NULL, NULL};
-    Dl_info info;
-    if (caller == NULL || !dladdr(caller, &info) || info.dli_fname == NULL || info.dli_fname[0] == 0) {
-        return found; /* the main program: its own definitions already come first everywhere */
-    }
-    Dl_info ours;
-    if (dladdr((void *)halide_msan_annotate_memory_is_initialized, &ours) &&
-        ours.dli_fbase == info.dli_fbase) {
-        /* The shim's own runtime calling (Halide's error messages annotate their text, on
-         * behalf of whichever pipeline failed): a definition of another loaded library. */
+/* The hooks for code in the library ``info`` names; ``shim``: the library is the shim's own
+ * (Halide's runtime in it annotates the text of every message it prints, on behalf of whichever
+ * pipeline it serves: a definition of another loaded library, the first in load order). */
+static library_hooks look_up(const Dl_info *info, bool shim) {
+    library_hooks found = {NULL, NULL, NULL, NULL, NULL};
+    void *annotate = (void *)halide_msan_annotate_memory_is_initialized;
+    void *check = (void *)halide_msan_check_memory_is_initialized;
+    if (shim) {
         found.annotate = (annotate_fn)defined_elsewhere("halide_msan_annotate_memory_is_initialized",
-                                                        (void *)halide_msan_annotate_memory_is_initialized);
-        found.check = (check_fn)defined_elsewhere("halide_msan_check_memory_is_initialized",
-                                                  (void *)halide_msan_check_memory_is_initialized);
-        return found;
+                                                        annotate);
+        found.check = (check_fn)defined_elsewhere("halide_msan_check_memory_is_initialized", check);
+    } else if (info != NULL) {
+        void *library = dlopen(info->dli_fname, RTLD_LAZY | RTLD_NOLOAD);
+        if (library != NULL) {
+            found.annotate = (annotate_fn)own_definition(
+                library, info->dli_fname, "halide_msan_annotate_memory_is_initialized", annotate);
+            found.check = (check_fn)own_definition(
+                library, info->dli_fname, "halide_msan_check_memory_is_initialized", check);
+            dlclose(library);
+        }
     }
-    void *library = dlopen(info.dli_fname, RTLD_LAZY | RTLD_NOLOAD);
-    if (library == NULL) {
-        return found;
-    }
-    found.annotate = (annotate_fn)own_definition(library, info.dli_fname,
-                                                 "halide_msan_annotate_memory_is_initialized",
-                                                 (void *)halide_msan_annotate_memory_is_initialized);
-    found.check = (check_fn)own_definition(library, info.dli_fname,
-                                           "halide_msan_check_memory_is_initialized",
-                                           (void *)halide_msan_check_memory_is_initialized);
-    dlclose(library);
+    found.unpoison = (void (*)(const volatile void *, size_t))dlsym(RTLD_DEFAULT, "__msan_unpoison");
+    found.test_shadow = (long (*)(const volatile void *, size_t))dlsym(RTLD_DEFAULT, "__msan_test_shadow");
+    found.check_mem = (void (*)(const volatile void *, size_t))dlsym(RTLD_DEFAULT,
+                                                                     "__msan_check_mem_is_initialized");
     return found;
 }
 
-/* MemorySanitizer's runtime, where the process has one. */
-static void *sanitizer(const char *name) {
-    return dlsym(RTLD_DEFAULT, name);
+/* --- the cache -------------------------------------------------------------------------------
+ * Looking up costs microseconds, and Halide's runtime calls the annotation for every message it
+ * prints (a pipeline built with trace_all prints millions when tracing to stderr), so what was
+ * looked up is kept for as long as the set of loaded libraries stays the same: the loader counts
+ * loads and unloads (dl_iterate_phdr's dlpi_adds and dlpi_subs), and any change empties the
+ * cache, so that nothing is called in a library unloaded since. */
+
+typedef struct {
+    unsigned long long adds, subs;
+} loaded_set;
+
+static int read_loaded_set(struct dl_phdr_info *info, size_t size, void *data) {
+    (void)size;
+    loaded_set *set = data;
+    set->adds = info->dlpi_adds;
+    set->subs = info->dlpi_subs;
+    return 1; /* (every object reports the same counts: one is enough) */
+}
+
+#define CACHED_LIBRARIES 16
+static struct {
+    const void *base;
+    library_hooks hooks;
+} cached[CACHED_LIBRARIES];
+static int cached_count;
+static bool shim_cached;
+static library_hooks shim_hooks;
+static loaded_set cached_set;
+/* The shim's own code: [shim_start, shim_end), found once (the shim's library stays loaded). */
+static uintptr_t shim_start, shim_end;
+static pthread_mutex_t cache_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static int find_shim(struct dl_phdr_info *info, size_t size, void *data) {
+    (void)size;
+    (void)data;
+    uintptr_t ours = (uintptr_t)halide_msan_annotate_memory_is_initialized;
+    for (int i = 0; i < info->dlpi_phnum; i++) {
+        const ElfW(Phdr) *segment = &info->dlpi_phdr[i];
+        uintptr_t start = info->dlpi_addr + segment->p_vaddr, end = start + segment->p_memsz;
+        if (segment->p_type == PT_LOAD && ours >= start && ours < end) {
+            shim_start = start;
+            shim_end = end;
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* The hooks for the code at ``caller``. */
+static library_hooks hooks_for(const void *caller) {
+    loaded_set now = {0, 0};
+    dl_iterate_phdr(read_loaded_set, &now);
+    pthread_mutex_lock(&cache_lock);
+    if (now.adds != cached_set.adds || now.subs != cached_set.subs) {
+        cached_set = now;
+        cached_count = 0;
+        shim_cached = false;
+    }
+    if (shim_end == 0) {
+        dl_iterate_phdr(find_shim, NULL);
+    }
+    library_hooks found;
+    if ((uintptr_t)caller >= shim_start && (uintptr_t)caller < shim_end) {
+        if (!shim_cached) {
+            shim_hooks = look_up(NULL, true);
+            shim_cached = true;
+        }
+        found = shim_hooks;
+        pthread_mutex_unlock(&cache_lock);
+        return found;
+    }
+    pthread_mutex_unlock(&cache_lock);
+    /* Another library's code: which one (outside the lock: dladdr takes the loader's). */
+    Dl_info info;
+    bool known = caller != NULL && dladdr(caller, &info) && info.dli_fname != NULL &&
+                 info.dli_fname[0] != 0; /* (not the main program: its own come first anyway) */
+    pthread_mutex_lock(&cache_lock);
+    const void *base = known ? info.dli_fbase : NULL;
+    for (int i = 0; i < cached_count; i++) {
+        if (cached[i].base == base) {
+            found = cached[i].hooks;
+            pthread_mutex_unlock(&cache_lock);
+            return found;
+        }
+    }
+    found = look_up(known ? &info : NULL, false);
+    if (cached_count < CACHED_LIBRARIES) {
+        cached[cached_count].base = base;
+        cached[cached_count].hooks = found;
+        cached_count++;
+    }
+    pthread_mutex_unlock(&cache_lock);
+    return found;
 }
 
 static int annotate_memory(library_hooks hooks, void *user_context, const void *ptr, uint64_t len) {
     if (hooks.annotate != NULL) {
         return hooks.annotate(user_context, ptr, len);
     }
-    void (*unpoison)(const volatile void *, size_t) = sanitizer("__msan_unpoison");
-    if (unpoison != NULL) {
-        unpoison(ptr, (size_t)len);
+    if (hooks.unpoison != NULL) {
+        hooks.unpoison(ptr, (size_t)len);
     }
     return 0;
 }
@@ -136,16 +225,14 @@ static int check_memory(library_hooks hooks, void *user_context, const void *ptr
     if (hooks.check != NULL) {
         return hooks.check(user_context, ptr, len, name);
     }
-    long (*test_shadow)(const volatile void *, size_t) = sanitizer("__msan_test_shadow");
-    void (*check)(const volatile void *, size_t) = sanitizer("__msan_check_mem_is_initialized");
-    if (test_shadow != NULL && check != NULL) {
-        long offset = test_shadow(ptr, (size_t)len);
+    if (hooks.test_shadow != NULL && hooks.check_mem != NULL) {
+        long offset = hooks.test_shadow(ptr, (size_t)len);
         if (offset >= 0) {
             char text[256];
             snprintf(text, sizeof text, "MSAN failure detected for %s @ %p + %ld\n",
                      name != NULL ? name : "", ptr, offset);
             halide_print(user_context, text);
-            check(ptr, (size_t)len);
+            hooks.check_mem(ptr, (size_t)len);
         }
     }
     return 0;
