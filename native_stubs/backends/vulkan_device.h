@@ -1,0 +1,107 @@
+/* The Vulkan device as the backends layer's two Vulkan files share it: vulkan.c makes it (the
+ * loader, instance, device, queue, memory, copies, Halide's context entry points) and
+ * vulkan_kernels.c launches kernels on it (Halide's module format, shader modules, compute
+ * pipelines, halide_vulkan_run). Nothing outside native_stubs/backends/ includes this. */
+#ifndef SHIM_BACKENDS_VULKAN_DEVICE_H
+#define SHIM_BACKENDS_VULKAN_DEVICE_H
+
+#include <pthread.h>
+
+#include "shim_native.h"
+#include "backends/vulkan_api.h"
+
+/* Every Vulkan function the backend calls, from vkGetInstanceProcAddr/vkGetDeviceProcAddr. */
+#define SHIM_VK_DEVICE_FUNCTIONS(X)                                                             \
+    X(vkDestroyDevice) X(vkGetDeviceQueue) X(vkQueueSubmit) X(vkQueueWaitIdle)                 \
+    X(vkDeviceWaitIdle) X(vkCreateBuffer) X(vkDestroyBuffer) X(vkGetBufferMemoryRequirements)  \
+    X(vkAllocateMemory) X(vkFreeMemory) X(vkBindBufferMemory) X(vkMapMemory) X(vkUnmapMemory)  \
+    X(vkCreateCommandPool) X(vkDestroyCommandPool) X(vkResetCommandPool)                       \
+    X(vkAllocateCommandBuffers) X(vkBeginCommandBuffer) X(vkEndCommandBuffer)                  \
+    X(vkCmdCopyBuffer) X(vkCmdPipelineBarrier) X(vkCmdBindPipeline) X(vkCmdBindDescriptorSets) \
+    X(vkCmdDispatch) X(vkCmdFillBuffer) X(vkCreateFence) X(vkDestroyFence) X(vkWaitForFences)  \
+    X(vkResetFences) X(vkCreateShaderModule) X(vkDestroyShaderModule)                          \
+    X(vkCreateDescriptorSetLayout) X(vkDestroyDescriptorSetLayout) X(vkCreatePipelineLayout)   \
+    X(vkDestroyPipelineLayout) X(vkCreateComputePipelines) X(vkDestroyPipeline)                \
+    X(vkCreateDescriptorPool) X(vkDestroyDescriptorPool) X(vkResetDescriptorPool)              \
+    X(vkAllocateDescriptorSets) X(vkUpdateDescriptorSets) X(vkCreateQueryPool)                 \
+    X(vkDestroyQueryPool) X(vkCmdResetQueryPool) X(vkCmdWriteTimestamp)                        \
+    X(vkGetQueryPoolResults)
+
+#define SHIM_VK_DECLARE(name) void *name;
+
+typedef struct {
+    /* The device's functions, called through casts to their prototypes (vulkan_api.h keeps
+     * the types; the pointers are stored untyped so that one macro lists them). */
+    struct {
+        SHIM_VK_DEVICE_FUNCTIONS(SHIM_VK_DECLARE)
+    } fn;
+    VkInstance instance;
+    VkPhysicalDevice physical_device;
+    VkDevice device; /* non-NULL once the device is made (acquire load) */
+    VkQueue queue;
+    uint32_t queue_family;
+    VkPhysicalDeviceProperties properties;
+    VkPhysicalDeviceMemoryProperties memory_properties;
+    uint32_t timestamp_bits; /* of the queue family; 0: no timestamps */
+    pthread_mutex_t queue_lock; /* vkQueueSubmit needs the queue externally synchronized */
+    pid_t process;              /* where it was made (forks/fork.c) */
+} shim_vk_state;
+
+extern shim_vk_state shim_vk;
+
+/* Call a device function with its prototype from vulkan_api.h's types. */
+#define VK(name, type, ...) (((type)shim_vk.fn.name)(__VA_ARGS__))
+
+const char *shim_vk_result_name(VkResult result);
+
+/* Device memory: a VkBuffer over its own VkDeviceMemory (`memory` 0 for a VkBuffer the
+ * application made and wrapped), mapped for the process where it is host-visible. */
+struct shim_vk_memory {
+    VkBuffer buffer;
+    VkDeviceMemory memory;
+    VkDeviceSize size;  /* the VkBuffer's size; 0 where unknown (wrapped) */
+    uint8_t *mapped;    /* where the host reads and writes it directly; NULL: through copies */
+};
+
+enum shim_vk_purpose {
+    SHIM_VK_DEVICE,  /* a Buffer's memory: device-local where the device has it */
+    SHIM_VK_STAGING, /* host-visible, for copies to and from memory that is not */
+    SHIM_VK_UNIFORM, /* host-visible, a kernel's scalar arguments */
+};
+/* A new allocation, or NULL with *result set. */
+shim_vk_memory *shim_vk_memory_new(VkDeviceSize size, enum shim_vk_purpose purpose,
+                                   VkResult *result);
+void shim_vk_memory_delete(shim_vk_memory *memory);
+
+/* A command buffer being recorded, with what one submission needs; taken from a free list,
+ * so that threads record and wait for their own work concurrently. */
+typedef struct shim_vk_submission {
+    struct shim_vk_submission *next_free;
+    VkCommandPool pool;
+    VkCommandBuffer commands;
+    VkFence fence;
+    /* A launch's descriptors (vulkan_kernels.c): one set at a time, reset per use. */
+    VkDescriptorPool descriptors;
+    uint32_t uniform_capacity, storage_capacity;
+    shim_vk_memory *arguments; /* scalar arguments, mapped; grown as needed */
+    /* Timestamps around the recorded work, while a profile records (2 queries). */
+    VkQueryPool timestamps;
+} shim_vk_submission;
+
+/* A submission with recording begun, after a barrier that orders it after all work submitted
+ * before (so submissions from many threads run one after another, as one in-order queue). */
+shim_vk_submission *shim_vk_begin(VkResult *result);
+/* End recording (with a barrier making its writes visible to the host), submit, wait, and put
+ * the submission back; returns the first failure. */
+VkResult shim_vk_finish(shim_vk_submission *submission);
+/* Put back a submission whose recording failed, without submitting it. */
+void shim_vk_abandon(shim_vk_submission *submission);
+/* A barrier between commands recorded in one submission: every write before it is visible
+ * to every read and write after it. */
+void shim_vk_barrier(VkCommandBuffer commands);
+
+/* Whether the device is usable from this process (made, and not in a forked child), after
+ * halide_error where it is not; a Halide error code. */
+int shim_vk_usable(void *user_context);
+
+#endif

@@ -1,0 +1,229 @@
+"""The Vulkan backend, in C against the Vulkan loader (no Python package).
+
+The device is native_stubs/backends/vulkan.c's: one instance, device and compute queue for the
+process, chosen as Halide's runtime chooses (``HL_VK_DEVICE_TYPE``: "cpu", "gpu",
+"integrated-gpu", "discrete-gpu", "virtual-gpu", else the first GPU, else the first device;
+``HL_VK_LAYERS`` or ``VK_INSTANCE_LAYERS``; ``HL_VK_EXTENSIONS``; or what a program set with
+halide_vulkan_set_*). Kernel launches, shader modules and pipelines are in C too
+(native_stubs/backends/vulkan_kernels.c), crops at offsets Vulkan cannot bind included; this
+class allocates, hands out handles, and asks the C for copies, each of which returns once done.
+
+A handle is a shim_vk_handle (abi/shim_backends.h): the VkBuffer and the byte offset of the
+buffer's min element. Halide 21's own handle is its allocator's private region struct, which no
+code outside its runtime can read.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+from shim.base import sections
+from shim.backends.base import Backend, BackendError, Memory, fork_guard
+from shim.base.errors import DeviceUnavailable
+from shim.native import ffi, lib
+from shim.native.regions import CopyPlan
+
+# Bytes for a message from the C side.
+_MESSAGE = 512
+
+_HOST_TO_DEVICE, _DEVICE_TO_HOST, _DEVICE_TO_DEVICE = 0, 1, 2
+
+
+def _message(buffer) -> str:
+    return ffi.string(buffer).decode(errors="replace")
+
+
+def _device_names() -> list[str]:
+    """The machine's Vulkan devices, from an instance made for the question; DeviceUnavailable
+    where there is no loader or no device."""
+    names = ffi.new(f"char[{8 * 1024}]")
+    count = lib.shim_vk_probe(names, len(names))
+    if count < 0:
+        raise DeviceUnavailable(_message(names))
+    return [line for line in _message(names).splitlines() if line][:count]
+
+
+def unavailable_reason() -> str | None:
+    """Why this machine has no usable Vulkan device, or None if it has one."""
+    try:
+        return None if _device_names() else "the Vulkan loader lists no device"
+    except DeviceUnavailable as e:
+        return str(e)
+
+
+class VulkanMemory(Memory):
+    def __init__(self, native, nbytes: int, owned: bool = True):
+        super().__init__(nbytes, owned)
+        self.native_memory = native  # shim_vk_memory *
+        # handle value -> its shim_vk_handle cdata, kept alive while the handle is out
+        self.handles: dict[int, object] = {}
+
+
+class VulkanBackend(Backend):
+    kind = "vulkan"
+    index = lib.SHIM_BACKEND_VULKAN
+    # kDLVulkan. A Buffer exports host memory to a DLPack consumer (as OpenCL's do): a
+    # VkBuffer is no pointer another library could use without the shim's VkDevice.
+    dlpack_device_type = None
+    # After CUDA and after OpenCL. Every GPU vendor that ships Vulkan ships OpenCL too, and on
+    # a machine without a GPU both are CPU devices (lavapipe, PoCL): OpenCL then stays the
+    # default the README and `python -m shim demo` promise, and its launches are queued and
+    # its pipelines' own allocations served in C, where each Vulkan launch waits for its
+    # kernel (a pipeline built for Vulkan alone runs on Vulkan whatever the order).
+    default_rank = 2
+
+    @classmethod
+    def available(cls) -> list[str]:
+        """The names of the Vulkan devices on this machine ([] without a loader)."""
+        try:
+            return _device_names()
+        except Exception:  # noqa: BLE001 - never raises: shim.devices() lists what is there
+            return []
+
+    def __init__(self):
+        super().__init__()
+        self._usable = fork_guard("Vulkan")
+        message = ffi.new(f"char[{_MESSAGE}]")
+        status = lib.shim_vk_start(message, _MESSAGE)
+        if status != 0:
+            raise DeviceUnavailable(f"no usable Vulkan device: {_message(message)} "
+                                    f"(Halide error {status})")
+        facts = ffi.new("uint64_t[6]")
+        lib.shim_vk_device_facts(facts)
+        self.alignment = max(int(facts[0]), 1)  # minStorageBufferOffsetAlignment
+        self._memory_size = int(facts[1]) or None
+        self._version = (int(facts[2]), int(facts[3]))
+        self.max_storage_buffer_range = int(facts[4])
+        self._modules: dict[bytes, object] = {}  # source digest -> shim_vk_module *
+        self._module_lock = sections.Lock()
+
+    @property
+    def name(self) -> str:
+        return ffi.string(lib.shim_vk_device_name()).decode(errors="replace")
+
+    def compute_capability(self) -> tuple[int, int]:
+        # Halide's Vulkan runtime reports the device's Vulkan API version.
+        return self._version
+
+    def memory_size(self) -> int | None:
+        return self._memory_size
+
+    def _check(self, status: int, message, what: str) -> None:
+        if status != 0:
+            raise BackendError(f"{what}: {_message(message)}")
+
+    # --- memory --------------------------------------------------------------------------
+
+    # Every submission is waited for before the call that made it returns, so memory needs no
+    # settling before reuse: nothing of the last holder's is still running.
+
+    def _allocate_new(self, nbytes: int) -> VulkanMemory:
+        self._usable()
+        message = ffi.new(f"char[{_MESSAGE}]")
+        native = lib.shim_vk_allocate(nbytes, message, _MESSAGE)
+        if native == ffi.NULL:
+            raise BackendError(_message(message))
+        return VulkanMemory(native, nbytes)
+
+    def _free_now(self, memory: VulkanMemory) -> None:
+        memory.handles.clear()
+        native, memory.native_memory = memory.native_memory, ffi.NULL
+        if native != ffi.NULL:
+            lib.shim_vk_free(native)
+
+    def into_pool(self, memory: VulkanMemory) -> int:
+        memory.handles.clear()
+        return super().into_pool(memory)
+
+    def placement(self, offset: int) -> int:
+        # Where the core can place an allocation so that a crop lands on a bindable offset.
+        return -offset % self.alignment
+
+    def handle(self, memory: VulkanMemory, offset: int, nbytes: int) -> int:
+        struct = ffi.new("shim_vk_handle *")
+        struct.buffer = lib.shim_vk_buffer_of(memory.native_memory)
+        struct.offset = offset
+        struct.memory = memory.native_memory
+        value = int(ffi.cast("uintptr_t", struct))
+        memory.handles[value] = struct
+        return value
+
+    def release_handle(self, memory: VulkanMemory, handle: int) -> None:
+        memory.handles.pop(handle, None)
+
+    def wrap(self, native: int) -> VulkanMemory:
+        if native == 0:
+            raise BackendError("cannot wrap VK_NULL_HANDLE")
+        self._usable()
+        wrapped = lib.shim_vk_wrap(native)
+        if wrapped == ffi.NULL:
+            raise BackendError("out of memory wrapping a VkBuffer")
+        return VulkanMemory(wrapped, 0, owned=False)
+
+    def native(self, memory: VulkanMemory) -> int:
+        return int(lib.shim_vk_buffer_of(memory.native_memory))
+
+    def detached(self, memory: VulkanMemory) -> None:
+        # The caller owns the VkBuffer now; its VkDeviceMemory stays bound to it for the life
+        # of the process (the caller has no way to free it), as the host device keeps its
+        # detached memory.
+        super().detached(memory)
+        memory.handles.clear()
+        _detached.append(memory)
+
+    # --- copies --------------------------------------------------------------------------
+
+    def _transfer(self, direction: int, src, dst, host: int, plan: CopyPlan) -> None:
+        self._usable()
+        outer = len(plan.shape) - 1
+        shape = ffi.new("int64_t[]", list(plan.shape))
+        src_strides = ffi.new("int64_t[]", list(plan.src_strides) or [0])
+        dst_strides = ffi.new("int64_t[]", list(plan.dst_strides) or [0])
+        message = ffi.new(f"char[{_MESSAGE}]")
+        status = lib.shim_vk_transfer(direction, src, dst, ffi.cast("void *", host), shape,
+                                      src_strides, dst_strides, outer, plan.src_offset,
+                                      plan.dst_offset, message, _MESSAGE)
+        self._check(status, message, "Vulkan copy")
+
+    def write(self, memory: VulkanMemory, plan: CopyPlan, host_address: int) -> None:
+        self._transfer(_HOST_TO_DEVICE, ffi.NULL, memory.native_memory, host_address, plan)
+        self.transfers.add("uploaded", plan.nbytes)
+
+    def read(self, memory: VulkanMemory, plan: CopyPlan, host_address: int) -> None:
+        self._transfer(_DEVICE_TO_HOST, memory.native_memory, ffi.NULL, host_address, plan)
+        self.transfers.add("downloaded", plan.nbytes)
+
+    def copy(self, src: VulkanMemory, dst: VulkanMemory, plan: CopyPlan) -> None:
+        self._transfer(_DEVICE_TO_DEVICE, src.native_memory, dst.native_memory, 0, plan)
+        self.transfers.add("device_copied", plan.nbytes)
+
+    def sync(self) -> None:
+        self._usable()
+        status = lib.shim_vk_sync()
+        if status != 0:
+            raise BackendError(f"vkQueueWaitIdle failed (VkResult {status})")
+
+    # --- kernels -------------------------------------------------------------------------
+
+    def module(self, source: bytes):
+        """The module for ``source`` (a shim_vk_module*), made once per source."""
+        self._usable()
+        key = hashlib.sha256(source).digest()
+        module = self._modules.get(key)
+        if module is None:
+            with self._module_lock:
+                module = self._modules.get(key)
+                if module is None:
+                    message = ffi.new(f"char[{_MESSAGE}]")
+                    module = lib.shim_vk_module_new(source, len(source), message, _MESSAGE)
+                    if module == ffi.NULL:
+                        raise BackendError(f"Vulkan module: {_message(message)}")
+                    self._modules[key] = module
+        return module
+
+    def timing_track(self, stream) -> str:
+        return f"Vulkan queue ({self.name})"
+
+
+# Memory whose VkBuffer a caller took with detach_native, kept (see VulkanBackend.detached).
+_detached: list[VulkanMemory] = []
