@@ -44,8 +44,6 @@ typedef struct shared_allocation {
     uint32_t type_size, array_size;
 } shared_allocation;
 
-struct spirv_module;
-
 typedef struct kernel_entry {
     char *name;
     uint32_t set; /* its descriptor set: its place among its SPIR-V module's entry points */
