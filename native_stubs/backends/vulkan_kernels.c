@@ -652,13 +652,6 @@ static int launch(SHIM_RUN_PARAMS) {
         halide_error(user_context, "Vulkan: kernel launched before its module was initialized\n");
         return halide_error_code_gpu_device_error;
     }
-    kernel_entry *e = find_entry(module, entry_name);
-    if (e == NULL) {
-        char msg[256];
-        snprintf(msg, sizeof msg, "Vulkan: the module has no entry point %s\n", entry_name);
-        halide_error(user_context, msg);
-        return halide_error_code_gpu_device_error;
-    }
     int count = 0, buffers = 0, scalars = 0;
     const struct halide_device_interface_t *vulkan = shim_backend_interface(SHIM_BACKEND_VULKAN);
     while (arg_sizes[count] != 0) {
@@ -673,6 +666,13 @@ static int launch(SHIM_RUN_PARAMS) {
             scalars++;
         }
         count++;
+    }
+    kernel_entry *e = find_entry(module, entry_name);
+    if (e == NULL) {
+        char msg[256];
+        snprintf(msg, sizeof msg, "Vulkan: the module has no entry point %s\n", entry_name);
+        halide_error(user_context, msg);
+        return halide_error_code_gpu_device_error;
     }
     if ((uint32_t)buffers != e->storage_count || (scalars > 0 && e->uniform_count == 0)) {
         char msg[256];

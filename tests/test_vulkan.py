@@ -1,0 +1,444 @@
+"""What only the Vulkan backend has, on the machine's Vulkan device (Mesa's lavapipe, a CPU
+device, in CI): the API declarations against the Khronos headers, crops at offsets Vulkan
+cannot bind (staged around each launch), Halide's stock runtime losing bytes the shim keeps,
+modules made once, Halide's VkBuffer helpers and context hook, device selection by Halide's
+variables, bad modules and launches as errors, threads, and forks. What every GPU backend does
+alike is in test_gpu_backends.py."""
+
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+import shim
+from gpu_cases import build_libraries, run_stock
+from shim.backends.base import BackendError
+from shim.native import ffi, lib
+from shim.pipelines.build import RUNTIMES, Build, build
+from support.threads import run_threads
+
+NATIVE = pathlib.Path(__file__).resolve().parent.parent / "native_stubs"
+
+
+@pytest.fixture(scope="module")
+def device(vulkan):
+    return vulkan
+
+
+@pytest.fixture(scope="module")
+def libraries(device):
+    return build_libraries(device.kind)
+
+
+# --- the API declarations -----------------------------------------------------------------
+
+# Every struct and field the backend uses, and the constants whose values matter.
+LAYOUT_PROBE = r"""
+#include <stdio.h>
+#include <stddef.h>
+#include HEADER
+#define S(T) printf(#T " %zu\n", sizeof(T));
+#define F(T, f) printf(#T "." #f " %zu\n", offsetof(T, f));
+int main(void) {
+    S(VkApplicationInfo) S(VkInstanceCreateInfo) S(VkExtensionProperties)
+    S(VkPhysicalDeviceLimits) F(VkPhysicalDeviceLimits, maxStorageBufferRange)
+    F(VkPhysicalDeviceLimits, maxBoundDescriptorSets)
+    F(VkPhysicalDeviceLimits, maxPerStageDescriptorStorageBuffers)
+    F(VkPhysicalDeviceLimits, maxComputeSharedMemorySize)
+    F(VkPhysicalDeviceLimits, minStorageBufferOffsetAlignment)
+    F(VkPhysicalDeviceLimits, timestampPeriod) F(VkPhysicalDeviceLimits, nonCoherentAtomSize)
+    S(VkPhysicalDeviceProperties) F(VkPhysicalDeviceProperties, deviceType)
+    F(VkPhysicalDeviceProperties, deviceName) F(VkPhysicalDeviceProperties, limits)
+    S(VkQueueFamilyProperties) S(VkPhysicalDeviceMemoryProperties)
+    F(VkPhysicalDeviceMemoryProperties, memoryHeaps) S(VkPhysicalDeviceFeatures)
+    S(VkPhysicalDeviceFeatures2) S(VkPhysicalDevice16BitStorageFeatures)
+    S(VkPhysicalDevice8BitStorageFeatures) S(VkPhysicalDeviceShaderFloat16Int8Features)
+    S(VkDeviceQueueCreateInfo) S(VkDeviceCreateInfo) F(VkDeviceCreateInfo, pEnabledFeatures)
+    S(VkBufferCreateInfo) F(VkBufferCreateInfo, usage) S(VkMemoryRequirements)
+    S(VkMemoryAllocateInfo) S(VkCommandPoolCreateInfo) S(VkCommandBufferAllocateInfo)
+    S(VkCommandBufferBeginInfo) S(VkSubmitInfo) F(VkSubmitInfo, pCommandBuffers)
+    S(VkFenceCreateInfo) S(VkBufferCopy) S(VkMemoryBarrier) S(VkShaderModuleCreateInfo)
+    S(VkDescriptorSetLayoutBinding) S(VkDescriptorSetLayoutCreateInfo)
+    S(VkPipelineLayoutCreateInfo) S(VkSpecializationMapEntry) S(VkSpecializationInfo)
+    S(VkPipelineShaderStageCreateInfo) S(VkComputePipelineCreateInfo)
+    F(VkComputePipelineCreateInfo, layout) S(VkDescriptorPoolSize) S(VkDescriptorPoolCreateInfo)
+    S(VkDescriptorSetAllocateInfo) S(VkDescriptorBufferInfo) S(VkWriteDescriptorSet)
+    F(VkWriteDescriptorSet, pBufferInfo)
+    printf("%d %d %d %d %d\n", VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_16BIT_STORAGE_FEATURES,
+           VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2,
+           VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_8BIT_STORAGE_FEATURES,
+           VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_FLOAT16_INT8_FEATURES,
+           VK_ERROR_OUT_OF_POOL_MEMORY);
+    return 0;
+}
+"""
+
+
+def test_the_api_declarations_match_the_khronos_headers(tmp_path):
+    """native_stubs/backends/vulkan_api.h declares the API without the SDK: each struct the
+    same size, each field the backend reads at the same offset, as in vulkan_core.h."""
+    khronos = pathlib.Path("/usr/include/vulkan/vulkan_core.h")
+    compiler = shutil.which("cc") or shutil.which("gcc")
+    if not khronos.exists() or compiler is None:
+        pytest.skip("the Khronos headers (Debian's libvulkan-dev) or a C compiler are not "
+                    "installed: nothing to compare the declarations with")
+    outputs = []
+    for header in (f'"{NATIVE / "backends" / "vulkan_api.h"}"', "<vulkan/vulkan_core.h>"):
+        source = tmp_path / "probe.c"
+        source.write_text(LAYOUT_PROBE.replace("HEADER", header))
+        subprocess.run([compiler, "-o", str(tmp_path / "probe"), str(source)], check=True)
+        outputs.append(subprocess.run([str(tmp_path / "probe")], capture_output=True, text=True,
+                                      check=True).stdout)
+    assert outputs[0] == outputs[1]
+
+
+# --- the device -----------------------------------------------------------------------------
+
+def test_the_device_and_its_facts(device):
+    assert device.name and device.name in shim.backends.vulkan.VulkanBackend.available()
+    assert device.compute_capability() >= (1, 0)  # the Vulkan version, as Halide reports it
+    assert device.alignment >= 1 and device.alignment & (device.alignment - 1) == 0
+    assert lib.halide_vulkan_is_initialized()
+    assert ("vulkan", device.name) in shim.devices()
+
+
+def test_the_context_hook_gives_the_shims_device(device):
+    """halide_vulkan_acquire_context, for native code that makes VkBuffers to wrap: the shim's
+    instance, device and queue, and no Halide allocator."""
+    # (The hook takes Vulkan's handle types, which cffi is not given: called through a cast.)
+    hook = ffi.cast("int (*)(void *, void **, void **, void **, void **, void **, uint32_t *, "
+                    "uint64_t *, bool)", _symbol("halide_vulkan_acquire_context"))
+    out = [ffi.new("void **") for _ in range(5)]
+    family, messenger = ffi.new("uint32_t *"), ffi.new("uint64_t *")
+    assert hook(ffi.NULL, *out, family, messenger, True) == 0
+    allocator, instance, vk_device, physical, queue = (o[0] for o in out)
+    assert allocator == ffi.NULL and messenger[0] == 0
+    assert all(h != ffi.NULL for h in (instance, vk_device, physical, queue))
+
+
+def _symbol(name: str):
+    """The address of one of the native library's exported functions."""
+    import ctypes
+
+    import shim._native as native
+
+    return ffi.cast("void *", ctypes.cast(getattr(ctypes.CDLL(native.__file__), name),
+                                          ctypes.c_void_p).value)
+
+
+# --- crops at any offset ----------------------------------------------------------------------
+
+@pytest.mark.parametrize("runtime", RUNTIMES)
+@pytest.mark.parametrize("offset_x", [1, 2, 3, 4, 5])
+def test_a_crop_at_any_offset_as_output(libraries, device, runtime, offset_x):
+    """crop_fill realized into crops whose start is each residue of the device's binding
+    alignment (lavapipe: 16 bytes, 4 int32s): those at a multiple are bound in place, the
+    others staged; the crop gets its values and nothing around it changes, the gaps between
+    its rows included."""
+    crop_fill = shim.load(libraries["crop_fill", runtime])
+    data = np.full((20, 40), -7, np.int32)
+    parent = shim.Buffer(data)
+    parent.copy_to_device(device)
+    crop = parent.cropped([(offset_x, 6), (3, 5)])
+    handle = ffi.cast("shim_vk_handle *", crop.raw.device)
+    assert handle.offset == (3 * 40 + offset_x) * 4
+    crop_fill(param=2, f=crop)
+    parent.copy_to_host()
+    ys, xs = np.mgrid[3:8, offset_x:offset_x + 6]
+    np.testing.assert_array_equal(data[3:8, offset_x:offset_x + 6], xs * 100 + ys + 20000)
+    outside = np.ones(data.shape, bool)
+    outside[3:8, offset_x:offset_x + 6] = False
+    assert np.all(data[outside] == -7)
+
+
+def test_misaligned_crops_as_inputs_and_outputs_of_one_call(libraries, device):
+    """sum_diff reading two crops of one parent and writing two crops of another, every crop at
+    an offset Vulkan cannot bind: four staged buffers in one launch."""
+    sum_diff = shim.load(libraries["sum_diff", "no_runtime"])
+    rng = np.random.default_rng(3)
+    source = rng.integers(-1000, 1000, size=(30, 50), dtype=np.int32)
+    results = np.zeros((30, 50), np.int32)
+    src, dst = shim.Buffer(source), shim.Buffer(results)
+    src.copy_to_device(device)
+    dst.copy_to_device(device)
+    a, b = src.cropped([(1, 20), (2, 9)]), src.cropped([(7, 20), (13, 9)])
+    total, difference = dst.cropped([(3, 20), (1, 9)]), dst.cropped([(25, 20), (17, 9)])
+    for crop in (a, b, total, difference):
+        assert ffi.cast("shim_vk_handle *", crop.raw.device).offset % device.alignment != 0
+        crop.set_min([0, 0])  # (one coordinate space for the call: each crop's own from 0)
+    sum_diff(a, b, total, difference)
+    dst.copy_to_host()
+    expected = np.zeros_like(results)
+    expected[1:10, 3:23] = source[2:11, 1:21] + source[13:22, 7:27]
+    expected[17:26, 25:45] = source[2:11, 1:21] - source[13:22, 7:27]
+    np.testing.assert_array_equal(results, expected)
+
+
+def test_a_misaligned_slice_as_input(libraries, device):
+    """A slice of a 3-D buffer at an odd plane and column offset, read by brighten."""
+    brighten = shim.load(libraries["brighten", "bundled"])
+    volume = np.random.default_rng(4).random((3, 10, 17), dtype=np.float32)
+    buf = shim.Buffer(volume)
+    buf.copy_to_device(device)
+    plane = buf.sliced(2, 1).cropped([(1, 15), (0, 10)])  # Halide order: x, y
+    assert ffi.cast("shim_vk_handle *", plane.raw.device).offset % device.alignment != 0
+    plane.set_min([0, 0])
+    out = brighten(plane, scale=2.0, offset=0.0, output=(10, 15))
+    np.testing.assert_array_equal(out.numpy(), volume[1, :, 1:16] * 2)  # powers of two: exact
+
+
+def test_the_stock_runtime_drops_what_the_shim_keeps(libraries, device, tmp_path):
+    """Halide 21's stock Vulkan runtime moves whole multiples of nonCoherentAtomSize only (64
+    bytes on lavapipe): a 17x23 float image (1564 bytes) comes back with its last 7 values
+    never written. The shim's copies move every byte."""
+    image = np.arange(17 * 23, dtype=np.float32).reshape(17, 23)
+    values = {"input": image, "scale": 2.0, "offset": 1.0}
+    outputs = {"output": ((17, 23), np.float32)}
+    stock = run_stock(libraries["brighten", "bundled"], "brighten", values, outputs, tmp_path)
+    expected = image * 2 + 1
+    assert not np.array_equal(stock["output"], expected)  # (when this fails, Halide fixed it)
+    assert np.array_equal(stock["output"].ravel()[:384], expected.ravel()[:384])
+    for runtime in RUNTIMES:
+        out = shim.load(libraries["brighten", runtime])(**values, output=(17, 23))
+        np.testing.assert_array_equal(out.numpy(), expected)
+
+
+# --- modules and launches -----------------------------------------------------------------------
+
+def test_modules_are_made_once_per_source(libraries, device):
+    """Each library's module is made at its first call; later calls, of it or of another
+    library with the same kernels, make none."""
+    for runtime in RUNTIMES:
+        pipeline = shim.load(libraries["crop_fill", runtime])
+        assert pipeline(param=0, f=(4, 4)).numpy()[0, 0] == 0
+        made = dict(device._modules)
+        for param in range(1, 4):
+            assert pipeline(param=param, f=(4, 4)).numpy()[0, 0] == param * 10000
+        assert device._modules == made
+    source = b"(any bytes: the module is looked up by digest before anything parses it)"
+    device._modules[__import__("hashlib").sha256(source).digest()] = sentinel = ffi.new("int *")
+    try:
+        assert device.module(source) is sentinel
+    finally:
+        device._modules.pop(__import__("hashlib").sha256(source).digest())
+
+
+def _initialize(source: bytes):
+    state = ffi.new("void **")
+    with shim.core.bridge.runtime_call("initialize") as check:
+        check(lib.halide_vulkan_initialize_kernels(ffi.NULL, state, source, len(source)))
+    return state
+
+
+@pytest.mark.parametrize("source", [b"", b"\x01\x00\x00\x00", b"\xff" * 64,
+                                    np.array([1, 16, 3, 0x6f6f66, 99, 5, 0, 0],
+                                             np.uint32).tobytes()],
+                         ids=["empty", "no kernels", "garbage", "a lying header"])
+def test_a_module_that_does_not_parse_is_a_device_error(device, source):
+    with pytest.raises(shim.DeviceError) as e:
+        _initialize(source)
+    assert "Vulkan" in str(e.value)
+
+
+def test_launching_an_entry_point_the_module_lacks_is_a_device_error(libraries, device):
+    crop_fill = shim.load(libraries["crop_fill", "no_runtime"])
+    assert crop_fill(param=1, f=(4, 4)).numpy()[0, 0] == 10000  # makes its module
+    module = next(iter(device._modules.values()))
+    buf = shim.Buffer(np.zeros(4, np.int32))
+    buf.copy_to_device(device)
+    sizes = ffi.new("size_t[]", [8, 0])
+    args = ffi.new("void *[]", [buf.raw, ffi.NULL])
+    is_buffer = ffi.new("int8_t[]", [1, 0])
+    with pytest.raises(shim.DeviceError) as e:
+        with shim.core.bridge.runtime_call("run") as check:
+            check(lib.halide_vulkan_run(ffi.NULL, module, b"no_such_kernel", 1, 1, 1, 1, 1, 1, 0,
+                                        sizes, args, is_buffer))
+    assert e.value.code == -29 and "no entry point no_such_kernel" in str(e.value)
+
+
+def test_a_kernel_argument_off_the_device_is_a_device_error(libraries, device):
+    crop_fill = shim.load(libraries["crop_fill", "no_runtime"])
+    assert crop_fill(param=1, f=(4, 4)).numpy()[0, 0] == 10000
+    module = next(iter(device._modules.values()))
+    host_only = shim.Buffer(np.zeros(4, np.int32))
+    sizes = ffi.new("size_t[]", [8, 0])
+    args = ffi.new("void *[]", [host_only.raw, ffi.NULL])
+    is_buffer = ffi.new("int8_t[]", [1, 0])
+    with pytest.raises(shim.DeviceError) as e:
+        with shim.core.bridge.runtime_call("run") as check:
+            check(lib.halide_vulkan_run(ffi.NULL, module, b"x", 1, 1, 1, 1, 1, 1, 0, sizes, args,
+                                        is_buffer))
+    assert "not on the Vulkan device" in str(e.value)
+
+
+def test_an_allocation_the_device_cannot_make_is_a_backend_error(device):
+    with pytest.raises(BackendError) as e:
+        device._allocate_new(1 << 62)
+    assert "VK_ERROR" in str(e.value)
+
+
+# --- native handles -----------------------------------------------------------------------------
+
+def test_the_vk_buffer_helpers(device):
+    """halide_vulkan_get_vk_buffer gives the VkBuffer (a crop: its parent's); a VkBuffer
+    detached from one Buffer and wrapped by another is the same memory."""
+    data = np.arange(64, dtype=np.int32).reshape(8, 8)
+    first = shim.Buffer(data.copy())
+    first.copy_to_device(device)
+    vk_buffer = lib.halide_vulkan_get_vk_buffer(ffi.NULL, first.raw)
+    assert vk_buffer != 0
+    with shim.core.bridge.runtime_call("detach") as check:
+        check(lib.halide_vulkan_detach_vk_buffer(ffi.NULL, first.raw))
+    assert not first.has_device_allocation()
+    second = shim.Buffer(np.zeros((8, 8), np.int32))
+    second.set_host_dirty(False)
+    with shim.core.bridge.runtime_call("wrap") as check:
+        check(lib.halide_vulkan_wrap_vk_buffer(ffi.NULL, second.raw, vk_buffer))
+    assert lib.halide_vulkan_get_vk_buffer(ffi.NULL, second.raw) == vk_buffer
+    second.set_device_dirty()
+    np.testing.assert_array_equal(second.numpy(), data)  # through the wrapped VkBuffer
+    with shim.core.bridge.runtime_call("detach") as check:
+        check(lib.halide_vulkan_detach_vk_buffer(ffi.NULL, second.raw))
+
+
+def test_a_crops_vk_buffer_is_its_parents(device):
+    parent = shim.Buffer(np.zeros((8, 8), np.int32))
+    parent.copy_to_device(device)
+    crop = parent.cropped(0, 1, 2)
+    assert lib.halide_vulkan_get_vk_buffer(ffi.NULL, crop.raw) == \
+        lib.halide_vulkan_get_vk_buffer(ffi.NULL, parent.raw) != 0
+
+
+def test_the_vk_buffer_of_another_interfaces_memory_is_refused(device):
+    buf = shim.Buffer(np.zeros(4, np.int32))
+    buf.copy_to_device(shim.device("host"))
+    with pytest.raises(shim.DeviceError) as e:
+        with shim.core.bridge.runtime_call("get") as check:
+            assert lib.halide_vulkan_get_vk_buffer(ffi.NULL, buf.raw) == 0
+            check(-42)
+    assert "another device interface" in str(e.value)
+
+
+# --- threads --------------------------------------------------------------------------------------
+
+def test_threads_launch_into_misaligned_crops_at_once(libraries, device):
+    crop_fill = shim.load(libraries["crop_fill", "bundled"])
+    failures = []
+
+    def work(index):
+        data = np.full((10, 24), -1, np.int32)
+        parent = shim.Buffer(data)
+        parent.copy_to_device(device)
+        crop = parent.cropped([(1 + index % 3, 9), (1, 7)])
+        for param in range(15):
+            crop_fill(param=param, f=crop)
+            parent.copy_to_host()
+            x0 = 1 + index % 3
+            ys, xs = np.mgrid[1:8, x0:x0 + 9]
+            if not np.array_equal(data[1:8, x0:x0 + 9], xs * 100 + ys + param * 10000) or \
+                    data[0, 0] != -1 or data[9, 23] != -1:
+                failures.append((index, param))
+
+    run_threads(6, work)
+    assert not failures
+
+
+# --- processes: device selection and forks ------------------------------------------------------
+
+def _run_python(script: str, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(script), *args],
+                          capture_output=True, text=True, env={**os.environ, **(env or {})},
+                          cwd=pathlib.Path(__file__).resolve().parent.parent)
+
+
+SELECTION = """
+import shim
+from shim.native import ffi, lib
+try:
+    device = shim.device("vulkan")
+except shim.DeviceUnavailable as e:
+    print("unavailable:", e)
+else:
+    print("device:", device.name, "|", ffi.string(lib.halide_vulkan_get_device_type(ffi.NULL)).decode())
+"""
+
+
+def test_the_device_type_variable_is_halides(device):
+    """HL_VK_DEVICE_TYPE=cpu chooses the CPU device; a type the machine lacks falls back to
+    the first device, as Halide's runtime does; and Halide's getter reads the variable."""
+    done = _run_python(SELECTION, env={"HL_VK_DEVICE_TYPE": "cpu"})
+    assert done.returncode == 0, done.stderr
+    if "llvmpipe" in device.name:
+        assert done.stdout.startswith(f"device: {device.name} | cpu"), done.stdout
+    done = _run_python(SELECTION, env={"HL_VK_DEVICE_TYPE": "virtual-gpu"})
+    assert done.returncode == 0 and done.stdout.startswith("device: "), done.stdout + done.stderr
+
+
+def test_a_layer_that_is_not_installed_makes_the_device_unavailable(device):
+    done = _run_python(SELECTION, env={"HL_VK_LAYERS": "VK_LAYER_SHIM_no_such_layer"})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("unavailable:") and "VK_ERROR_LAYER_NOT_PRESENT" in done.stdout
+
+
+FORK = """
+import os, sys
+import numpy as np
+import shim
+
+crop_fill = shim.load(sys.argv[1])
+vulkan = shim.device("vulkan")
+resident = crop_fill(param=1, f=(4, 4))
+resident.set_device_dirty()
+
+
+def refused(what, action):
+    try:
+        action()
+    except shim.DeviceError as e:
+        assert "parent process" in str(e) and "fork" in str(e), f"{what}: {e}"
+        print(f"{what}: refused", flush=True)
+        return
+    raise AssertionError(f"{what}: no DeviceError")
+
+
+pid = os.fork()
+if pid == 0:
+    refused("launch", lambda: crop_fill(param=2, f=(4, 4)))
+    refused("upload", lambda: shim.Buffer(np.zeros(4, np.int32)).copy_to_device(vulkan))
+    refused("download", resident.copy_to_host)
+    sys.exit(0)
+_, status = os.waitpid(pid, 0)
+assert resident.numpy()[0, 0] == 10000  # the parent's device is intact
+sys.exit(os.waitstatus_to_exitcode(status))
+"""
+
+
+def test_a_forked_child_is_refused_the_device(libraries, device):
+    done = _run_python(FORK, str(libraries["crop_fill", "no_runtime"]))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.split("\n")[:3] == ["launch: refused", "upload: refused",
+                                           "download: refused"]
+
+
+def test_the_bundled_runtime_is_the_shims(libraries, device):
+    """A bundled Vulkan build calls the shim's entry points (the shim's library is loaded
+    first), so its device memory is the shim's: a result of the bundled build goes into the
+    no_runtime build without a copy, in either direction."""
+    bundled = shim.load(libraries["brighten", "bundled"])
+    no_runtime = shim.load(libraries["brighten", "no_runtime"])
+    image = np.random.default_rng(5).random((16, 32), dtype=np.float32)
+    first = bundled(image, scale=2.0, offset=0.0, output=image.shape)
+    assert first.raw.device_interface == lib.halide_vulkan_device_interface()
+    moved = (device.transfers.uploaded, device.transfers.downloaded)
+    second = no_runtime(first, scale=4.0, offset=0.0, output=image.shape)
+    assert (device.transfers.uploaded, device.transfers.downloaded) == moved
+    np.testing.assert_array_equal(second.numpy(), image * 8)
+
+
+def test_build_for_vulkan_is_in_the_build_tool():
+    assert build(Build("brighten", "vulkan", "no_runtime")).name.startswith("brighten-vulkan-")
