@@ -348,6 +348,41 @@ def test_threads_launch_into_misaligned_crops_at_once(libraries, device):
     assert not failures
 
 
+# Halide's async GPU schedules (test_async.py runs them on OpenCL): a GPU stage overlapped with
+# a CPU stage, FRAMES frames each.
+OVERLAP = ["async_gpu_to_cpu", "async_cpu_to_gpu"]
+FRAMES = 16
+
+
+@pytest.mark.parametrize("name", OVERLAP)
+def test_async_gpu_and_cpu_stages_on_vulkan(device, name, tmp_path):
+    """Two threads calling an async pipeline on one device-resident input, a third reading
+    that input meanwhile: every result is the stock runtime's, bit for bit, and numpy's."""
+    paths = {runtime: build(Build(name, "vulkan", runtime)) for runtime in RUNTIMES}
+    image = (np.arange(64 * 64) % 997).astype(np.int32).reshape(64, 64)
+    expected = image * sum(range(1, FRAMES + 1))
+    stock = run_stock(paths["bundled"], name, {"input": image},
+                      {"output": (image.shape, np.int32)}, tmp_path)["output"]
+    np.testing.assert_array_equal(stock, expected)
+    shared = shim.Buffer(image)
+    shared.copy_to_device(device)
+    failures = []
+
+    def work(index):
+        if index == 2:  # the bystander
+            for _ in range(50):
+                if not np.array_equal(shared.numpy(), image):
+                    failures.append("input")
+            return
+        pipeline = shim.load(paths[RUNTIMES[index]])
+        for _ in range(20):
+            if not np.array_equal(pipeline(shared, output=image.shape).numpy(), stock):
+                failures.append(RUNTIMES[index])
+
+    run_threads(3, work)
+    assert not failures
+
+
 # --- processes: device selection and forks ------------------------------------------------------
 
 def _run_python(script: str, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
