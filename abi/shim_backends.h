@@ -106,6 +106,9 @@ int shim_vk_transfer(int direction, shim_vk_memory *src, shim_vk_memory *dst, vo
                      const int64_t *shape, const int64_t *src_strides, const int64_t *dst_strides,
                      int outer, int64_t src_offset, int64_t dst_offset, char *message,
                      size_t message_size);
+/* The device's clock (ns) when it reaches a mark submitted now, for profiles; 0 or a Vulkan
+ * error code (VK_ERROR_FEATURE_NOT_PRESENT: the queue has no timestamps). */
+int shim_vk_timestamp(uint64_t *ns);
 /* Wait until the device is idle; 0 or a Vulkan error code. */
 int shim_vk_sync(void);
 /* Halide's Vulkan module (`size` bytes): its shader modules made, its entry points read; NULL

@@ -282,6 +282,27 @@ def test_an_allocation_the_device_cannot_make_is_a_backend_error(device):
     assert "VK_ERROR" in str(e.value)
 
 
+# --- profiles ---------------------------------------------------------------------------------
+
+def test_a_profile_times_launches_and_copies_on_the_device(libraries, device):
+    """Each launch and copy gets device times from the queue's timestamps, on the queue's
+    track, in the order the device ran them."""
+    if not device._timestamps:
+        pytest.skip(f"{device.name}'s compute queue has no timestamps")
+    brighten = shim.load(libraries["brighten", "no_runtime"])
+    image = np.ones((32, 32), np.float32)
+    with shim.profile() as prof:
+        out = brighten(image, scale=2.0, offset=1.0, output=image.shape)
+        np.testing.assert_array_equal(out.numpy(), image * 3)
+    launches = [r for r in prof.records if r.kind == "launch"]
+    assert len(launches) == 1 and launches[0].backend == "vulkan"
+    timed = [r for r in prof.records if r.device_ns is not None]
+    assert launches[0] in timed and all(r.device_ns >= 0 for r in timed)
+    assert {r.device_track for r in timed} == {f"Vulkan queue ({device.name})"}
+    starts = [r.device_start_ns for r in sorted(timed, key=lambda r: r.start_ns)]
+    assert starts == sorted(starts)
+
+
 # --- native handles -----------------------------------------------------------------------------
 
 def test_the_vk_buffer_helpers(device):

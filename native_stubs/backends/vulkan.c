@@ -828,6 +828,47 @@ int shim_vk_sync(void) {
     return result;
 }
 
+/* --- timestamps, for profiles ------------------------------------------------------------------ */
+
+int shim_vk_timestamp(uint64_t *ns) {
+    if (__atomic_load_n(&shim_vk.device, __ATOMIC_ACQUIRE) == NULL || shim_vk.timestamp_bits == 0) {
+        return VK_ERROR_FEATURE_NOT_PRESENT;
+    }
+    VkDevice device = shim_vk.device;
+    VkQueryPool pool = 0;
+    VkQueryPoolCreateInfo info = {VK_STRUCTURE_TYPE_QUERY_POOL_CREATE_INFO, NULL, 0,
+                                  VK_QUERY_TYPE_TIMESTAMP, 1, 0};
+    VkResult result = VK(vkCreateQueryPool, VkResult (*)(VkDevice, const VkQueryPoolCreateInfo *,
+                                                         const void *, VkQueryPool *),
+                         device, &info, NULL, &pool);
+    if (result != VK_SUCCESS) {
+        return result;
+    }
+    /* A submission of its own, which (as every submission) runs after all work submitted
+     * before it: its timestamp is when the device got there. */
+    shim_vk_submission *s = shim_vk_begin(&result);
+    if (s != NULL) {
+        VK(vkCmdResetQueryPool, void (*)(VkCommandBuffer, VkQueryPool, uint32_t, uint32_t),
+           s->commands, pool, 0, 1);
+        VK(vkCmdWriteTimestamp, void (*)(VkCommandBuffer, VkFlags, VkQueryPool, uint32_t),
+           s->commands, VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, pool, 0);
+        result = shim_vk_finish(s);
+    }
+    uint64_t ticks = 0;
+    if (result == VK_SUCCESS) {
+        result = VK(vkGetQueryPoolResults, VkResult (*)(VkDevice, VkQueryPool, uint32_t, uint32_t,
+                                                        size_t, void *, VkDeviceSize, VkFlags),
+                    device, pool, 0, 1, sizeof ticks, &ticks, sizeof ticks,
+                    VK_QUERY_RESULT_64_BIT | VK_QUERY_RESULT_WAIT_BIT);
+    }
+    VK(vkDestroyQueryPool, void (*)(VkDevice, VkQueryPool, const void *), device, pool, NULL);
+    if (shim_vk.timestamp_bits < 64) {
+        ticks &= (1ULL << shim_vk.timestamp_bits) - 1;
+    }
+    *ns = (uint64_t)((double)ticks * shim_vk.properties.limits.timestampPeriod);
+    return result;
+}
+
 /* --- copies ------------------------------------------------------------------------------ */
 
 /* Calls `each(src offset, dst offset, bytes, context)` for every chunk of a copy plan. */

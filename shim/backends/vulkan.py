@@ -16,6 +16,7 @@ code outside its runtime can read.
 from __future__ import annotations
 
 import hashlib
+import time
 
 from shim.base import sections
 from shim.backends.base import Backend, BackendError, Memory, fork_guard
@@ -94,6 +95,7 @@ class VulkanBackend(Backend):
         self._memory_size = int(facts[1]) or None
         self._version = (int(facts[2]), int(facts[3]))
         self.max_storage_buffer_range = int(facts[4])
+        self._timestamps = bool(facts[5])
         self._modules: dict[bytes, object] = {}  # source digest -> shim_vk_module *
         self._module_lock = sections.Lock()
 
@@ -221,8 +223,34 @@ class VulkanBackend(Backend):
                     self._modules[key] = module
         return module
 
+    # --- device timing, for profiles: timestamps the device writes when it reaches a mark -----
+
+    # Every submission waits for the ones before it, and each mark is a submission of its own
+    # that is waited for: a mark's time is when the device finished the work before it.
+
+    def _timestamp(self) -> int:
+        ns = ffi.new("uint64_t *")
+        status = lib.shim_vk_timestamp(ns)
+        if status != 0:
+            raise BackendError(f"a Vulkan timestamp failed (VkResult {status})")
+        return int(ns[0])
+
+    def timing_origin(self):
+        if not self._timestamps:
+            return None
+        self._usable()
+        device = self._timestamp()
+        return time.perf_counter_ns(), device
+
     def timing_track(self, stream) -> str:
         return f"Vulkan queue ({self.name})"
+
+    def timing_marker(self, stream):
+        return self._timestamp()
+
+    def timing_read(self, origin, before, after) -> tuple[int, int]:
+        host, device = origin
+        return host + before - device, max(after - before, 0)
 
 
 # Memory whose VkBuffer a caller took with detach_native, kept (see VulkanBackend.detached).
