@@ -25,6 +25,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <pthread.h>
+
 #include "shim_native.h"
 #include "profiling/profile.h"
 #include "backends/vulkan_api.h"
@@ -445,6 +447,58 @@ typedef struct {
     VkDeviceSize span;
 } staged_buffer;
 
+/* Staging buffers, kept for the next launches: a few, of bounded size, so that a crop staged at
+ * every launch does not allocate at every launch. */
+enum { SPARE_STAGING = 8 };
+static const VkDeviceSize SPARE_STAGING_BYTES = 64 << 20;
+static shim_vk_memory *spare_staging[SPARE_STAGING];
+static pthread_mutex_t spare_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static shim_vk_memory *take_staging(VkDeviceSize size, VkResult *result) {
+    shim_vk_memory *best = NULL;
+    int at = -1;
+    pthread_mutex_lock(&spare_lock);
+    for (int i = 0; i < SPARE_STAGING; i++) { /* the smallest that fits */
+        shim_vk_memory *m = spare_staging[i];
+        if (m != NULL && m->size >= size && (best == NULL || m->size < best->size)) {
+            best = m;
+            at = i;
+        }
+    }
+    if (at >= 0) {
+        spare_staging[at] = NULL;
+    }
+    pthread_mutex_unlock(&spare_lock);
+    *result = VK_SUCCESS;
+    return best ? best : shim_vk_memory_new(size, SHIM_VK_DEVICE, result);
+}
+
+static void give_staging(shim_vk_memory *memory) {
+    if (memory == NULL) {
+        return;
+    }
+    pthread_mutex_lock(&spare_lock);
+    int smallest = -1;
+    for (int i = 0; i < SPARE_STAGING && memory != NULL; i++) {
+        if (spare_staging[i] == NULL) {
+            if (memory->size <= SPARE_STAGING_BYTES) {
+                spare_staging[i] = memory;
+                memory = NULL;
+            }
+        } else if (smallest < 0 || spare_staging[i]->size < spare_staging[smallest]->size) {
+            smallest = i;
+        }
+    }
+    if (memory != NULL && memory->size <= SPARE_STAGING_BYTES && smallest >= 0 &&
+        spare_staging[smallest]->size < memory->size) {
+        shim_vk_memory *evicted = spare_staging[smallest]; /* bigger ones serve more crops */
+        spare_staging[smallest] = memory;
+        memory = evicted;
+    }
+    pthread_mutex_unlock(&spare_lock);
+    shim_vk_memory_delete(memory);
+}
+
 /* The bytes from a buffer's min element to the end of its last (0 if it has none); -1 for a
  * negative stride, which a staged crop does not take. */
 static int64_t span_of(const halide_buffer_t *buf) {
@@ -588,7 +642,7 @@ static int record_and_run(void *user_context, shim_vk_module *module, kernel_ent
                 }
                 b = &staged[(*staged_count)++];
                 *b = (staged_buffer){handle, buf, NULL, (VkDeviceSize)span};
-                b->copy = shim_vk_memory_new(b->span, SHIM_VK_DEVICE, &result);
+                b->copy = take_staging(b->span, &result);
                 if (b->copy == NULL) {
                     (*staged_count)--;
                     shim_vk_abandon(s);
@@ -698,7 +752,7 @@ static int launch(SHIM_RUN_PARAMS) {
     int code = record_and_run(user_context, module, e, pipeline, count, arg_sizes, args,
                               arg_is_buffer, blocks, staged, &staged_count);
     for (int k = 0; k < staged_count; k++) {
-        shim_vk_memory_delete(staged[k].copy);
+        give_staging(staged[k].copy); /* (its submission has finished or was never made) */
     }
     return code;
 }
