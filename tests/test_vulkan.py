@@ -345,6 +345,61 @@ def test_the_vk_buffer_of_another_interfaces_memory_is_refused(device):
     assert "another device interface" in str(e.value)
 
 
+# --- DLPack -----------------------------------------------------------------------------------
+
+class _AsVulkan:
+    """A producer that hands a Buffer's memory over as kDLVulkan (what a Vulkan consumer asks)."""
+
+    def __init__(self, buf):
+        self.buf = buf
+
+    def __dlpack_device__(self):
+        return (7, 0)
+
+    def __dlpack__(self, stream=None, max_version=None, dl_device=None, copy=None):
+        return self.buf.__dlpack__(stream=stream, max_version=max_version, dl_device=(7, 0))
+
+
+def test_dlpack_exports_host_memory_unless_vulkan_is_asked_for(libraries, device):
+    brighten = shim.load(libraries["brighten", "no_runtime"])
+    image = np.random.default_rng(6).random((8, 16), dtype=np.float32)
+    out = brighten(image, scale=2.0, offset=0.0, output=image.shape)
+    assert out.__dlpack_device__() == (1, 0)  # (as for OpenCL: no mainstream consumer reads it)
+    np.testing.assert_array_equal(np.from_dlpack(out), image * 2)
+    out.copy_to_device(device)
+    imported = shim.from_dlpack(_AsVulkan(out))  # the VkBuffer itself, zero-copy
+    assert lib.halide_vulkan_get_vk_buffer(ffi.NULL, imported.raw) == \
+        lib.halide_vulkan_get_vk_buffer(ffi.NULL, out.raw)
+    np.testing.assert_array_equal(imported.numpy(), image * 2)
+    with pytest.raises(BufferError, match="no stream for Vulkan"):
+        out.__dlpack__(stream=5, dl_device=(7, 0))
+
+
+def test_dlpack_import_refuses_what_is_not_the_shims_vk_buffer(device):
+    class Forged:
+        def __init__(self, capsule):
+            self.capsule = capsule
+
+        def __dlpack_device__(self):
+            return (7, 0)
+
+        def __dlpack__(self, **kwargs):
+            return self.capsule
+
+    buf = shim.Buffer(np.zeros((4, 4), np.float32))
+    buf.copy_to_device(device)
+    capsule = buf.__dlpack__(dl_device=(7, 0))
+    # The capsule's tensor, its data changed to a VkBuffer value nobody made.
+    import ctypes
+
+    get = ctypes.pythonapi.PyCapsule_GetPointer
+    get.restype, get.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_char_p]
+    managed = ffi.cast("DLManagedTensor *", get(capsule, b"dltensor"))
+    managed.dl_tensor.data = ffi.cast("void *", 0x1234)
+    with pytest.raises(shim.ArgumentError, match="not a VkBuffer of the shim's"):
+        shim.from_dlpack(Forged(capsule))
+
+
 # --- threads --------------------------------------------------------------------------------------
 
 def test_threads_launch_into_misaligned_crops_at_once(libraries, device):

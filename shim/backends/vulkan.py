@@ -63,9 +63,12 @@ class VulkanMemory(Memory):
 class VulkanBackend(Backend):
     kind = "vulkan"
     index = lib.SHIM_BACKEND_VULKAN
-    # kDLVulkan. A Buffer exports host memory to a DLPack consumer (as OpenCL's do): a
-    # VkBuffer is no pointer another library could use without the shim's VkDevice.
-    dlpack_device_type = None
+    # kDLVulkan, exported only to a consumer that asks (dl_device=(7, 0)), host memory
+    # otherwise, as for OpenCL: a VkBuffer is of use only on the shim's VkDevice
+    # (halide_vulkan_acquire_context gives it). ``data`` is the VkBuffer, ``byte_offset`` the
+    # buffer's offset in it.
+    dlpack_device_type = 7
+    dlpack_on_request_only = True
     # After CUDA and after OpenCL. Every GPU vendor that ships Vulkan ships OpenCL too, and on
     # a machine without a GPU both are CPU devices (lavapipe, PoCL): OpenCL then stays the
     # default the README and `python -m shim demo` promise, and its launches are queued and
@@ -189,15 +192,12 @@ class VulkanBackend(Backend):
 
     def write(self, memory: VulkanMemory, plan: CopyPlan, host_address: int) -> None:
         self._transfer(_HOST_TO_DEVICE, ffi.NULL, memory.native_memory, host_address, plan)
-        self.transfers.add("uploaded", plan.nbytes)
 
     def read(self, memory: VulkanMemory, plan: CopyPlan, host_address: int) -> None:
         self._transfer(_DEVICE_TO_HOST, memory.native_memory, ffi.NULL, host_address, plan)
-        self.transfers.add("downloaded", plan.nbytes)
 
     def copy(self, src: VulkanMemory, dst: VulkanMemory, plan: CopyPlan) -> None:
         self._transfer(_DEVICE_TO_DEVICE, src.native_memory, dst.native_memory, 0, plan)
-        self.transfers.add("device_copied", plan.nbytes)
 
     def sync(self) -> None:
         self._usable()
@@ -222,6 +222,37 @@ class VulkanBackend(Backend):
                         raise BackendError(f"Vulkan module: {_message(message)}")
                     self._modules[key] = module
         return module
+
+    # --- DLPack ---------------------------------------------------------------------------
+
+    def dlpack_data(self, handle: int) -> tuple[int, int]:
+        struct = ffi.cast("shim_vk_handle *", handle)
+        return int(struct.buffer), int(struct.offset)
+
+    def dlpack_consumer_stream(self, stream):
+        """DLPack defines no stream for Vulkan; every submission of the shim's has completed
+        when the call that made it returns, so None (and -1) is all a consumer needs."""
+        if stream is None or stream == -1:
+            return stream
+        raise BufferError(f"stream {stream}: DLPack has no stream for Vulkan; pass None (the "
+                          "shim's Vulkan work is complete whenever a call returns)")
+
+    def make_visible(self, consumer, memory: VulkanMemory) -> None:
+        """Nothing to order: each submission is waited for before the call that made it
+        returns, so the shim's Vulkan work is complete."""
+
+    def check_dlpack_memory(self, data: int, byte_offset: int, nbytes: int) -> None:
+        """Refuse (BufferError) a tensor's ``data`` unless it is a VkBuffer of the shim's
+        holding ``nbytes`` from ``byte_offset``: any other value would reach the driver as a
+        handle it cannot check."""
+        for memory in list(self._live.values()):
+            if memory.native_memory != ffi.NULL and self.native(memory) == data:
+                if memory.capacity and byte_offset + nbytes > memory.capacity:
+                    raise BufferError(f"the tensor spans bytes [{byte_offset}, "
+                                      f"{byte_offset + nbytes}) of a VkBuffer of "
+                                      f"{memory.capacity} bytes")
+                return
+        raise BufferError(f"data {data:#x} is not a VkBuffer of the shim's Vulkan device")
 
     # --- device timing, for profiles: timestamps the device writes when it reaches a mark -----
 
