@@ -513,6 +513,8 @@ int shim_vk_start(char *message, size_t size) {
             result = create_device(message, size);
         }
         if (result == 0) {
+            const char *staged = getenv("HALIDE_SHIM_VULKAN_STAGED_COPIES");
+            shim_vk.map_device_memory = staged == NULL || strcmp(staged, "1") != 0;
             shim_vk.process = shim_bound_process();
         }
     }
@@ -524,7 +526,7 @@ const char *shim_vk_device_name(void) {
     return shim_vk.properties.deviceName;
 }
 
-void shim_vk_device_facts(uint64_t facts[6]) {
+void shim_vk_device_facts(uint64_t facts[7]) {
     const VkPhysicalDeviceMemoryProperties *memory = &shim_vk.memory_properties;
     uint64_t device_local = 0;
     for (uint32_t i = 0; i < memory->memoryHeapCount; i++) {
@@ -539,6 +541,7 @@ void shim_vk_device_facts(uint64_t facts[6]) {
     facts[3] = VK_API_VERSION_MINOR(shim_vk.properties.apiVersion);
     facts[4] = shim_vk.properties.limits.maxStorageBufferRange;
     facts[5] = shim_vk.timestamp_bits != 0;
+    facts[6] = shim_vk.map_device_memory;
 }
 
 int shim_vk_usable(void *user_context) {
@@ -630,7 +633,8 @@ shim_vk_memory *shim_vk_memory_new(VkDeviceSize size, enum shim_vk_purpose purpo
         *result = VK(vkBindBufferMemory, VkResult (*)(VkDevice, VkBuffer, VkDeviceMemory,
                                                       VkDeviceSize),
                      device, memory->buffer, memory->memory, 0);
-        if (*result == VK_SUCCESS && (flags & host) == host) {
+        if (*result == VK_SUCCESS && (flags & host) == host &&
+            (purpose != SHIM_VK_DEVICE || shim_vk.map_device_memory)) {
             void *mapped = NULL;
             *result = VK(vkMapMemory, VkResult (*)(VkDevice, VkDeviceMemory, VkDeviceSize,
                                                    VkDeviceSize, VkFlags, void **),

@@ -43,6 +43,10 @@ typedef struct {
     VkPhysicalDeviceProperties properties;
     VkPhysicalDeviceMemoryProperties memory_properties;
     uint32_t timestamp_bits; /* of the queue family; 0: no timestamps */
+    /* Whether a Buffer's memory is mapped where the device allows it: off with
+     * $HALIDE_SHIM_VULKAN_STAGED_COPIES=1, so that every copy takes the staged path a discrete
+     * GPU's takes (tests/test_vulkan.py runs the suite that way on lavapipe). */
+    bool map_device_memory;
     pthread_mutex_t queue_lock; /* vkQueueSubmit needs the queue externally synchronized */
     pid_t process;              /* where it was made (forks/fork.c) */
 } shim_vk_state;

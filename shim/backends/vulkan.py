@@ -92,13 +92,16 @@ class VulkanBackend(Backend):
         if status != 0:
             raise DeviceUnavailable(f"no usable Vulkan device: {_message(message)} "
                                     f"(Halide error {status})")
-        facts = ffi.new("uint64_t[6]")
+        facts = ffi.new("uint64_t[7]")
         lib.shim_vk_device_facts(facts)
         self.alignment = max(int(facts[0]), 1)  # minStorageBufferOffsetAlignment
         self._memory_size = int(facts[1]) or None
         self._version = (int(facts[2]), int(facts[3]))
         self.max_storage_buffer_range = int(facts[4])
         self._timestamps = bool(facts[5])
+        # False with $HALIDE_SHIM_VULKAN_STAGED_COPIES=1: every copy then takes the staged path
+        # (what a discrete GPU's device-local memory needs), also on lavapipe.
+        self.maps_memory = bool(facts[6])
         self._modules: dict[bytes, object] = {}  # source digest -> shim_vk_module *
         self._module_lock = sections.Lock()
 
