@@ -81,6 +81,11 @@ typedef struct shim_vk_handle {
     uint64_t buffer;  /* the VkBuffer of the allocation */
     uint64_t offset;  /* bytes from its start to the buffer's min element */
     shim_vk_memory *memory;
+    /* 1 while the allocation behind the handle is one the native layer serves
+     * (native_stubs/devices/served.c); 0 for the Python core's, and once claimed. */
+    uint32_t served;
+    uint32_t native_made;  /* made by the native layer: shim_vk_handle_release frees it */
+    uint64_t nbytes, capacity;  /* a served allocation's: asked for, and held */
 } shim_vk_handle;
 /* Names of the machine's Vulkan devices, each ending in a newline, into `names` (a probe that
  * makes an instance and no device); the number of devices, or -1 with the reason in `names`. */
@@ -112,6 +117,12 @@ int shim_vk_transfer(int direction, shim_vk_memory *src, shim_vk_memory *dst, vo
 int shim_vk_timestamp(uint64_t *ns);
 /* Wait until the device is idle; 0 or a Vulkan error code. */
 int shim_vk_sync(void);
+/* Serve the pipelines' own allocations in C (native_stubs/devices/served.c), from `pool`,
+ * whose native values are shim_vk_memory pointers, and which must live as long as the
+ * process. */
+void shim_vk_serve_allocations(shim_pool *pool);
+/* Forget a handle: free it if the native layer made it (a served allocation's). */
+void shim_vk_handle_release(shim_vk_handle *handle);
 /* Halide's Vulkan module (`size` bytes): its shader modules made, its entry points read; NULL
  * with the reason in `message`. */
 shim_vk_module *shim_vk_module_new(const void *source, size_t size, char *message,

@@ -303,6 +303,91 @@ def test_a_profile_times_launches_and_copies_on_the_device(libraries, device):
     assert starts == sorted(starts)
 
 
+# --- allocations served in C (native_stubs/devices/served.c) ---------------------------------
+
+def _served_live() -> int:
+    return lib.shim_served_live(lib.SHIM_BACKEND_VULKAN, ffi.new("int64_t *"))
+
+
+@pytest.fixture
+def serve(device):
+    def switch(on: bool) -> None:
+        lib.shim_serve_allocations(lib.SHIM_BACKEND_VULKAN, on)
+
+    yield switch
+    switch(True)
+
+
+def test_a_pipelines_own_buffers_never_reach_python(device, serve):
+    """blur3x3's compute_root stage, allocated and freed at every call, served in C: the
+    Python core's device_malloc and device_free never run (switched off, they do), the driver
+    is asked for memory once, and the results are numpy's either way."""
+    from gpu_cases import blur_reference
+    from support.served import python_calls_during
+
+    blur = shim.load(build(Build("blur3x3", "vulkan", "no_runtime")))
+    image = (np.arange(34 * 70, dtype=np.uint16).reshape(34, 70) * 37) % 4099
+    source, out = shim.Buffer(image), shim.Buffer(np.empty((32, 68), np.uint16))
+    source.copy_to_device(device)
+    out.device_malloc(device)
+    blur(source, out)  # makes the module, and pools the stage's memory
+    new = device.allocation_counts()["new"]
+    for on in (True, False, True):
+        serve(on)
+        ran = {name.rsplit(".", 1)[1]
+               for name in python_calls_during(lambda: blur(source, out), "shim.core.runtime")}
+        assert ("device_malloc" in ran or "device_free" in ran) is not on, ran
+        out.set_device_dirty()
+        np.testing.assert_array_equal(out.numpy(), blur_reference(image))
+    assert device.allocation_counts()["new"] == new
+    assert _served_live() == 0
+
+
+def test_a_served_allocation_becomes_pythons_when_python_needs_it(device, serve):
+    """A bare struct's allocation, served in C, then cropped (only the Python core crops): it
+    is adopted, the crop's VkBuffer is the parent's, its data goes through the device and
+    back, and the free goes to the pool through Python."""
+    from test_device_layer import raw_like
+
+    start = _served_live()
+    interface = lib.halide_vulkan_device_interface()
+    parent = raw_like(np.arange(16 * 32, dtype=np.int32).reshape(16, 32), mins=(0, 0))
+    assert lib.halide_device_malloc(ffi.NULL, parent.raw, interface) == 0
+    assert _served_live() == start + 1
+    parent.raw.flags |= lib.halide_buffer_flag_host_dirty
+    assert lib.halide_copy_to_device(ffi.NULL, parent.raw, interface) == 0
+    crop_host = np.zeros((4, 32), np.int32)
+    crop = raw_like(crop_host[:, :8], mins=(9, 4))  # (36 bytes in: staged if a kernel took it)
+    assert lib.halide_device_crop(ffi.NULL, parent.raw, crop.raw) == 0
+    assert _served_live() == start  # adopted by the Python core
+    assert lib.halide_vulkan_get_vk_buffer(ffi.NULL, crop.raw) == \
+        lib.halide_vulkan_get_vk_buffer(ffi.NULL, parent.raw)
+    crop.raw.flags = lib.halide_buffer_flag_device_dirty
+    assert lib.halide_copy_to_host(ffi.NULL, crop.raw) == 0
+    np.testing.assert_array_equal(crop_host[:, :8], parent.array[4:8, 9:17])
+    assert lib.halide_device_release_crop(ffi.NULL, crop.raw) == 0
+    assert lib.halide_device_free(ffi.NULL, parent.raw) == 0
+    assert parent.raw.device == 0 and _served_live() == start
+
+
+def test_fresh_arrays_in_threads_with_served_allocations(libraries, device):
+    """numpy arrays in and out of a GPU pipeline from four threads: the arrays' device memory
+    served in C, each thread's results its own."""
+    brighten = shim.load(libraries["brighten", "no_runtime"])
+    failures = []
+
+    def work(index):
+        image = np.full((24, 40), index, np.float32)
+        out = np.empty_like(image)
+        for _ in range(30):
+            brighten(image, 2.0, 1.0, out)
+            if not np.array_equal(out, image * 2 + 1):
+                failures.append(index)
+
+    run_threads(4, work)
+    assert not failures and _served_live() == 0
+
+
 # --- native handles -----------------------------------------------------------------------------
 
 def test_the_vk_buffer_helpers(device):

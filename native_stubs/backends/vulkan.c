@@ -25,6 +25,7 @@
 
 #include "shim_native.h"
 #include "devices/device_generic.h"
+#include "devices/served.h"
 #include "forks/fork.h"
 #include "backends/vulkan_api.h"
 #include "backends/vulkan_device.h"
@@ -1026,6 +1027,98 @@ int shim_vk_transfer(int direction, shim_vk_memory *src, shim_vk_memory *dst, vo
     }
     return transfer(direction, src, dst, host, shape, src_strides, dst_strides, outer, src_offset,
                     dst_offset, message, message_size);
+}
+
+/* --- served allocations (devices/served.c) ------------------------------------------------ */
+
+/* A pipeline's own device buffers (a compute_root stage's, the arrays of a fast call) are
+ * allocated, copied and freed here without Python, from the backend's pool; Python adopts one
+ * where it needs it (shim/backends/vulkan.py, adopt_served). Native values are shim_vk_memory
+ * pointers, in the pool as in the Python backend's into_pool. */
+
+static bool driver_usable(void) {
+    return __atomic_load_n(&shim_vk.device, __ATOMIC_ACQUIRE) != NULL &&
+           shim_vk.process == shim_bound_process();
+}
+
+static uint64_t create_allocation(uint64_t size) {
+    VkResult result;
+    return (uint64_t)(uintptr_t)shim_vk_memory_new(size, SHIM_VK_DEVICE, &result);
+}
+
+static void release_allocation(uint64_t native) {
+    shim_vk_memory_delete((shim_vk_memory *)(uintptr_t)native);
+}
+
+/* A handle at the start of the allocation, as the Python backend's handle() makes for offset
+ * 0: always bindable in place. */
+static uint64_t make_served_handle(uint64_t native, uint64_t nbytes, uint64_t capacity) {
+    shim_vk_handle *handle = calloc(1, sizeof *handle);
+    if (handle == NULL) {
+        return 0;
+    }
+    handle->memory = (shim_vk_memory *)(uintptr_t)native;
+    handle->buffer = handle->memory->buffer;
+    handle->native_made = 1;
+    handle->nbytes = nbytes;
+    handle->capacity = capacity;
+    __atomic_store_n(&handle->served, 1, __ATOMIC_RELEASE);
+    return (uint64_t)(uintptr_t)handle;
+}
+
+static bool claim_served(uint64_t value, uint64_t *native, uint64_t *nbytes, uint64_t *capacity) {
+    shim_vk_handle *handle = (shim_vk_handle *)(uintptr_t)value;
+    uint32_t expected = 1;
+    if (!__atomic_compare_exchange_n(&handle->served, &expected, 0, false, __ATOMIC_ACQ_REL,
+                                     __ATOMIC_ACQUIRE)) {
+        return false;
+    }
+    *native = (uint64_t)(uintptr_t)handle->memory;
+    *nbytes = handle->nbytes;
+    *capacity = handle->capacity;
+    return true;
+}
+
+void shim_vk_handle_release(shim_vk_handle *handle) {
+    if (handle != NULL && handle->native_made) {
+        free(handle);
+    }
+}
+
+static void release_served_handle(uint64_t handle) {
+    shim_vk_handle_release((shim_vk_handle *)(uintptr_t)handle);
+}
+
+static bool served_native(uint64_t value, uint64_t *native) {
+    const shim_vk_handle *handle = (const shim_vk_handle *)(uintptr_t)value;
+    if (!__atomic_load_n(&handle->served, __ATOMIC_ACQUIRE)) {
+        return false;
+    }
+    *native = (uint64_t)(uintptr_t)handle->memory;
+    return true;
+}
+
+/* The first `nbytes` of an allocation, complete when they return, as the Python backend's
+ * write and read. */
+static int write_allocation(uint64_t native, const void *host, uint64_t nbytes) {
+    int64_t shape[1] = {(int64_t)nbytes}, none[1] = {0};
+    return transfer(0, NULL, (shim_vk_memory *)(uintptr_t)native, (uint8_t *)host, shape, none,
+                    none, 0, 0, 0, NULL, 0);
+}
+
+static int read_allocation(uint64_t native, void *host, uint64_t nbytes) {
+    int64_t shape[1] = {(int64_t)nbytes}, none[1] = {0};
+    return transfer(1, (shim_vk_memory *)(uintptr_t)native, NULL, host, shape, none, none, 0, 0,
+                    0, NULL, 0);
+}
+
+static const shim_allocator allocator = {
+    driver_usable, create_allocation, release_allocation, make_served_handle, claim_served,
+    release_served_handle, served_native, write_allocation, read_allocation,
+};
+
+void shim_vk_serve_allocations(shim_pool *pool) {
+    shim_served_register(SHIM_BACKEND_VULKAN, &allocator, pool);
 }
 
 /* --- Halide's entry points ------------------------------------------------------------------ */

@@ -71,9 +71,9 @@ class VulkanBackend(Backend):
     dlpack_on_request_only = True
     # After CUDA and after OpenCL. Every GPU vendor that ships Vulkan ships OpenCL too, and on
     # a machine without a GPU both are CPU devices (lavapipe, PoCL): OpenCL then stays the
-    # default the README and `python -m shim demo` promise, and its launches are queued and
-    # its pipelines' own allocations served in C, where each Vulkan launch waits for its
-    # kernel (a pipeline built for Vulkan alone runs on Vulkan whatever the order).
+    # default the README and `python -m shim demo` promise, and its launches are queued where
+    # each Vulkan launch waits for its kernel (a pipeline built for Vulkan alone runs on Vulkan
+    # whatever the order).
     default_rank = 2
 
     @classmethod
@@ -104,6 +104,11 @@ class VulkanBackend(Backend):
         self.maps_memory = bool(facts[6])
         self._modules: dict[bytes, object] = {}  # source digest -> shim_vk_module *
         self._module_lock = sections.Lock()
+        # Pipelines' own allocations are served in C from this backend's pool (which lives as
+        # long as the process: the backend registry keeps every backend).
+        lib.shim_vk_serve_allocations(self._pool.native)
+        self.serves_allocations = True
+        self.transfers.served = self.index
 
     @property
     def name(self) -> str:
@@ -134,14 +139,29 @@ class VulkanBackend(Backend):
         return VulkanMemory(native, nbytes)
 
     def _free_now(self, memory: VulkanMemory) -> None:
-        memory.handles.clear()
+        _forget_handles(memory)
         native, memory.native_memory = memory.native_memory, ffi.NULL
         if native != ffi.NULL:
             lib.shim_vk_free(native)
 
+    # The pool holds shim_vk_memory pointers, which native_stubs/devices/served.c takes and
+    # frees too: a Memory object goes in as its pointer and comes out as a new object.
+
     def into_pool(self, memory: VulkanMemory) -> int:
-        memory.handles.clear()
-        return super().into_pool(memory)
+        _forget_handles(memory)
+        native, memory.native_memory = memory.native_memory, ffi.NULL
+        return int(ffi.cast("uintptr_t", native))
+
+    def out_of_pool(self, native: int, capacity: int) -> VulkanMemory:
+        return VulkanMemory(ffi.cast("shim_vk_memory *", native), capacity)
+
+    def adopt_served(self, native: int, nbytes: int, capacity: int, handle: int) -> VulkanMemory:
+        memory = self.out_of_pool(native, capacity)
+        memory.nbytes = nbytes
+        # The handle the native layer made (shim_vk_handle_release frees it).
+        memory.handles[handle] = ffi.cast("shim_vk_handle *", handle)
+        self._live[id(memory)] = memory
+        return memory
 
     def placement(self, offset: int) -> int:
         # Where the core can place an allocation so that a crop lands on a bindable offset.
@@ -157,7 +177,9 @@ class VulkanBackend(Backend):
         return value
 
     def release_handle(self, memory: VulkanMemory, handle: int) -> None:
-        memory.handles.pop(handle, None)
+        struct = memory.handles.pop(handle, None)
+        if struct is not None:
+            lib.shim_vk_handle_release(struct)
 
     def wrap(self, native: int) -> VulkanMemory:
         if native == 0:
@@ -176,7 +198,7 @@ class VulkanBackend(Backend):
         # of the process (the caller has no way to free it), as the host device keeps its
         # detached memory.
         super().detached(memory)
-        memory.handles.clear()
+        _forget_handles(memory)
         _detached.append(memory)
 
     # --- copies --------------------------------------------------------------------------
@@ -285,6 +307,13 @@ class VulkanBackend(Backend):
     def timing_read(self, origin, before, after) -> tuple[int, int]:
         host, device = origin
         return host + before - device, max(after - before, 0)
+
+
+def _forget_handles(memory: VulkanMemory) -> None:
+    """Drop every handle into ``memory`` (freeing those the native layer made)."""
+    for struct in memory.handles.values():
+        lib.shim_vk_handle_release(struct)
+    memory.handles.clear()
 
 
 # Memory whose VkBuffer a caller took with detach_native, kept (see VulkanBackend.detached).
