@@ -245,6 +245,43 @@ def test_a_module_that_does_not_parse_is_a_device_error(device, source):
     assert "Vulkan" in str(e.value)
 
 
+def test_modules_with_damaged_headers_are_refused_or_made_never_a_crash(libraries, device,
+                                                                       tmp_path):
+    """Every word of a real module's headers (the entry points before each SPIR-V module)
+    replaced by other values, and the module cut short at each of them: each is refused with
+    a DeviceError or made, and the process goes on. (The SPIR-V itself is the driver's to
+    check; it gets only what starts with SPIR-V's magic number and fits in the module.)"""
+    sources = []
+    original = device.module
+    device.module = lambda source: sources.append(source) or original(source)
+    try:
+        # A copy of the library, loaded afresh: its kernels' state is new, so its first call
+        # hands the module's source to module().
+        copy = tmp_path / "brighten-copy.so"
+        shutil.copyfile(libraries["brighten", "no_runtime"], copy)
+        brighten = shim.load(copy)
+        np.testing.assert_array_equal(
+            brighten(np.ones((4, 4), np.float32), scale=2.0, offset=0.0, output=(4, 4)).numpy(), 2)
+    finally:
+        device.module = original
+    source = np.frombuffer(sources[0], np.uint32)
+    spirv = int(np.flatnonzero(source == 0x07230203)[0])  # where the first SPIR-V starts
+    rng = np.random.default_rng(11)
+    outcomes = set()
+    for index in range(spirv):
+        for value in (0, 1, 0xFFFFFFFF, int(source[index]) + 1, int(rng.integers(0, 1 << 32))):
+            damaged = source.copy()
+            damaged[index] = value
+            for candidate in (damaged.tobytes(), source[:index].tobytes()):
+                try:
+                    _initialize(candidate)
+                    outcomes.add("made")
+                except shim.DeviceError as e:
+                    assert "Vulkan" in str(e)
+                    outcomes.add("refused")
+    assert "refused" in outcomes
+
+
 def test_launching_an_entry_point_the_module_lacks_is_a_device_error(libraries, device):
     crop_fill = shim.load(libraries["crop_fill", "no_runtime"])
     assert crop_fill(param=1, f=(4, 4)).numpy()[0, 0] == 10000  # makes its module

@@ -242,8 +242,11 @@ shim_vk_module *shim_vk_module_new(const void *source, size_t size, char *messag
         uint32_t header = word(&r), shaders = word(&r);
         spirv_module *spirv = &module->spirvs[module->spirv_count++];
         kernel_entry *first = &module->entries[module->entry_count];
+        /* The SPIR-V after the header must at least look like SPIR-V (its magic number and
+         * its 5-word header): drivers need not check, and may crash on garbage. */
         ok = read_entries(&r, shaders, module->entries, &module->entry_count, spirv) &&
-             r.next <= header;
+             r.next <= header && sizes[k] / 4 >= header + 5 &&
+             words[start + header] == 0x07230203u;
         if (!ok) {
             break;
         }
