@@ -667,6 +667,24 @@ def test_the_device_type_variable_is_halides(device):
     assert done.returncode == 0 and done.stdout.startswith("device: "), done.stdout + done.stderr
 
 
+EXTENSIONS = """
+import shim
+from shim.native import ffi, lib
+names = ffi.string(lib.halide_vulkan_get_extension_names(ffi.NULL)).decode()
+device = shim.device("vulkan")
+print(names, "|", device.name)
+"""
+
+
+def test_extension_names_are_halides_and_unknown_ones_are_left_out(device):
+    """HL_VK_EXTENSIONS as Halide's getter reads it; names the device lacks are left out (Halide
+    21 enables none of them), so the device is made all the same."""
+    wanted = "VK_KHR_shader_non_semantic_info:VK_SHIM_no_such_extension"
+    done = _run_python(EXTENSIONS, env={"HL_VK_EXTENSIONS": wanted})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == f"{wanted} | {device.name}"
+
+
 def test_a_layer_that_is_not_installed_makes_the_device_unavailable(device):
     done = _run_python(SELECTION, env={"HL_VK_LAYERS": "VK_LAYER_SHIM_no_such_layer"})
     assert done.returncode == 0, done.stderr
