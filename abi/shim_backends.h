@@ -97,8 +97,9 @@ int shim_vk_start(char *message, size_t size);
 const char *shim_vk_device_name(void);
 /* [min storage buffer offset alignment, device-local heap bytes, API major, API minor,
  * max storage buffer range, whether timestamps work, whether a Buffer's memory is mapped
- * where the device allows (copies by memcpy; else every copy is staged)] */
-void shim_vk_device_facts(uint64_t facts[7]);
+ * where the device allows (copies by memcpy; else every copy is staged), whether launches
+ * are left running (timeline semaphores) rather than waited for] */
+void shim_vk_device_facts(uint64_t facts[8]);
 shim_vk_memory *shim_vk_allocate(uint64_t size, char *message, size_t message_size);
 void shim_vk_free(shim_vk_memory *memory);
 /* An application's VkBuffer on the shim's device (halide_vulkan_wrap_vk_buffer): never freed

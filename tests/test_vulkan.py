@@ -627,13 +627,45 @@ print("ok")
 
 
 @pytest.mark.parametrize("runtime", RUNTIMES)
-def test_staged_copies(device, runtime):
+@pytest.mark.parametrize("mode", ["staged copies", "staged copies, each launch waited for",
+                                  "each launch waited for"])
+def test_other_ways_of_copying_and_launching(device, runtime, mode):
     """Where a Buffer's memory is not host-visible (a discrete GPU's), every copy goes through
-    a staging buffer and the driver's copies: forced on this device, the same work gives the
-    same results."""
-    done = _run_python(STAGED, runtime, env={"HALIDE_SHIM_VULKAN_STAGED_COPIES": "1"})
+    a staging buffer and the driver's copies; where the device has no timeline semaphores,
+    each launch is waited for. Forced on this device, the same work gives the same results."""
+    env = {}
+    if "staged" in mode:
+        env["HALIDE_SHIM_VULKAN_STAGED_COPIES"] = "1"
+    if "waited" in mode:
+        env["HALIDE_SHIM_VULKAN_WAIT_EACH_LAUNCH"] = "1"
+    script = STAGED.replace("assert not vulkan.maps_memory",
+                            f"assert vulkan.maps_memory is {'staged' not in mode}\n"
+                            f"assert not (vulkan.launches_async and {'waited' in mode})")
+    done = _run_python(script, runtime, env=env)
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stdout.strip() == "ok"
+
+
+def test_launches_left_running_are_waited_for_by_whatever_reads(libraries, device):
+    """Two hundred launches into one crop, each overwriting the last, none waited for (where
+    the device has timeline semaphores): the host reads the last one's values, and a crop of
+    the same memory freed meanwhile is freed after the launches that used it."""
+    crop_fill = shim.load(libraries["crop_fill", "no_runtime"])
+    parent = shim.Buffer(np.full((64, 64), -1, np.int32))
+    parent.copy_to_device(device)
+    crop = parent.cropped([(3, 50), (5, 40)])
+    with crop_fill.prepare(param=0, f=crop) as first:
+        first()
+    for param in range(200):
+        crop_fill(param=param, f=crop)
+    scratch = shim.Buffer(np.zeros((32, 32), np.int32))
+    crop_fill(param=9, f=scratch)
+    scratch.set_device_dirty(False)  # (its results are not wanted)
+    scratch.device_free()  # its memory goes back while its launch may still run
+    parent.copy_to_host()
+    ys, xs = np.mgrid[5:45, 3:53]
+    np.testing.assert_array_equal(parent.numpy()[5:45, 3:53], xs * 100 + ys + 199 * 10000)
+    assert parent.numpy()[0, 0] == -1
 
 
 # --- processes: device selection and forks ------------------------------------------------------

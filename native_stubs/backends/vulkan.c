@@ -452,8 +452,12 @@ static int create_device(char *message, size_t size) {
     uint32_t major = VK_API_VERSION_MAJOR(shim_vk.properties.apiVersion);
     uint32_t minor = VK_API_VERSION_MINOR(shim_vk.properties.apiVersion);
     bool v11 = major > 1 || minor >= 1, v12 = major > 1 || minor >= 2;
+    /* (Timeline semaphores, for launches that are not waited for: Vulkan 1.2.) */
+    VkPhysicalDeviceTimelineSemaphoreFeatures timeline = {
+        VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_TIMELINE_SEMAPHORE_FEATURES, NULL, 0};
     VkPhysicalDeviceShaderFloat16Int8Features f16_i8 = {
-        VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_FLOAT16_INT8_FEATURES, NULL, 0, 0};
+        VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_FLOAT16_INT8_FEATURES, v12 ? &timeline : NULL,
+        0, 0};
     VkPhysicalDevice8BitStorageFeatures storage8 = {
         VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_8BIT_STORAGE_FEATURES, &f16_i8, 0, 0, 0};
     VkPhysicalDevice16BitStorageFeatures storage16 = {
@@ -492,8 +496,27 @@ static int create_device(char *message, size_t size) {
     }
     SHIM_VK_DEVICE_FUNCTIONS(LOAD)
 #undef LOAD
+#define LOAD_OPTIONAL(name) shim_vk.fn.name = (void *)loader.get_device_proc(device, #name);
+    SHIM_VK_TIMELINE_FUNCTIONS(LOAD_OPTIONAL)
+#undef LOAD_OPTIONAL
     VK(vkGetDeviceQueue, void (*)(VkDevice, uint32_t, uint32_t, VkQueue *), device,
        shim_vk.queue_family, 0, &shim_vk.queue);
+    /* Launches are not waited for where the device has timeline semaphores, unless
+     * $HALIDE_SHIM_VULKAN_WAIT_EACH_LAUNCH=1 (as Halide's runtime does, which waits for the
+     * queue to be idle after each). */
+    const char *wait_each = getenv("HALIDE_SHIM_VULKAN_WAIT_EACH_LAUNCH");
+    if (timeline.timelineSemaphore && shim_vk.fn.vkCreateSemaphore && shim_vk.fn.vkWaitSemaphores &&
+        shim_vk.fn.vkGetSemaphoreCounterValue && !(wait_each && strcmp(wait_each, "1") == 0)) {
+        VkSemaphoreTypeCreateInfo type = {VK_STRUCTURE_TYPE_SEMAPHORE_TYPE_CREATE_INFO, NULL,
+                                          VK_SEMAPHORE_TYPE_TIMELINE, 0};
+        VkSemaphoreCreateInfo info = {VK_STRUCTURE_TYPE_SEMAPHORE_CREATE_INFO, &type, 0};
+        VkSemaphore semaphore = 0;
+        if (VK(vkCreateSemaphore, VkResult (*)(VkDevice, const VkSemaphoreCreateInfo *,
+                                               const void *, VkSemaphore *),
+               device, &info, NULL, &semaphore) == VK_SUCCESS) {
+            shim_vk.timeline = semaphore;
+        }
+    }
     __atomic_store_n(&shim_vk.device, device, __ATOMIC_RELEASE);
     return halide_error_code_success;
 }
@@ -527,7 +550,7 @@ const char *shim_vk_device_name(void) {
     return shim_vk.properties.deviceName;
 }
 
-void shim_vk_device_facts(uint64_t facts[7]) {
+void shim_vk_device_facts(uint64_t facts[8]) {
     const VkPhysicalDeviceMemoryProperties *memory = &shim_vk.memory_properties;
     uint64_t device_local = 0;
     for (uint32_t i = 0; i < memory->memoryHeapCount; i++) {
@@ -543,6 +566,7 @@ void shim_vk_device_facts(uint64_t facts[7]) {
     facts[4] = shim_vk.properties.limits.maxStorageBufferRange;
     facts[5] = shim_vk.timestamp_bits != 0;
     facts[6] = shim_vk.map_device_memory;
+    facts[7] = shim_vk.timeline != 0;
 }
 
 int shim_vk_usable(void *user_context) {
@@ -668,6 +692,11 @@ void shim_vk_memory_delete(shim_vk_memory *memory) {
         return;
     }
     if (memory->memory != 0) { /* (0: an application's VkBuffer, which it frees) */
+        /* Launches still running may use it: they finish first (a failure to wait leaves
+         * nothing better to do than wait for the whole device). */
+        if (shim_vk_drain() != VK_SUCCESS) {
+            VK(vkDeviceWaitIdle, VkResult (*)(VkDevice), shim_vk.device);
+        }
         VkDevice device = shim_vk.device;
         VK(vkDestroyBuffer, void (*)(VkDevice, VkBuffer, const void *), device, memory->buffer, NULL);
         VK(vkFreeMemory, void (*)(VkDevice, VkDeviceMemory, const void *), device, memory->memory,
@@ -744,11 +773,59 @@ static shim_vk_submission *new_submission(VkResult *result) {
     return s;
 }
 
+/* The free submissions, oldest first (the one likeliest to have completed), and how many
+ * exist: a thread makes a new one rather than wait for one still running, up to a bound. */
+static shim_vk_submission *free_tail;
+static int submission_count;
+enum { MAX_SUBMISSIONS = 16 };
+
 static void put_back(shim_vk_submission *s) {
     pthread_mutex_lock(&submissions_lock);
-    s->next_free = free_submissions;
-    free_submissions = s;
+    s->next_free = NULL;
+    if (free_tail != NULL) {
+        free_tail->next_free = s;
+    } else {
+        free_submissions = s;
+    }
+    free_tail = s;
     pthread_mutex_unlock(&submissions_lock);
+}
+
+/* The timeline's value now, remembered as `completed` (which only grows). */
+static uint64_t completed_now(void) {
+    uint64_t value = 0;
+    if (VK(vkGetSemaphoreCounterValue, VkResult (*)(VkDevice, VkSemaphore, uint64_t *),
+           shim_vk.device, shim_vk.timeline, &value) != VK_SUCCESS) {
+        return __atomic_load_n(&shim_vk.completed, __ATOMIC_ACQUIRE);
+    }
+    uint64_t seen = __atomic_load_n(&shim_vk.completed, __ATOMIC_ACQUIRE);
+    while (seen < value && !__atomic_compare_exchange_n(&shim_vk.completed, &seen, value, true,
+                                                         __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
+    }
+    return value > seen ? value : seen;
+}
+
+/* Wait until the timeline reaches `value`: all work submitted up to it has completed. */
+static VkResult wait_for(uint64_t value) {
+    if (shim_vk.timeline == 0 || value <= __atomic_load_n(&shim_vk.completed, __ATOMIC_ACQUIRE)) {
+        return VK_SUCCESS;
+    }
+    VkSemaphoreWaitInfo info = {VK_STRUCTURE_TYPE_SEMAPHORE_WAIT_INFO, NULL, 0, 1,
+                                &shim_vk.timeline, &value};
+    VkResult result = VK(vkWaitSemaphores, VkResult (*)(VkDevice, const VkSemaphoreWaitInfo *,
+                                                        uint64_t),
+                         shim_vk.device, &info, UINT64_MAX);
+    if (result == VK_SUCCESS) {
+        completed_now();
+    }
+    return result;
+}
+
+VkResult shim_vk_drain(void) {
+    if (__atomic_load_n(&shim_vk.device, __ATOMIC_ACQUIRE) == NULL || shim_vk.timeline == 0) {
+        return VK_SUCCESS; /* (nothing is ever left running) */
+    }
+    return wait_for(__atomic_load_n(&shim_vk.submitted, __ATOMIC_ACQUIRE));
 }
 
 void shim_vk_barrier(VkCommandBuffer commands) {
@@ -761,14 +838,46 @@ void shim_vk_barrier(VkCommandBuffer commands) {
        &barrier, 0, NULL, 0, NULL);
 }
 
-shim_vk_submission *shim_vk_begin(VkResult *result) {
+/* A free submission, whose last use has completed (waited for if it must be), or a new one. */
+static shim_vk_submission *take_submission(VkResult *result) {
     pthread_mutex_lock(&submissions_lock);
     shim_vk_submission *s = free_submissions;
+    bool make = s == NULL;
+    if (s != NULL && shim_vk.timeline != 0 && submission_count < MAX_SUBMISSIONS &&
+        s->value > __atomic_load_n(&shim_vk.completed, __ATOMIC_ACQUIRE) &&
+        s->value > completed_now()) {
+        make = true; /* the oldest is still running: a new one rather than wait */
+        s = NULL;
+    }
     if (s != NULL) {
         free_submissions = s->next_free;
+        if (free_submissions == NULL) {
+            free_tail = NULL;
+        }
+    } else if (make) {
+        submission_count++;
     }
     pthread_mutex_unlock(&submissions_lock);
-    if (s == NULL && (s = new_submission(result)) == NULL) {
+    if (s == NULL) {
+        s = new_submission(result);
+        if (s == NULL) {
+            pthread_mutex_lock(&submissions_lock);
+            submission_count--;
+            pthread_mutex_unlock(&submissions_lock);
+        }
+        return s;
+    }
+    *result = wait_for(s->value);
+    if (*result != VK_SUCCESS) {
+        put_back(s);
+        return NULL;
+    }
+    return s;
+}
+
+shim_vk_submission *shim_vk_begin(VkResult *result) {
+    shim_vk_submission *s = take_submission(result);
+    if (s == NULL) {
         return NULL;
     }
     *result = VK(vkResetCommandPool, VkResult (*)(VkDevice, VkCommandPool, VkFlags),
@@ -794,7 +903,10 @@ void shim_vk_abandon(shim_vk_submission *s) {
     put_back(s);
 }
 
-VkResult shim_vk_finish(shim_vk_submission *s) {
+/* End and submit: signalling the timeline's next value where there is one (taken and rolled
+ * back under the queue's lock, so values follow submission order and none is left that no
+ * submission signals), else the submission's fence. */
+static VkResult submit(shim_vk_submission *s) {
     /* The work's writes made visible to the host, which reads mapped memory next. */
     VkMemoryBarrier barrier = {VK_STRUCTURE_TYPE_MEMORY_BARRIER, NULL, VK_ACCESS_MEMORY_WRITE_BIT,
                                VK_ACCESS_HOST_READ_BIT | VK_ACCESS_HOST_WRITE_BIT};
@@ -804,28 +916,67 @@ VkResult shim_vk_finish(shim_vk_submission *s) {
        s->commands, VK_PIPELINE_STAGE_ALL_COMMANDS_BIT, VK_PIPELINE_STAGE_HOST_BIT, 0, 1,
        &barrier, 0, NULL, 0, NULL);
     VkResult result = VK(vkEndCommandBuffer, VkResult (*)(VkCommandBuffer), s->commands);
-    if (result == VK_SUCCESS) {
-        VkSubmitInfo submit = {VK_STRUCTURE_TYPE_SUBMIT_INFO, NULL, 0, NULL, NULL, 1,
-                               &s->commands, 0, NULL};
-        pthread_mutex_lock(&shim_vk.queue_lock);
-        result = VK(vkQueueSubmit, VkResult (*)(VkQueue, uint32_t, const VkSubmitInfo *, VkFence),
-                    shim_vk.queue, 1, &submit, s->fence);
-        pthread_mutex_unlock(&shim_vk.queue_lock);
+    if (result != VK_SUCCESS) {
+        return result;
     }
+    uint64_t value = 0;
+    VkTimelineSemaphoreSubmitInfo timeline = {VK_STRUCTURE_TYPE_TIMELINE_SEMAPHORE_SUBMIT_INFO,
+                                              NULL, 0, NULL, 1, &value};
+    VkSubmitInfo info = {VK_STRUCTURE_TYPE_SUBMIT_INFO, NULL, 0, NULL, NULL, 1, &s->commands, 0,
+                         NULL};
+    if (shim_vk.timeline != 0) {
+        info.pNext = &timeline;
+        info.signalSemaphoreCount = 1;
+        info.pSignalSemaphores = &shim_vk.timeline;
+    }
+    pthread_mutex_lock(&shim_vk.queue_lock);
+    value = shim_vk.submitted + 1;
+    result = VK(vkQueueSubmit, VkResult (*)(VkQueue, uint32_t, const VkSubmitInfo *, VkFence),
+                shim_vk.queue, 1, &info, shim_vk.timeline != 0 ? 0 : s->fence);
+    if (result == VK_SUCCESS && shim_vk.timeline != 0) {
+        __atomic_store_n(&shim_vk.submitted, value, __ATOMIC_RELEASE);
+        s->value = value;
+    }
+    pthread_mutex_unlock(&shim_vk.queue_lock);
+    return result;
+}
+
+static VkResult wait_submission(shim_vk_submission *s) {
+    if (shim_vk.timeline != 0) {
+        return wait_for(s->value);
+    }
+    VkResult result = VK(vkWaitForFences, VkResult (*)(VkDevice, uint32_t, const VkFence *,
+                                                       VkBool32, uint64_t),
+                         shim_vk.device, 1, &s->fence, 1, UINT64_MAX);
+    VK(vkResetFences, VkResult (*)(VkDevice, uint32_t, const VkFence *), shim_vk.device, 1,
+       &s->fence);
+    return result;
+}
+
+VkResult shim_vk_finish(shim_vk_submission *s) {
+    VkResult result = submit(s);
     if (result == VK_SUCCESS) {
-        result = VK(vkWaitForFences, VkResult (*)(VkDevice, uint32_t, const VkFence *, VkBool32,
-                                                  uint64_t),
-                    shim_vk.device, 1, &s->fence, 1, UINT64_MAX);
-        VK(vkResetFences, VkResult (*)(VkDevice, uint32_t, const VkFence *), shim_vk.device, 1,
-           &s->fence);
+        result = wait_submission(s);
     }
     put_back(s);
+    return result;
+}
+
+VkResult shim_vk_submit(shim_vk_submission *s) {
+    if (shim_vk.timeline == 0) {
+        return shim_vk_finish(s);
+    }
+    VkResult result = submit(s);
+    put_back(s); /* (reused once the timeline reaches its value: take_submission) */
     return result;
 }
 
 int shim_vk_sync(void) {
     if (__atomic_load_n(&shim_vk.device, __ATOMIC_ACQUIRE) == NULL) {
         return VK_SUCCESS;
+    }
+    if (shim_vk.timeline != 0) {
+        return shim_vk_drain();
     }
     pthread_mutex_lock(&shim_vk.queue_lock); /* (vkQueueWaitIdle synchronizes the queue too) */
     VkResult result = VK(vkQueueWaitIdle, VkResult (*)(VkQueue), shim_vk.queue);
@@ -966,6 +1117,12 @@ static int transfer(int direction, shim_vk_memory *src, shim_vk_memory *dst, uin
     uint8_t *src_host = direction == 0 ? host : src->mapped;
     uint8_t *dst_host = direction == 1 ? host : dst->mapped;
     if (src_host != NULL && dst_host != NULL) {
+        /* The host touches device memory directly: launches still running finish first. */
+        VkResult drained = shim_vk_drain();
+        if (drained != VK_SUCCESS) {
+            return say(message, size, drained, "waiting for the device's work failed: %s",
+                       shim_vk_result_name(drained));
+        }
         walk.src = src_host;
         walk.dst = dst_host;
         for_each_chunk(shape, src_strides, dst_strides, outer, src_offset, dst_offset, move_bytes,

@@ -39,6 +39,7 @@ typedef uint64_t VkPipelineLayout;
 typedef uint64_t VkPipeline;
 typedef uint64_t VkPipelineCache;
 typedef uint64_t VkQueryPool;
+typedef uint64_t VkSemaphore;
 
 #define VK_SUCCESS 0
 #define VK_NOT_READY 1
@@ -75,6 +76,7 @@ typedef uint64_t VkQueryPool;
 #define VK_STRUCTURE_TYPE_SUBMIT_INFO 4
 #define VK_STRUCTURE_TYPE_MEMORY_ALLOCATE_INFO 5
 #define VK_STRUCTURE_TYPE_FENCE_CREATE_INFO 8
+#define VK_STRUCTURE_TYPE_SEMAPHORE_CREATE_INFO 9
 #define VK_STRUCTURE_TYPE_QUERY_POOL_CREATE_INFO 11
 #define VK_STRUCTURE_TYPE_BUFFER_CREATE_INFO 12
 #define VK_STRUCTURE_TYPE_SHADER_MODULE_CREATE_INFO 16
@@ -93,6 +95,11 @@ typedef uint64_t VkQueryPool;
 #define VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2 1000059000
 #define VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_8BIT_STORAGE_FEATURES 1000177000
 #define VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_FLOAT16_INT8_FEATURES 1000082000
+#define VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_TIMELINE_SEMAPHORE_FEATURES 1000207000
+#define VK_STRUCTURE_TYPE_SEMAPHORE_TYPE_CREATE_INFO 1000207002
+#define VK_STRUCTURE_TYPE_TIMELINE_SEMAPHORE_SUBMIT_INFO 1000207003
+#define VK_STRUCTURE_TYPE_SEMAPHORE_WAIT_INFO 1000207004
+#define VK_SEMAPHORE_TYPE_TIMELINE 1
 
 #define VK_PHYSICAL_DEVICE_TYPE_OTHER 0
 #define VK_PHYSICAL_DEVICE_TYPE_INTEGRATED_GPU 1
@@ -269,6 +276,43 @@ typedef struct VkPhysicalDeviceShaderFloat16Int8Features {
     VkBool32 shaderFloat16;
     VkBool32 shaderInt8;
 } VkPhysicalDeviceShaderFloat16Int8Features;
+
+typedef struct VkPhysicalDeviceTimelineSemaphoreFeatures {
+    VkStructureType sType;
+    void *pNext;
+    VkBool32 timelineSemaphore;
+} VkPhysicalDeviceTimelineSemaphoreFeatures;
+
+typedef struct VkSemaphoreCreateInfo {
+    VkStructureType sType;
+    const void *pNext;
+    VkFlags flags;
+} VkSemaphoreCreateInfo;
+
+typedef struct VkSemaphoreTypeCreateInfo {
+    VkStructureType sType;
+    const void *pNext;
+    int32_t semaphoreType;
+    uint64_t initialValue;
+} VkSemaphoreTypeCreateInfo;
+
+typedef struct VkTimelineSemaphoreSubmitInfo {
+    VkStructureType sType;
+    const void *pNext;
+    uint32_t waitSemaphoreValueCount;
+    const uint64_t *pWaitSemaphoreValues;
+    uint32_t signalSemaphoreValueCount;
+    const uint64_t *pSignalSemaphoreValues;
+} VkTimelineSemaphoreSubmitInfo;
+
+typedef struct VkSemaphoreWaitInfo {
+    VkStructureType sType;
+    const void *pNext;
+    VkFlags flags;
+    uint32_t semaphoreCount;
+    const VkSemaphore *pSemaphores;
+    const uint64_t *pValues;
+} VkSemaphoreWaitInfo;
 
 typedef struct VkDeviceQueueCreateInfo {
     VkStructureType sType;

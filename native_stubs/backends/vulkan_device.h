@@ -27,6 +27,11 @@
     X(vkDestroyQueryPool) X(vkCmdResetQueryPool) X(vkCmdWriteTimestamp)                        \
     X(vkGetQueryPoolResults)
 
+/* Vulkan 1.2's, for submissions that are not waited for (timeline semaphores): absent on an
+ * older device, whose launches are then each waited for. */
+#define SHIM_VK_TIMELINE_FUNCTIONS(X)                                                           \
+    X(vkCreateSemaphore) X(vkDestroySemaphore) X(vkWaitSemaphores) X(vkGetSemaphoreCounterValue)
+
 #define SHIM_VK_DECLARE(name) void *name;
 
 typedef struct {
@@ -34,6 +39,7 @@ typedef struct {
      * the types; the pointers are stored untyped so that one macro lists them). */
     struct {
         SHIM_VK_DEVICE_FUNCTIONS(SHIM_VK_DECLARE)
+        SHIM_VK_TIMELINE_FUNCTIONS(SHIM_VK_DECLARE)
     } fn;
     VkInstance instance;
     VkPhysicalDevice physical_device;
@@ -48,6 +54,12 @@ typedef struct {
      * GPU's takes (tests/test_vulkan.py runs the suite that way on lavapipe). */
     bool map_device_memory;
     pthread_mutex_t queue_lock; /* vkQueueSubmit needs the queue externally synchronized */
+    /* Launches not waited for: each submission signals the next value of `timeline`, so
+     * `submitted` (taken under queue_lock) is the value all work submitted so far reaches, and
+     * `completed` the highest value seen reached. 0: every submission is waited for (no
+     * timeline semaphores, or $HALIDE_SHIM_VULKAN_WAIT_EACH_LAUNCH=1). */
+    VkSemaphore timeline;
+    uint64_t submitted, completed;
     pid_t process;              /* where it was made (forks/fork.c) */
 } shim_vk_state;
 
@@ -88,8 +100,9 @@ typedef struct shim_vk_submission {
     VkDescriptorPool descriptors;
     uint32_t uniform_capacity, storage_capacity;
     shim_vk_memory *arguments; /* scalar arguments, mapped; grown as needed */
-    /* Timestamps around the recorded work, while a profile records (2 queries). */
-    VkQueryPool timestamps;
+    /* The timeline value its last submission signals (its uniform buffer and descriptors are
+     * free again once the timeline reaches it). */
+    uint64_t value;
 } shim_vk_submission;
 
 /* A submission with recording begun, after a barrier that orders it after all work submitted
@@ -98,6 +111,11 @@ shim_vk_submission *shim_vk_begin(VkResult *result);
 /* End recording (with a barrier making its writes visible to the host), submit, wait, and put
  * the submission back; returns the first failure. */
 VkResult shim_vk_finish(shim_vk_submission *submission);
+/* The same without waiting, where the device has timeline semaphores (a launch: whoever next
+ * touches memory from the host drains first); else as shim_vk_finish. */
+VkResult shim_vk_submit(shim_vk_submission *submission);
+/* Wait until all work submitted so far has completed. */
+VkResult shim_vk_drain(void);
 /* Put back a submission whose recording failed, without submitting it. */
 void shim_vk_abandon(shim_vk_submission *submission);
 /* A barrier between commands recorded in one submission: every write before it is visible

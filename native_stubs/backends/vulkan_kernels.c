@@ -696,7 +696,9 @@ static int record_and_run(void *user_context, shim_vk_module *module, kernel_ent
         }
     }
     (void)module;
-    result = shim_vk_finish(s);
+    /* Not waited for (where the device has timeline semaphores): whoever next touches device
+     * memory from the host, or frees it, waits first (vulkan.c, shim_vk_drain). */
+    result = shim_vk_submit(s);
     if (result != VK_SUCCESS) {
         return failed(user_context, "running the kernel", e->name, result);
     }

@@ -92,7 +92,7 @@ class VulkanBackend(Backend):
         if status != 0:
             raise DeviceUnavailable(f"no usable Vulkan device: {_message(message)} "
                                     f"(Halide error {status})")
-        facts = ffi.new("uint64_t[7]")
+        facts = ffi.new("uint64_t[8]")
         lib.shim_vk_device_facts(facts)
         self.alignment = max(int(facts[0]), 1)  # minStorageBufferOffsetAlignment
         self._memory_size = int(facts[1]) or None
@@ -102,6 +102,9 @@ class VulkanBackend(Backend):
         # False with $HALIDE_SHIM_VULKAN_STAGED_COPIES=1: every copy then takes the staged path
         # (what a discrete GPU's device-local memory needs), also on lavapipe.
         self.maps_memory = bool(facts[6])
+        # Whether launches are left running (the device's timeline semaphores), False with
+        # $HALIDE_SHIM_VULKAN_WAIT_EACH_LAUNCH=1 or on a Vulkan 1.0/1.1 device.
+        self.launches_async = bool(facts[7])
         self._modules: dict[bytes, object] = {}  # source digest -> shim_vk_module *
         self._module_lock = sections.Lock()
         # Pipelines' own allocations are served in C from this backend's pool (which lives as
@@ -127,8 +130,10 @@ class VulkanBackend(Backend):
 
     # --- memory --------------------------------------------------------------------------
 
-    # Every submission is waited for before the call that made it returns, so memory needs no
-    # settling before reuse: nothing of the last holder's is still running.
+    # Launches are not waited for (where the device has timeline semaphores), but every
+    # submission runs after all submitted before it, so memory needs no settling before reuse:
+    # the next holder's work follows the last one's. Whatever touches it from the host, or
+    # gives it back to the driver, waits in C first (shim_vk_drain).
 
     def _allocate_new(self, nbytes: int) -> VulkanMemory:
         self._usable()
@@ -255,16 +260,18 @@ class VulkanBackend(Backend):
         return int(struct.buffer), int(struct.offset)
 
     def dlpack_consumer_stream(self, stream):
-        """DLPack defines no stream for Vulkan; every submission of the shim's has completed
-        when the call that made it returns, so None (and -1) is all a consumer needs."""
+        """DLPack defines no stream for Vulkan: None (the export waits for the shim's work) or
+        -1 (no synchronization)."""
         if stream is None or stream == -1:
             return stream
         raise BufferError(f"stream {stream}: DLPack has no stream for Vulkan; pass None (the "
-                          "shim's Vulkan work is complete whenever a call returns)")
+                          "export waits for the shim's Vulkan work) or -1")
 
     def make_visible(self, consumer, memory: VulkanMemory) -> None:
-        """Nothing to order: each submission is waited for before the call that made it
-        returns, so the shim's Vulkan work is complete."""
+        """The consumer's own submissions follow none of the shim's barriers: every launch
+        still running finishes first."""
+        if consumer != -1:
+            self.sync()
 
     def check_dlpack_memory(self, data: int, byte_offset: int, nbytes: int) -> None:
         """Refuse (BufferError) a tensor's ``data`` unless it is a VkBuffer of the shim's
