@@ -205,6 +205,7 @@ class VulkanBackend(Backend):
         super().detached(memory)
         _forget_handles(memory)
         _detached.append(memory)
+        self.sync()  # (the caller's own work on it follows none of the shim's barriers)
 
     # --- copies --------------------------------------------------------------------------
 
