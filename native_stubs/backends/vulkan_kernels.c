@@ -652,11 +652,13 @@ static int record_and_run(void *user_context, shim_vk_module *module, kernel_ent
                     return failed(user_context, "allocating a misaligned crop's staging buffer",
                                   e->name, result);
                 }
-                result = copy_elements(s->commands, buf, handle->buffer, handle->offset,
-                                       b->copy->buffer, 0);
-                if (result != VK_SUCCESS) {
-                    shim_vk_abandon(s);
-                    return failed(user_context, "staging a misaligned crop", e->name, result);
+                /* In: the whole span, gaps and all, in one copy (the kernel sees only the
+                 * crop's elements); back: the elements alone (below). */
+                if (b->span > 0) {
+                    VkBufferCopy region = {handle->offset, 0, b->span};
+                    VK(vkCmdCopyBuffer, void (*)(VkCommandBuffer, VkBuffer, VkBuffer, uint32_t,
+                                                 const VkBufferCopy *),
+                       s->commands, handle->buffer, b->copy->buffer, 1, &region);
                 }
             }
             info = (VkDescriptorBufferInfo){b->copy->buffer, 0, VK_WHOLE_SIZE};
