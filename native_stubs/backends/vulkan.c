@@ -1384,8 +1384,8 @@ uintptr_t halide_vulkan_get_vk_buffer(void *user_context, struct halide_buffer_t
 /* Halide's runtime resolves the loader's symbols through this; the shim's are its own. */
 void *halide_vulkan_get_symbol(void *user_context, const char *name) {
     (void)user_context;
-    if (loader.library == NULL && !load_loader(NULL, 0)) {
-        return NULL;
-    }
-    return dlsym(loader.library, name);
+    pthread_mutex_lock(&start_lock); /* (the loader is opened once, under the lock) */
+    bool loaded = load_loader(NULL, 0);
+    pthread_mutex_unlock(&start_lock);
+    return loaded ? dlsym(loader.library, name) : NULL;
 }
