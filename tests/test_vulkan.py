@@ -778,5 +778,22 @@ def test_the_bundled_runtime_is_the_shims(libraries, device):
     np.testing.assert_array_equal(second.numpy(), image * 8)
 
 
+def test_the_command_line_runs_on_vulkan(libraries, device, tmp_path):
+    """python -m shim run --device vulkan (RunGen's flags), and info on a Vulkan build."""
+    library = libraries["brighten", "no_runtime"]
+    done = subprocess.run([sys.executable, "-m", "shim", "run", str(library), "--device", "vulkan",
+                           "--input=random:1:[40,24]", "--scale=2", "--offset=1",
+                           f"--output={tmp_path / 'out.npy'}"], capture_output=True, text=True,
+                          cwd=pathlib.Path(__file__).resolve().parent.parent)
+    assert done.returncode == 0, done.stderr
+    assert "inputs on vulkan" in done.stdout
+    out = np.load(tmp_path / "out.npy")
+    assert out.shape == (24, 40) and out.dtype == np.float32
+    done = subprocess.run([sys.executable, "-m", "shim", "info", str(libraries["brighten", "bundled"])],
+                          capture_output=True, text=True,
+                          cwd=pathlib.Path(__file__).resolve().parent.parent)
+    assert done.returncode == 0 and "-vulkan" in done.stdout, done.stderr
+
+
 def test_build_for_vulkan_is_in_the_build_tool():
     assert build(Build("brighten", "vulkan", "no_runtime")).name.startswith("brighten-vulkan-")

@@ -579,7 +579,11 @@ static kernel_entry *find_entry(shim_vk_module *module, const char *name) {
     return NULL;
 }
 
-static int record_and_run(void *user_context, shim_vk_module *module, kernel_entry *e,
+/* One launch's submission: its descriptor set and scalar arguments, the misaligned crops
+ * staged in, the dispatch, the staged crops' elements back; submitted, and left running where
+ * the device allows. `staged` receives the staging buffers, which the caller keeps for later
+ * launches once this one is submitted. */
+static int record_and_run(void *user_context, kernel_entry *e,
                           VkPipeline pipeline, int count, size_t arg_sizes[], void *args[],
                           int8_t arg_is_buffer[], const int blocks[3], staged_buffer *staged,
                           int *staged_count) {
@@ -697,7 +701,6 @@ static int record_and_run(void *user_context, shim_vk_module *module, kernel_ent
             return failed(user_context, "copying back a misaligned crop", e->name, result);
         }
     }
-    (void)module;
     /* Not waited for (where the device has timeline semaphores): whoever next touches device
      * memory from the host, or frees it, waits first (vulkan.c, shim_vk_drain). */
     result = shim_vk_submit(s);
@@ -756,7 +759,7 @@ static int launch(SHIM_RUN_PARAMS) {
     const int blocks[3] = {blocksX, blocksY, blocksZ};
     staged_buffer staged[buffers + 1];
     int staged_count = 0;
-    int code = record_and_run(user_context, module, e, pipeline, count, arg_sizes, args,
+    int code = record_and_run(user_context, e, pipeline, count, arg_sizes, args,
                               arg_is_buffer, blocks, staged, &staged_count);
     for (int k = 0; k < staged_count; k++) {
         give_staging(staged[k].copy); /* (its submission has finished or was never made) */
