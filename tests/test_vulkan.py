@@ -723,6 +723,31 @@ def test_a_layer_that_is_not_installed_makes_the_device_unavailable(device):
     assert done.stdout.startswith("unavailable:") and "VK_ERROR_LAYER_NOT_PRESENT" in done.stdout
 
 
+NO_DEVICE = """
+import sys
+import numpy as np
+import shim
+
+brighten = shim.load(sys.argv[1])
+try:
+    brighten(np.ones((4, 4), np.float32), scale=2.0, offset=0.0, output=(4, 4))
+except shim.ShimError as e:
+    print(type(e).__name__, "|", e)
+else:
+    print("ran")
+"""
+
+
+def test_a_pipeline_without_a_usable_device_gets_an_error(libraries, device):
+    """A Vulkan pipeline in a process whose device cannot be made (a layer that is not
+    installed): the call raises with the reason, and the process goes on."""
+    for runtime in RUNTIMES:
+        done = _run_python(NO_DEVICE, str(libraries["brighten", runtime]),
+                           env={"HL_VK_LAYERS": "VK_LAYER_SHIM_no_such_layer"})
+        assert done.returncode == 0, done.stderr
+        assert "VK_ERROR_LAYER_NOT_PRESENT" in done.stdout and "ran" not in done.stdout, done.stdout
+
+
 FORK = """
 import os, sys
 import numpy as np
