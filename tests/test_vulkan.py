@@ -25,6 +25,10 @@ from support.threads import run_threads
 NATIVE = pathlib.Path(__file__).resolve().parent.parent / "native_stubs"
 
 
+def on_lavapipe(device) -> bool:
+    return "llvmpipe" in device.name
+
+
 @pytest.fixture(scope="module")
 def device(vulkan):
     return vulkan
@@ -169,7 +173,9 @@ def test_misaligned_crops_as_inputs_and_outputs_of_one_call(libraries, device):
     a, b = src.cropped([(1, 20), (2, 9)]), src.cropped([(7, 20), (13, 9)])
     total, difference = dst.cropped([(3, 20), (1, 9)]), dst.cropped([(25, 20), (17, 9)])
     for crop in (a, b, total, difference):
-        assert ffi.cast("shim_vk_handle *", crop.raw.device).offset % device.alignment != 0
+        # (misaligned wherever the device's alignment is over 4 bytes: lavapipe's is 16)
+        assert device.alignment <= 4 or \
+            ffi.cast("shim_vk_handle *", crop.raw.device).offset % device.alignment != 0
         crop.set_min([0, 0])  # (one coordinate space for the call: each crop's own from 0)
     sum_diff(a, b, total, difference)
     dst.copy_to_host()
@@ -186,7 +192,8 @@ def test_a_misaligned_slice_as_input(libraries, device):
     buf = shim.Buffer(volume)
     buf.copy_to_device(device)
     plane = buf.sliced(2, 1).cropped([(1, 15), (0, 10)])  # Halide order: x, y
-    assert ffi.cast("shim_vk_handle *", plane.raw.device).offset % device.alignment != 0
+    assert device.alignment <= 4 or \
+        ffi.cast("shim_vk_handle *", plane.raw.device).offset % device.alignment != 0
     plane.set_min([0, 0])
     out = brighten(plane, scale=2.0, offset=0.0, output=(10, 15))
     np.testing.assert_array_equal(out.numpy(), volume[1, :, 1:16] * 2)  # powers of two: exact
@@ -196,6 +203,8 @@ def test_the_stock_runtime_drops_what_the_shim_keeps(libraries, device, tmp_path
     """Halide 21's stock Vulkan runtime moves whole multiples of nonCoherentAtomSize only (64
     bytes on lavapipe): a 17x23 float image (1564 bytes) comes back with its last 7 values
     never written. The shim's copies move every byte."""
+    if not on_lavapipe(device):
+        pytest.skip(f"what the stock runtime loses was measured on lavapipe, not {device.name}")
     image = np.arange(17 * 23, dtype=np.float32).reshape(17, 23)
     values = {"input": image, "scale": 2.0, "offset": 1.0}
     outputs = {"output": ((17, 23), np.float32)}
