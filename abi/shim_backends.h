@@ -71,8 +71,8 @@ shim_cuda_module *shim_cuda_module_new(void *module, void *context);
 int shim_cuda_enter(void *user_context, void **ctx);
 void shim_cuda_leave(void *user_context);
 
-/* Vulkan (native_stubs/backends/vulkan.c, vulkan_kernels.c): the driver is reached in C only,
- * through libvulkan.so.1 opened at first use. A device handle points to a shim_vk_handle:
+/* Vulkan (native_stubs/backends/vulkan.c, vulkan_memory.c, vulkan_kernels.c): the driver is
+ * reached in C only, through libvulkan.so.1 opened at first use. A device handle points to a shim_vk_handle:
  * Halide 21's own handle is a pointer to its allocator's private MemoryRegion, which nothing
  * outside its runtime can read, so the shim's says what a kernel binds instead. */
 typedef struct shim_vk_memory shim_vk_memory;

@@ -45,7 +45,7 @@ int halide_cuda_acquire_context(void *user_context, void **ctx, bool create);
 int halide_cuda_release_context(void *user_context);
 int halide_cuda_get_stream(void *user_context, void *ctx, void **stream);
 /* Halide's Vulkan entry points (HalideRuntimeVulkan.h is C++ only: a default argument), those
- * Python calls too; native_stubs/backends/vulkan.c and vulkan_kernels.c define them. */
+ * Python calls too; native_stubs/backends/vulkan*.c define them. */
 const struct halide_device_interface_t *halide_vulkan_device_interface(void);
 int halide_vulkan_initialize_kernels(void *user_context, void **state_ptr, const char *src,
                                      int size);

@@ -1,5 +1,5 @@
-/* The part of the Vulkan 1.3 API the shim's Vulkan backend uses (vulkan.c, vulkan_kernels.c),
- * declared here so that building the shim needs no Vulkan SDK: the loader, libvulkan.so.1, is
+/* The part of the Vulkan 1.3 API the shim's Vulkan backend uses (vulkan.c, vulkan_memory.c,
+ * vulkan_kernels.c), declared here so that building the shim needs no Vulkan SDK: the loader, libvulkan.so.1, is
  * opened with dlopen at first use, and every function comes from vkGetInstanceProcAddr and
  * vkGetDeviceProcAddr. Layouts are the Vulkan specification's; fields the shim never reads
  * are kept as padding of the same size, so each struct has the specification's size and the

@@ -1,11 +1,14 @@
-/* The Vulkan device as the backends layer's two Vulkan files share it: vulkan.c makes it (the
- * loader, instance, device, queue, memory, copies, Halide's context entry points) and
- * vulkan_kernels.c launches kernels on it (Halide's module format, shader modules, compute
- * pipelines, halide_vulkan_run). Nothing outside native_stubs/backends/ includes this. */
+/* The Vulkan device as the backends layer's Vulkan files share it: vulkan.c makes it (the
+ * loader, instance, device, queue, Halide's context entry points), vulkan_memory.c gives it
+ * memory, submissions and copies, and vulkan_kernels.c launches kernels on it (Halide's module
+ * format, shader modules, compute pipelines, halide_vulkan_run). Nothing outside
+ * native_stubs/backends/ includes this. */
 #ifndef SHIM_BACKENDS_VULKAN_DEVICE_H
 #define SHIM_BACKENDS_VULKAN_DEVICE_H
 
 #include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
 
 #include "shim_native.h"
 #include "backends/vulkan_api.h"
@@ -69,6 +72,19 @@ extern shim_vk_state shim_vk;
 #define VK(name, type, ...) (((type)shim_vk.fn.name)(__VA_ARGS__))
 
 const char *shim_vk_result_name(VkResult result);
+
+/* Write the reason into the caller's buffer (none: NULL); returns `code`. */
+__attribute__((format(printf, 4, 5))) static inline int shim_vk_say(char *message, size_t size,
+                                                                    int code,
+                                                                    const char *format, ...) {
+    if (message != NULL && size > 0) {
+        va_list args;
+        va_start(args, format);
+        vsnprintf(message, size, format, args);
+        va_end(args);
+    }
+    return code;
+}
 
 /* Device memory: a VkBuffer over its own VkDeviceMemory (`memory` 0 for a VkBuffer the
  * application made and wrapped), mapped for the process where it is host-visible. */

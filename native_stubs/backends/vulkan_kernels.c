@@ -6,7 +6,7 @@
  * every entry point a descriptor set layout. A compute pipeline is made once per entry point
  * and specialization (the workgroup size and dynamic shared memory Halide binds to
  * specialization constants), where Halide's runtime remakes it at every launch that has any.
- * A launch records into a submission of its own (vulkan.c): descriptor sets, scalar
+ * A launch records into a submission of its own (vulkan_memory.c): descriptor sets, scalar
  * arguments and staging are the submission's, so any number of threads launch at once.
  *
  * Crops at any offset. A kernel takes each buffer as a storage-buffer descriptor, and Halide
@@ -702,7 +702,7 @@ static int record_and_run(void *user_context, kernel_entry *e,
         }
     }
     /* Not waited for (where the device has timeline semaphores): whoever next touches device
-     * memory from the host, or frees it, waits first (vulkan.c, shim_vk_drain). */
+     * memory from the host, or frees it, waits first (vulkan_memory.c, shim_vk_drain). */
     result = shim_vk_submit(s);
     if (result != VK_SUCCESS) {
         return failed(user_context, "running the kernel", e->name, result);

@@ -5,8 +5,9 @@ process, chosen as Halide's runtime chooses (``HL_VK_DEVICE_TYPE``: "cpu", "gpu"
 "integrated-gpu", "discrete-gpu", "virtual-gpu", else the first GPU, else the first device;
 ``HL_VK_LAYERS`` or ``VK_INSTANCE_LAYERS``; ``HL_VK_EXTENSIONS``; or what a program set with
 halide_vulkan_set_*). Kernel launches, shader modules and pipelines are in C too
-(native_stubs/backends/vulkan_kernels.c), crops at offsets Vulkan cannot bind included; this
-class allocates, hands out handles, and asks the C for copies, each of which returns once done.
+(native_stubs/backends/vulkan_kernels.c), crops at offsets Vulkan cannot bind included, and so
+are memory and copies (vulkan_memory.c); this class allocates, hands out handles, and asks the C
+for copies, each of which returns once done.
 
 A handle is a shim_vk_handle (abi/shim_backends.h): the VkBuffer and the byte offset of the
 buffer's min element. Halide 21's own handle is its allocator's private region struct, which no
