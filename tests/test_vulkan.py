@@ -844,6 +844,65 @@ def test_the_khronos_validation_layer_finds_nothing_in_the_shims_vulkan_work(lib
     assert "VUID-VkWriteDescriptorSet-descriptorType-00328" in stock.stdout + stock.stderr
 
 
+APPLICATION = """
+import ctypes, sys
+import numpy as np
+import shim
+from shim.native import ffi, lib
+from shim.pipelines.build import Build, build
+
+app = ctypes.CDLL(None)
+app.app_make_buffer.restype = ctypes.c_uint64
+app.app_make_buffer.argtypes = [ctypes.c_void_p, ctypes.c_uint64]
+app.app_device.restype = ctypes.c_uint64
+app.app_read_buffer.argtypes = [ctypes.c_uint64, ctypes.c_void_p, ctypes.c_uint64]
+device = shim.device("vulkan")
+assert app.app_acquired() >= 1, "the shim did not take the application's context"
+brighten = shim.load(build(Build("brighten", "vulkan", sys.argv[1])))
+image = np.arange(16 * 32, dtype=np.float32).reshape(16, 32)
+source = app.app_make_buffer(image.ctypes.data, image.nbytes)
+target = app.app_make_buffer(np.zeros_like(image).ctypes.data, image.nbytes)
+assert source and target
+inp, out = shim.Buffer(np.zeros_like(image)), shim.Buffer(np.zeros_like(image))
+for buf, vk in ((inp, source), (out, target)):
+    buf.set_host_dirty(False)
+    assert lib.halide_vulkan_wrap_vk_buffer(ffi.NULL, buf.raw, vk) == 0
+inp.set_device_dirty()
+before = app.app_acquired()
+brighten(inp, scale=2.0, offset=1.0, output=out)
+device.sync()
+assert app.app_acquired() > before, "submissions did not take the application's context"
+seen = np.zeros_like(image)
+assert app.app_read_buffer(target, seen.ctypes.data, seen.nbytes) == 0
+np.testing.assert_array_equal(seen, image * 2 + 1)  # written into the application's VkBuffer
+np.testing.assert_array_equal(out.numpy(), image * 2 + 1)  # and read back through the shim
+for buf in (inp, out):
+    assert lib.halide_vulkan_detach_vk_buffer(ffi.NULL, buf.raw) == 0
+print("ok", device.name)
+"""
+
+
+@pytest.mark.parametrize("runtime", RUNTIMES)
+def test_pipelines_run_on_an_applications_own_context(device, runtime, tmp_path):
+    """Halide issue 8715's case: an application with a Vulkan instance, device and queue of its
+    own, which it gives through Halide's halide_vulkan_acquire_context (defined by the
+    application, here a preloaded library: tests/support/vulkan_application.c), wraps VkBuffers
+    it made there. The shim takes that context instead of making one (through the hooks at
+    every submission), and a pipeline reads one of the application's buffers and writes the
+    other, which the application then reads through its own mapping."""
+    compiler = shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        pytest.skip("no C compiler to build the application")
+    library = tmp_path / "vulkan_application.so"
+    subprocess.run([compiler, "-shared", "-fPIC", "-O1", "-I", str(NATIVE), "-o", str(library),
+                    str(pathlib.Path(__file__).parent / "support" / "vulkan_application.c"),
+                    "-lpthread", "-ldl"], check=True)
+    build(Build("brighten", "vulkan", runtime))
+    done = _run_python(APPLICATION, runtime, env={"LD_PRELOAD": str(library)})
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.startswith("ok ")
+
+
 FORK = """
 import os, sys
 import numpy as np

@@ -10,6 +10,7 @@
  * kernels and launches vulkan_kernels.c's. No Python package is needed, and the paths every
  * launch and copy takes never enter Python.
  */
+#define _GNU_SOURCE /* dladdr, RTLD_DEFAULT */
 #include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -366,6 +367,22 @@ static int select_device(VkInstance instance, char *message, size_t size) {
     return halide_error_code_success;
 }
 
+/* The device's functions, from the loader (a Halide error code: one the shim needs missing). */
+static int load_device_functions(VkDevice device, char *message, size_t size) {
+#define LOAD(name)                                                                              \
+    shim_vk.fn.name = (void *)loader.get_device_proc(device, #name);                            \
+    if (shim_vk.fn.name == NULL) {                                                              \
+        return shim_vk_say(message, size, halide_error_code_symbol_not_found,                   \
+                           "the Vulkan driver lacks " #name);                                   \
+    }
+    SHIM_VK_DEVICE_FUNCTIONS(LOAD)
+#undef LOAD
+#define LOAD_OPTIONAL(name) shim_vk.fn.name = (void *)loader.get_device_proc(device, #name);
+    SHIM_VK_TIMELINE_FUNCTIONS(LOAD_OPTIONAL)
+#undef LOAD_OPTIONAL
+    return halide_error_code_success;
+}
+
 /* --- the device, with Halide's extensions and every feature the device has --------------- */
 
 static int create_device(char *message, size_t size) {
@@ -467,17 +484,10 @@ static int create_device(char *message, size_t size) {
                    "vkCreateDevice failed for %s: %s", shim_vk.properties.deviceName,
                    shim_vk_result_name(result));
     }
-#define LOAD(name)                                                                              \
-    shim_vk.fn.name = (void *)loader.get_device_proc(device, #name);                            \
-    if (shim_vk.fn.name == NULL) {                                                              \
-        return shim_vk_say(message, size, halide_error_code_symbol_not_found,                           \
-                   "the Vulkan driver lacks " #name);                                           \
+    result = load_device_functions(device, message, size);
+    if (result) {
+        return result;
     }
-    SHIM_VK_DEVICE_FUNCTIONS(LOAD)
-#undef LOAD
-#define LOAD_OPTIONAL(name) shim_vk.fn.name = (void *)loader.get_device_proc(device, #name);
-    SHIM_VK_TIMELINE_FUNCTIONS(LOAD_OPTIONAL)
-#undef LOAD_OPTIONAL
     VK(vkGetDeviceQueue, void (*)(VkDevice, uint32_t, uint32_t, VkQueue *), device,
        shim_vk.queue_family, 0, &shim_vk.queue);
     /* Launches are not waited for where the device has timeline semaphores, unless
@@ -500,19 +510,120 @@ static int create_device(char *message, size_t size) {
     return halide_error_code_success;
 }
 
+/* --- an application's own context (Halide's halide_vulkan_acquire_context override) ------- */
+
+typedef int (*acquire_hook)(void *, void **, VkInstance *, VkDevice *, VkPhysicalDevice *,
+                            VkQueue *, uint32_t *, uint64_t *, bool);
+typedef int (*release_hook)(void *, VkInstance, VkDevice, VkQueue, uint64_t);
+
+/* An application's own halide_vulkan_acquire_context: one the executable or a preloaded
+ * library defines comes before the shim's in the process's symbol lookup, as it comes before
+ * Halide's runtime in a program that overrides it (Halide's way to run pipelines on the
+ * application's device). NULL where the one found is the shim's. */
+static acquire_hook application_acquire(release_hook *release) {
+    void *found = dlsym(RTLD_DEFAULT, "halide_vulkan_acquire_context");
+    Dl_info theirs, ours;
+    if (found == NULL || !dladdr(found, &theirs) || !dladdr((void *)&shim_vk, &ours) ||
+        theirs.dli_fbase == ours.dli_fbase) {
+        return NULL;
+    }
+    *release = (release_hook)dlsym(RTLD_DEFAULT, "halide_vulkan_release_context");
+    return (acquire_hook)found;
+}
+
+/* Run on the application's instance, device and queue instead of making them. The shim takes
+ * the context through the application's hook at every submission (release after), as Halide's
+ * runtime takes it for every operation, so that an application that locks in its hook orders
+ * its own use of the queue with the shim's. Launches are each waited for: the application chose
+ * the device's features, timeline semaphores among them. */
+static int adopt_application_context(acquire_hook acquire, release_hook release, char *message,
+                                     size_t size) {
+    void *allocator = NULL;
+    VkInstance instance = NULL;
+    VkDevice device = NULL;
+    VkPhysicalDevice physical = NULL;
+    VkQueue queue = NULL;
+    uint32_t family = 0;
+    uint64_t messenger = 0;
+    int result = acquire(NULL, &allocator, &instance, &device, &physical, &queue, &family,
+                         &messenger, true);
+    if (result) {
+        return shim_vk_say(message, size, result,
+                           "the application's halide_vulkan_acquire_context failed (%d)", result);
+    }
+    if (release != NULL) {
+        release(NULL, instance, device, queue, messenger);
+    }
+    if (instance == NULL || device == NULL || physical == NULL || queue == NULL) {
+        return shim_vk_say(message, size, halide_error_code_device_interface_no_device,
+                           "the application's halide_vulkan_acquire_context gave no device");
+    }
+    if (!load_instance_functions(instance)) {
+        return shim_vk_say(message, size, halide_error_code_symbol_not_found,
+                           "the Vulkan loader lacks instance functions the shim needs");
+    }
+    result = load_device_functions(device, message, size);
+    if (result) {
+        return result;
+    }
+    shim_vk.instance = instance;
+    shim_vk.physical_device = physical;
+    shim_vk.queue_family = family;
+    shim_vk.queue = queue;
+    loader.get_properties(physical, &shim_vk.properties);
+    loader.get_memory_properties(physical, &shim_vk.memory_properties);
+    uint32_t count = 0;
+    loader.get_queue_families(physical, &count, NULL);
+    VkQueueFamilyProperties *families = calloc(count ? count : 1, sizeof *families);
+    if (families != NULL) {
+        loader.get_queue_families(physical, &count, families);
+        shim_vk.timestamp_bits = family < count ? families[family].timestampValidBits : 0;
+        free(families);
+    }
+    shim_vk.application_acquire = (void *)acquire;
+    shim_vk.application_release = (void *)release;
+    __atomic_store_n(&shim_vk.device, device, __ATOMIC_RELEASE);
+    return halide_error_code_success;
+}
+
+void shim_vk_hold_queue(void) {
+    if (shim_vk.application_acquire != NULL) {
+        void *allocator;
+        VkInstance instance;
+        VkDevice device;
+        VkPhysicalDevice physical;
+        VkQueue queue;
+        uint32_t family;
+        uint64_t messenger;
+        ((acquire_hook)shim_vk.application_acquire)(NULL, &allocator, &instance, &device, &physical,
+                                                    &queue, &family, &messenger, false);
+    }
+}
+
+void shim_vk_release_queue(void) {
+    if (shim_vk.application_release != NULL) {
+        ((release_hook)shim_vk.application_release)(NULL, shim_vk.instance, shim_vk.device,
+                                                    shim_vk.queue, 0);
+    }
+}
+
 int shim_vk_start(char *message, size_t size) {
     pthread_mutex_lock(&start_lock);
     int result = halide_error_code_success;
+    release_hook release = NULL;
+    acquire_hook acquire = NULL;
     if (__atomic_load_n(&shim_vk.device, __ATOMIC_ACQUIRE) == NULL) {
         if (!load_loader(message, size)) {
             result = halide_error_code_device_interface_no_device;
+        } else if ((acquire = application_acquire(&release)) != NULL) {
+            result = adopt_application_context(acquire, release, message, size);
         } else if (shim_vk.instance == NULL) {
             result = create_instance(&shim_vk.instance, message, size);
         }
-        if (result == 0) {
+        if (result == 0 && acquire == NULL) {
             result = select_device(shim_vk.instance, message, size);
         }
-        if (result == 0) {
+        if (result == 0 && acquire == NULL) {
             result = create_device(message, size);
         }
         if (result == 0) {

@@ -63,6 +63,9 @@ typedef struct {
      * timeline semaphores, or $HALIDE_SHIM_VULKAN_WAIT_EACH_LAUNCH=1). */
     VkSemaphore timeline;
     uint64_t submitted, completed;
+    /* An application's halide_vulkan_acquire_context and release_context, where the device is
+     * the application's (vulkan.c): taken around every submission. NULL: the shim's own. */
+    void *application_acquire, *application_release;
     pid_t process;              /* where it was made (forks/fork.c) */
 } shim_vk_state;
 
@@ -137,6 +140,11 @@ void shim_vk_abandon(shim_vk_submission *submission);
 /* A barrier between commands recorded in one submission: every write before it is visible
  * to every read and write after it. */
 void shim_vk_barrier(VkCommandBuffer commands);
+
+/* Around every use of the queue: the application's hooks, where the device is the
+ * application's (nothing otherwise). */
+void shim_vk_hold_queue(void);
+void shim_vk_release_queue(void);
 
 /* Whether the device is usable from this process (made, and not in a forked child), after
  * halide_error where it is not; a Halide error code. */

@@ -370,9 +370,11 @@ static VkResult submit(shim_vk_submission *s) {
         info.pSignalSemaphores = &shim_vk.timeline;
     }
     pthread_mutex_lock(&shim_vk.queue_lock);
+    shim_vk_hold_queue();
     value = shim_vk.submitted + 1;
     result = VK(vkQueueSubmit, VkResult (*)(VkQueue, uint32_t, const VkSubmitInfo *, VkFence),
                 shim_vk.queue, 1, &info, shim_vk.timeline != 0 ? 0 : s->fence);
+    shim_vk_release_queue();
     if (result == VK_SUCCESS && shim_vk.timeline != 0) {
         __atomic_store_n(&shim_vk.submitted, value, __ATOMIC_RELEASE);
         s->value = value;
@@ -419,7 +421,9 @@ int shim_vk_sync(void) {
         return shim_vk_drain();
     }
     pthread_mutex_lock(&shim_vk.queue_lock); /* (vkQueueWaitIdle synchronizes the queue too) */
+    shim_vk_hold_queue();
     VkResult result = VK(vkQueueWaitIdle, VkResult (*)(VkQueue), shim_vk.queue);
+    shim_vk_release_queue();
     pthread_mutex_unlock(&shim_vk.queue_lock);
     return result;
 }
