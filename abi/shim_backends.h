@@ -15,7 +15,8 @@ enum shim_backend {
     SHIM_BACKEND_PROXY = 3,
     /* OpenCL image memory (Halide's MemoryType::GPUTexture), on the OpenCL backend's device. */
     SHIM_BACKEND_OPENCL_IMAGE = 4,
-    SHIM_BACKEND_COUNT = 5
+    SHIM_BACKEND_VULKAN = 5,
+    SHIM_BACKEND_COUNT = 6
 };
 
 const struct halide_device_interface_t *shim_backend_interface(int backend);
@@ -69,3 +70,61 @@ shim_cuda_module *shim_cuda_module_new(void *module, void *context);
  * it. Every driver call the Python backend makes is between the two. */
 int shim_cuda_enter(void *user_context, void **ctx);
 void shim_cuda_leave(void *user_context);
+
+/* Vulkan (native_stubs/backends/vulkan.c, vulkan_memory.c, vulkan_kernels.c): the driver is
+ * reached in C only, through libvulkan.so.1 opened at first use. A device handle points to a shim_vk_handle:
+ * Halide 21's own handle is a pointer to its allocator's private MemoryRegion, which nothing
+ * outside its runtime can read, so the shim's says what a kernel binds instead. */
+typedef struct shim_vk_memory shim_vk_memory;
+typedef struct shim_vk_module shim_vk_module;
+typedef struct shim_vk_handle {
+    uint64_t buffer;  /* the VkBuffer of the allocation */
+    uint64_t offset;  /* bytes from its start to the buffer's min element */
+    shim_vk_memory *memory;
+    /* 1 while the allocation behind the handle is one the native layer serves
+     * (native_stubs/devices/served.c); 0 for the Python core's, and once claimed. */
+    uint32_t served;
+    uint32_t native_made;  /* made by the native layer: shim_vk_handle_release frees it */
+    uint64_t nbytes, capacity;  /* a served allocation's: asked for, and held */
+} shim_vk_handle;
+/* Names of the machine's Vulkan devices, each ending in a newline, into `names` (a probe that
+ * makes an instance and no device); the number of devices, or -1 with the reason in `names`. */
+int shim_vk_probe(char *names, size_t size);
+/* Make the instance, device and queue (Halide's HL_VK_DEVICE_TYPE, HL_VK_LAYERS and
+ * HL_VK_EXTENSIONS, or what halide_vulkan_set_* set); 0, or a Halide error code with the
+ * reason in `message`. Once per process. */
+int shim_vk_start(char *message, size_t size);
+const char *shim_vk_device_name(void);
+/* [min storage buffer offset alignment, device-local heap bytes, API major, API minor,
+ * max storage buffer range, whether timestamps work, whether a Buffer's memory is mapped
+ * where the device allows (copies by memcpy; else every copy is staged), whether launches
+ * are left running (timeline semaphores) rather than waited for] */
+void shim_vk_device_facts(uint64_t facts[8]);
+shim_vk_memory *shim_vk_allocate(uint64_t size, char *message, size_t message_size);
+void shim_vk_free(shim_vk_memory *memory);
+/* An application's VkBuffer on the shim's device (halide_vulkan_wrap_vk_buffer): never freed
+ * by the shim (shim_vk_free forgets it). */
+shim_vk_memory *shim_vk_wrap(uint64_t buffer);
+uint64_t shim_vk_buffer_of(const shim_vk_memory *memory);
+/* A copy plan (shim/native/regions.py's CopyPlan: `outer` outer extents then the chunk in
+ * bytes, strides per outer dimension): direction 0 host -> `dst`, 1 `src` -> host, 2 `src` ->
+ * `dst`. Returns once complete: 0, or a Vulkan error code with the reason in `message`. */
+int shim_vk_transfer(int direction, shim_vk_memory *src, shim_vk_memory *dst, void *host,
+                     const int64_t *shape, const int64_t *src_strides, const int64_t *dst_strides,
+                     int outer, int64_t src_offset, int64_t dst_offset, char *message,
+                     size_t message_size);
+/* The device's clock (ns) when it reaches a mark submitted now, for profiles; 0 or a Vulkan
+ * error code (VK_ERROR_FEATURE_NOT_PRESENT: the queue has no timestamps). */
+int shim_vk_timestamp(uint64_t *ns);
+/* Wait until the device is idle; 0 or a Vulkan error code. */
+int shim_vk_sync(void);
+/* Serve the pipelines' own allocations in C (native_stubs/devices/served.c), from `pool`,
+ * whose native values are shim_vk_memory pointers, and which must live as long as the
+ * process. */
+void shim_vk_serve_allocations(shim_pool *pool);
+/* Forget a handle: free it if the native layer made it (a served allocation's). */
+void shim_vk_handle_release(shim_vk_handle *handle);
+/* Halide's Vulkan module (`size` bytes): its shader modules made, its entry points read; NULL
+ * with the reason in `message`. */
+shim_vk_module *shim_vk_module_new(const void *source, size_t size, char *message,
+                                   size_t message_size);

@@ -194,9 +194,9 @@ def fetch_wheels(dest: Path, python_version: str = TARGET_PYTHON, wheels_from: P
 
 # --- prepare ---------------------------------------------------------------------------------
 
-def pipeline_specs(names=None, targets=("cuda", "host")):
-    """The CUDA builds of every sample pipeline, and the host builds (the tests' session
-    fixture loads every host pipeline), both runtimes each."""
+def pipeline_specs(names=None, targets=("cuda", "host", "vulkan")):
+    """The CUDA and Vulkan builds of every sample pipeline, and the host builds (the tests'
+    session fixture loads every host pipeline), both runtimes each."""
     from pipelines.build import RUNTIMES, Build, generator_names
 
     names = names or generator_names()
@@ -521,6 +521,11 @@ def make_steps(work: Path) -> list[Step]:
         Step("seed-crop", "seed 001: realizing into crops on CUDA (tests/test_crops.py -k cuda)",
              [pytest_command(work / "seed-crop.xml", "tests/test_crops.py", "-k", "cuda")], 60,
              "tests.log"),
+        Step("vulkan-tests", "the GPU suite, the conformance table and tests/test_vulkan.py on "
+             "the GPU's Vulkan driver, where it has one (they skip, saying why, where not)",
+             [pytest_command(work / "vulkan-tests.xml", "tests/test_gpu_backends.py",
+                             "tests/test_vulkan.py", "tests/test_device_conformance.py",
+                             "-k", "vulkan or test_vulkan")], 240, "tests.log"),
         Step("host-side", "the default device; prebuilt pipelines without pyopencl or halide",
              [pytest_command(work / "host-side.xml", "tests/test_default_device.py",
                              "tests/test_light_install.py")], 90, "tests.log"),

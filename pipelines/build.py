@@ -52,6 +52,9 @@ TARGETS = {
     "host": "host",
     "opencl": "host-opencl",
     "cuda": "host-cuda-cuda_capability_61",
+    # Vulkan 1.3 with 8-, 16-bit integers and half floats in shaders: what lavapipe and current
+    # GPU drivers offer, and what the sample pipelines' types need.
+    "vulkan": "host-vulkan-vk_int8-vk_int16-vk_float16-vk_v13",
 }
 RUNTIMES = ("bundled", "no_runtime")
 

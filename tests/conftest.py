@@ -78,7 +78,19 @@ def cuda():
     return shim.device("cuda")
 
 
-@pytest.fixture(scope="session", params=["opencl", "cuda"])
+@pytest.fixture(scope="session")
+def vulkan():
+    """The Vulkan device (Mesa's lavapipe, a CPU device, where there is no GPU); the test
+    skips where there is no loader or no device (and says why)."""
+    from shim.backends import vulkan as vulkan_backend
+
+    reason = vulkan_backend.unavailable_reason()
+    if reason:
+        pytest.skip(f"no Vulkan device on this machine: {reason}")
+    return shim.device("vulkan")
+
+
+@pytest.fixture(scope="session", params=["opencl", "cuda", "vulkan"])
 def gpu(request):
     """Each GPU backend's device in turn, through its fixture above, so that it skips as that
     one does (saying why) where this machine has no such device."""

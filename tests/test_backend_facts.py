@@ -23,7 +23,7 @@ def test_every_backend_class_is_registered_once_with_its_own_facts():
     assert len({cls.kind for cls in classes}) == len({cls.index for cls in classes}) == len(classes)
     # The native indices are the enum's, one interface each, and the proxy is none of them.
     native = {lib.SHIM_BACKEND_HOST, lib.SHIM_BACKEND_OPENCL, lib.SHIM_BACKEND_CUDA,
-              lib.SHIM_BACKEND_OPENCL_IMAGE}
+              lib.SHIM_BACKEND_OPENCL_IMAGE, lib.SHIM_BACKEND_VULKAN}
     assert {cls.index for cls in classes} == native
     assert devices.kinds() == [cls.kind for cls in classes]
     for cls in classes:
@@ -38,8 +38,11 @@ def test_every_backend_class_is_registered_once_with_its_own_facts():
 def test_the_default_order_follows_the_classes_ranks():
     ranked = sorted((cls for cls in devices.BACKEND_CLASSES if cls.default_rank is not None),
                     key=lambda cls: cls.default_rank)
-    assert [cls.kind for cls in ranked] == ["cuda", "opencl"]  # a CUDA device is always a GPU
+    # A CUDA device is always a GPU; OpenCL before Vulkan (shim/backends/vulkan.py says why).
+    assert [cls.kind for cls in ranked] == ["cuda", "opencl", "vulkan"]
     assert devices.preferred_kind({"opencl", "cuda"}) == "cuda"
+    assert devices.preferred_kind({"vulkan", "opencl"}) == "opencl"
+    assert devices.preferred_kind({"vulkan", "metal"}) == "vulkan"
     assert devices.preferred_kind({"opencl", "metal"}) == "opencl"
     assert devices.preferred_kind({"metal"}) is None
 
@@ -70,14 +73,16 @@ def test_available_is_a_list_of_descriptions(cls):
 
 
 def test_available_never_raises_when_the_driver_is_broken(monkeypatch):
-    from shim.backends import cuda, opencl
+    from shim.backends import cuda, opencl, vulkan
 
     def broken(*args, **kwargs):
         raise RuntimeError("the driver fell over")
 
     monkeypatch.setattr(opencl, "_platforms", broken)
     monkeypatch.setattr(cuda, "_device_names", broken)
+    monkeypatch.setattr(vulkan, "_device_names", broken)
     assert opencl.OpenCLBackend.available() == []
+    assert vulkan.VulkanBackend.available() == []
     with pytest.raises(RuntimeError):  # (cuda's own errors are DeviceUnavailable/BackendError)
         cuda.CUDABackend.available()
     monkeypatch.setattr(cuda, "_device_names", lambda: (_ for _ in ()).throw(

@@ -1,7 +1,8 @@
 """The generic device functions behave as Halide 21's: return codes, validation order and
 which flag changes when, for every function and buffer state in the table below. The table is
-checked against Halide's stock runtime (a bundled-runtime OpenCL pipeline on PoCL, in a process
-without the shim) and against the shim, so it cannot drift from either."""
+checked against Halide's stock runtime (a bundled-runtime OpenCL pipeline on PoCL, and a Vulkan
+one on lavapipe, each in a process without the shim) and against the shim, so it cannot drift
+from either."""
 
 import json
 import subprocess
@@ -13,7 +14,7 @@ import pytest
 import shim
 from shim.pipelines.build import Build, build
 from shim.native import ffi, lib
-from support.conformance import STOCK_CRASHES, run_table
+from support.conformance import STOCK_CRASHES_BY_API, run_table
 
 N = None
 # function -> state -> (return code, flags after, has a device allocation after)
@@ -71,22 +72,29 @@ def as_table(table):
             for f, row in table.items()}
 
 
-@pytest.fixture(scope="module")
-def stock_table(opencl):
-    library = build(Build("brighten", "opencl", "bundled"))
+@pytest.fixture(scope="module", params=["opencl", "vulkan"])
+def stock_table(request):
+    """(api, the table of Halide's stock runtime for that GPU API), through the API's device
+    fixture, which skips where this machine has no such device."""
+    api = request.param
+    request.getfixturevalue(api)
+    library = build(Build("brighten", api, "bundled"))
     script = Path(__file__).parent / "support" / "conformance.py"
-    done = subprocess.run([sys.executable, str(script), str(library)], capture_output=True, text=True)
+    done = subprocess.run([sys.executable, str(script), str(library), api], capture_output=True,
+                          text=True)
     assert done.returncode == 0, done.stderr
-    return as_table(json.loads(done.stdout))
+    return api, as_table(json.loads(done.stdout))
 
 
 def test_halide_stock_runtime_matches_the_table(stock_table):
-    expected = {f: {s: ("crash" if (f, s) in STOCK_CRASHES else v) for s, v in row.items()}
+    api, table = stock_table
+    crashes = STOCK_CRASHES_BY_API[api]
+    expected = {f: {s: ("crash" if (f, s) in crashes else v) for s, v in row.items()}
                 for f, row in EXPECTED.items()}
-    assert stock_table == expected
+    assert table == expected
 
 
-@pytest.mark.parametrize("kind", ["host", "opencl", "cuda"])
+@pytest.mark.parametrize("kind", ["host", "opencl", "cuda", "vulkan"])
 def test_shim_matches_the_table(request, kind):
     # A GPU kind through its fixture (tests/conftest.py), which skips where there is none.
     backend = shim.device(kind) if kind == "host" else request.getfixturevalue(kind)

@@ -1,9 +1,10 @@
 """What every GPU backend does alike, each test once per backend (the ``gpu`` fixture): on
-the machine's OpenCL device (PoCL's CPU device from pip in CI) and on its CUDA device (an
-NVIDIA GPU: benchmarks/gpu_kit.py runs the CUDA half there). Halide-generated kernels run
+the machine's OpenCL device (PoCL's CPU device from pip in CI), on its CUDA device (an
+NVIDIA GPU: benchmarks/gpu_kit.py runs the CUDA half there) and on its Vulkan device (Mesa's
+lavapipe, a CPU device, in CI). Halide-generated kernels run
 through the shim, against Halide's stock runtime and numpy. A backend's half skips, saying
-why, where this machine has no such device. What only one backend has is in test_opencl.py
-and test_cuda.py."""
+why, where this machine has no such device. What only one backend has is in test_opencl.py,
+test_cuda.py and test_vulkan.py."""
 
 
 import numpy as np
@@ -22,8 +23,8 @@ def libraries(gpu):
 
 
 @pytest.mark.parametrize("name", sorted(cases()))
-def test_pipeline_matches_the_stock_runtime_and_numpy(libraries, name, tmp_path):
-    check_against_stock(libraries, name, tmp_path, RUNTIMES)
+def test_pipeline_matches_the_stock_runtime_and_numpy(libraries, gpu, name, tmp_path):
+    check_against_stock(libraries, name, tmp_path, RUNTIMES, gpu.kind)
 
 
 def test_device_buffers_pass_between_libraries_without_host_round_trips(libraries, gpu):
@@ -41,9 +42,11 @@ def test_device_buffers_pass_between_libraries_without_host_round_trips(librarie
 # The crops' x offsets, in int32 elements; 1 (4 bytes) is misaligned for both. OpenCL launches
 # a crop through a sub-buffer only where its offset is a multiple of the device's base address
 # alignment (128 bytes on PoCL: 32 elements) and through the parent and an offset elsewhere, so
-# its offsets take both paths; a CUDA crop is pointer arithmetic at any offset. (How each
+# its offsets take both paths; a CUDA crop is pointer arithmetic at any offset. Vulkan binds a
+# crop in place at a multiple of minStorageBufferOffsetAlignment (16 bytes on lavapipe: 4
+# elements) and stages it elsewhere. (How each
 # backend's handle holds the offset: test_opencl.py and test_cuda.py.)
-CROP_OFFSETS = {"opencl": [1, 32], "cuda": [1, 5]}
+CROP_OFFSETS = {"opencl": [1, 32], "cuda": [1, 5], "vulkan": [1, 4]}
 
 
 # (scope: the gpu fixture feeds the module's libraries, so its parameters cannot be narrower.)

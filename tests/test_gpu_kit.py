@@ -73,7 +73,8 @@ def kit(tmp_path_factory):
 def test_prepare_lays_out_what_run_needs_within_the_budget(kit):
     manifest = json.loads((kit / "manifest.json").read_text())
     built = {(p["name"], p["target"], p["runtime"]) for p in manifest["pipelines"]}
-    assert built == {(n, t, r) for n in generator_names() for t in ("cuda", "host") for r in RUNTIMES}
+    assert built == {(n, t, r) for n in generator_names() for t in ("cuda", "host", "vulkan")
+                     for r in RUNTIMES}
     for entry in manifest["pipelines"]:
         assert (kit / "pipelines" / entry["file"]).stat().st_size == entry["bytes"] > 0
     assert (kit / "pipelines" / "HALIDE_VERSION").read_text().strip() == manifest["halide_version"]

@@ -153,7 +153,7 @@ static COLD int refuse_interface_switch(void *user_context, const char *routine)
 static const int device_of[SHIM_BACKEND_COUNT] = {
     [SHIM_BACKEND_HOST] = SHIM_BACKEND_HOST,     [SHIM_BACKEND_OPENCL] = SHIM_BACKEND_OPENCL,
     [SHIM_BACKEND_CUDA] = SHIM_BACKEND_CUDA,     [SHIM_BACKEND_PROXY] = SHIM_BACKEND_PROXY,
-    [SHIM_BACKEND_OPENCL_IMAGE] = SHIM_BACKEND_OPENCL,
+    [SHIM_BACKEND_OPENCL_IMAGE] = SHIM_BACKEND_OPENCL, [SHIM_BACKEND_VULKAN] = SHIM_BACKEND_VULKAN,
 };
 
 /* Halide refuses to move a buffer to another interface; between two kinds of memory of one
@@ -675,6 +675,10 @@ static int opencl_image_compute_capability(void *uc, int *major, int *minor) {
     return compute_capability(SHIM_BACKEND_OPENCL_IMAGE, uc, major, minor);
 }
 
+static int vulkan_compute_capability(void *uc, int *major, int *minor) {
+    return compute_capability(SHIM_BACKEND_VULKAN, uc, major, minor);
+}
+
 static const struct halide_device_interface_t interfaces[SHIM_BACKEND_COUNT] = {
     [SHIM_BACKEND_HOST] = INTERFACE(SHIM_BACKEND_HOST, host_compute_capability),
     [SHIM_BACKEND_OPENCL] = INTERFACE(SHIM_BACKEND_OPENCL, opencl_compute_capability),
@@ -682,6 +686,7 @@ static const struct halide_device_interface_t interfaces[SHIM_BACKEND_COUNT] = {
     [SHIM_BACKEND_PROXY] = INTERFACE(SHIM_BACKEND_PROXY, proxy_compute_capability),
     [SHIM_BACKEND_OPENCL_IMAGE] = INTERFACE(SHIM_BACKEND_OPENCL_IMAGE,
                                             opencl_image_compute_capability),
+    [SHIM_BACKEND_VULKAN] = INTERFACE(SHIM_BACKEND_VULKAN, vulkan_compute_capability),
 };
 
 const struct halide_device_interface_t *shim_backend_interface(int backend) {
@@ -761,6 +766,7 @@ IMPL_FUNCTIONS(opencl, SHIM_BACKEND_OPENCL)
 IMPL_FUNCTIONS(cuda, SHIM_BACKEND_CUDA)
 IMPL_FUNCTIONS(proxy, SHIM_BACKEND_PROXY)
 IMPL_FUNCTIONS(opencl_image, SHIM_BACKEND_OPENCL_IMAGE)
+IMPL_FUNCTIONS(vulkan, SHIM_BACKEND_VULKAN)
 
 static const struct halide_device_interface_impl_t impls[SHIM_BACKEND_COUNT] = {
     [SHIM_BACKEND_HOST] = IMPL_TABLE(host),
@@ -768,6 +774,7 @@ static const struct halide_device_interface_impl_t impls[SHIM_BACKEND_COUNT] = {
     [SHIM_BACKEND_CUDA] = IMPL_TABLE(cuda),
     [SHIM_BACKEND_PROXY] = IMPL_TABLE(proxy),
     [SHIM_BACKEND_OPENCL_IMAGE] = IMPL_TABLE(opencl_image),
+    [SHIM_BACKEND_VULKAN] = IMPL_TABLE(vulkan),
 };
 
 void shim_buffer_set_device(struct halide_buffer_t *buf, uint64_t device,

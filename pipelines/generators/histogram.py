@@ -17,7 +17,13 @@ class Histogram:
         hist[hl.cast(hl.Int(32), self.input[r.x, r.y])] += hl.u32(1)
         hist.output_buffer().dim(0).set_bounds(0, 256)
         self.input.set_estimates([(0, 640), (0, 480)])
-        if self.target().has_gpu_feature():
+        if self.target().has_feature(hl.TargetFeature.Vulkan):
+            # Halide 21's Vulkan code generation has no atomics: the bins are cleared in
+            # parallel, and the update runs in one GPU thread.
+            xo, xi = hl.Var("xo"), hl.Var("xi")
+            hist.gpu_tile(x, xo, xi, 64)
+            hist.update().gpu_single_thread()
+        elif self.target().has_gpu_feature():
             xo, xi = hl.Var("xo"), hl.Var("xi")
             hist.gpu_tile(x, xo, xi, 64)
             rxo, rxi = hl.RVar("rxo"), hl.RVar("rxi")

@@ -385,6 +385,9 @@ class Backend(ABC):
 
     #: The DLPack device type of this backend's memory; None: its Buffers export host memory.
     dlpack_device_type: int | None = None
+    #: Whether a Buffer exports this backend's memory only to a consumer that asks for it
+    #: (``dl_device=``), its host memory otherwise: memory no mainstream consumer reads.
+    dlpack_on_request_only = False
 
     def dlpack_device_id(self) -> int:
         return 0

@@ -11,13 +11,14 @@ from shim.backends.cuda import CUDABackend
 from shim.backends.host import HostBackend
 from shim.backends.opencl import OpenCLBackend
 from shim.backends.opencl_image import OpenCLImageBackend
+from shim.backends.vulkan import VulkanBackend
 from shim.base.errors import ArgumentError, DeviceUnavailable
 from shim.native import ffi, lib
 
 # Every backend the shim has. Each class holds its own facts (kind, native index, DLPack
 # device type, default_rank); everything else derives them from here.
 BACKEND_CLASSES: tuple[type[Backend], ...] = (HostBackend, OpenCLBackend, CUDABackend,
-                                               OpenCLImageBackend)
+                                               OpenCLImageBackend, VulkanBackend)
 _BY_KIND = {cls.kind: cls for cls in BACKEND_CLASSES}
 _BY_INDEX = {cls.index: cls for cls in BACKEND_CLASSES}
 
@@ -60,8 +61,8 @@ def kind_of_index(index: int) -> str | None:
 
 
 def device(kind: str = HostBackend.kind, **options) -> Backend:
-    """The device of a backend kind: "opencl", "cuda" or "host" (the simulated device),
-    created on first use with ``options`` (see each backend). A backend keeps its device for
+    """The device of a backend kind: "opencl", "cuda", "vulkan" or "host" (the simulated
+    device), created on first use with ``options`` (see each backend). A backend keeps its device for
     the life of the process: Halide's handles do not say which device they belong to."""
     if isinstance(kind, Backend):
         return kind
@@ -104,8 +105,8 @@ _unavailable: set[str] = set()
 
 def default_device() -> Backend:
     """The device used when none is named: $HALIDE_SHIM_DEVICE if set, else the first of the
-    GPU backends that works on this machine (CUDA, then OpenCL), else the simulated host
-    device."""
+    GPU backends that works on this machine (CUDA, then OpenCL, then Vulkan), else the simulated
+    host device."""
     configured = os.environ.get("HALIDE_SHIM_DEVICE")
     if configured:
         return device(configured)

@@ -231,6 +231,7 @@ class OpenCLBackend(Backend):
     # int) of a queue the process holds. None asks for everything queued so far to have
     # finished; -1 for no synchronization.
     dlpack_device_type = 4  # kDLOpenCL
+    dlpack_on_request_only = True  # (no mainstream consumer reads a cl_mem)
 
     def dlpack_stream(self):
         return self.queue.int_ptr

@@ -84,9 +84,6 @@ from shim.base.errors import DeviceError
 from shim.native import lib
 from shim.base.types import HalideType
 
-# Device types whose memory a Buffer exports only to a consumer that asks for it with
-# dl_device=: no mainstream consumer reads them, so by default the host memory goes.
-ON_REQUEST_ONLY = frozenset({DLDeviceType.OpenCL})
 # How often a host export downloads a buffer that other threads keep writing on the device.
 _HOST_EXPORT_ATTEMPTS = 100
 
@@ -94,10 +91,11 @@ _HOST_EXPORT_ATTEMPTS = 100
 def device_of(buf) -> tuple[DLDeviceType, int]:
     """``__dlpack_device__``: where the Buffer ``buf``'s data is exported by default (the
     module's rule): its device allocation, unless the host holds changes the device lacks, the
-    device has no DLPack type, or consumers rarely read it (ON_REQUEST_ONLY)."""
+    device has no DLPack type, or consumers rarely read it (the backend's
+    ``dlpack_on_request_only``: OpenCL's, Vulkan's)."""
     backend = buf.device
     if backend is None or backend.dlpack_device_type is None or buf.host_dirty() \
-            or backend.dlpack_device_type in ON_REQUEST_ONLY:
+            or backend.dlpack_on_request_only:
         return DLDeviceType.CPU, 0
     return DLDeviceType(backend.dlpack_device_type), backend.dlpack_device_id()
 

@@ -1,0 +1,802 @@
+/* Halide's Vulkan kernels: its module format, shader modules and compute pipelines, and the
+ * launches (halide_vulkan_run), all in C on the device vulkan.c makes.
+ *
+ * A module is made once per source for the process (shim/backends/vulkan.py keeps them by
+ * digest): every SPIR-V module in it becomes a VkShaderModule with its pipeline layout, and
+ * every entry point a descriptor set layout. A compute pipeline is made once per entry point
+ * and specialization (the workgroup size and dynamic shared memory Halide binds to
+ * specialization constants), where Halide's runtime remakes it at every launch that has any.
+ * A launch records into a submission of its own (vulkan_memory.c): descriptor sets, scalar
+ * arguments and staging are the submission's, so any number of threads launch at once.
+ *
+ * Crops at any offset. A kernel takes each buffer as a storage-buffer descriptor, and Halide
+ * 21's SPIR-V indexes it from the descriptor's start with no offset of its own; Vulkan takes
+ * a descriptor offset only at a multiple of minStorageBufferOffsetAlignment (16 bytes on
+ * lavapipe, up to 256 on GPUs), and Halide's runtime fails a crop anywhere else (Halide issue
+ * 8944, fixed after 21 by passing offsets to the kernels, which 21's code cannot take). A
+ * launch therefore binds an aligned crop in place and stages any other: the crop's span is
+ * copied to a buffer of its own, the kernel runs on that, and the crop's elements (not the
+ * gaps between its rows, which other buffers may own) are copied back, all in the launch's
+ * one submission, which runs after everything submitted before it and before everything
+ * after, so no other work sees the staged copy.
+ */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <pthread.h>
+
+#include "shim_native.h"
+#include "profiling/profile.h"
+#include "backends/vulkan_api.h"
+#include "backends/vulkan_device.h"
+
+/* --- modules ------------------------------------------------------------------------------- */
+
+typedef struct pipeline_entry {
+    struct pipeline_entry *next;
+    uint32_t count;
+    uint32_t ids[4], values[4];
+    VkPipeline pipeline;
+} pipeline_entry;
+
+typedef struct shared_allocation {
+    uint32_t constant_id; /* 0: a fixed size */
+    uint32_t type_size, array_size;
+} shared_allocation;
+
+typedef struct kernel_entry {
+    char *name;
+    uint32_t set; /* its descriptor set: its place among its SPIR-V module's entry points */
+    uint32_t uniform_count, storage_count;
+    uint32_t spec_count;
+    uint32_t *spec_ids;
+    uint32_t shared_count;
+    shared_allocation *shared;
+    uint32_t local_size_ids[3]; /* 0: the workgroup size is fixed in the SPIR-V */
+    struct spirv_module *spirv;
+    pipeline_entry *pipelines; /* prepended under the module's lock, read without it */
+} kernel_entry;
+
+typedef struct spirv_module {
+    VkShaderModule shader;
+    VkPipelineLayout layout;
+    VkDescriptorSetLayout *sets;
+    uint32_t set_count;
+} spirv_module;
+
+struct shim_vk_module {
+    uint32_t spirv_count, entry_count;
+    spirv_module *spirvs;
+    kernel_entry *entries;
+    pthread_mutex_t lock;
+};
+
+/* Reads Halide's words, never past the end. */
+typedef struct {
+    const uint32_t *words;
+    size_t count, next;
+    bool bad;
+} reader;
+
+static uint32_t word(reader *r) {
+    if (r->next >= r->count) {
+        r->bad = true;
+        return 0;
+    }
+    return r->words[r->next++];
+}
+
+/* A string of `n` words (padded with NULs); NULL if it runs past the end or has no NUL. */
+static const char *string(reader *r, uint32_t n) {
+    if (n == 0 || n > r->count - r->next || r->bad) {
+        r->bad = true;
+        return NULL;
+    }
+    const char *s = (const char *)(r->words + r->next);
+    r->next += n;
+    if (memchr(s, 0, n * sizeof(uint32_t)) == NULL) {
+        r->bad = true;
+        return NULL;
+    }
+    return s;
+}
+
+__attribute__((format(printf, 3, 4))) static void say(char *message, size_t size,
+                                                      const char *format, ...) {
+    if (message != NULL && size > 0) {
+        va_list args;
+        va_start(args, format);
+        vsnprintf(message, size, format, args);
+        va_end(args);
+    }
+}
+
+/* Reads one SPIR-V module's header (its entry points), appending them to `entries`. */
+static bool read_entries(reader *r, uint32_t shader_count, kernel_entry *entries, uint32_t *entry_count,
+                         spirv_module *spirv) {
+    for (uint32_t n = 0; n < shader_count; n++) {
+        kernel_entry *e = &entries[(*entry_count)++];
+        const char *name = string(r, word(r));
+        if (name == NULL) {
+            return false;
+        }
+        e->name = strdup(name);
+        e->set = n;
+        e->spirv = spirv;
+        e->uniform_count = word(r);
+        e->storage_count = word(r);
+        e->spec_count = word(r);
+        if (r->bad || e->spec_count > 64 || e->uniform_count > 1 || e->storage_count > 4096) {
+            return false;
+        }
+        e->spec_ids = calloc(e->spec_count + 1, sizeof *e->spec_ids);
+        for (uint32_t c = 0; c < e->spec_count && e->spec_ids; c++) {
+            string(r, word(r)); /* (its name) */
+            e->spec_ids[c] = word(r);
+            word(r); /* its type's size: Halide's are 32-bit */
+        }
+        e->shared_count = word(r);
+        if (r->bad || e->spec_ids == NULL || e->shared_count > 64) {
+            return false;
+        }
+        e->shared = calloc(e->shared_count + 1, sizeof *e->shared);
+        for (uint32_t a = 0; a < e->shared_count && e->shared; a++) {
+            string(r, word(r)); /* (its variable's name) */
+            e->shared[a].constant_id = word(r);
+            e->shared[a].type_size = word(r);
+            e->shared[a].array_size = word(r);
+        }
+        for (int d = 0; d < 3; d++) {
+            e->local_size_ids[d] = word(r);
+        }
+        if (r->bad || e->shared == NULL || e->name == NULL) {
+            return false;
+        }
+    }
+    return true;
+}
+
+static VkResult make_layouts(spirv_module *spirv, const kernel_entry *entries) {
+    VkDevice device = shim_vk.device;
+    VkResult result = VK_SUCCESS;
+    for (uint32_t n = 0; n < spirv->set_count && result == VK_SUCCESS; n++) {
+        const kernel_entry *e = &entries[n];
+        uint32_t count = e->uniform_count + e->storage_count;
+        VkDescriptorSetLayoutBinding *bindings = calloc(count + 1, sizeof *bindings);
+        if (bindings == NULL) {
+            return VK_ERROR_OUT_OF_HOST_MEMORY;
+        }
+        /* As Halide: the scalar arguments' uniform buffer first, then one storage buffer per
+         * buffer argument, in order. */
+        for (uint32_t b = 0; b < count; b++) {
+            bindings[b] = (VkDescriptorSetLayoutBinding){
+                b, b < e->uniform_count ? VK_DESCRIPTOR_TYPE_UNIFORM_BUFFER
+                                        : VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,
+                1, VK_SHADER_STAGE_COMPUTE_BIT, NULL};
+        }
+        VkDescriptorSetLayoutCreateInfo info = {VK_STRUCTURE_TYPE_DESCRIPTOR_SET_LAYOUT_CREATE_INFO,
+                                                NULL, 0, count, bindings};
+        result = VK(vkCreateDescriptorSetLayout,
+                    VkResult (*)(VkDevice, const VkDescriptorSetLayoutCreateInfo *, const void *,
+                                 VkDescriptorSetLayout *),
+                    device, &info, NULL, &spirv->sets[n]);
+        free(bindings);
+    }
+    if (result == VK_SUCCESS) {
+        /* Every entry point's set in one layout: entry point n binds set n, as Halide's code
+         * expects. */
+        VkPipelineLayoutCreateInfo info = {VK_STRUCTURE_TYPE_PIPELINE_LAYOUT_CREATE_INFO, NULL, 0,
+                                           spirv->set_count, spirv->sets, 0, NULL};
+        result = VK(vkCreatePipelineLayout, VkResult (*)(VkDevice, const VkPipelineLayoutCreateInfo *,
+                                                         const void *, VkPipelineLayout *),
+                    device, &info, NULL, &spirv->layout);
+    }
+    return result;
+}
+
+shim_vk_module *shim_vk_module_new(const void *source, size_t size, char *message,
+                                   size_t message_size) {
+    if (__atomic_load_n(&shim_vk.device, __ATOMIC_ACQUIRE) == NULL) {
+        say(message, message_size, "no Vulkan device");
+        return NULL;
+    }
+    /* Halide's module: [kernel count] then, per kernel, [SPIR-V module bytes, name words,
+     * name]; then the SPIR-V modules, each with its own header of entry points (see
+     * src/runtime/vulkan_resources.h: vk_compile_kernel_module, vk_decode_shader_bindings). */
+    uint32_t *words = malloc(size + 4);
+    if (words == NULL) {
+        say(message, message_size, "out of memory");
+        return NULL;
+    }
+    memcpy(words, source, size); /* (aligned for the reads below) */
+    reader top = {words, size / 4, 0, false};
+    uint32_t kernel_count = word(&top);
+    shim_vk_module *module = calloc(1, sizeof *module);
+    uint32_t *sizes = calloc(kernel_count + 1, sizeof *sizes);
+    bool ok = module != NULL && sizes != NULL && kernel_count > 0 && kernel_count < 4096;
+    for (uint32_t k = 0; ok && k < kernel_count; k++) {
+        sizes[k] = word(&top);
+        ok = string(&top, word(&top)) != NULL && sizes[k] % 4 == 0;
+    }
+    /* Count the entry points first, for one array of them. */
+    size_t start = top.next, total = 0;
+    for (uint32_t k = 0; ok && k < kernel_count; k++) {
+        reader r = {words + start, sizes[k] / 4, 0, start + sizes[k] / 4 > top.count};
+        uint32_t header = word(&r), shaders = word(&r);
+        ok = !r.bad && header >= 2 && header < r.count && shaders > 0 && shaders < 256;
+        total += shaders;
+        start += sizes[k] / 4;
+    }
+    VkResult result = VK_SUCCESS;
+    if (ok) {
+        pthread_mutex_init(&module->lock, NULL);
+        module->spirvs = calloc(kernel_count, sizeof *module->spirvs);
+        module->entries = calloc(total, sizeof *module->entries);
+        ok = module->spirvs != NULL && module->entries != NULL;
+    }
+    start = top.next;
+    for (uint32_t k = 0; ok && k < kernel_count && result == VK_SUCCESS; k++) {
+        reader r = {words + start, sizes[k] / 4, 0, false};
+        uint32_t header = word(&r), shaders = word(&r);
+        spirv_module *spirv = &module->spirvs[module->spirv_count++];
+        kernel_entry *first = &module->entries[module->entry_count];
+        /* The SPIR-V after the header must at least look like SPIR-V (its magic number and
+         * its 5-word header): drivers need not check, and may crash on garbage. */
+        ok = read_entries(&r, shaders, module->entries, &module->entry_count, spirv) &&
+             r.next <= header && sizes[k] / 4 >= header + 5 &&
+             words[start + header] == 0x07230203u;
+        if (!ok) {
+            break;
+        }
+        VkShaderModuleCreateInfo info = {VK_STRUCTURE_TYPE_SHADER_MODULE_CREATE_INFO, NULL, 0,
+                                         (size_t)(sizes[k] - header * 4), words + start + header};
+        result = VK(vkCreateShaderModule, VkResult (*)(VkDevice, const VkShaderModuleCreateInfo *,
+                                                       const void *, VkShaderModule *),
+                    shim_vk.device, &info, NULL, &spirv->shader);
+        spirv->sets = calloc(shaders, sizeof *spirv->sets);
+        spirv->set_count = shaders;
+        if (result == VK_SUCCESS) {
+            result = spirv->sets ? make_layouts(spirv, first) : VK_ERROR_OUT_OF_HOST_MEMORY;
+        }
+        start += sizes[k] / 4;
+    }
+    free(words);
+    free(sizes);
+    if (!ok || result != VK_SUCCESS) {
+        if (!ok) {
+            say(message, message_size, "not a Halide Vulkan module: its header of entry points "
+                "does not parse (%zu bytes)", size);
+        } else {
+            say(message, message_size, "making the module's shader modules and layouts failed: %s",
+                shim_vk_result_name(result));
+        }
+        /* What was made stays: a module is made once per source, and a failed one is rare. */
+        return NULL;
+    }
+    return module;
+}
+
+/* --- pipelines ----------------------------------------------------------------------------- */
+
+/* The specialization constants a launch sets (Halide's vk_setup_compute_pipeline): the
+ * dynamic shared memory's array size, then the workgroup size; -1 after halide_error where
+ * the kernel cannot take them. */
+static int dispatch_constants(void *user_context, const kernel_entry *e, int shared_mem_bytes,
+                              const int threads[3], uint32_t ids[4], uint32_t values[4]) {
+    uint32_t count = 0;
+    const VkPhysicalDeviceLimits *limits = &shim_vk.properties.limits;
+    if (e->shared_count > 0 && shared_mem_bytes > 0) {
+        uint32_t fixed = 0, dynamic_id = 0, dynamic_size = 0;
+        for (uint32_t a = 0; a < e->shared_count; a++) {
+            if (e->shared[a].constant_id == 0) {
+                fixed += e->shared[a].type_size * e->shared[a].array_size;
+            } else if (dynamic_id != 0) {
+                halide_error(user_context, "Vulkan: a kernel with more than one dynamic shared "
+                                           "memory allocation\n");
+                return -1;
+            } else {
+                dynamic_id = e->shared[a].constant_id;
+                dynamic_size = e->shared[a].type_size;
+            }
+        }
+        if ((uint32_t)shared_mem_bytes > limits->maxComputeSharedMemorySize ||
+            fixed > limits->maxComputeSharedMemorySize) {
+            halide_error(user_context, "Vulkan: the kernel needs more shared memory than the "
+                                       "device has\n");
+            return -1;
+        }
+        if (dynamic_id != 0 && (uint32_t)shared_mem_bytes > fixed && dynamic_size > 0) {
+            ids[count] = dynamic_id;
+            values[count++] = ((uint32_t)shared_mem_bytes - fixed) / dynamic_size;
+        }
+    }
+    if (e->local_size_ids[0] != 0) {
+        for (int d = 0; d < 3; d++) {
+            ids[count] = e->local_size_ids[d];
+            values[count++] = (uint32_t)threads[d];
+        }
+    }
+    for (uint32_t c = 0; c < count; c++) {
+        bool found = false;
+        for (uint32_t k = 0; k < e->spec_count && !found; k++) {
+            found = e->spec_ids[k] == ids[c];
+        }
+        if (!found) {
+            halide_error(user_context, "Vulkan: the kernel's module does not declare the "
+                                       "specialization constant its launch sets\n");
+            return -1;
+        }
+    }
+    return (int)count;
+}
+
+static pipeline_entry *find_pipeline(pipeline_entry *p, uint32_t count, const uint32_t *ids,
+                                     const uint32_t *values) {
+    for (; p != NULL; p = p->next) {
+        if (p->count == count && memcmp(p->ids, ids, count * 4) == 0 &&
+            memcmp(p->values, values, count * 4) == 0) {
+            return p;
+        }
+    }
+    return NULL;
+}
+
+/* The entry point's pipeline for these constants, made once. */
+static VkPipeline pipeline_for(shim_vk_module *module, kernel_entry *e, uint32_t count,
+                               const uint32_t *ids, const uint32_t *values, VkResult *result) {
+    *result = VK_SUCCESS;
+    pipeline_entry *p = find_pipeline(__atomic_load_n(&e->pipelines, __ATOMIC_ACQUIRE), count,
+                                      ids, values);
+    if (p != NULL) {
+        return p->pipeline;
+    }
+    pthread_mutex_lock(&module->lock);
+    p = find_pipeline(e->pipelines, count, ids, values);
+    if (p == NULL && (p = calloc(1, sizeof *p)) == NULL) {
+        *result = VK_ERROR_OUT_OF_HOST_MEMORY;
+    } else if (p->pipeline == 0) {
+        VkSpecializationMapEntry map[4];
+        for (uint32_t c = 0; c < count; c++) {
+            map[c] = (VkSpecializationMapEntry){ids[c], c * 4, 4};
+        }
+        p->count = count;
+        memcpy(p->ids, ids, count * 4);
+        memcpy(p->values, values, count * 4);
+        VkSpecializationInfo specialization = {count, map, count * 4, p->values};
+        VkComputePipelineCreateInfo info = {
+            VK_STRUCTURE_TYPE_COMPUTE_PIPELINE_CREATE_INFO, NULL, 0,
+            {VK_STRUCTURE_TYPE_PIPELINE_SHADER_STAGE_CREATE_INFO, NULL, 0,
+             VK_SHADER_STAGE_COMPUTE_BIT, e->spirv->shader, e->name,
+             count ? &specialization : NULL},
+            e->spirv->layout, 0, -1};
+        *result = VK(vkCreateComputePipelines,
+                     VkResult (*)(VkDevice, VkPipelineCache, uint32_t,
+                                  const VkComputePipelineCreateInfo *, const void *, VkPipeline *),
+                     shim_vk.device, 0, 1, &info, NULL, &p->pipeline);
+        if (*result == VK_SUCCESS) {
+            p->next = e->pipelines;
+            __atomic_store_n(&e->pipelines, p, __ATOMIC_RELEASE);
+        } else {
+            free(p);
+            p = NULL;
+        }
+    }
+    pthread_mutex_unlock(&module->lock);
+    return p ? p->pipeline : 0;
+}
+
+/* --- a submission's descriptors and arguments ---------------------------------------------- */
+
+static VkResult descriptor_set_for(shim_vk_submission *s, const kernel_entry *e, VkDescriptorSet *set) {
+    VkDevice device = shim_vk.device;
+    VkResult result = VK_SUCCESS;
+    if (s->descriptors == 0 || s->uniform_capacity < e->uniform_count ||
+        s->storage_capacity < e->storage_count) {
+        if (s->descriptors != 0) {
+            VK(vkDestroyDescriptorPool, void (*)(VkDevice, VkDescriptorPool, const void *), device,
+               s->descriptors, NULL);
+            s->descriptors = 0;
+        }
+        uint32_t uniform = e->uniform_count > 1 ? e->uniform_count : 1;
+        uint32_t storage = e->storage_count > 16 ? e->storage_count : 16;
+        VkDescriptorPoolSize sizes[2] = {{VK_DESCRIPTOR_TYPE_UNIFORM_BUFFER, uniform},
+                                         {VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, storage}};
+        VkDescriptorPoolCreateInfo info = {VK_STRUCTURE_TYPE_DESCRIPTOR_POOL_CREATE_INFO, NULL, 0,
+                                           1, 2, sizes};
+        result = VK(vkCreateDescriptorPool, VkResult (*)(VkDevice, const VkDescriptorPoolCreateInfo *,
+                                                         const void *, VkDescriptorPool *),
+                    device, &info, NULL, &s->descriptors);
+        if (result != VK_SUCCESS) {
+            s->descriptors = 0;
+            return result;
+        }
+        s->uniform_capacity = uniform;
+        s->storage_capacity = storage;
+    } else {
+        /* (the set of the submission's last launch, which has completed) */
+        result = VK(vkResetDescriptorPool, VkResult (*)(VkDevice, VkDescriptorPool, VkFlags),
+                    device, s->descriptors, 0);
+    }
+    if (result == VK_SUCCESS) {
+        VkDescriptorSetAllocateInfo info = {VK_STRUCTURE_TYPE_DESCRIPTOR_SET_ALLOCATE_INFO, NULL,
+                                            s->descriptors, 1, &e->spirv->sets[e->set]};
+        result = VK(vkAllocateDescriptorSets, VkResult (*)(VkDevice,
+                                                           const VkDescriptorSetAllocateInfo *,
+                                                           VkDescriptorSet *),
+                    device, &info, set);
+    }
+    return result;
+}
+
+/* The submission's scalar-argument buffer, of at least `size` bytes. */
+static VkResult arguments_for(shim_vk_submission *s, size_t size) {
+    if (s->arguments != NULL && s->arguments->size >= size) {
+        return VK_SUCCESS;
+    }
+    shim_vk_memory_delete(s->arguments);
+    VkResult result;
+    s->arguments = shim_vk_memory_new(size > 256 ? size : 256, SHIM_VK_UNIFORM, &result);
+    return s->arguments ? VK_SUCCESS : result;
+}
+
+/* --- staging misaligned crops ---------------------------------------------------------------- */
+
+typedef struct {
+    const shim_vk_handle *handle;
+    const halide_buffer_t *buf;
+    shim_vk_memory *copy;
+    VkDeviceSize span;
+} staged_buffer;
+
+/* Staging buffers, kept for the next launches: a few, of bounded size, so that a crop staged at
+ * every launch does not allocate at every launch. */
+enum { SPARE_STAGING = 8 };
+static const VkDeviceSize SPARE_STAGING_BYTES = 64 << 20;
+static shim_vk_memory *spare_staging[SPARE_STAGING];
+static pthread_mutex_t spare_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static shim_vk_memory *take_staging(VkDeviceSize size, VkResult *result) {
+    shim_vk_memory *best = NULL;
+    int at = -1;
+    pthread_mutex_lock(&spare_lock);
+    for (int i = 0; i < SPARE_STAGING; i++) { /* the smallest that fits */
+        shim_vk_memory *m = spare_staging[i];
+        if (m != NULL && m->size >= size && (best == NULL || m->size < best->size)) {
+            best = m;
+            at = i;
+        }
+    }
+    if (at >= 0) {
+        spare_staging[at] = NULL;
+    }
+    pthread_mutex_unlock(&spare_lock);
+    *result = VK_SUCCESS;
+    return best ? best : shim_vk_memory_new(size, SHIM_VK_DEVICE, result);
+}
+
+static void give_staging(shim_vk_memory *memory) {
+    if (memory == NULL) {
+        return;
+    }
+    pthread_mutex_lock(&spare_lock);
+    int smallest = -1;
+    for (int i = 0; i < SPARE_STAGING && memory != NULL; i++) {
+        if (spare_staging[i] == NULL) {
+            if (memory->size <= SPARE_STAGING_BYTES) {
+                spare_staging[i] = memory;
+                memory = NULL;
+            }
+        } else if (smallest < 0 || spare_staging[i]->size < spare_staging[smallest]->size) {
+            smallest = i;
+        }
+    }
+    if (memory != NULL && memory->size <= SPARE_STAGING_BYTES && smallest >= 0 &&
+        spare_staging[smallest]->size < memory->size) {
+        shim_vk_memory *evicted = spare_staging[smallest]; /* bigger ones serve more crops */
+        spare_staging[smallest] = memory;
+        memory = evicted;
+    }
+    pthread_mutex_unlock(&spare_lock);
+    shim_vk_memory_delete(memory);
+}
+
+/* The bytes from a buffer's min element to the end of its last (0 if it has none); -1 for a
+ * negative stride, which a staged crop does not take. */
+static int64_t span_of(const halide_buffer_t *buf) {
+    int64_t elem = ((buf->type.bits + 7) / 8) * (int64_t)(buf->type.lanes ? buf->type.lanes : 1);
+    int64_t last = 0;
+    for (int d = 0; d < buf->dimensions; d++) {
+        if (buf->dim[d].extent <= 0) {
+            return 0;
+        }
+        if (buf->dim[d].stride < 0) {
+            return -1;
+        }
+        last += (int64_t)(buf->dim[d].extent - 1) * buf->dim[d].stride;
+    }
+    return (last + 1) * elem;
+}
+
+/* The copies of a crop's elements from `from`+`from_offset` to `to`+`to_offset`: one region
+ * per run of contiguous elements. */
+static VkResult copy_elements(VkCommandBuffer commands, const halide_buffer_t *buf, VkBuffer from,
+                              VkDeviceSize from_offset, VkBuffer to, VkDeviceSize to_offset) {
+    int64_t elem = ((buf->type.bits + 7) / 8) * (int64_t)(buf->type.lanes ? buf->type.lanes : 1);
+    size_t count = 1;
+    for (int d = 0; d < buf->dimensions; d++) {
+        count *= (size_t)buf->dim[d].extent;
+    }
+    VkBufferCopy *regions = malloc((count ? count : 1) * sizeof *regions);
+    if (regions == NULL) {
+        return VK_ERROR_OUT_OF_HOST_MEMORY;
+    }
+    int64_t index[16] = {0};
+    size_t used = 0;
+    for (size_t n = 0; n < count; n++) {
+        int64_t at = 0;
+        for (int d = 0; d < buf->dimensions; d++) {
+            at += index[d] * buf->dim[d].stride * elem;
+        }
+        VkBufferCopy *last = used ? &regions[used - 1] : NULL;
+        if (last && last->srcOffset + last->size == from_offset + (VkDeviceSize)at &&
+            last->dstOffset + last->size == to_offset + (VkDeviceSize)at) {
+            last->size += (VkDeviceSize)elem; /* the run goes on */
+        } else {
+            regions[used++] = (VkBufferCopy){from_offset + (VkDeviceSize)at,
+                                             to_offset + (VkDeviceSize)at, (VkDeviceSize)elem};
+        }
+        for (int d = 0; d < buf->dimensions && ++index[d] == buf->dim[d].extent; d++) {
+            index[d] = 0;
+        }
+    }
+    if (used > 0) {
+        VK(vkCmdCopyBuffer, void (*)(VkCommandBuffer, VkBuffer, VkBuffer, uint32_t,
+                                     const VkBufferCopy *),
+           commands, from, to, (uint32_t)used, regions);
+    }
+    free(regions);
+    return VK_SUCCESS;
+}
+
+/* --- launches -------------------------------------------------------------------------------- */
+
+static int failed(void *user_context, const char *what, const char *entry, VkResult result) {
+    char msg[256];
+    snprintf(msg, sizeof msg, "Vulkan: %s failed for kernel %s: %s\n", what, entry,
+             shim_vk_result_name(result));
+    halide_error(user_context, msg);
+    return halide_error_code_gpu_device_error;
+}
+
+static kernel_entry *find_entry(shim_vk_module *module, const char *name) {
+    for (uint32_t i = 0; i < module->entry_count; i++) {
+        if (strcmp(module->entries[i].name, name) == 0) {
+            return &module->entries[i];
+        }
+    }
+    return NULL;
+}
+
+/* One launch's submission: its descriptor set and scalar arguments, the misaligned crops
+ * staged in, the dispatch, the staged crops' elements back; submitted, and left running where
+ * the device allows. `staged` receives the staging buffers, which the caller keeps for later
+ * launches once this one is submitted. */
+static int record_and_run(void *user_context, kernel_entry *e,
+                          VkPipeline pipeline, int count, size_t arg_sizes[], void *args[],
+                          int8_t arg_is_buffer[], const int blocks[3], staged_buffer *staged,
+                          int *staged_count) {
+    VkResult result;
+    shim_vk_submission *s = shim_vk_begin(&result);
+    if (s == NULL) {
+        return failed(user_context, "starting a command buffer", e->name, result);
+    }
+    VkDescriptorSet set = 0;
+    result = descriptor_set_for(s, e, &set);
+    if (result != VK_SUCCESS) {
+        shim_vk_abandon(s);
+        return failed(user_context, "allocating a descriptor set", e->name, result);
+    }
+    size_t scalar_bytes = 0;
+    for (int i = 0; i < count; i++) {
+        scalar_bytes += arg_is_buffer[i] ? 0 : arg_sizes[i];
+    }
+    VkDescriptorBufferInfo infos[count + 1];
+    VkWriteDescriptorSet writes[count + 1];
+    uint32_t binding = 0;
+    if (e->uniform_count > 0) {
+        result = arguments_for(s, scalar_bytes);
+        if (result != VK_SUCCESS) {
+            shim_vk_abandon(s);
+            return failed(user_context, "allocating the scalar arguments' buffer", e->name, result);
+        }
+        /* Packed in order, as Halide's kernels read them. */
+        size_t at = 0;
+        for (int i = 0; i < count; i++) {
+            if (!arg_is_buffer[i]) {
+                memcpy(s->arguments->mapped + at, args[i], arg_sizes[i]);
+                at += arg_sizes[i];
+            }
+        }
+        infos[binding] = (VkDescriptorBufferInfo){s->arguments->buffer, 0, VK_WHOLE_SIZE};
+        writes[binding] = (VkWriteDescriptorSet){VK_STRUCTURE_TYPE_WRITE_DESCRIPTOR_SET, NULL, set,
+                                                 binding, 0, 1, VK_DESCRIPTOR_TYPE_UNIFORM_BUFFER,
+                                                 NULL, &infos[binding], NULL};
+        binding++;
+    }
+    VkDeviceSize alignment = shim_vk.properties.limits.minStorageBufferOffsetAlignment;
+    VkDeviceSize max_range = shim_vk.properties.limits.maxStorageBufferRange;
+    for (int i = 0; i < count; i++) {
+        if (!arg_is_buffer[i]) {
+            continue;
+        }
+        const halide_buffer_t *buf = args[i];
+        const shim_vk_handle *handle = (const shim_vk_handle *)buf->device;
+        VkDescriptorBufferInfo info = {handle->buffer, handle->offset, VK_WHOLE_SIZE};
+        if (alignment > 1 && handle->offset % alignment != 0) {
+            staged_buffer *b = NULL;
+            for (int k = 0; k < *staged_count && b == NULL; k++) {
+                b = staged[k].handle == handle ? &staged[k] : NULL; /* a crop given twice */
+            }
+            if (b == NULL) {
+                int64_t span = span_of(buf);
+                if (span < 0) {
+                    shim_vk_abandon(s);
+                    halide_error(user_context, "Vulkan: a crop at an offset the device cannot "
+                                               "bind, with a negative stride, is not supported\n");
+                    return halide_error_code_gpu_device_error;
+                }
+                b = &staged[(*staged_count)++];
+                *b = (staged_buffer){handle, buf, NULL, (VkDeviceSize)span};
+                b->copy = take_staging(b->span, &result);
+                if (b->copy == NULL) {
+                    (*staged_count)--;
+                    shim_vk_abandon(s);
+                    return failed(user_context, "allocating a misaligned crop's staging buffer",
+                                  e->name, result);
+                }
+                /* In: the whole span, gaps and all, in one copy (the kernel sees only the
+                 * crop's elements); back: the elements alone (below). */
+                if (b->span > 0) {
+                    VkBufferCopy region = {handle->offset, 0, b->span};
+                    VK(vkCmdCopyBuffer, void (*)(VkCommandBuffer, VkBuffer, VkBuffer, uint32_t,
+                                                 const VkBufferCopy *),
+                       s->commands, handle->buffer, b->copy->buffer, 1, &region);
+                }
+            }
+            info = (VkDescriptorBufferInfo){b->copy->buffer, 0, VK_WHOLE_SIZE};
+        } else if (handle->memory != NULL && handle->memory->size > 0 &&
+                   ((handle->memory->size + 3) & ~(VkDeviceSize)3) - handle->offset > max_range) {
+            info.range = max_range & ~(VkDeviceSize)3; /* the most one descriptor may span */
+        }
+        infos[binding] = info;
+        writes[binding] = (VkWriteDescriptorSet){VK_STRUCTURE_TYPE_WRITE_DESCRIPTOR_SET, NULL, set,
+                                                 binding, 0, 1, VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,
+                                                 NULL, &infos[binding], NULL};
+        binding++;
+    }
+    VK(vkUpdateDescriptorSets, void (*)(VkDevice, uint32_t, const VkWriteDescriptorSet *, uint32_t,
+                                        const void *),
+       shim_vk.device, binding, writes, 0, NULL);
+    if (*staged_count > 0) {
+        shim_vk_barrier(s->commands);
+    }
+    VK(vkCmdBindPipeline, void (*)(VkCommandBuffer, int32_t, VkPipeline), s->commands,
+       VK_PIPELINE_BIND_POINT_COMPUTE, pipeline);
+    VK(vkCmdBindDescriptorSets, void (*)(VkCommandBuffer, int32_t, VkPipelineLayout, uint32_t,
+                                         uint32_t, const VkDescriptorSet *, uint32_t,
+                                         const uint32_t *),
+       s->commands, VK_PIPELINE_BIND_POINT_COMPUTE, e->spirv->layout, e->set, 1, &set, 0, NULL);
+    VK(vkCmdDispatch, void (*)(VkCommandBuffer, uint32_t, uint32_t, uint32_t), s->commands,
+       (uint32_t)blocks[0], (uint32_t)blocks[1], (uint32_t)blocks[2]);
+    if (*staged_count > 0) {
+        shim_vk_barrier(s->commands);
+        for (int k = 0; k < *staged_count && result == VK_SUCCESS; k++) {
+            result = copy_elements(s->commands, staged[k].buf, staged[k].copy->buffer, 0,
+                                   staged[k].handle->buffer, staged[k].handle->offset);
+        }
+        if (result != VK_SUCCESS) {
+            shim_vk_abandon(s);
+            return failed(user_context, "copying back a misaligned crop", e->name, result);
+        }
+    }
+    /* Not waited for (where the device has timeline semaphores): whoever next touches device
+     * memory from the host, or frees it, waits first (vulkan_memory.c, shim_vk_drain). */
+    result = shim_vk_submit(s);
+    if (result != VK_SUCCESS) {
+        return failed(user_context, "running the kernel", e->name, result);
+    }
+    return halide_error_code_success;
+}
+
+static int launch(SHIM_RUN_PARAMS) {
+    shim_vk_module *module = state_ptr;
+    if (module == NULL) {
+        halide_error(user_context, "Vulkan: kernel launched before its module was initialized\n");
+        return halide_error_code_gpu_device_error;
+    }
+    int count = 0, buffers = 0, scalars = 0;
+    const struct halide_device_interface_t *vulkan = shim_backend_interface(SHIM_BACKEND_VULKAN);
+    while (arg_sizes[count] != 0) {
+        if (arg_is_buffer[count]) {
+            const halide_buffer_t *buf = args[count];
+            if (buf->device == 0 || buf->device_interface != vulkan) {
+                halide_error(user_context, "Vulkan: a kernel argument is not on the Vulkan device\n");
+                return halide_error_code_gpu_device_error;
+            }
+            buffers++;
+        } else {
+            scalars++;
+        }
+        count++;
+    }
+    kernel_entry *e = find_entry(module, entry_name);
+    if (e == NULL) {
+        char msg[256];
+        snprintf(msg, sizeof msg, "Vulkan: the module has no entry point %s\n", entry_name);
+        halide_error(user_context, msg);
+        return halide_error_code_gpu_device_error;
+    }
+    if ((uint32_t)buffers != e->storage_count || (scalars > 0 && e->uniform_count == 0)) {
+        char msg[256];
+        snprintf(msg, sizeof msg, "Vulkan: kernel %s takes %u buffers, and was given %d\n",
+                 entry_name, e->storage_count, buffers);
+        halide_error(user_context, msg);
+        return halide_error_code_gpu_device_error;
+    }
+    uint32_t ids[4], values[4];
+    const int threads[3] = {threadsX, threadsY, threadsZ};
+    int constants = dispatch_constants(user_context, e, shared_mem_bytes, threads, ids, values);
+    if (constants < 0) {
+        return halide_error_code_gpu_device_error;
+    }
+    VkResult result;
+    VkPipeline pipeline = pipeline_for(module, e, (uint32_t)constants, ids, values, &result);
+    if (pipeline == 0) {
+        return failed(user_context, "vkCreateComputePipelines", entry_name, result);
+    }
+    const int blocks[3] = {blocksX, blocksY, blocksZ};
+    staged_buffer staged[buffers + 1];
+    int staged_count = 0;
+    int code = record_and_run(user_context, e, pipeline, count, arg_sizes, args,
+                              arg_is_buffer, blocks, staged, &staged_count);
+    for (int k = 0; k < staged_count; k++) {
+        give_staging(staged[k].copy); /* (its submission has finished or was never made) */
+    }
+    return code;
+}
+
+int halide_vulkan_initialize_kernels(void *user_context, void **state_ptr, const char *src,
+                                     int size) {
+    int result = shim_vk_usable(user_context);
+    if (result) {
+        return result;
+    }
+    /* Every pipeline call starts here; after the first, the module is already made. */
+    if (__atomic_load_n(state_ptr, __ATOMIC_ACQUIRE) != NULL) {
+        return halide_error_code_success;
+    }
+    /* (Halide's Vulkan module is binary: `size` is its length, with no terminating NUL, and
+     * the Python core drops one byte; it gets one more to drop.) */
+    return shim_py_initialize_kernels(user_context, state_ptr, src, size + 1,
+                                      shim_backend_interface(SHIM_BACKEND_VULKAN));
+}
+
+void halide_vulkan_finalize_kernels(void *user_context, void *state_ptr) {
+    /* Modules stay made for the life of the process, shared by every pipeline with the same
+     * source. */
+    (void)user_context;
+    (void)state_ptr;
+}
+
+int halide_vulkan_run(SHIM_RUN_PARAMS) {
+    int refused = shim_vk_usable(user_context);
+    if (refused) {
+        return refused;
+    }
+    if (shim_profile_on()) {
+        return shim_profile_run(SHIM_BACKEND_VULKAN, NULL, launch, SHIM_RUN_ARGS);
+    }
+    return launch(SHIM_RUN_ARGS);
+}
