@@ -16,7 +16,6 @@ code outside its runtime can read.
 
 from __future__ import annotations
 
-import hashlib
 import time
 
 from shim.base import sections
@@ -241,6 +240,8 @@ class VulkanBackend(Backend):
 
     def module(self, source: bytes):
         """The module for ``source`` (a shim_vk_module*), made once per source."""
+        import hashlib  # (here: 4 ms of every import shim otherwise)
+
         self._usable()
         key = hashlib.sha256(source).digest()
         module = self._modules.get(key)
