@@ -69,3 +69,8 @@ bool shim_call_replaces(const shim_call *call, const struct halide_buffer_t *buf
 /* The stream a call's CUDA work runs on (NULL: the backend's default stream). */
 void shim_call_set_stream(shim_call *call, void *stream);
 void *shim_call_stream(const shim_call *call);
+
+/* A library was loaded (shim.load): MemorySanitizer's hooks look again for a library's own
+ * definitions, which the shim's runtime calls for the messages it prints
+ * (native_stubs/calls/msan.c). */
+void shim_msan_libraries_changed(void);

@@ -520,7 +520,7 @@ if what == "dtype":
     stall = lambda: HalideType(FLOAT, 16).dtype
     in_child = lambda: p(np.zeros((34, 66), np.uint16), output=(32, 64))  # (uint16: another)
 else:
-    shim.calls.library.hashlib = Stalling(hashlib, "sha256")
+    sys.modules["hashlib"] = Stalling(hashlib, "sha256")  # (the digest imports it when asked)
     stall = lambda: p._library.digest
     in_child = lambda: pickle.dumps(q)
 thread = threading.Thread(target=stall, name="stalling")

@@ -17,13 +17,14 @@
  *   nothing: Halide's msan runtime would not even link there.
  *
  * Pipelines built with the msan feature call them; Halide's runtime in the shim calls the
- * annotation for the text of every message it prints, so what the hooks find is cached (below).
+ * annotation for the text of every message it prints, so what it finds is kept (below).
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <link.h>
 #include <pthread.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "shim_native.h"
@@ -115,37 +116,21 @@ static library_hooks look_up(const Dl_info *info, bool shim) {
     return found;
 }
 
-/* --- the cache -------------------------------------------------------------------------------
- * Looking up costs microseconds, and Halide's runtime calls the annotation for every message it
- * prints (a pipeline built with trace_all prints millions when tracing to stderr), so what was
- * looked up is kept for as long as the set of loaded libraries stays the same: the loader counts
- * loads and unloads (dl_iterate_phdr's dlpi_adds and dlpi_subs), and any change empties the
- * cache, so that nothing is called in a library unloaded since. */
+/* --- which hooks ---------------------------------------------------------------------------
+ * Halide's runtime in the shim calls the annotation for the text of every message it prints (a
+ * pipeline built with trace_all and tracing to stderr prints millions), so what it finds for
+ * the shim's own code is looked up once and kept: a snapshot, read without a lock or a call
+ * into the loader, so that a child forked while another thread looked something up is never
+ * stuck on a lock that thread held. shim.load takes a new snapshot after it loads a library
+ * (shim_msan_libraries_changed); code loaded otherwise (ctypes) is seen if loaded before the
+ * shim's runtime first prints, as Halide's msan test's is. A library unloaded after it was found
+ * must not be: the snapshot would call into it. Calls from a pipeline's own code (msan builds
+ * only) look their library up each time. */
 
-typedef struct {
-    unsigned long long adds, subs;
-} loaded_set;
-
-static int read_loaded_set(struct dl_phdr_info *info, size_t size, void *data) {
-    (void)size;
-    loaded_set *set = data;
-    set->adds = info->dlpi_adds;
-    set->subs = info->dlpi_subs;
-    return 1; /* (every object reports the same counts: one is enough) */
-}
-
-#define CACHED_LIBRARIES 16
-static struct {
-    const void *base;
-    library_hooks hooks;
-} cached[CACHED_LIBRARIES];
-static int cached_count;
-static bool shim_cached;
-static library_hooks shim_hooks;
-static loaded_set cached_set;
-/* The shim's own code: [shim_start, shim_end), found once (the shim's library stays loaded). */
+/* The shim's code: [shim_start, shim_end), found once (the shim's library stays loaded). */
 static uintptr_t shim_start, shim_end;
-static pthread_mutex_t cache_lock = PTHREAD_MUTEX_INITIALIZER;
+static library_hooks *_Atomic shim_snapshot;
+static pthread_once_t shim_found = PTHREAD_ONCE_INIT;
 
 static int find_shim(struct dl_phdr_info *info, size_t size, void *data) {
     (void)size;
@@ -163,51 +148,37 @@ static int find_shim(struct dl_phdr_info *info, size_t size, void *data) {
     return 0;
 }
 
+static void find_shim_once(void) {
+    dl_iterate_phdr(find_shim, NULL);
+}
+
+void shim_msan_libraries_changed(void) {
+    library_hooks *fresh = malloc(sizeof *fresh);
+    if (fresh != NULL) {
+        *fresh = look_up(NULL, true);
+    }
+    /* (the snapshot it replaces is not freed: another thread may be reading it) */
+    __atomic_store_n(&shim_snapshot, fresh, __ATOMIC_RELEASE);
+}
+
 /* The hooks for the code at ``caller``. */
 static library_hooks hooks_for(const void *caller) {
-    loaded_set now = {0, 0};
-    dl_iterate_phdr(read_loaded_set, &now);
-    pthread_mutex_lock(&cache_lock);
-    if (now.adds != cached_set.adds || now.subs != cached_set.subs) {
-        cached_set = now;
-        cached_count = 0;
-        shim_cached = false;
-    }
-    if (shim_end == 0) {
-        dl_iterate_phdr(find_shim, NULL);
-    }
-    library_hooks found;
+    pthread_once(&shim_found, find_shim_once);
     if ((uintptr_t)caller >= shim_start && (uintptr_t)caller < shim_end) {
-        if (!shim_cached) {
-            shim_hooks = look_up(NULL, true);
-            shim_cached = true;
+        library_hooks *snapshot = __atomic_load_n(&shim_snapshot, __ATOMIC_ACQUIRE);
+        if (snapshot == NULL) {
+            shim_msan_libraries_changed(); /* (two threads at once: the same snapshot, twice) */
+            snapshot = __atomic_load_n(&shim_snapshot, __ATOMIC_ACQUIRE);
         }
-        found = shim_hooks;
-        pthread_mutex_unlock(&cache_lock);
-        return found;
+        if (snapshot != NULL) {
+            return *snapshot;
+        }
+        return look_up(NULL, true); /* (no memory for a snapshot) */
     }
-    pthread_mutex_unlock(&cache_lock);
-    /* Another library's code: which one (outside the lock: dladdr takes the loader's). */
     Dl_info info;
     bool known = caller != NULL && dladdr(caller, &info) && info.dli_fname != NULL &&
                  info.dli_fname[0] != 0; /* (not the main program: its own come first anyway) */
-    pthread_mutex_lock(&cache_lock);
-    const void *base = known ? info.dli_fbase : NULL;
-    for (int i = 0; i < cached_count; i++) {
-        if (cached[i].base == base) {
-            found = cached[i].hooks;
-            pthread_mutex_unlock(&cache_lock);
-            return found;
-        }
-    }
-    found = look_up(known ? &info : NULL, false);
-    if (cached_count < CACHED_LIBRARIES) {
-        cached[cached_count].base = base;
-        cached[cached_count].hooks = found;
-        cached_count++;
-    }
-    pthread_mutex_unlock(&cache_lock);
-    return found;
+    return look_up(known ? &info : NULL, false);
 }
 
 static int annotate_memory(library_hooks hooks, void *user_context, const void *ptr, uint64_t len) {

@@ -16,7 +16,7 @@ from shim.base.elf import (ET_REL, NotELF, architecture, exported_functions, fil
                            function_symbols, pipeline_names)
 from shim.base.errors import ArgumentError, RuntimeOverrideWarning, warn_caller
 from shim.calls.metadata import read_metadata
-from shim.native import LIBRARY_PATH, ffi
+from shim.native import LIBRARY_PATH, ffi, lib
 
 
 class Library:
@@ -65,13 +65,15 @@ def _open_library(path: str):
     try:
         # RTLD_NOW binds every halide_* reference now, to the shim's native library, which
         # shim.native loaded first into the global scope.
-        return ctypes.CDLL(os.path.abspath(path), mode=os.RTLD_NOW | os.RTLD_LOCAL)
+        library = ctypes.CDLL(os.path.abspath(path), mode=os.RTLD_NOW | os.RTLD_LOCAL)
     except OSError as e:
         hint = ""
         if "undefined symbol" in str(e):
             hint = (" (a no_runtime pipeline needs every runtime function it calls; this one "
                     "calls a function the shim does not provide)")
         raise ArgumentError("path", f"cannot load {path}: {e}{hint}") from None
+    lib.shim_msan_libraries_changed()  # (it may define its own msan hooks: HONOURED_DEFINITIONS)
+    return library
 
 
 def _read(path: str) -> bytes:
