@@ -59,33 +59,58 @@ static void *own_definition(void *library, const char *path, const char *name, v
     return theirs != ours && own(theirs, path) ? theirs : NULL;
 }
 
+/* The loaded libraries' paths, in load order (the main program left out: its definitions would
+ * have come before ours). Copied out of dl_iterate_phdr's callback, which holds the loader's
+ * lock: opening a library in there waits, in lock order, for a thread's dlopen that waits for it. */
 typedef struct {
-    const char *name;
-    void *ours;
-    void *found;
-} search;
+    char **paths;
+    int count, capacity;
+} library_paths;
 
-static int find_in_library(struct dl_phdr_info *info, size_t size, void *data) {
+static int add_path(struct dl_phdr_info *info, size_t size, void *data) {
     (void)size;
-    search *s = data;
+    library_paths *list = data;
     if (info->dlpi_name == NULL || info->dlpi_name[0] == 0) {
-        return 0; /* the main program: its definitions would have come before ours */
-    }
-    void *library = dlopen(info->dlpi_name, RTLD_LAZY | RTLD_NOLOAD);
-    if (library == NULL) {
         return 0;
     }
-    s->found = own_definition(library, info->dlpi_name, s->name, s->ours);
-    dlclose(library);
-    return s->found != NULL;
+    if (list->count == list->capacity) {
+        int capacity = list->capacity ? 2 * list->capacity : 64;
+        char **paths = realloc(list->paths, capacity * sizeof *paths);
+        if (paths == NULL) {
+            return 1;
+        }
+        list->paths = paths;
+        list->capacity = capacity;
+    }
+    char *path = strdup(info->dlpi_name);
+    if (path != NULL) {
+        list->paths[list->count++] = path;
+    }
+    return 0;
 }
 
-/* The first library's own definition of ``name`` (of which ``ours`` is the shim's), in load
- * order. */
-static void *defined_elsewhere(const char *name, void *ours) {
-    search s = {name, ours, NULL};
-    dl_iterate_phdr(find_in_library, &s);
-    return s.found;
+/* The first loaded library's own definition of each memory-level hook. */
+static void defined_elsewhere(library_hooks *found) {
+    library_paths list = {NULL, 0, 0};
+    dl_iterate_phdr(add_path, &list);
+    for (int i = 0; i < list.count; i++) {
+        void *library = dlopen(list.paths[i], RTLD_LAZY | RTLD_NOLOAD);
+        if (library != NULL) {
+            if (found->annotate == NULL) {
+                found->annotate = (annotate_fn)own_definition(
+                    library, list.paths[i], "halide_msan_annotate_memory_is_initialized",
+                    (void *)halide_msan_annotate_memory_is_initialized);
+            }
+            if (found->check == NULL) {
+                found->check = (check_fn)own_definition(
+                    library, list.paths[i], "halide_msan_check_memory_is_initialized",
+                    (void *)halide_msan_check_memory_is_initialized);
+            }
+            dlclose(library);
+        }
+        free(list.paths[i]);
+    }
+    free(list.paths);
 }
 
 /* The hooks for code in the library ``info`` names; ``shim``: the library is the shim's own
@@ -96,9 +121,7 @@ static library_hooks look_up(const Dl_info *info, bool shim) {
     void *annotate = (void *)halide_msan_annotate_memory_is_initialized;
     void *check = (void *)halide_msan_check_memory_is_initialized;
     if (shim) {
-        found.annotate = (annotate_fn)defined_elsewhere("halide_msan_annotate_memory_is_initialized",
-                                                        annotate);
-        found.check = (check_fn)defined_elsewhere("halide_msan_check_memory_is_initialized", check);
+        defined_elsewhere(&found);
     } else if (info != NULL) {
         void *library = dlopen(info->dli_fname, RTLD_LAZY | RTLD_NOLOAD);
         if (library != NULL) {
@@ -152,7 +175,7 @@ static void find_shim_once(void) {
     dl_iterate_phdr(find_shim, NULL);
 }
 
-void shim_msan_libraries_changed(void) {
+static void take_snapshot(void) {
     library_hooks *fresh = malloc(sizeof *fresh);
     if (fresh != NULL) {
         *fresh = look_up(NULL, true);
@@ -161,13 +184,18 @@ void shim_msan_libraries_changed(void) {
     __atomic_store_n(&shim_snapshot, fresh, __ATOMIC_RELEASE);
 }
 
+/* Taken again at the next hook call, not here: most libraries loaded never print. */
+void shim_msan_libraries_changed(void) {
+    __atomic_store_n(&shim_snapshot, NULL, __ATOMIC_RELEASE);
+}
+
 /* The hooks for the code at ``caller``. */
 static library_hooks hooks_for(const void *caller) {
     pthread_once(&shim_found, find_shim_once);
     if ((uintptr_t)caller >= shim_start && (uintptr_t)caller < shim_end) {
         library_hooks *snapshot = __atomic_load_n(&shim_snapshot, __ATOMIC_ACQUIRE);
         if (snapshot == NULL) {
-            shim_msan_libraries_changed(); /* (two threads at once: the same snapshot, twice) */
+            take_snapshot(); /* (two threads at once: the same snapshot, twice) */
             snapshot = __atomic_load_n(&shim_snapshot, __ATOMIC_ACQUIRE);
         }
         if (snapshot != NULL) {
