@@ -40,31 +40,10 @@
 int halide_device_and_host_malloc(void *user_context, struct halide_buffer_t *buf,
                                   const struct halide_device_interface_t *device_interface);
 int halide_device_and_host_free(void *user_context, struct halide_buffer_t *buf);
-int halide_acquire_cl_context(void *user_context, void **ctx, void **queue, bool create);
-int halide_cuda_acquire_context(void *user_context, void **ctx, bool create);
-int halide_cuda_release_context(void *user_context);
-int halide_cuda_get_stream(void *user_context, void *ctx, void **stream);
-/* Halide's Vulkan entry points (HalideRuntimeVulkan.h is C++ only: a default argument), those
- * Python calls too; native_stubs/backends/vulkan*.c define them. */
-const struct halide_device_interface_t *halide_vulkan_device_interface(void);
-int halide_vulkan_initialize_kernels(void *user_context, void **state_ptr, const char *src,
-                                     int size);
-int halide_vulkan_run(void *user_context, void *state_ptr, const char *entry_name, int blocksX,
-                      int blocksY, int blocksZ, int threadsX, int threadsY, int threadsZ,
-                      int shared_mem_bytes, size_t arg_sizes[], void *args[],
-                      int8_t arg_is_buffer[]);
-int halide_vulkan_wrap_vk_buffer(void *user_context, struct halide_buffer_t *buf,
-                                 uint64_t vk_buffer);
-int halide_vulkan_detach_vk_buffer(void *user_context, struct halide_buffer_t *buf);
-uintptr_t halide_vulkan_get_vk_buffer(void *user_context, struct halide_buffer_t *buf);
-int halide_vulkan_release_unused_device_allocations(void *user_context);
-bool halide_vulkan_is_initialized(void);
-void halide_vulkan_set_device_type(const char *n);
-const char *halide_vulkan_get_device_type(void *user_context);
-void halide_vulkan_set_layer_names(const char *n);
-const char *halide_vulkan_get_layer_names(void *user_context);
-void halide_vulkan_set_extension_names(const char *n);
-const char *halide_vulkan_get_extension_names(void *user_context);
+/* Halide's GPU entry points as cffi reads them (abi/halide_runtime_gpu.h): the context hooks its
+ * runtime defines without declaring, and Vulkan's, whose header (HalideRuntimeVulkan.h) is C++
+ * only (a default argument). */
+#include "halide_runtime_gpu.h"
 
 /* Atomic access to halide_buffer_t::flags. Generated code writes flags inline, so every read the
  * shim bases a decision on is an acquire load, and every change is a read-modify-write that keeps
