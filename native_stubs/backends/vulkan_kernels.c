@@ -20,7 +20,6 @@
  * one submission, which runs after everything submitted before it and before everything
  * after, so no other work sees the staged copy.
  */
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -101,16 +100,6 @@ static const char *string(reader *r, uint32_t n) {
         return NULL;
     }
     return s;
-}
-
-__attribute__((format(printf, 3, 4))) static void say(char *message, size_t size,
-                                                      const char *format, ...) {
-    if (message != NULL && size > 0) {
-        va_list args;
-        va_start(args, format);
-        vsnprintf(message, size, format, args);
-        va_end(args);
-    }
 }
 
 /* Reads one SPIR-V module's header (its entry points), appending them to `entries`. */
@@ -199,7 +188,7 @@ static VkResult make_layouts(spirv_module *spirv, const kernel_entry *entries) {
 shim_vk_module *shim_vk_module_new(const void *source, size_t size, char *message,
                                    size_t message_size) {
     if (__atomic_load_n(&shim_vk.device, __ATOMIC_ACQUIRE) == NULL) {
-        say(message, message_size, "no Vulkan device");
+        (void)shim_vk_say(message, message_size, 0, "no Vulkan device");
         return NULL;
     }
     /* Halide's module: [kernel count] then, per kernel, [SPIR-V module bytes, name words,
@@ -207,7 +196,7 @@ shim_vk_module *shim_vk_module_new(const void *source, size_t size, char *messag
      * src/runtime/vulkan_resources.h: vk_compile_kernel_module, vk_decode_shader_bindings). */
     uint32_t *words = malloc(size + 4);
     if (words == NULL) {
-        say(message, message_size, "out of memory");
+        (void)shim_vk_say(message, message_size, 0, "out of memory");
         return NULL;
     }
     memcpy(words, source, size); /* (aligned for the reads below) */
@@ -266,11 +255,12 @@ shim_vk_module *shim_vk_module_new(const void *source, size_t size, char *messag
     free(sizes);
     if (!ok || result != VK_SUCCESS) {
         if (!ok) {
-            say(message, message_size, "not a Halide Vulkan module: its header of entry points "
-                "does not parse (%zu bytes)", size);
+            (void)shim_vk_say(message, message_size, 0, "not a Halide Vulkan module: its header of "
+                              "entry points does not parse (%zu bytes)", size);
         } else {
-            say(message, message_size, "making the module's shader modules and layouts failed: %s",
-                shim_vk_result_name(result));
+            (void)shim_vk_say(message, message_size, 0,
+                              "making the module's shader modules and layouts failed: %s",
+                              shim_vk_result_name(result));
         }
         /* What was made stays: a module is made once per source, and a failed one is rare. */
         return NULL;
