@@ -663,15 +663,13 @@ static uint64_t make_served_handle(uint64_t native, uint64_t nbytes, uint64_t ca
     handle->native_made = 1;
     handle->nbytes = nbytes;
     handle->capacity = capacity;
-    __atomic_store_n(&handle->served, 1, __ATOMIC_RELEASE);
+    shim_served_mark(&handle->served);
     return (uint64_t)(uintptr_t)handle;
 }
 
 static bool claim_served(uint64_t value, uint64_t *native, uint64_t *nbytes, uint64_t *capacity) {
     shim_vk_handle *handle = (shim_vk_handle *)(uintptr_t)value;
-    uint32_t expected = 1;
-    if (!__atomic_compare_exchange_n(&handle->served, &expected, 0, false, __ATOMIC_ACQ_REL,
-                                     __ATOMIC_ACQUIRE)) {
+    if (!shim_served_take(&handle->served)) {
         return false;
     }
     *native = (uint64_t)(uintptr_t)handle->memory;
@@ -692,7 +690,7 @@ static void release_served_handle(uint64_t handle) {
 
 static bool served_native(uint64_t value, uint64_t *native) {
     const shim_vk_handle *handle = (const shim_vk_handle *)(uintptr_t)value;
-    if (!__atomic_load_n(&handle->served, __ATOMIC_ACQUIRE)) {
+    if (!shim_served_marked(&handle->served)) {
         return false;
     }
     *native = (uint64_t)(uintptr_t)handle->memory;

@@ -32,6 +32,23 @@ typedef struct {
     int (*read)(uint64_t native, void *host, uint64_t nbytes);
 } shim_allocator;
 
+/* A served handle's mark (a backend handle's `served` field, abi/shim_backends.h), which every
+ * backend's make_handle, claim and served keep the same way: set once the handle is whole,
+ * taken at most once, looked at without taking it. */
+static inline void shim_served_mark(uint32_t *served) {
+    __atomic_store_n(served, 1, __ATOMIC_RELEASE); /* (after the handle's other fields) */
+}
+
+static inline bool shim_served_take(uint32_t *served) {
+    uint32_t expected = 1;
+    return __atomic_compare_exchange_n(served, &expected, 0, false, __ATOMIC_ACQ_REL,
+                                       __ATOMIC_ACQUIRE);
+}
+
+static inline bool shim_served_marked(const uint32_t *served) {
+    return __atomic_load_n(served, __ATOMIC_ACQUIRE) != 0;
+}
+
 /* The backend's native side, once bound: its allocator, and the pool its Python side uses.
  * Only a backend whose work runs in one order registers one (OpenCL's one queue): Python's
  * ordering across streams (Backend.ran_on) never sees the calls a served allocation was used
