@@ -33,7 +33,7 @@ HALIDE_INCLUDE = os.path.join(halide.install_dir(), "include")
 CDEF_FILES = ["halide_runtime.h", "halide_profiler.h", "halide_runtime_gpu.h",
               "halide_device_impl.h", "dlpack.h", "shim_calls.h", "shim_buffers.h",
               "shim_allocations.h", "shim_backends.h", "shim_fast_paths.h", "shim_dlpack.h", "shim_signals.h",
-              "shim_profile.h", "shim_trace.h", "shim_fork.h"]
+              "shim_profile.h", "shim_trace.h", "shim_fork.h", "shim_releases.h"]
 # Then the Python core's callbacks, plain prototypes that the C files include too; cffi gets
 # them inside extern "Python+C" { }, which has it define them as calls into Python.
 CALLBACKS_FILE = "shim_callbacks.h"

@@ -34,6 +34,7 @@
 #include "shim_profile.h"
 #include "shim_trace.h"
 #include "shim_fork.h"
+#include "shim_releases.h"
 #include "shim_callbacks.h"
 
 /* Generic entry points Halide defines but its public header does not declare. */

@@ -28,6 +28,7 @@
 
 #include "shim_native.h"
 #include "calls/call_context.h"
+#include "calls/releases.h"
 #include "calls/signals_held.h"
 #include "profiling/profile.h"
 #include "fast/call_records.h"
@@ -214,6 +215,7 @@ static int bounds_accepted(plan_object *plan, void **argv) {
         /* Halide's bounds-query form: the shape and type, no memory (_bounds_query_buffer). */
         memset(&queries[i], 0, sizeof queries[i]);
         queries[i].type = given->type;
+        queries[i].type.lanes = shim_release_of((const void *)plan->argv_fn)->scalar_lanes;
         queries[i].dimensions = given->dimensions;
         queries[i].dim = &dims[used];
         memcpy(&dims[used], given->dim, (size_t)given->dimensions * sizeof *dims);
@@ -391,7 +393,6 @@ static bool describe(const argument_spec *a, const Py_buffer *view, halide_buffe
     buf->host = view->buf;
     buf->type.code = (uint8_t)a->code;
     buf->type.bits = (uint8_t)a->bits;
-    buf->type.lanes = 1;
     buf->dimensions = view->ndim;
     buf->dim = dims;
     buf->flags = a->role == ROLE_INPUT ? halide_buffer_flag_host_dirty : 0;
@@ -496,7 +497,7 @@ static bool buffer_argument(plan_object *plan, const argument_spec *a, PyObject 
         return false;
     }
     const halide_buffer_t *buf = m->raw;
-    bool fits = buf->type.code == a->code && buf->type.bits == a->bits && buf->type.lanes == 1 &&
+    bool fits = buf->type.code == a->code && buf->type.bits == a->bits &&
                 buf->dimensions == a->dimensions;
     long long elements = 1;
     for (int d = 0; fits && d < buf->dimensions; d++) {
@@ -669,6 +670,7 @@ static PyObject *fast_call(plan_object *plan, PyObject *positional, PyObject *na
                 goto done;
             }
             ndims += a->dimensions;
+            buffers[i].type.lanes = shim_release_of((const void *)plan->argv_fn)->scalar_lanes;
             argv[i] = &buffers[i];
             if (!plan->host_write) {
                 array_buffers[temporaries.count] = &buffers[i];

@@ -16,6 +16,7 @@
 
 #include "shim_native.h"
 #include "calls/call_context.h"
+#include "calls/releases.h"
 #include "calls/signals_held.h"
 #include "fast/run.h"
 
@@ -36,6 +37,14 @@ int shim_call_run(shim_call *call, uint64_t id, void *stream, int (*argv_fn)(voi
         if (backends != 0 || (shim_flags_load(buffers[i]) & halide_buffer_flag_device_dirty)) {
             return SHIM_CALL_NEEDS_PREPARATION;
         }
+    }
+    /* Each buffer's type as the pipeline's release spells a scalar element's (its generated
+     * code compares all 32 bits): a Buffer may have gone to a pipeline of another release
+     * last. (A Buffer in calls of two releases at once fails one type check: Runner.finish
+     * says so.) */
+    uint16_t lanes = shim_release_of((const void *)argv_fn)->scalar_lanes;
+    for (int i = 0; i < count; i++) {
+        __atomic_store_n(&buffers[i]->type.lanes, lanes, __ATOMIC_RELAXED);
     }
     shim_call_reset(call, id);
     shim_call_set_stream(call, stream);

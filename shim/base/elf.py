@@ -1,7 +1,8 @@
-"""The names a shared library exports, read from its ELF dynamic symbol table.
+"""The names a shared library exports and needs, read from its ELF dynamic symbol table.
 
 A Halide AOT pipeline exports NAME_argv and NAME_metadata but nothing says what NAME is, so
-shim.load reads the table: enough of ELF64/ELF32 to list defined global function symbols.
+shim.load reads the table: enough of ELF64/ELF32 to list defined global function symbols, and
+the symbols the library needs from others (which tell how its runtime functions are named).
 """
 
 from __future__ import annotations
@@ -61,6 +62,13 @@ def function_symbols(path) -> dict[str, bool]:
     """{name: whether its definition is strong (STB_GLOBAL, not weak)} of the functions the
     ELF file defines and exports. Halide's runtime defines every function weak: a strong
     halide_* one is an application's own."""
+    return dynamic_symbols(path)[0]
+
+
+def dynamic_symbols(path) -> tuple[dict[str, bool], frozenset[str]]:
+    """The ELF file's dynamic symbols: the functions it defines and exports, as
+    function_symbols gives them, and the names of the symbols it needs from other objects
+    (undefined; a no_runtime pipeline's runtime functions among them)."""
     with open(path, "rb") as f:
         data = f.read()
     is64, order = _identity(data)
@@ -85,7 +93,7 @@ def function_symbols(path) -> dict[str, bool]:
                 _name, sh_type, _flags, _addr, offset, size, link, _info, _align, entsize = unpack(
                     "IIIIIIIIII", base)
             sections.append((sh_type, offset, size, link, entsize))
-        names = {}
+        names, needed = {}, set()
         for sh_type, offset, size, link, entsize in sections:
             if sh_type != SHT_DYNSYM or entsize == 0:
                 continue
@@ -98,12 +106,17 @@ def function_symbols(path) -> dict[str, bool]:
                     st_name, = unpack("I", entry)
                     st_info, _other, st_shndx = unpack("BBH", entry + 12)
                 binding, kind = st_info >> 4, st_info & 0xF
-                if st_shndx == SHN_UNDEF or kind != STT_FUNC or binding not in (STB_GLOBAL, STB_WEAK):
+                if binding not in (STB_GLOBAL, STB_WEAK):
+                    continue
+                if st_shndx != SHN_UNDEF and kind != STT_FUNC:
                     continue
                 end = data.index(b"\0", strtab_offset + st_name)
                 name = data[strtab_offset + st_name:end].decode("utf-8", "replace")
-                names[name] = names.get(name, False) or binding == STB_GLOBAL
-        return names
+                if st_shndx == SHN_UNDEF:
+                    needed.add(name)
+                else:
+                    names[name] = names.get(name, False) or binding == STB_GLOBAL
+        return names, frozenset(needed)
     except (struct.error, IndexError, ValueError, OverflowError) as e:
         # (OverflowError: an offset beyond any file, read from a header of random bytes.)
         raise NotELF(f"malformed ELF file ({e})") from None

@@ -80,7 +80,9 @@ class HalideType:
 
     @classmethod
     def from_c(cls, ctype) -> HalideType:
-        return cls(ctype.code, ctype.bits, ctype.lanes)
+        """The type a halide_type_t holds. Its third field is a scalar element's 1 lanes until
+        Halide 22, which made it ``reserved`` and 0 (shim/base/releases.py): 0 is one lane."""
+        return cls(ctype.code, ctype.bits, ctype.lanes or 1)
 
     def to_c(self, ctype) -> None:
         ctype.code, ctype.bits, ctype.lanes = self.code, self.bits, self.lanes

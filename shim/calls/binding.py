@@ -211,7 +211,7 @@ def bounds_query(call: Call):
     query_argv = ffi.new("void *[]", list(call.argv))
     queries = []
     for i, arg, buf in call.buffers:
-        raw, dims = _bounds_query_buffer(buf.raw)
+        raw, dims = _bounds_query_buffer(arg, buf.raw)
         query_argv[i] = raw
         queries.append((arg, buf, raw, dims))
     return query_argv, queries
@@ -290,8 +290,8 @@ def _query_with(call: Call, omitted: list, boxes: list, run_query) -> tuple[list
     the buffers the call has, in order)."""
     query_argv = ffi.new("void *[]", list(call.argv))
     keep = []
-    for i, _, buf in filter(None, call.buffers):
-        keep.append(_bounds_query_buffer(buf.raw))
+    for i, arg, buf in filter(None, call.buffers):
+        keep.append(_bounds_query_buffer(arg, buf.raw))
         query_argv[i] = keep[-1][0]
     mine = []
     for (i, arg), box in zip(omitted, boxes):
@@ -317,7 +317,7 @@ def box_query_buffer(arg: Argument, box):
     for d, (lo, extent) in enumerate(box):
         dims[d].min, dims[d].extent, dims[d].stride = lo, extent, stride
         stride *= max(extent, 1)
-    arg.type.to_c(query.type)
+    arg.type_to_c(query.type)
     query.dimensions = arg.dimensions
     query.dim = dims
     return query, dims
@@ -355,13 +355,14 @@ def _sizing_error(omitted: list, failures: list) -> BoundsError:
                        "array or shim.Buffer to write into")
 
 
-def _bounds_query_buffer(raw):
-    """A copy of ``raw``'s shape with no memory: Halide's bounds-query form."""
+def _bounds_query_buffer(arg: Argument, raw):
+    """A copy of ``raw``'s shape with no memory, for ``arg``: Halide's bounds-query form."""
     query = ffi.new("halide_buffer_t *")
     dims = ffi.new("halide_dimension_t[]", max(raw.dimensions, 1))
     for d in range(raw.dimensions):
         dims[d] = raw.dim[d]
     query.type = raw.type
+    query.type.lanes = arg.type_lanes
     query.dimensions = raw.dimensions
     query.dim = dims
     return query, dims

@@ -12,17 +12,21 @@ import ctypes
 import functools
 import os
 
-from shim.base.elf import (ET_REL, NotELF, architecture, exported_functions, file_type,
-                           function_symbols, pipeline_names)
+from shim.base.elf import (ET_REL, NotELF, architecture, dynamic_symbols, exported_functions,
+                           file_type, pipeline_names)
 from shim.base.errors import ArgumentError, RuntimeOverrideWarning, warn_caller
+from shim.calls import multitarget
+from shim.calls.library_release import UnknownRelease, decide, runtime_prefix
 from shim.calls.metadata import read_metadata
-from shim.native import LIBRARY_PATH, ffi, lib
+from shim.native import LIBRARY_PATH, ffi, lib, libraries
 
 
 class Library:
-    """The pipeline ``name`` (None: the only one) in the shared library at ``path``, opened:
-    its ``argv`` entry point, its target and its arguments (in argv order, with
-    __user_context where the pipeline takes it)."""
+    """The pipeline ``name`` (None: the only one, or a multitarget library's dispatcher) in the
+    shared library at ``path``, opened: its ``argv`` entry point, its target, its arguments (in
+    argv order, with __user_context where the pipeline takes it), the Halide ``release`` that
+    built it (shim/calls/library_release.py) and, for a multitarget dispatcher, its
+    ``subtargets``."""
 
     def __init__(self, path, name: str | None = None):
         try:
@@ -30,7 +34,8 @@ class Library:
         except TypeError:
             raise ArgumentError("path", "expected the path of a pipeline's shared library (str, "
                                         f"bytes or os.PathLike), got {type(path).__name__}") from None
-        self.name = _choose_name(self.path, name)
+        self.name, names, defined = _choose_name(self.path, name)
+        self.subtargets = multitarget.subtargets_of(self.name, names)
         self._handle = _open_library(self.path)  # (closing it would unload the code)
         # The file's bytes, read as it is loaded: what a pickled Pipeline carries
         # (shim/calls/pipeline_pickle.py). Read now rather than at the first pickle so that a file
@@ -42,12 +47,25 @@ class Library:
         metadata_fn = ffi.cast("const struct halide_filter_metadata_t *(*)(void)",
                                _symbol_address(self._handle, self.name + "_metadata"))
         try:
-            md_name, self.target, self.arguments = read_metadata(metadata_fn())
+            metadata = read_metadata(metadata_fn())
         except ValueError as e:
             raise ArgumentError("path", f"{self.path}: bad pipeline metadata: {e}") from None
-        if md_name != self.name:
-            raise ArgumentError("path", f"{self.path}: metadata names the pipeline {md_name!r}, "
-                                        f"exported as {self.name!r}")
+        if metadata.name != self.name:
+            raise ArgumentError("path", f"{self.path}: metadata names the pipeline "
+                                        f"{metadata.name!r}, exported as {self.name!r}")
+        self.target, self.arguments = metadata.target, metadata.arguments
+        try:
+            decision = decide(metadata.scalar_lanes, self.target, defined, self.subtargets)
+        except UnknownRelease as e:
+            raise ArgumentError("path", f"{self.path} cannot be served: {e}") from None
+        libraries.register(self.argv_address, *decision)
+
+    @property
+    def release(self):
+        """The Halide release (shim/base/releases.py) the library is served by: the one the
+        evidence showed at load, or, where it left Halide 19 or 21, the one its multitarget
+        dispatcher's first question settled."""
+        return libraries.release_at(self.argv_address)
 
     @property
     def digest(self) -> str:
@@ -84,9 +102,10 @@ def _read(path: str) -> bytes:
         raise ArgumentError("path", f"cannot read {path}: {e}") from None
 
 
-def _choose_name(path: str, name: str | None) -> str:
+def _choose_name(path: str, name: str | None) -> tuple[str, list, dict]:
     """The name of the pipeline to use in the library at ``path``, which must be a Halide
-    pipeline for the machine this process runs on."""
+    pipeline for the machine this process runs on, served by the shim's runtime; with the
+    names of all its pipelines and the functions it defines."""
     if not os.path.isfile(path):
         raise ArgumentError("path", f"no such file: {path}")
     try:
@@ -96,7 +115,7 @@ def _choose_name(path: str, name: str | None) -> str:
             raise ArgumentError("path", f"{path} is an object file, not a shared library: link "
                                         f"it into one first (cc -shared -o {stem}.so "
                                         f"{os.path.basename(path)} -lpthread -ldl)")
-        symbols = function_symbols(path)
+        symbols, needed = dynamic_symbols(path)
         names = pipeline_names(path, symbols)
     except NotELF as e:
         if _is_archive(path):
@@ -111,15 +130,23 @@ def _choose_name(path: str, name: str | None) -> str:
     if not names:
         raise ArgumentError("path", f"{path} is not a Halide pipeline: it exports no "
                                     "NAME_argv / NAME_metadata pair")
+    prefix = runtime_prefix(symbols, needed, _shim_runtime_functions())
+    if prefix is not None:
+        raise ArgumentError("path", f"{path} was built with Halide's runtime prefixes: its code "
+                                    f"calls its runtime as {prefix}..., not halide_..., so the "
+                                    "shim cannot serve it (and with a runtime of its own it "
+                                    "would abort the process on any error); build it without "
+                                    "runtime_prefixes")
     _warn_of_own_runtime_functions(path, symbols)
     if name is None:
-        if len(names) > 1:
-            raise ArgumentError("name", f"{path} holds several pipelines ({', '.join(names)}); "
-                                        "choose one with name=")
-        return names[0]
+        entry_points = multitarget.entry_points(names)
+        if len(entry_points) > 1:
+            raise ArgumentError("name", f"{path} holds several pipelines "
+                                        f"({', '.join(entry_points)}); choose one with name=")
+        return entry_points[0], names, symbols
     if name not in names:
         raise ArgumentError("name", f"{path} has no pipeline {name!r}; it has {', '.join(names)}")
-    return name
+    return name, names, symbols
 
 
 # The runtime functions whose definition in a library the shim calls for that library's code:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 import math
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -36,6 +37,15 @@ class Argument:
     estimate: object = None
     # Per dimension, (min, extent) estimates; either may be None.
     buffer_estimates: tuple | None = None
+    # What the third field of halide_type_t holds in the pipeline's buffers (`lanes`, 1, before
+    # Halide 22; `reserved`, 0, from it): generated code compares a buffer argument's whole type
+    # with its own, so every buffer handed to the pipeline carries this value there.
+    type_lanes: int = 1
+
+    def type_to_c(self, ctype) -> None:
+        """Write the argument's type into a halide_type_t as the pipeline checks it."""
+        self.type.to_c(ctype)
+        ctype.lanes = self.type_lanes
 
     @property
     def is_buffer(self) -> bool:
@@ -109,16 +119,30 @@ def _buffer_estimates(arg):
     return tuple(estimates)
 
 
-def read_metadata(pointer) -> tuple[str, str, list[Argument]]:
-    """(name, target, arguments in argv order) from a ``halide_filter_metadata_t *``."""
+class Metadata(NamedTuple):
+    """A pipeline's halide_filter_metadata_t: its ``name``, ``target`` and ``arguments`` (in
+    argv order), and ``scalar_lanes``, the values the third field of its argument types holds
+    (halide_type_t's ``lanes`` or ``reserved``: which Halide release wrote them,
+    shim/calls/library_release.py). Argument types are scalar whatever that field holds."""
+
+    name: str
+    target: str
+    arguments: list
+    scalar_lanes: frozenset
+
+
+def read_metadata(pointer) -> Metadata:
+    """The metadata a ``halide_filter_metadata_t *`` points to."""
     if pointer == ffi.NULL:
         raise ValueError("the metadata function returned NULL")
     if pointer.version != 1:
         raise ValueError(f"unsupported metadata version {pointer.version} (expected 1)")
     arguments = []
+    lanes = set()
     for i in range(pointer.num_arguments):
         arg = pointer.arguments[i]
-        htype = HalideType.from_c(arg.type)
+        lanes.add(arg.type.lanes)
+        htype = HalideType(arg.type.code, arg.type.bits)
         arguments.append(Argument(
             name=ffi.string(arg.name).decode(),
             kind=ArgumentKind(arg.kind),
@@ -129,8 +153,10 @@ def read_metadata(pointer) -> tuple[str, str, list[Argument]]:
             max=_optional_scalar(htype, arg.scalar_max),
             estimate=_optional_scalar(htype, arg.scalar_estimate),
             buffer_estimates=_buffer_estimates(arg),
+            type_lanes=arg.type.lanes,
         ))
-    return ffi.string(pointer.name).decode(), ffi.string(pointer.target).decode(), arguments
+    return Metadata(ffi.string(pointer.name).decode(), ffi.string(pointer.target).decode(),
+                    arguments, frozenset(lanes))
 
 
 def check_extents(arg: Argument, shape, target: str) -> None:

@@ -10,7 +10,7 @@ import numpy as np
 
 from shim.core import call_uses
 from shim.memory import families
-from shim.native import flags
+from shim.native import flags, libraries
 from shim.native import interrupts
 from shim.profiling import profiler
 from shim.native import streams
@@ -84,6 +84,11 @@ class Runner:
             cause = take_exception(call_id)
             if cause is not None or result in DEVICE_ERROR_CODES:  # a device call failed
                 raise_failure(result, message, cause, self.name)
+            if result == lib.halide_error_code_bad_type and libraries.types_spelled_several_ways():
+                message += (" (if a Buffer of this call was in a call of a pipeline built by "
+                            "another Halide release at the same time, on another thread: Halide "
+                            "22 spells a buffer's type otherwise than 19 and 21, and a Buffer "
+                            "goes to pipelines of one spelling at a time)")
             raise PipelineError(result, message, context=self.name)
 
     def prepare_device_state(self, buf: Buffer) -> None:
