@@ -220,3 +220,11 @@ struct halide_device_allocation_pool {
     struct halide_device_allocation_pool *next;
 };
 void halide_register_device_allocation_pool(struct halide_device_allocation_pool *);
+
+/* Which multitarget sub-target may run (can_use_target.cpp; served per release by
+ * native_stubs/calls/target_features.c), and an application's own answer to it. */
+typedef int (*halide_can_use_target_features_t)(int count, const uint64_t *features);
+int halide_can_use_target_features(int count, const uint64_t *features);
+int halide_default_can_use_target_features(int count, const uint64_t *features);
+halide_can_use_target_features_t halide_set_custom_can_use_target_features(
+    halide_can_use_target_features_t);

@@ -48,8 +48,9 @@ int shim_release_set_default(int index);
 int shim_library_register(uintptr_t address, int release, int alternative, int mask_count,
                           const uint64_t *masks);
 /* The release the library holding `address` is served by now (the default where nobody
- * registered it). */
+ * registered it), and the alternative its dispatcher has yet to settle (-1: none). */
 int shim_library_release(uintptr_t address);
+int shim_library_alternative(uintptr_t address);
 
 /* halide_can_use_target_features' answer for `words` (SHIM_FEATURE_WORDS words) in the
  * numbering of release `index`, from this CPU: 1 usable, 0 not. (The entry point answers a

@@ -85,6 +85,11 @@ int shim_library_release(uintptr_t address) {
     return release_at(address);
 }
 
+int shim_library_alternative(uintptr_t address) {
+    const library *found = library_at(address);
+    return found != NULL ? __atomic_load_n(&found->alternative, __ATOMIC_ACQUIRE) : -1;
+}
+
 static bool same_mask(const uint64_t *a, const uint64_t *b) {
     return memcmp(a, b, SHIM_FEATURE_WORDS * sizeof *a) == 0;
 }

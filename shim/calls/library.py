@@ -68,6 +68,12 @@ class Library:
         return libraries.release_at(self.argv_address)
 
     @property
+    def release_unsettled(self):
+        """The release the library may yet turn out to be of (Halide 19 for one taken for 21)
+        until its dispatcher's first question settles it; None where nothing is open."""
+        return libraries.unsettled_alternative(self.argv_address)
+
+    @property
     def digest(self) -> str:
         """The sha256 of ``data`` (hex): what names the library in pickles. Computed at the
         first pickle, which most libraries never see. (Not a functools.cached_property: see

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from shim.base.releases import RELEASES
+from shim.base.releases import CPU_FEATURES, RELEASES, Release, feature_words, target_features
+from shim.native.libraries import cpu_can_use
 
 
 class Subtarget(NamedTuple):
@@ -68,3 +69,14 @@ def entry_points(names) -> list[str]:
     no dispatcher's sub-target."""
     taken = {sub.name for subs in dispatchers(names).values() for sub in subs}
     return [name for name in sorted(names) if name not in taken]
+
+
+def lacking(release: Release, subtarget: Subtarget) -> list[str] | None:
+    """The features of ``subtarget``'s target this CPU lacks, as the shim answers a dispatcher
+    of ``release`` (empty: it can run here); None where its name spells no target of that
+    release."""
+    features = target_features(release, subtarget.target)
+    if features is None:
+        return None
+    return sorted(f for f in features & CPU_FEATURES
+                  if not cpu_can_use(release, feature_words(release, [f])))

@@ -27,6 +27,7 @@ from shim.calls.library import Library
 from shim.calls.metadata import USER_CONTEXT, Argument
 from shim.native import CallPlan, ffi
 from shim.calls.running import PreparedCall, Runner
+from shim.calls import multitarget
 from shim.calls.scalars import MISSING, ScalarArgument
 
 # Target features that make a pipeline run code on a device.
@@ -36,8 +37,11 @@ DEVICE_FEATURES = {"opencl", "cuda", "metal", "vulkan", "d3d12compute", "webgpu"
 def load(path, name: str | None = None, *, convention: str = "numpy"):
     """Load the Halide pipeline in the shared library at ``path``.
 
-    Works for any Halide 21 AOT pipeline, built with its runtime bundled or with the
-    ``no_runtime`` feature. ``name`` picks one pipeline when the library holds several.
+    Works for any AOT pipeline of Halide 19 or 21 (and 22, prepared: docs/releases.md), built
+    with its runtime bundled or with the ``no_runtime`` feature, each served by the release
+    that built it. ``name`` picks one pipeline when the library holds several; a multitarget
+    library's dispatcher is found by itself (its sub-targets are ``Pipeline.subtargets``, each
+    loadable by its name too).
 
     ``convention="numpy"`` (the default) gives a Pipeline: numpy's last axis is x whatever
     the array's memory order, as halide.Buffer(array) takes it. ``convention="extension"``
@@ -85,6 +89,36 @@ class Pipeline(CallPlan):
                          Buffer, FamilyLock, runner.finish_fast, call_uses.end_call,
                          self._signature.output_of_shape, np.zeros, PHYSICAL_MEMORY,
                          PipelineResult)
+
+    @property
+    def release(self) -> str:
+        """The Halide release that built the pipeline's library ("19", "21", "22"), which
+        serves it: shim/calls/library_release.py says how it is told."""
+        return self._library.release.name
+
+    def release_description(self) -> str:
+        """The release that built the pipeline, in words: ``Halide 21``, or where a
+        multitarget dispatcher has yet to settle it, ``Halide 21 (or 19: ...)``."""
+        text = f"Halide {self.release}"
+        unsettled = self._library.release_unsettled
+        if unsettled is not None:
+            text += (f" (or {unsettled.name}, which number CPU features otherwise: its "
+                     f"dispatcher's first question tells)")
+        return text
+
+    def subtarget_status(self) -> list:
+        """(name, target, the CPU features this CPU lacks for it: None where its name spells no
+        target) of each sub-target."""
+        release = self._library.release
+        return [(sub.name, sub.target, multitarget.lacking(release, sub))
+                for sub in self._library.subtargets]
+
+    @property
+    def subtargets(self) -> list:
+        """A multitarget library's dispatcher: its sub-targets, (name, target) each, of which
+        it runs the first this CPU can (by Halide's rule: in the order it was built with, the
+        last whatever the CPU). Empty for any other pipeline."""
+        return list(self._library.subtargets)
 
     @property
     def inputs(self) -> list[Argument]:

@@ -50,6 +50,14 @@ def _info(args, parser) -> int:
     pipeline = _load(args)
     print(f"{pipeline.name}  ({pipeline.path})")
     print(f"target: {pipeline.target}")
+    print(f"built by: {pipeline.release_description()}")
+    if pipeline.subtargets:
+        print("sub-targets (the dispatcher runs the first this CPU can, in the order they were "
+              "built with; the last in any case):")
+        for name, target, missing in pipeline.subtarget_status():
+            where = ("features unknown" if missing is None else
+                     f"this CPU lacks {', '.join(missing)}" if missing else "this CPU has it all")
+            print(f"  {target}  ({name}: {where})")
     print("arguments:")
     for argument in pipeline.arguments:
         print(f"  {argument.describe()}")

@@ -72,6 +72,13 @@ def release_at(address: int) -> Release:
     return RELEASES[lib.shim_library_release(address)]
 
 
+def unsettled_alternative(address: int) -> Release | None:
+    """The release the library holding ``address`` may yet turn out to be of, until its
+    dispatcher's first question settles it; None once settled, or where there is none."""
+    alternative = lib.shim_library_alternative(address)
+    return None if alternative < 0 else RELEASES[alternative]
+
+
 def cpu_can_use(release: Release, words) -> bool:
     """Whether this CPU runs code of ``words``' features (``release``'s numbering), as
     halide_can_use_target_features answers a library of ``release``."""
