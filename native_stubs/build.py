@@ -29,8 +29,9 @@ HERE = os.path.join(ROOT, "native_stubs")
 ABI = os.path.join(ROOT, "abi")
 HALIDE_INCLUDE = os.path.join(halide.install_dir(), "include")
 
-# What cffi sees, in dependency order: Halide's ABI, then the native library's own API.
-CDEF_FILES = ["halide_runtime.h", "halide_profiler.h", "halide_runtime_gpu.h",
+# What cffi sees, in dependency order: Halide's ABI (21's, and 22's where it differs), then the
+# native library's own API.
+CDEF_FILES = ["halide_runtime.h", "halide_profiler.h", "halide22_runtime.h", "halide_runtime_gpu.h",
               "halide_device_impl.h", "dlpack.h", "shim_calls.h", "shim_buffers.h",
               "shim_allocations.h", "shim_backends.h", "shim_fast_paths.h", "shim_dlpack.h", "shim_signals.h",
               "shim_profile.h", "shim_trace.h", "shim_fork.h", "shim_releases.h"]

@@ -23,6 +23,7 @@
 /* The headers cffi reads too (abi/, fed to it by native_stubs/build.py): the native library's
  * API, and the Python core's callbacks, which the C files here call. */
 #include "dlpack.h"
+#include "halide22_runtime.h"
 #include "halide_device_impl.h"
 #include "shim_calls.h"
 #include "shim_buffers.h"

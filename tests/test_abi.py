@@ -193,3 +193,34 @@ def test_the_halide_internals_a_fork_resets_are_laid_out_as_fork_c_assumes(tmp_p
         "trace buffer after a begin": [0, 32, 0],
         "trace buffer after its end": [0, 0, 0],
     }
+
+
+# Halide 22's structs where they differ from 21's (abi/halide22_runtime.h), as Halide's
+# HalideRuntime.h at abbf7ff983 lays them out on x86-64: its offsets, read by compiling that
+# header (no Halide 22 is installable to compile it here).
+HALIDE22_LAYOUTS = {
+    "struct halide22_profiler_func_stats": (192, {
+        "name": 0, "parent": 8, "canonical_id": 12, "kind": 16, "buffer_func_id": 20,
+        "counters_approximated": 24, "time": 32, "memory_current": 40, "memory_peak": 48,
+        "stack_peak": 56, "memory_total": 64, "active_threads_numerator": 72,
+        "active_threads_denominator": 80, "num_allocs": 88, "parallel_loops": 96,
+        "parallel_tasks": 104, "points_required_at_root": 112, "points_computed": 120,
+        "scalar_loads": 128, "vector_loads": 136, "gathers": 144, "bytes_loaded": 152,
+        "scalar_stores": 160, "vector_stores": 168, "scatters": 176, "bytes_stored": 184}),
+    "struct halide22_profiler_pipeline_stats": (104, {
+        "time": 0, "memory_current": 8, "memory_peak": 16, "memory_total": 24,
+        "active_threads_numerator": 32, "active_threads_denominator": 40,
+        "native_vector_bytes": 48, "name": 56, "funcs": 64, "next": 72, "num_funcs": 80,
+        "runs": 84, "billed_runs": 88, "samples": 92, "num_allocs": 96}),
+    "struct halide22_trace_event_t": (64, {
+        "func": 0, "value": 8, "coordinates": 16, "trace_tag": 24, "type": 32, "lanes": 36,
+        "event": 40, "parent_id": 44, "thread_id": 48, "value_index": 52, "dimensions": 56}),
+}
+
+
+@pytest.mark.parametrize("struct", HALIDE22_LAYOUTS)
+def test_halide22_structs_are_laid_out_as_halides_own_header_lays_them_out(struct):
+    size, offsets = HALIDE22_LAYOUTS[struct]
+    assert ffi.sizeof(struct) == size
+    for field, offset in offsets.items():
+        assert ffi.offsetof(struct, field) == offset, field

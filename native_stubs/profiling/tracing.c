@@ -110,6 +110,12 @@ static int64_t thread_id(void) {
     return own_thread_id;
 }
 
+/* Halide 22's (abi/halide22_runtime.h): the OS's id of the calling thread, never 0. */
+int32_t halide_current_thread_id(void) {
+    int32_t id = (int32_t)thread_id();
+    return id != 0 ? id : 1;
+}
+
 /* The Func's slot; 0 ("other Funcs") where the table is crowded or its name cannot be copied
  * (the copy is made before a slot is claimed, so that no claimed slot goes without a name). */
 static int32_t func_slot(const char *name) {
