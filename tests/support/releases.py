@@ -82,3 +82,21 @@ def lacking_feature() -> str:
         if not all(flag in flags for flag in needs):
             return feature
     pytest.skip(f"this CPU has every feature of {', '.join(LACKABLE)}: no sub-target to refuse")
+
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+
+
+def build_c_library(sources: list[str], library: Path, *flags: str) -> Path:
+    """A shared library of C ``sources`` (in tests/support) emulating a Halide release's
+    generated code, on Halide 21's HalideRuntime.h and the shim's declarations in abi/ (for
+    Halide 22: abi/halide22_runtime.h). Like a no_runtime pipeline, it needs every runtime
+    function from the shim."""
+    import halide
+
+    include = Path(halide.install_dir()) / "include"
+    paths = [str(ROOT / "tests" / "support" / source) for source in sources]
+    subprocess.run(["cc", "-shared", "-fPIC", "-O1", "-std=gnu11", "-Wall", "-Werror",
+                    f"-I{include}", f"-I{ROOT / 'abi'}", *flags, "-o", str(library), *paths],
+                   check=True)
+    return library
