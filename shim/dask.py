@@ -177,7 +177,7 @@ def _output_box(pipeline, inputs: dict, shape, scalars) -> tuple:
             return None
 
     choice = output_sizes.choose(ask, known, like, estimated and {name: estimated[0]},
-                                 first and first[0])
+                                 first and first[0], hint="pass shape=")
     if choice is None:
         return None
     if choice.surprise is not None:

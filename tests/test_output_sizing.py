@@ -149,9 +149,15 @@ def compiled(tmp_path_factory):
     far[x] = hl.cast(hl.Int(32), src[x + 100, 0])
     half = hl.Func("half")
     half[x] = hl.cast(hl.Int(32), src[2 * x, 0]) + src[2 * x + 1, 0]
+    # Rows in tiles of 64, a short last tile shifted inward (Halide's default for outputs), the
+    # input read through a boundary condition: local_laplacian's shape.
+    y, yo, yi = hl.Var("y"), hl.Var("yo"), hl.Var("yi")
+    tiled = hl.Func("tiled")
+    tiled[x, y] = hl.cast(hl.Int(32), hl.BoundaryConditions.repeat_edge(src)[x, y])
+    tiled.split(y, yo, yi, 64)
     libraries = {}
     for name, func, args in (("shifted", shifted, []), ("pinned", pinned, [src]),
-                             ("far", far, [src]), ("half", half, [src])):
+                             ("far", far, [src]), ("half", half, [src]), ("tiled", tiled, [src])):
         obj = work / f"{name}.o"
         func.compile_to({hl.OutputFileType.object: str(obj)}, args, name, hl.Target("host"))
         subprocess.run(["cc", "-shared", "-o", str(work / f"{name}.so"), str(obj), "-lpthread",
@@ -170,6 +176,21 @@ def test_an_output_the_pipeline_pins_gets_the_region_the_bounds_query_asks_for(c
     # guessed output takes the region the bounds query answers, [2, 7).
     out = compiled("pinned")(np.full((3, 5), 7, np.uint8))
     np.testing.assert_array_equal(out.numpy(), np.arange(2, 7) + 7)
+
+
+def test_an_output_whose_region_moves_with_what_is_asked_is_asked_for(compiled):
+    # A 16-row image: the pipeline computes rows -48..15 for an output of rows 0..15 (its last
+    # tile of 64 shifted inward). Sized so, the output would start at y = -48, 64 rows for a
+    # 16-row input: refused, naming what the pipeline computes and a size that works.
+    tiled = compiled("tiled")
+    image = np.arange(16 * 5, dtype=np.uint8).reshape(16, 5)
+    with pytest.raises(shim.ArgumentError, match=r"tiled: not given.*y -48\.\.15.*\(64, 5\)"):
+        tiled(image)
+    out = tiled(image, tiled=(64, 5))  # what the message suggests: 64 rows from y = 0
+    np.testing.assert_array_equal(out.numpy()[:16], image)
+    np.testing.assert_array_equal(out.numpy()[16:], np.broadcast_to(image[-1], (48, 5)))
+    tall = np.arange(100 * 5, dtype=np.uint8).reshape(100, 5)  # enough rows: like the input
+    np.testing.assert_array_equal(tiled(tall).numpy(), tall)
 
 
 def test_a_downsample_is_as_large_as_its_input_covers(compiled):

@@ -146,7 +146,9 @@ class Signature:
             needed.update((arg.name, box) for (arg, _), box in zip(given, wanted))
             return needed
 
-        choice = output_sizes.choose(ask, known, like, estimated, first and first[0])
+        choice = output_sizes.choose(ask, known, like, estimated, first and first[0],
+                                     hint="pass the output: its shape, a numpy array or a "
+                                          "shim.Buffer")
         if choice is None:
             if not guesses:
                 raise ArgumentError(outputs[0].name,

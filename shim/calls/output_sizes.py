@@ -18,9 +18,13 @@ and ``shim.dask``.
    different shapes given to an elementwise pipeline).
 3. Nothing covered: no choice; the caller reports what each guess lacked.
 
-Where the bounds query answers another region for an output than the one asked (a pipeline
-that pins an output's mins or extents, histogram's 256 bins), the output gets that region,
-as in RunGen.
+Where the bounds query answers another region for an output than the one asked, the output
+gets that region only where the pipeline pins it: its mins (an output that starts at 2), or the
+whole region, the same whatever is asked (histogram's 256 bins), as in RunGen. A region that moves with what is asked without being it is refused
+(``choose`` raises ArgumentError naming the output): local_laplacian's schedule splits rows by
+64, shifting a short last tile inward, so for a 16-row image it computes rows -48 to 15; an
+output sized so would hold 64 rows starting at y = -48, which is nobody's idea of "like the
+input". The caller is asked for the size instead (``hint`` says how).
 
 A box is ((min, extent), ...) x first. ``ask(boxes)`` runs the bounds query with ``boxes``
 ({output name: box}) for the omitted outputs and answers {buffer name: box}: what each input
@@ -31,7 +35,9 @@ from __future__ import annotations
 import math
 from typing import NamedTuple
 
+from shim.base.errors import ArgumentError
 from shim.base.types import INT32_MAX
+from shim.native.regions import DIMENSION_NAMES
 
 # How far beyond the first input's extent an output may grow (an upsampling pipeline): a
 # dimension still covered this far out is one the inputs do not bound.
@@ -47,12 +53,40 @@ class Choice(NamedTuple):
     surprise: str | None = None
 
 
+class _Unpinned(Exception):
+    """The pipeline computes an output over a region that follows what is asked without being
+    it (see the module's docstring)."""
+
+    def __init__(self, name: str, asked: tuple, answered: tuple):
+        super().__init__(name)
+        self.name, self.asked, self.answered = name, asked, answered
+
+
 def choose(ask, known: dict, like: dict | None, estimated: dict | None,
-           first: str | None) -> Choice | None:
+           first: str | None, hint: str = "pass its shape") -> Choice | None:
     """The outputs' boxes by the module's rule. ``known``: {input name: box} of the inputs
     given; ``like``: {output name: box} like the first input (``first``), or None without
-    one; ``estimated``: {output name: box} from the estimates, or None where they lack one."""
-    ask = _answering(ask)
+    one; ``estimated``: {output name: box} from the estimates, or None where they lack one.
+    ``hint``: how the caller passes an output's size, for the refusal."""
+    try:
+        return _choose(_answering(ask), known, like, estimated, first)
+    except _Unpinned as e:
+        shape = tuple(n for _, n in reversed(e.answered))
+        raise ArgumentError(e.name, f"not given, and no output like the first input fits: "
+                                    f"asked for {describe_region(e.asked)}, the pipeline "
+                                    f"computes {describe_region(e.answered)} (its schedule's "
+                                    f"tiles may be larger than the input); {hint}, such as "
+                                    f"{shape} in numpy order") from None
+
+
+def describe_region(box) -> str:
+    """``x 0..15, y -48..15`` for ((0, 16), (-48, 64))."""
+    return ", ".join(f"{DIMENSION_NAMES[d] if d < len(DIMENSION_NAMES) else f'dim{d}'} "
+                     f"{lo}..{lo + n - 1}" for d, (lo, n) in enumerate(box))
+
+
+def _choose(ask, known: dict, like: dict | None, estimated: dict | None,
+            first: str | None) -> Choice | None:
     if like is not None:
         boxes = _largest_covered(ask, like, known)
         if boxes is not None:
@@ -70,7 +104,7 @@ def choose(ask, known: dict, like: dict | None, estimated: dict | None,
         if needed is not None and covered(needed, known):
             surprise = ("sized from the pipeline's estimates, not from the inputs, which "
                         "cover no output like the first input") if known else None
-            return Choice(_answered(needed, estimated), "from the pipeline's estimates",
+            return Choice(_answered(ask, needed, estimated), "from the pipeline's estimates",
                           surprise)
     return None
 
@@ -101,11 +135,24 @@ def _answering(ask):
     return checked
 
 
-def _answered(needed: dict, boxes: dict) -> dict:
-    """``boxes``, each replaced by the region the query answered for it where that is a
-    region (an output the pipeline pins)."""
-    return {name: (tuple(needed[name]) if all(n > 0 for _, n in needed[name]) else box)
-            for name, box in boxes.items()}
+def _answered(ask, needed: dict, boxes: dict) -> dict:
+    """``boxes``, each replaced by the region the query answered for it (``needed``) where the
+    pipeline pins it: the mins alone, the extents being those asked (``dim(0).set_min(2)``),
+    or the whole region, answered the same when asked for one more element in every dimension
+    (histogram's 256 bins). _Unpinned where the answer is another region that moves with what
+    is asked (tiles shifted inward)."""
+    result = {}
+    for name, box in boxes.items():
+        answer = tuple(needed[name])
+        if answer == tuple(box) or not all(n > 0 for _, n in answer):
+            result[name] = box
+            continue
+        if [n for _, n in answer] != [n for _, n in box]:
+            again = ask({**boxes, name: tuple((lo, n + 1) for lo, n in box)})
+            if again is None or tuple(again[name]) != answer:
+                raise _Unpinned(name, tuple(box), answer)
+        result[name] = answer
+    return result
 
 
 def _largest_covered(ask, like: dict, known: dict) -> dict | None:
@@ -160,4 +207,4 @@ def _largest_covered(ask, like: dict, known: dict) -> dict | None:
     needed = ask(result)
     if needed is None or not covered(needed, known):
         return None
-    return _answered(needed, result)
+    return _answered(ask, needed, result)

@@ -89,7 +89,8 @@ class Sizer:
                                                  "size it like; give --output_extents=[W,H,...] "
                                                  f"or {missing[0].name}=FILE:[W,H,...]")
         choice = output_sizes.choose(lambda trial: self._ask(boxes | trial, inputs), known,
-                                     like, estimated, first)
+                                     like, estimated, first,
+                                     hint="give --output_extents=[W,H,...]")
         if choice is not None:
             for a in missing:
                 boxes[a.name], how[a.name] = choice.boxes[a.name], choice.how
