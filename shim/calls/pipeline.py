@@ -99,7 +99,10 @@ class Pipeline(CallPlan):
     def release_description(self) -> str:
         """The release that built the pipeline, in words: ``Halide 21``, or where a
         multitarget dispatcher has yet to settle it, ``Halide 21 (or 19: ...)``."""
-        text = f"Halide {self.release}"
+        release = self._library.release
+        text = f"Halide {release.name}"
+        if not release.verified:
+            text += " (served as prepared from its source: none is released to verify with yet)"
         unsettled = self._library.release_unsettled
         if unsettled is not None:
             text += (f" (or {unsettled.name}, which number CPU features otherwise: its "
