@@ -15,6 +15,14 @@ enum {
     HALIDE22_TYPE_RESERVED = 0
 };
 
+/* The error code Halide 22 adds (PR 9126), which Halide 21's enum lacks, and the error function
+ * its Arm SME2 code calls (the shim defines it for every library, as Halide 22's runtime does). */
+enum halide22_error_code_t {
+    halide_error_code_streaming_vscale_invalid = -49
+};
+int halide_error_streaming_vscale_invalid(void *user_context, const char *func_name,
+                                          int runtime_vscale, int compiletime_vscale);
+
 /* halide_can_use_target_features' answers (PR 9320): a dispatcher reads bit 0 as "usable",
  * bit 1 as "ask again next time". */
 enum {

@@ -155,3 +155,21 @@ def test_answers_2_and_3_reach_halide22_dispatchers_as_they_are(dispatch):
     finally:
         lib.halide_set_custom_can_use_target_features(previous)
     assert answers.tolist() == [2, 3, 0, 1, -1]
+
+
+def test_halide22s_new_error_is_the_shims_too():
+    # Halide 22's Arm SME2 code calls halide_error_streaming_vscale_invalid: a library calling
+    # it loads, and the error comes back with its code, named, and Halide's message.
+    from shim.base.errors import error_name
+    from shim.native import CallContext
+
+    context = CallContext.begin()
+    previous = lib.shim_call_enter(context.pointer)
+    try:
+        code = lib.halide_error_streaming_vscale_invalid(ffi.NULL, b"f", 2, 4)
+        message = context.errors()
+    finally:
+        lib.shim_call_leave(previous)
+        context.end()
+    assert code == -49 and error_name(code) == "streaming_vscale_invalid"
+    assert "streaming vscale of Scalable Vector is 4" in message and "runtime" in message

@@ -336,6 +336,19 @@ void halide_error(void *user_context, const char *msg) {
     report(errors_of, msg, true, handled);
 }
 
+/* Halide 22's error of Arm SME2 code (abi/halide22_runtime.h), worded as Halide 22's runtime
+ * words it; Halide 21's runtime, linked into this library, has every other halide_error_*. */
+int halide_error_streaming_vscale_invalid(void *user_context, const char *func_name,
+                                          int runtime_vscale, int compiletime_vscale) {
+    char message[512];
+    snprintf(message, sizeof message,
+             "The function %s is compiled with the assumption that streaming vscale of Scalable "
+             "Vector is %d. However, the detected runtime streaming vscale is %d.",
+             func_name, compiletime_vscale, runtime_vscale);
+    halide_error(user_context, message);
+    return halide_error_code_streaming_vscale_invalid;
+}
+
 /* A print function an application installed (halide_set_custom_print) gets the text instead
  * of the shim, which otherwise hands it to Python's stderr when the call returns. */
 void halide_print(void *user_context, const char *msg) {

@@ -13,7 +13,9 @@ import warnings
 from shim._native import ffi, lib
 from shim.base.private_files import UnsafeCacheWarning  # noqa: F401 (defined there: see that module)
 
-_ERROR_NAMES = ffi.typeof("enum halide_error_code_t").elements
+# Halide's error codes: Halide 21's enum, and those a later release added (abi/halide22_runtime.h).
+_ERROR_NAMES = {**ffi.typeof("enum halide_error_code_t").elements,
+                **ffi.typeof("enum halide22_error_code_t").elements}
 
 # Halide error codes that mean a device operation failed (allocation, copy, launch, handles).
 DEVICE_ERROR_CODES = frozenset({
