@@ -34,6 +34,7 @@ from shim.base.errors import (
     SizeWarning,
     UnsafeCacheWarning,
 )
+from shim.calls import imported_libraries
 from shim.calls.metadata import Argument, ArgumentKind
 from shim.calls.pipeline import Pipeline, load
 from shim.profiling.profiler import Profile, profile
@@ -44,6 +45,7 @@ from shim.native.threads import num_threads, set_num_threads
 from shim.base.types import HalideType, Type, TypeCode
 
 interrupts.install()  # no signal handler runs inside the device layer's bookkeeping
+imported_libraries.watch()  # Halide's extension modules imported from now on: their release
 # Last of the at-fork hooks (after those every module above registered): until it has run, a
 # forked child's finalizers give nothing back (see shim/memory/families.py).
 os.register_at_fork(after_in_child=families.after_fork_in_child)

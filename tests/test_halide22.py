@@ -173,3 +173,23 @@ def test_halide22s_new_error_is_the_shims_too():
         context.end()
     assert code == -49 and error_name(code) == "streaming_vscale_invalid"
     assert "streaming vscale of Scalable Vector is 4" in message and "runtime" in message
+
+
+def test_a_halide22_extension_module_imported_after_the_shim_is_served_as_22(tmp_path,
+                                                                             monkeypatch):
+    # Halide's generated extensions are imported, not shim.load()ed: the import registers
+    # their library with its release all the same.
+    import ctypes
+    import importlib
+    import os
+    import sysconfig
+
+    from shim.native.libraries import release_at
+
+    suffix = sysconfig.get_config_var("EXT_SUFFIX")
+    build_c_library(["halide22_pipelines.c", "halide22_extension.c"], tmp_path / f"h22ext{suffix}",
+                    f"-I{sysconfig.get_paths()['include']}")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    module = importlib.import_module("h22ext")
+    argv = ctypes.CDLL(module.__file__, mode=os.RTLD_NOLOAD | os.RTLD_LAZY).h22_scale_argv
+    assert release_at(ctypes.cast(argv, ctypes.c_void_p).value) is H22

@@ -42,23 +42,9 @@ class Library:
         # deleted or rebuilt after loading still pickles the code this process runs.
         self.data = _read(self.path)
         self._digest: str | None = None
-        self.argv_address = _symbol_address(self._handle, self.name + "_argv")
+        self.argv_address, metadata = serve(self.path, self._handle, self.name, names, defined)
         self.argv_fn = ffi.cast("int (*)(void **)", self.argv_address)
-        metadata_fn = ffi.cast("const struct halide_filter_metadata_t *(*)(void)",
-                               _symbol_address(self._handle, self.name + "_metadata"))
-        try:
-            metadata = read_metadata(metadata_fn())
-        except ValueError as e:
-            raise ArgumentError("path", f"{self.path}: bad pipeline metadata: {e}") from None
-        if metadata.name != self.name:
-            raise ArgumentError("path", f"{self.path}: metadata names the pipeline "
-                                        f"{metadata.name!r}, exported as {self.name!r}")
         self.target, self.arguments = metadata.target, metadata.arguments
-        try:
-            decision = decide(metadata.scalar_lanes, self.target, defined, self.subtargets)
-        except UnknownRelease as e:
-            raise ArgumentError("path", f"{self.path} cannot be served: {e}") from None
-        libraries.register(self.argv_address, *decision)
 
     @property
     def release(self):
@@ -83,6 +69,29 @@ class Library:
 
             self._digest = hashlib.sha256(self.data).hexdigest()  # (two threads: the same value)
         return self._digest
+
+
+def serve(path: str, handle, name: str, names: list, defined: dict):
+    """The argv entry point's address and the metadata of the pipeline ``name`` of the library
+    ``handle`` opened (at ``path``; its pipelines ``names``, the functions it defines
+    ``defined``), the library registered with the Halide release that built it."""
+    argv_address = _symbol_address(handle, name + "_argv")
+    metadata_fn = ffi.cast("const struct halide_filter_metadata_t *(*)(void)",
+                           _symbol_address(handle, name + "_metadata"))
+    try:
+        metadata = read_metadata(metadata_fn())
+    except ValueError as e:
+        raise ArgumentError("path", f"{path}: bad pipeline metadata: {e}") from None
+    if metadata.name != name:
+        raise ArgumentError("path", f"{path}: metadata names the pipeline {metadata.name!r}, "
+                                    f"exported as {name!r}")
+    try:
+        decision = decide(metadata.scalar_lanes, metadata.target, defined,
+                          multitarget.subtargets_of(name, names))
+    except UnknownRelease as e:
+        raise ArgumentError("path", f"{path} cannot be served: {e}") from None
+    libraries.register(argv_address, *decision)
+    return argv_address, metadata
 
 
 def _open_library(path: str):
