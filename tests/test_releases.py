@@ -139,3 +139,29 @@ def test_a_real_halide_library_shows_its_release(host_pipelines):
     defined, _ = dynamic_symbols(path)
     assert "halide_get_cpu_features" in defined
     assert shim.load(path).release == "21"
+
+
+def test_a_forked_child_registers_the_libraries_it_loads(build):
+    # Libraries loaded by another thread while the parent forks: the child's registry is
+    # whole and free, and the child loads, registers and runs libraries of its own.
+    libraries = [str(build(LANES=lanes)) for lanes in (0, 1)]
+    script = f"""
+import os, threading, numpy as np, shim
+paths = {libraries!r}
+def load_many():
+    for _ in range(200):
+        shim.load(paths[0])
+loader = threading.Thread(target=load_many)
+loader.start()
+pid = os.fork()
+if pid == 0:
+    pipeline = shim.load(paths[1])
+    data = np.arange(5, dtype=np.int32)
+    ok = pipeline.release == "21" and (pipeline(data, out=(5,)).numpy() == data + 1).all()
+    os._exit(0 if ok else 1)
+loader.join()
+print("child", os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0 and done.stdout.split() == ["child", "0"], done.stderr[-2000:]

@@ -186,3 +186,11 @@ int shim_library_register(uintptr_t address, int release, int alternative, int m
     pthread_mutex_unlock(&register_lock);
     return result;
 }
+
+void shim_releases_lock_for_fork(void) {
+    pthread_mutex_lock(&register_lock);
+}
+
+void shim_releases_unlock_after_fork(void) {
+    pthread_mutex_unlock(&register_lock);
+}

@@ -14,6 +14,10 @@ const struct shim_release_facts *shim_release_facts(int index);
  * `mask` (SHIM_FEATURE_WORDS words) where the library was registered with an alternative. */
 int shim_library_settle(const void *code, const uint64_t *mask);
 
+/* Around a fork (forks/fork.c): the registry whole in the child, then free on both sides. */
+void shim_releases_lock_for_fork(void);
+void shim_releases_unlock_after_fork(void);
+
 /* In an entry point: the facts of the release its caller was built by. Entry points that use it
  * are never inlined into one another, so the return address is the caller's. */
 #define SHIM_CALLER_RELEASE() shim_release_of(__builtin_return_address(0))

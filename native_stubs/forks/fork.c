@@ -37,8 +37,9 @@
  * own records; a pipeline's totals may miss part of a call of the parent's, which the child
  * never reports as its own).
  *
- * The native library's own counters (profiling/profile.c) are locked before the fork and let go on
- * both sides after it: their holders only add and link counters, and the child reads them.
+ * The native library's own counters (profiling/profile.c) and its registry of libraries
+ * (calls/releases.c) are locked before the fork and let go on both sides after it: their holders
+ * only add and link entries, and the child reads them.
  *
  * A fork from inside a task of a parallel loop or an async stage (an extern stage run there)
  * is not covered: the job's other tasks ran on the parent's workers, and the child would wait
@@ -54,6 +55,7 @@
 
 #include "shim_native.h"
 #include "calls/call_context.h"
+#include "calls/releases.h"
 #include "forks/fork.h"
 #include "profiling/profile.h"
 #include "profiling/tracing.h"
@@ -166,9 +168,11 @@ static void keep_own_profiled_calls(struct halide_profiler_state *state) {
 
 static void before_fork(void) {
     shim_profile_lock_for_fork();
+    shim_releases_lock_for_fork();
 }
 
 static void after_fork_in_parent(void) {
+    shim_releases_unlock_after_fork();
     shim_profile_unlock_after_fork();
 }
 
@@ -195,6 +199,7 @@ static void after_fork_in_child(void) {
     clear(SHIM_FORK_MOST_RECENTLY_USED, 0);
     clear(SHIM_FORK_LEAST_RECENTLY_USED, 0);
     clear(SHIM_FORK_CACHE_SIZE, 0);
+    shim_releases_unlock_after_fork();
     shim_profile_unlock_after_fork();
     shim_calls_keep_own();
     shim_trace_forget_other_threads();
