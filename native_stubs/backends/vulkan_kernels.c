@@ -614,8 +614,9 @@ static bool element_offset(void *user_context, const char *entry, int number,
     int64_t low, high;
     extent_of(buf, &low, &high);
     const char *why = NULL;
-    if (handle->offset % elem != 0) {
-        why = "starts between two elements of its type (memory taken at an odd byte offset)";
+    if (elem == 0 || handle->offset % elem != 0) {
+        why = "does not start a whole number of elements of its type in (memory taken at an odd "
+              "byte offset)";
     } else if (handle->offset / elem > INT32_MAX ||
                (handle->offset + (uint64_t)high) / elem > (uint64_t)INT32_MAX + 1) {
         why = "lies beyond the int32 element indices the kernel addresses its VkBuffer with";
