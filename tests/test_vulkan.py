@@ -10,7 +10,6 @@ import pathlib
 import shutil
 import subprocess
 import sys
-import textwrap
 
 import numpy as np
 import pytest
@@ -21,6 +20,8 @@ from shim.backends.base import BackendError
 from shim.native import ffi, lib
 from shim.pipelines.build import RUNTIMES, Build, build
 from support.threads import run_threads
+from support.vulkan import (SELECTION, VulkanCapsule, initialize_kernels, run_python, tensor_of,
+                            validation_layer)
 
 NATIVE = pathlib.Path(__file__).resolve().parent.parent / "native_stubs"
 
@@ -237,29 +238,8 @@ def test_modules_are_made_once_per_source(libraries, device):
         device._modules.pop(__import__("hashlib").sha256(source).digest())
 
 
-def _initialize(source: bytes):
-    state = ffi.new("void **")
-    with shim.core.bridge.runtime_call("initialize") as check:
-        check(lib.halide_vulkan_initialize_kernels(ffi.NULL, state, source, len(source)))
-    return state
-
-
-@pytest.mark.parametrize("source", [b"", b"\x01\x00\x00\x00", b"\xff" * 64,
-                                    np.array([1, 16, 3, 0x6f6f66, 99, 5, 0, 0],
-                                             np.uint32).tobytes()],
-                         ids=["empty", "no kernels", "garbage", "a lying header"])
-def test_a_module_that_does_not_parse_is_a_device_error(device, source):
-    with pytest.raises(shim.DeviceError) as e:
-        _initialize(source)
-    assert "Vulkan" in str(e.value)
-
-
-def test_modules_with_damaged_headers_are_refused_or_made_never_a_crash(libraries, device,
-                                                                       tmp_path):
-    """Every word of a real module's headers (the entry points before each SPIR-V module)
-    replaced by other values, and the module cut short at each of them: each is refused with
-    a DeviceError or made, and the process goes on. (The SPIR-V itself is the driver's to
-    check; it gets only what starts with SPIR-V's magic number and fits in the module.)"""
+def _brighten_source(libraries, device, tmp_path) -> bytes:
+    """brighten's Vulkan module, as its library hands it to the backend."""
     sources = []
     original = device.module
     device.module = lambda source: sources.append(source) or original(source)
@@ -273,7 +253,33 @@ def test_modules_with_damaged_headers_are_refused_or_made_never_a_crash(librarie
             brighten(np.ones((4, 4), np.float32), scale=2.0, offset=0.0, output=(4, 4)).numpy(), 2)
     finally:
         device.module = original
-    source = np.frombuffer(sources[0], np.uint32)
+    return sources[0]
+
+
+@pytest.fixture
+def brighten_state(libraries, device, tmp_path):
+    """The state halide_vulkan_initialize_kernels gives code of the default release for
+    brighten's module: what halide_vulkan_run takes."""
+    return initialize_kernels(_brighten_source(libraries, device, tmp_path))[0]
+
+
+@pytest.mark.parametrize("source", [b"", b"\x01\x00\x00\x00", b"\xff" * 64,
+                                    np.array([1, 16, 3, 0x6f6f66, 99, 5, 0, 0],
+                                             np.uint32).tobytes()],
+                         ids=["empty", "no kernels", "garbage", "a lying header"])
+def test_a_module_that_does_not_parse_is_a_device_error(device, source):
+    with pytest.raises(shim.DeviceError) as e:
+        initialize_kernels(source)
+    assert "Vulkan" in str(e.value)
+
+
+def test_modules_with_damaged_headers_are_refused_or_made_never_a_crash(libraries, device,
+                                                                       tmp_path):
+    """Every word of a real module's headers (the entry points before each SPIR-V module)
+    replaced by other values, and the module cut short at each of them: each is refused with
+    a DeviceError or made, and the process goes on. (The SPIR-V itself is the driver's to
+    check; it gets only what starts with SPIR-V's magic number and fits in the module.)"""
+    source = np.frombuffer(_brighten_source(libraries, device, tmp_path), np.uint32)
     spirv = int(np.flatnonzero(source == 0x07230203)[0])  # where the first SPIR-V starts
     rng = np.random.default_rng(11)
     outcomes = set()
@@ -283,7 +289,7 @@ def test_modules_with_damaged_headers_are_refused_or_made_never_a_crash(librarie
             damaged[index] = value
             for candidate in (damaged.tobytes(), source[:index].tobytes()):
                 try:
-                    _initialize(candidate)
+                    initialize_kernels(candidate)
                     outcomes.add("made")
                 except shim.DeviceError as e:
                     assert "Vulkan" in str(e)
@@ -291,10 +297,7 @@ def test_modules_with_damaged_headers_are_refused_or_made_never_a_crash(librarie
     assert "refused" in outcomes
 
 
-def test_launching_an_entry_point_the_module_lacks_is_a_device_error(libraries, device):
-    crop_fill = shim.load(libraries["crop_fill", "no_runtime"])
-    assert crop_fill(param=1, f=(4, 4)).numpy()[0, 0] == 10000  # makes its module
-    module = next(iter(device._modules.values()))
+def test_launching_an_entry_point_the_module_lacks_is_a_device_error(device, brighten_state):
     buf = shim.Buffer(np.zeros(4, np.int32))
     buf.copy_to_device(device)
     sizes = ffi.new("size_t[]", [8, 0])
@@ -302,23 +305,20 @@ def test_launching_an_entry_point_the_module_lacks_is_a_device_error(libraries, 
     is_buffer = ffi.new("int8_t[]", [1, 0])
     with pytest.raises(shim.DeviceError) as e:
         with shim.core.bridge.runtime_call("run") as check:
-            check(lib.halide_vulkan_run(ffi.NULL, module, b"no_such_kernel", 1, 1, 1, 1, 1, 1, 0,
-                                        sizes, args, is_buffer))
+            check(lib.halide_vulkan_run(ffi.NULL, brighten_state, b"no_such_kernel", 1, 1, 1, 1,
+                                        1, 1, 0, sizes, args, is_buffer))
     assert e.value.code == -29 and "no entry point no_such_kernel" in str(e.value)
 
 
-def test_a_kernel_argument_off_the_device_is_a_device_error(libraries, device):
-    crop_fill = shim.load(libraries["crop_fill", "no_runtime"])
-    assert crop_fill(param=1, f=(4, 4)).numpy()[0, 0] == 10000
-    module = next(iter(device._modules.values()))
+def test_a_kernel_argument_off_the_device_is_a_device_error(device, brighten_state):
     host_only = shim.Buffer(np.zeros(4, np.int32))
     sizes = ffi.new("size_t[]", [8, 0])
     args = ffi.new("void *[]", [host_only.raw, ffi.NULL])
     is_buffer = ffi.new("int8_t[]", [1, 0])
     with pytest.raises(shim.DeviceError) as e:
         with shim.core.bridge.runtime_call("run") as check:
-            check(lib.halide_vulkan_run(ffi.NULL, module, b"x", 1, 1, 1, 1, 1, 1, 0, sizes, args,
-                                        is_buffer))
+            check(lib.halide_vulkan_run(ffi.NULL, brighten_state, b"x", 1, 1, 1, 1, 1, 1, 0, sizes,
+                                        args, is_buffer))
     assert "not on the Vulkan device" in str(e.value)
 
 
@@ -507,28 +507,13 @@ def test_dlpack_exports_host_memory_unless_vulkan_is_asked_for(libraries, device
 
 
 def test_dlpack_import_refuses_what_is_not_the_shims_vk_buffer(device):
-    class Forged:
-        def __init__(self, capsule):
-            self.capsule = capsule
-
-        def __dlpack_device__(self):
-            return (7, 0)
-
-        def __dlpack__(self, **kwargs):
-            return self.capsule
-
     buf = shim.Buffer(np.zeros((4, 4), np.float32))
     buf.copy_to_device(device)
     capsule = buf.__dlpack__(dl_device=(7, 0))
     # The capsule's tensor, its data changed to a VkBuffer value nobody made.
-    import ctypes
-
-    get = ctypes.pythonapi.PyCapsule_GetPointer
-    get.restype, get.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_char_p]
-    managed = ffi.cast("DLManagedTensor *", get(capsule, b"dltensor"))
-    managed.dl_tensor.data = ffi.cast("void *", 0x1234)
+    tensor_of(capsule).dl_tensor.data = ffi.cast("void *", 0x1234)
     with pytest.raises(shim.ArgumentError, match="not a VkBuffer of the shim's"):
-        shim.from_dlpack(Forged(capsule))
+        shim.from_dlpack(VulkanCapsule(capsule))
 
 
 # --- threads --------------------------------------------------------------------------------------
@@ -650,7 +635,7 @@ def test_other_ways_of_copying_and_launching(device, runtime, mode):
     script = STAGED.replace("assert not vulkan.maps_memory",
                             f"assert vulkan.maps_memory is {'staged' not in mode}\n"
                             f"assert not (vulkan.launches_async and {'waited' in mode})")
-    done = _run_python(script, runtime, env=env)
+    done = run_python(script, runtime, env=env)
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stdout.strip() == "ok"
 
@@ -679,32 +664,14 @@ def test_launches_left_running_are_waited_for_by_whatever_reads(libraries, devic
 
 # --- processes: device selection and forks ------------------------------------------------------
 
-def _run_python(script: str, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(script), *args],
-                          capture_output=True, text=True, env={**os.environ, **(env or {})},
-                          cwd=pathlib.Path(__file__).resolve().parent.parent)
-
-
-SELECTION = """
-import shim
-from shim.native import ffi, lib
-try:
-    device = shim.device("vulkan")
-except shim.DeviceUnavailable as e:
-    print("unavailable:", e)
-else:
-    print("device:", device.name, "|", ffi.string(lib.halide_vulkan_get_device_type(ffi.NULL)).decode())
-"""
-
-
 def test_the_device_type_variable_is_halides(device):
     """HL_VK_DEVICE_TYPE=cpu chooses the CPU device; a type the machine lacks falls back to
     the first device, as Halide's runtime does; and Halide's getter reads the variable."""
-    done = _run_python(SELECTION, env={"HL_VK_DEVICE_TYPE": "cpu"})
+    done = run_python(SELECTION, env={"HL_VK_DEVICE_TYPE": "cpu"})
     assert done.returncode == 0, done.stderr
     if "llvmpipe" in device.name:
         assert done.stdout.startswith(f"device: {device.name} | cpu"), done.stdout
-    done = _run_python(SELECTION, env={"HL_VK_DEVICE_TYPE": "virtual-gpu"})
+    done = run_python(SELECTION, env={"HL_VK_DEVICE_TYPE": "virtual-gpu"})
     assert done.returncode == 0 and done.stdout.startswith("device: "), done.stdout + done.stderr
 
 
@@ -721,13 +688,13 @@ def test_extension_names_are_halides_and_unknown_ones_are_left_out(device):
     """HL_VK_EXTENSIONS as Halide's getter reads it; names the device lacks are left out (Halide
     21 enables none of them), so the device is made all the same."""
     wanted = "VK_KHR_shader_non_semantic_info:VK_SHIM_no_such_extension"
-    done = _run_python(EXTENSIONS, env={"HL_VK_EXTENSIONS": wanted})
+    done = run_python(EXTENSIONS, env={"HL_VK_EXTENSIONS": wanted})
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == f"{wanted} | {device.name}"
 
 
 def test_a_layer_that_is_not_installed_makes_the_device_unavailable(device):
-    done = _run_python(SELECTION, env={"HL_VK_LAYERS": "VK_LAYER_SHIM_no_such_layer"})
+    done = run_python(SELECTION, env={"HL_VK_LAYERS": "VK_LAYER_SHIM_no_such_layer"})
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("unavailable:") and "VK_ERROR_LAYER_NOT_PRESENT" in done.stdout
 
@@ -751,7 +718,7 @@ def test_a_pipeline_without_a_usable_device_gets_an_error(libraries, device):
     """A Vulkan pipeline in a process whose device cannot be made (a layer that is not
     installed): the call raises with the reason, and the process goes on."""
     for runtime in RUNTIMES:
-        done = _run_python(NO_DEVICE, str(libraries["brighten", runtime]),
+        done = run_python(NO_DEVICE, str(libraries["brighten", runtime]),
                            env={"HL_VK_LAYERS": "VK_LAYER_SHIM_no_such_layer"})
         assert done.returncode == 0, done.stderr
         assert "VK_ERROR_LAYER_NOT_PRESENT" in done.stdout and "ran" not in done.stdout, done.stdout
@@ -824,13 +791,10 @@ def test_the_khronos_validation_layer_finds_nothing_in_the_shims_vulkan_work(lib
     waited for: not one message. Halide 21's own runtime, binding a crop at a 4-byte offset,
     breaks the rule the shim stages such crops for (minStorageBufferOffsetAlignment), which the
     layer names."""
-    layer = {"HL_VK_LAYERS": "VK_LAYER_KHRONOS_validation"}
-    probe = _run_python(SELECTION, env=layer)
-    if "VK_ERROR_LAYER_NOT_PRESENT" in probe.stdout:
-        pytest.skip("Khronos's validation layer is not installed (Debian: vulkan-validationlayers)")
+    layer = validation_layer()
     for extra in ({}, {"HALIDE_SHIM_VULKAN_STAGED_COPIES": "1"},
                   {"HALIDE_SHIM_VULKAN_WAIT_EACH_LAUNCH": "1"}):
-        done = _run_python(VALIDATED, env={**layer, "HALIDE_SHIM_VULKAN_STAGED_COPIES": "0",
+        done = run_python(VALIDATED, env={**layer, "HALIDE_SHIM_VULKAN_STAGED_COPIES": "0",
                                            "HALIDE_SHIM_VULKAN_WAIT_EACH_LAUNCH": "0", **extra})
         assert done.returncode == 0, done.stdout + done.stderr
         # (the layer writes what it finds to stdout)
@@ -898,7 +862,7 @@ def test_pipelines_run_on_an_applications_own_context(device, runtime, tmp_path)
                     str(pathlib.Path(__file__).parent / "support" / "vulkan_application.c"),
                     "-lpthread", "-ldl"], check=True)
     build(Build("brighten", "vulkan", runtime))
-    done = _run_python(APPLICATION, runtime, env={"LD_PRELOAD": str(library)})
+    done = run_python(APPLICATION, runtime, env={"LD_PRELOAD": str(library)})
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stdout.startswith("ok ")
 
@@ -937,7 +901,7 @@ sys.exit(os.waitstatus_to_exitcode(status))
 
 
 def test_a_forked_child_is_refused_the_device(libraries, device):
-    done = _run_python(FORK, str(libraries["crop_fill", "no_runtime"]))
+    done = run_python(FORK, str(libraries["crop_fill", "no_runtime"]))
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stdout.split("\n")[:3] == ["launch: refused", "upload: refused",
                                            "download: refused"]

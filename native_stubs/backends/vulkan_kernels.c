@@ -9,16 +9,21 @@
  * A launch records into a submission of its own (vulkan_memory.c): descriptor sets, scalar
  * arguments and staging are the submission's, so any number of threads launch at once.
  *
- * Crops at any offset. A kernel takes each buffer as a storage-buffer descriptor, and Halide
- * 21's SPIR-V indexes it from the descriptor's start with no offset of its own; Vulkan takes
- * a descriptor offset only at a multiple of minStorageBufferOffsetAlignment (16 bytes on
- * lavapipe, up to 256 on GPUs), and Halide's runtime fails a crop anywhere else (Halide issue
- * 8944, fixed after 21 by passing offsets to the kernels, which 21's code cannot take). A
- * launch therefore binds an aligned crop in place and stages any other: the crop's span is
- * copied to a buffer of its own, the kernel runs on that, and the crop's elements (not the
- * gaps between its rows, which other buffers may own) are copied back, all in the launch's
- * one submission, which runs after everything submitted before it and before everything
- * after, so no other work sees the staged copy.
+ * Crops at any offset. A kernel takes each buffer as a storage-buffer descriptor, and how it
+ * finds a crop's elements there depends on the release that built it
+ * (Release.vulkan_buffer_offsets, recorded in the state each library's code gets):
+ * - Halide 19's and 21's SPIR-V indexes a buffer from the descriptor's start with no offset of
+ *   its own; Vulkan takes a descriptor offset only at a multiple of
+ *   minStorageBufferOffsetAlignment (16 bytes on lavapipe, up to 256 on GPUs), and Halide's
+ *   runtime fails a crop anywhere else (Halide issue 8944). A launch therefore binds an aligned
+ *   crop in place and stages any other: the crop's span is copied to a buffer of its own, the
+ *   kernel runs on that, and the crop's elements (not the gaps between its rows, which other
+ *   buffers may own) are copied back, all in the launch's one submission, which runs after
+ *   everything submitted before it and before everything after, so no other work sees the
+ *   staged copy.
+ * - Halide 22's (PR 8954) reads an int32 element offset per buffer from its uniform buffer,
+ *   after the scalar arguments, and adds it to every index: every buffer is bound whole from
+ *   the start of its VkBuffer and its offset passed, so a crop anywhere is used in place.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -27,6 +32,7 @@
 #include <pthread.h>
 
 #include "shim_native.h"
+#include "calls/releases.h"
 #include "profiling/profile.h"
 #include "backends/vulkan_api.h"
 #include "backends/vulkan_device.h"
@@ -65,11 +71,20 @@ typedef struct spirv_module {
     uint32_t set_count;
 } spirv_module;
 
+/* A module as the code of one release calls it: the state halide_vulkan_initialize_kernels
+ * gives a library, which its halide_vulkan_run calls then pass. Libraries of different
+ * releases with the same source share the module, each launching by its own convention. */
+typedef struct module_state {
+    struct shim_vk_module *module;
+    bool buffer_offsets; /* Halide 22's kernels: Release.vulkan_buffer_offsets */
+} module_state;
+
 struct shim_vk_module {
     uint32_t spirv_count, entry_count;
     spirv_module *spirvs;
     kernel_entry *entries;
     pthread_mutex_t lock;
+    module_state states[2]; /* [buffer_offsets] */
 };
 
 /* Reads Halide's words, never past the end. */
@@ -221,6 +236,8 @@ shim_vk_module *shim_vk_module_new(const void *source, size_t size, char *messag
     VkResult result = VK_SUCCESS;
     if (ok) {
         pthread_mutex_init(&module->lock, NULL);
+        module->states[0] = (module_state){module, false};
+        module->states[1] = (module_state){module, true};
         module->spirvs = calloc(kernel_count, sizeof *module->spirvs);
         module->entries = calloc(total, sizeof *module->entries);
         ok = module->spirvs != NULL && module->entries != NULL;
@@ -492,28 +509,44 @@ static void give_staging(shim_vk_memory *memory) {
     shim_vk_memory_delete(memory);
 }
 
-/* The bytes from a buffer's min element to the end of its last (0 if it has none); -1 for a
- * negative stride, which a staged crop does not take. */
-static int64_t span_of(const halide_buffer_t *buf) {
-    int64_t elem = ((buf->type.bits + 7) / 8) * (int64_t)(buf->type.lanes ? buf->type.lanes : 1);
-    int64_t last = 0;
+/* The bytes of one of a buffer's elements (Halide 22's type has no lanes: its third field is 0). */
+static int64_t element_bytes(const halide_buffer_t *buf) {
+    return ((buf->type.bits + 7) / 8) * (int64_t)(buf->type.lanes ? buf->type.lanes : 1);
+}
+
+/* Where a buffer's elements lie around its min element, in bytes: from `*low` (below 0 where a
+ * stride is negative) to `*high`, just past the highest; both 0 where it has none. */
+static void extent_of(const halide_buffer_t *buf, int64_t *low, int64_t *high) {
+    int64_t below = 0, above = 0;
+    *low = *high = 0;
     for (int d = 0; d < buf->dimensions; d++) {
         if (buf->dim[d].extent <= 0) {
-            return 0;
+            return;
         }
-        if (buf->dim[d].stride < 0) {
-            return -1;
-        }
-        last += (int64_t)(buf->dim[d].extent - 1) * buf->dim[d].stride;
+        int64_t reach = (int64_t)(buf->dim[d].extent - 1) * buf->dim[d].stride;
+        below += reach < 0 ? reach : 0;
+        above += reach > 0 ? reach : 0;
     }
-    return (last + 1) * elem;
+    *low = below * element_bytes(buf);
+    *high = (above + 1) * element_bytes(buf);
+}
+
+/* The range of a storage-buffer descriptor from byte `from` of a handle's VkBuffer: the rest of
+ * it, or the most one descriptor may span (maxStorageBufferRange) where the rest is more. */
+static VkDeviceSize range_from(const shim_vk_handle *handle, VkDeviceSize from) {
+    VkDeviceSize max_range = shim_vk.properties.limits.maxStorageBufferRange;
+    if (handle->memory != NULL && handle->memory->size > 0 &&
+        ((handle->memory->size + 3) & ~(VkDeviceSize)3) - from > max_range) {
+        return max_range & ~(VkDeviceSize)3;
+    }
+    return VK_WHOLE_SIZE;
 }
 
 /* The copies of a crop's elements from `from`+`from_offset` to `to`+`to_offset`: one region
  * per run of contiguous elements. */
 static VkResult copy_elements(VkCommandBuffer commands, const halide_buffer_t *buf, VkBuffer from,
                               VkDeviceSize from_offset, VkBuffer to, VkDeviceSize to_offset) {
-    int64_t elem = ((buf->type.bits + 7) / 8) * (int64_t)(buf->type.lanes ? buf->type.lanes : 1);
+    int64_t elem = element_bytes(buf);
     size_t count = 1;
     for (int d = 0; d < buf->dimensions; d++) {
         count *= (size_t)buf->dim[d].extent;
@@ -569,14 +602,52 @@ static kernel_entry *find_entry(shim_vk_module *module, const char *name) {
     return NULL;
 }
 
-/* One launch's submission: its descriptor set and scalar arguments, the misaligned crops
- * staged in, the dispatch, the staged crops' elements back; submitted, and left running where
- * the device allows. `staged` receives the staging buffers, which the caller keeps for later
- * launches once this one is submitted. */
+/* Halide 22's kernels index a buffer from the start of its VkBuffer plus the element offset
+ * of its min element, an int32 the launch passes. A handle's offset is where the min element
+ * is, in bytes, whatever the buffer is a crop of (Halide 22's own runtime counts a crop of a
+ * crop from the owner, losing the intermediate crop's offset). False after halide_error where
+ * the kernel cannot reach the buffer that way. */
+static bool element_offset(void *user_context, const char *entry, int number,
+                           const halide_buffer_t *buf, int32_t *offset) {
+    const shim_vk_handle *handle = (const shim_vk_handle *)buf->device;
+    uint64_t elem = (uint64_t)element_bytes(buf);
+    int64_t low, high;
+    extent_of(buf, &low, &high);
+    const char *why = NULL;
+    if (elem == 0 || handle->offset % elem != 0) {
+        why = "does not start a whole number of elements of its type in (memory taken at an odd "
+              "byte offset)";
+    } else if (handle->offset / elem > INT32_MAX ||
+               (handle->offset + (uint64_t)high) / elem > (uint64_t)INT32_MAX + 1) {
+        why = "lies beyond the int32 element indices the kernel addresses its VkBuffer with";
+    } else if ((int64_t)handle->offset + low < 0) {
+        why = "reaches below the start of its VkBuffer";
+    } else if (range_from(handle, 0) != VK_WHOLE_SIZE &&
+               handle->offset + (uint64_t)high > range_from(handle, 0)) {
+        why = "reaches past the bytes one descriptor may span from the start of its VkBuffer "
+              "(maxStorageBufferRange)";
+    }
+    if (why != NULL) {
+        char msg[512];
+        snprintf(msg, sizeof msg, "Vulkan: kernel %s takes buffer argument %d whole, at an element "
+                 "offset, and the buffer (%llu bytes into its VkBuffer) %s\n", entry, number,
+                 (unsigned long long)handle->offset, why);
+        halide_error(user_context, msg);
+        return false;
+    }
+    *offset = (int32_t)(handle->offset / elem);
+    return true;
+}
+
+/* One launch's submission: its descriptor set and arguments, the misaligned crops staged in,
+ * the dispatch, the staged crops' elements back; submitted, and left running where the device
+ * allows. `offsets`: each buffer's element offset, for Halide 22's kernels (NULL: Halide 19's
+ * and 21's, which stage). `staged` receives the staging buffers, which the caller keeps for
+ * later launches once this one is submitted. */
 static int record_and_run(void *user_context, kernel_entry *e,
                           VkPipeline pipeline, int count, size_t arg_sizes[], void *args[],
-                          int8_t arg_is_buffer[], const int blocks[3], staged_buffer *staged,
-                          int *staged_count) {
+                          int8_t arg_is_buffer[], const int32_t *offsets, const int blocks[3],
+                          staged_buffer *staged, int *staged_count) {
     VkResult result;
     shim_vk_submission *s = shim_vk_begin(&result);
     if (s == NULL) {
@@ -588,15 +659,19 @@ static int record_and_run(void *user_context, kernel_entry *e,
         shim_vk_abandon(s);
         return failed(user_context, "allocating a descriptor set", e->name, result);
     }
-    size_t scalar_bytes = 0;
+    size_t scalar_bytes = 0, buffers = 0;
     for (int i = 0; i < count; i++) {
         scalar_bytes += arg_is_buffer[i] ? 0 : arg_sizes[i];
+        buffers += arg_is_buffer[i] ? 1 : 0;
     }
+    /* Halide 22's uniform buffer: the scalars, zeros to a multiple of 4 bytes, the offsets. */
+    size_t offsets_at = (scalar_bytes + 3) & ~(size_t)3;
+    size_t uniform_bytes = offsets != NULL ? offsets_at + 4 * buffers : scalar_bytes;
     VkDescriptorBufferInfo infos[count + 1];
     VkWriteDescriptorSet writes[count + 1];
     uint32_t binding = 0;
     if (e->uniform_count > 0) {
-        result = arguments_for(s, scalar_bytes);
+        result = arguments_for(s, uniform_bytes);
         if (result != VK_SUCCESS) {
             shim_vk_abandon(s);
             return failed(user_context, "allocating the scalar arguments' buffer", e->name, result);
@@ -609,6 +684,10 @@ static int record_and_run(void *user_context, kernel_entry *e,
                 at += arg_sizes[i];
             }
         }
+        if (offsets != NULL) {
+            memset(s->arguments->mapped + at, 0, offsets_at - at);
+            memcpy(s->arguments->mapped + offsets_at, offsets, 4 * buffers);
+        }
         infos[binding] = (VkDescriptorBufferInfo){s->arguments->buffer, 0, VK_WHOLE_SIZE};
         writes[binding] = (VkWriteDescriptorSet){VK_STRUCTURE_TYPE_WRITE_DESCRIPTOR_SET, NULL, set,
                                                  binding, 0, 1, VK_DESCRIPTOR_TYPE_UNIFORM_BUFFER,
@@ -616,22 +695,24 @@ static int record_and_run(void *user_context, kernel_entry *e,
         binding++;
     }
     VkDeviceSize alignment = shim_vk.properties.limits.minStorageBufferOffsetAlignment;
-    VkDeviceSize max_range = shim_vk.properties.limits.maxStorageBufferRange;
     for (int i = 0; i < count; i++) {
         if (!arg_is_buffer[i]) {
             continue;
         }
         const halide_buffer_t *buf = args[i];
         const shim_vk_handle *handle = (const shim_vk_handle *)buf->device;
-        VkDescriptorBufferInfo info = {handle->buffer, handle->offset, VK_WHOLE_SIZE};
-        if (alignment > 1 && handle->offset % alignment != 0) {
+        VkDescriptorBufferInfo info;
+        if (offsets != NULL) {
+            info = (VkDescriptorBufferInfo){handle->buffer, 0, range_from(handle, 0)};
+        } else if (alignment > 1 && handle->offset % alignment != 0) {
             staged_buffer *b = NULL;
             for (int k = 0; k < *staged_count && b == NULL; k++) {
                 b = staged[k].handle == handle ? &staged[k] : NULL; /* a crop given twice */
             }
             if (b == NULL) {
-                int64_t span = span_of(buf);
-                if (span < 0) {
+                int64_t low, span;
+                extent_of(buf, &low, &span);
+                if (low < 0) {
                     shim_vk_abandon(s);
                     halide_error(user_context, "Vulkan: a crop at an offset the device cannot "
                                                "bind, with a negative stride, is not supported\n");
@@ -656,9 +737,9 @@ static int record_and_run(void *user_context, kernel_entry *e,
                 }
             }
             info = (VkDescriptorBufferInfo){b->copy->buffer, 0, VK_WHOLE_SIZE};
-        } else if (handle->memory != NULL && handle->memory->size > 0 &&
-                   ((handle->memory->size + 3) & ~(VkDeviceSize)3) - handle->offset > max_range) {
-            info.range = max_range & ~(VkDeviceSize)3; /* the most one descriptor may span */
+        } else {
+            info = (VkDescriptorBufferInfo){handle->buffer, handle->offset,
+                                            range_from(handle, handle->offset)};
         }
         infos[binding] = info;
         writes[binding] = (VkWriteDescriptorSet){VK_STRUCTURE_TYPE_WRITE_DESCRIPTOR_SET, NULL, set,
@@ -701,8 +782,8 @@ static int record_and_run(void *user_context, kernel_entry *e,
 }
 
 static int launch(SHIM_RUN_PARAMS) {
-    shim_vk_module *module = state_ptr;
-    if (module == NULL) {
+    const module_state *state = state_ptr;
+    if (state == NULL) {
         halide_error(user_context, "Vulkan: kernel launched before its module was initialized\n");
         return halide_error_code_gpu_device_error;
     }
@@ -721,19 +802,32 @@ static int launch(SHIM_RUN_PARAMS) {
         }
         count++;
     }
-    kernel_entry *e = find_entry(module, entry_name);
+    kernel_entry *e = find_entry(state->module, entry_name);
+    char msg[256];
     if (e == NULL) {
-        char msg[256];
         snprintf(msg, sizeof msg, "Vulkan: the module has no entry point %s\n", entry_name);
+    } else if ((uint32_t)buffers != e->storage_count) {
+        snprintf(msg, sizeof msg, "Vulkan: kernel %s takes %u buffers, and was given %d\n",
+                 entry_name, e->storage_count, buffers);
+    } else if (e->uniform_count == 0 && (state->buffer_offsets ? count : scalars) > 0) {
+        /* (Halide 22's kernels take their buffers' offsets there, Halide 21's their scalars.) */
+        snprintf(msg, sizeof msg, "Vulkan: kernel %s declares no uniform buffer for its "
+                 "arguments\n", entry_name);
+    } else {
+        msg[0] = 0;
+    }
+    if (msg[0] != 0) {
         halide_error(user_context, msg);
         return halide_error_code_gpu_device_error;
     }
-    if ((uint32_t)buffers != e->storage_count || (scalars > 0 && e->uniform_count == 0)) {
-        char msg[256];
-        snprintf(msg, sizeof msg, "Vulkan: kernel %s takes %u buffers, and was given %d\n",
-                 entry_name, e->storage_count, buffers);
-        halide_error(user_context, msg);
-        return halide_error_code_gpu_device_error;
+    int32_t offsets[buffers + 1];
+    for (int i = 0, n = 0; state->buffer_offsets && i < count; i++) {
+        if (arg_is_buffer[i]) {
+            if (!element_offset(user_context, entry_name, n, args[i], &offsets[n])) {
+                return halide_error_code_gpu_device_error;
+            }
+            n++;
+        }
     }
     uint32_t ids[4], values[4];
     const int threads[3] = {threadsX, threadsY, threadsZ};
@@ -742,15 +836,16 @@ static int launch(SHIM_RUN_PARAMS) {
         return halide_error_code_gpu_device_error;
     }
     VkResult result;
-    VkPipeline pipeline = pipeline_for(module, e, (uint32_t)constants, ids, values, &result);
+    VkPipeline pipeline = pipeline_for(state->module, e, (uint32_t)constants, ids, values, &result);
     if (pipeline == 0) {
         return failed(user_context, "vkCreateComputePipelines", entry_name, result);
     }
     const int blocks[3] = {blocksX, blocksY, blocksZ};
     staged_buffer staged[buffers + 1];
     int staged_count = 0;
-    int code = record_and_run(user_context, e, pipeline, count, arg_sizes, args,
-                              arg_is_buffer, blocks, staged, &staged_count);
+    int code = record_and_run(user_context, e, pipeline, count, arg_sizes, args, arg_is_buffer,
+                              state->buffer_offsets ? offsets : NULL, blocks, staged,
+                              &staged_count);
     for (int k = 0; k < staged_count; k++) {
         give_staging(staged[k].copy); /* (its submission has finished or was never made) */
     }
@@ -763,14 +858,23 @@ int halide_vulkan_initialize_kernels(void *user_context, void **state_ptr, const
     if (result) {
         return result;
     }
-    /* Every pipeline call starts here; after the first, the module is already made. */
+    /* Every pipeline call starts here; after the first, the library has its state. */
     if (__atomic_load_n(state_ptr, __ATOMIC_ACQUIRE) != NULL) {
         return halide_error_code_success;
     }
+    /* How the caller's kernels take buffers is its release's: the state it gets says which,
+     * published only once whole (another thread's call may be launching from it). */
+    bool buffer_offsets = SHIM_CALLER_RELEASE()->vulkan_buffer_offsets;
+    void *module = NULL;
     /* (Halide's Vulkan module is binary: `size` is its length, with no terminating NUL, and
      * the Python core drops one byte; it gets one more to drop.) */
-    return shim_py_initialize_kernels(user_context, state_ptr, src, size + 1,
-                                      shim_backend_interface(SHIM_BACKEND_VULKAN));
+    result = shim_py_initialize_kernels(user_context, &module, src, size + 1,
+                                        shim_backend_interface(SHIM_BACKEND_VULKAN));
+    if (result == halide_error_code_success) {
+        __atomic_store_n(state_ptr, &((shim_vk_module *)module)->states[buffer_offsets],
+                         __ATOMIC_RELEASE);
+    }
+    return result;
 }
 
 void halide_vulkan_finalize_kernels(void *user_context, void *state_ptr) {
