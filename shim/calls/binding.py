@@ -211,10 +211,22 @@ def bounds_query(call: Call):
     query_argv = ffi.new("void *[]", list(call.argv))
     queries = []
     for i, arg, buf in call.buffers:
+        if _queried_as_itself(arg):
+            continue
         raw, dims = _bounds_query_buffer(buf.raw)
         query_argv[i] = raw
         queries.append((arg, buf, raw, dims))
     return query_argv, queries
+
+
+def _queried_as_itself(arg: Argument) -> bool:
+    """Whether a given buffer goes into the bounds query as itself rather than in the query's
+    form (no memory): a 0-D input. It has no region for the query to report, and the query
+    may read its value: an extern stage's scalar argument taken from it (``level[()]``) is
+    evaluated as the extern stage is asked for its bounds, and Halide's generated code then
+    loads from the buffer's host memory, which a query buffer has none of (a crash, under
+    Halide's runtime as under the shim's, where the query had one)."""
+    return arg.dimensions == 0 and not arg.is_output
 
 
 def check_bounds(queries) -> None:
@@ -290,7 +302,10 @@ def _query_with(call: Call, omitted: list, boxes: list, run_query) -> tuple[list
     the buffers the call has, in order)."""
     query_argv = ffi.new("void *[]", list(call.argv))
     keep = []
-    for i, _, buf in filter(None, call.buffers):
+    for i, arg, buf in filter(None, call.buffers):
+        if _queried_as_itself(arg):
+            keep.append((buf.raw, None))  # (its answer: no dimensions)
+            continue
         keep.append(_bounds_query_buffer(buf.raw))
         query_argv[i] = keep[-1][0]
     mine = []

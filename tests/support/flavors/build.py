@@ -143,6 +143,17 @@ def run_stock(folder: Path, requests: list, timeout: float = 120) -> list:
         assert done.returncode == 0, f"the stock child failed ({done.returncode}):\n{done.stderr}"
         answers = pickle.loads(answered.read_bytes())
     for (case, _), answer in zip(requests, answers):
-        assert not (isinstance(answer, dict) and "failed" in answer), \
-            f"stock case {case} failed:\n{answer['failed']}"
+        assert not (isinstance(answer, dict) and "stock_failure" in answer), \
+            f"stock case {case} failed:\n{answer['stock_failure']}"
     return answers
+
+
+_shared: Builds | None = None
+
+
+def shared_builds(tmp_path_factory) -> Builds:
+    """The session's Builds (one folder for every test module's objects and libraries)."""
+    global _shared
+    if _shared is None:
+        _shared = Builds(tmp_path_factory.mktemp("flavors"))
+    return _shared

@@ -4,7 +4,7 @@ runtime (bundled into each library), in a child process where the shim is never 
     python stock_child.py REQUESTS.pkl ANSWERS.pkl
 
 REQUESTS is a pickled list of (case, keyword arguments); ANSWERS gets the list of what each
-case returned (or the exception's text, as {"failed": text}). Each case is a function below;
+case returned (or the exception's traceback, as {"stock_failure": text}). Each case is a function below;
 they use pipelines/stock.py (StockRuntime: Halide's declarations through cffi, an error
 handler that records messages instead of aborting).
 """
@@ -117,8 +117,18 @@ class Library(StockRuntime):
 
 # --- the cases ----------------------------------------------------------------------------------
 
+def interleaved(shape, dtype):
+    """A numpy array of ``shape`` (c, y, x) with c innermost in memory. (Made here: a pickled
+    array arrives C-contiguous.)"""
+    c, h, w = shape
+    return np.zeros((h, w, c), dtype).transpose(2, 0, 1)
+
+
 def run(library, name, values, user_context=None):
-    """One call: {"result": code, "errors": [...], "outputs": {name: array}}."""
+    """One call: {"result": code, "errors": [...], "outputs": {name: array}}. A value
+    ("interleaved", shape, dtype) is such an array, made here."""
+    values = {k: interleaved(*v[1:]) if isinstance(v, tuple) and v[0] == "interleaved" else v
+              for k, v in values.items()}
     lib = Library(library, [name])
     outputs = {k: v for k, v in values.items() if isinstance(v, np.ndarray)}
     result = lib.call(name, values, user_context)
@@ -435,7 +445,7 @@ def main(requests_path: str, answers_path: str) -> int:
         except Exception as e:  # noqa: BLE001 - the test reports it
             import traceback
 
-            answers.append({"failed": traceback.format_exc()})
+            answers.append({"stock_failure": traceback.format_exc()})
     Path(answers_path).write_bytes(pickle.dumps(answers))
     return 0
 
