@@ -62,19 +62,22 @@ class Builds:
             raise event[2]
         return event[1]
 
-    def object(self, generator: str, target: str, params: dict | None = None) -> Path:
+    def object(self, generator: str, target: str, params: dict | None = None,
+               function: str | None = None) -> Path:
         """``generator`` compiled for ``target`` (a Halide target string) with generator
-        ``params``: the object file."""
+        ``params``, its pipeline named ``function`` (default: the generator's name): the
+        object file."""
         params = params or {}
-        stem = "-".join([generator, target] + [f"{k}={v}" for k, v in sorted(params.items())])
+        function = function or generator
+        stem = "-".join([function, target] + [f"{k}={v}" for k, v in sorted(params.items())])
         stem = "".join(ch if ch.isalnum() or ch in "-_=." else "_" for ch in stem)
 
         def make():
             out = self.folder / stem
             out.mkdir()
             _run([sys.executable, GENERATORS, "-g", generator, "-o", out, "-e", "object",
-                  "-f", generator, f"target={target}", *[f"{k}={v}" for k, v in params.items()]])
-            return out / f"{generator}.o"
+                  "-f", function, f"target={target}", *[f"{k}={v}" for k, v in params.items()]])
+            return out / f"{function}.o"
 
         return self._once(("object", stem), make)
 
@@ -91,8 +94,8 @@ class Builds:
         return self._once(("externs",), make)
 
     def library(self, name: str, objects, sources=()) -> Path:
-        """``name``.so of ``objects`` ((generator, target[, params]) each), C ``sources``
-        (files beside this one) compiled in, and the extern stages' library."""
+        """``name``.so of ``objects`` ((generator, target[, params[, function]]) each), C
+        ``sources`` (files beside this one) compiled in, and the extern stages' library."""
         def make():
             paths = [self.object(*spec) for spec in objects]
             out = self.folder / f"{name}.so"
@@ -104,19 +107,23 @@ class Builds:
 
     def libraries(self, specs: dict) -> dict:
         """{key: (name, objects[, sources])} -> {key: path}: every object first, two
-        compilers at a time, then the links."""
-        objects = list(dict.fromkeys(tuple(_frozen(o) for o in spec[1]) for spec in specs.values()))
+        compilers at a time (the slowest, those that carry a runtime, first), then the
+        links."""
+        objects = list(dict.fromkeys(_frozen(o) for spec in specs.values() for o in spec[1]))
+        objects.sort(key=lambda o: "no_runtime" in o[1])
         with ThreadPoolExecutor(JOBS) as pool:
-            list(pool.map(lambda o: self.object(o[0], o[1], dict(o[2]) if len(o) > 2 else None),
-                          [o for group in objects for o in group]))
+            list(pool.map(lambda o: self.object(o[0], o[1], dict(o[2]), o[3]), objects))
             self.externs()
             futures = {key: pool.submit(self.library, *spec) for key, spec in specs.items()}
             return {key: future.result() for key, future in futures.items()}
 
 
 def _frozen(spec):
-    """(generator, target[, params]) with params hashable."""
-    return tuple(spec[:2]) + ((tuple(sorted(spec[2].items())),) if len(spec) > 2 and spec[2] else ())
+    """(generator, target, params as sorted pairs, function) of an object's spec."""
+    generator, target, *rest = spec
+    params = rest[0] if rest and rest[0] else {}
+    function = rest[1] if len(rest) > 1 else None
+    return generator, target, tuple(sorted(params.items())), function
 
 
 def stock_environment() -> dict:

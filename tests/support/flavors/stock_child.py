@@ -186,10 +186,13 @@ def failing_malloc(library, name, size, device_counts=False):
             live.discard(int(ffi.cast("uintptr_t", pointer)))
             lib.lib.halide_default_free(uc, pointer)
 
-    lib.lib.halide_set_custom_malloc(my_malloc)
-    lib.lib.halide_set_custom_free(my_free)
+    previous = (lib.lib.halide_set_custom_malloc(my_malloc), lib.lib.halide_set_custom_free(my_free))
     output = np.zeros(size, np.int32)
-    result = getattr(lib.lib, f"{name}_argv")(lib.argv(name, {"output": output}))
+    try:
+        result = getattr(lib.lib, f"{name}_argv")(lib.argv(name, {"output": output}))
+    finally:  # (the library may serve more cases in this process)
+        lib.lib.halide_set_custom_malloc(previous[0])
+        lib.lib.halide_set_custom_free(previous[1])
     answer = {"result": result, "errors": list(lib.errors), **counts, "live": len(live)}
     if device_counts:
         m, f = ffi.new("int *"), ffi.new("int *")
@@ -241,11 +244,9 @@ def tagged_threads(library, name, calls, threads, bad_rows):
         note("free", uc)
         lib.lib.halide_default_free(uc, pointer)
 
-    lib.lib.halide_set_custom_print(on_print)
+    previous = (lib.lib.halide_set_custom_print(on_print), lib.lib.halide_set_custom_trace(on_trace),
+                lib.lib.halide_set_custom_malloc(on_malloc), lib.lib.halide_set_custom_free(on_free))
     lib.lib.halide_set_error_handler(on_error)
-    lib.lib.halide_set_custom_trace(on_trace)
-    lib.lib.halide_set_custom_malloc(on_malloc)
-    lib.lib.halide_set_custom_free(on_free)
     results = [None] * calls
     argvs = []
     for i in range(calls):
@@ -268,6 +269,10 @@ def tagged_threads(library, name, calls, threads, bad_rows):
         t.start()
     for t in pool:
         t.join()
+    lib.lib.halide_set_custom_print(previous[0])
+    lib.lib.halide_set_custom_trace(previous[1])
+    lib.lib.halide_set_custom_malloc(previous[2])
+    lib.lib.halide_set_custom_free(previous[3])
     return {"results": results, "seen": seen}
 
 
@@ -343,9 +348,10 @@ def cl_extern(library, name, loader, values):
 
 def buffer_copies(library, steps):
     """halide_buffer_copy between host and OpenCL buffers, as test_build_flavors_opencl.py's
-    BUFFER_COPIES describes: each step copies a crop of ``src`` (on the device first, its host
-    memory damaged, where the step says) into ``dst`` (mins moved where it says) on the host or
-    the device. The destinations' contents afterwards, and each copy's result."""
+    COPIES describes: each step copies a crop of ``src`` (on the device first, its host
+    memory damaged, where the step says) into ``dst`` (mins moved where it says; allocated on
+    the device first where it says) to the host or the device. Per step: the copy's result,
+    dst's flags right after it, and dst's contents (brought to the host)."""
     lib = Library(library)
     ffi = lib.ffi
     opencl = lib.lib.halide_opencl_device_interface()
@@ -367,11 +373,12 @@ def buffer_copies(library, steps):
             assert lib.lib.halide_device_malloc(ffi.NULL, dst, opencl) == 0
         result = lib.lib.halide_buffer_copy(ffi.NULL, src, opencl if step["to_device"] else ffi.NULL,
                                             dst)
+        flags = int(dst.flags)
         if result == 0 and dst.device:
             dst.flags |= 2
             assert lib.lib.halide_copy_to_host(ffi.NULL, dst) == 0
         answers.append({"result": result, "dst": dst_array.copy(), "errors": list(lib.errors),
-                        "dst_flags": int(dst.flags)})
+                        "dst_flags": flags})
         for raw in (src, dst):
             if raw.device:
                 lib.lib.halide_device_free(ffi.NULL, raw)
