@@ -1,7 +1,8 @@
 """The kinds of builds and schedules Halide's own AOT tests exercise (test/generator at
 v21.0.0) that the rest of the suite does not, each as a pipeline of the tests' own
 (tests/support/flavors/generators.py), built as a user builds it (Halide's generator command
-line, ``cc -shared``; bundled runtime and no_runtime) and checked against Halide's stock
+line, ``cc -shared``; in a library that carries Halide's runtime, and in one built with
+no_runtime, several pipelines a library) and checked against Halide's stock
 runtime, run side by side in a child process (tests/support/flavors/stock_child.py), and
 against numpy: the metadata of every argument type, generator params, nested extern stages,
 an extern stage writing the output, async producers inside parallel loops, a call failing
@@ -19,8 +20,8 @@ import pytest
 import shim
 from shim.native import ffi, lib
 from support.flavors.build import run_stock, shared_builds
-from support.flavors.hooks import (DEFAULT_FREE, DEFAULT_MALLOC, FREE, MALLOC, MESSAGE, TRACE,
-                                   FailingSecondMalloc, Hooks)
+from support.flavors.hooks import (DEFAULT_FREE, DEFAULT_MALLOC, DO_PAR_FOR, FREE, MALLOC, MESSAGE,
+                                   TRACE, FailingSecondMalloc, Hooks, runtime_function)
 from support.threads import run_threads
 
 pytest.importorskip("halide", reason="building the flavor pipelines needs halide")
@@ -308,11 +309,23 @@ def rpn_reference(expression, dtype, scale, offset, shape):
 
 def test_generator_params_make_different_pipelines_of_one_generator(libs, stock):
     """One generator, two sets of generator params on the command line (a string with spaces,
-    a type name, an int, a bool): two pipelines of different argument types and results."""
+    a type name, an int, a bool): two pipelines of different argument types, results and
+    schedules (the bool makes the rows a parallel loop: one halide_do_par_for a call)."""
+    loops = []
+    default_do_par_for = runtime_function("halide_default_do_par_for", ctypes.c_int,
+                                          [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int,
+                                           ctypes.c_int, ctypes.c_void_p])
+
+    def counting(uc, task, lo, size, closure):
+        loops.append(size)
+        return default_do_par_for(uc, task, lo, size, closure)
+
     default = load(libs, "bundled", "flv_rpn_a")
     assert [(a.name, str(a.type)) for a in default.arguments] == [("offset", "int32"),
                                                                 ("output", "int32")]
-    out = default(offset=2, output=(6, 9))
+    with Hooks(halide_set_custom_do_par_for=(DO_PAR_FOR, counting)):
+        out = default(offset=2, output=(6, 9))
+    assert loops == []
     expected = rpn_reference("x y +", np.dtype(np.int32), 1, 2, (6, 9))
     np.testing.assert_array_equal(out.numpy(), expected)
     np.testing.assert_array_equal(out.numpy(), stock["rpn_a"]["outputs"]["output"])
@@ -320,7 +333,9 @@ def test_generator_params_make_different_pipelines_of_one_generator(libs, stock)
         other = load(libs, runtime, "flv_rpn_b")
         assert [(a.name, str(a.type)) for a in other.arguments] == [("offset", "int16"),
                                                                   ("output", "int16")]
-        out = other(offset=-4, output=(6, 9))
+        with Hooks(halide_set_custom_do_par_for=(DO_PAR_FOR, counting)):
+            out = other(offset=-4, output=(6, 9))
+        assert loops.pop() == 6 and not loops
         assert out.dtype == np.int16
         expected = rpn_reference(RPN_B["expression"], np.dtype(np.int16), 3, -4, (6, 9))
         np.testing.assert_array_equal(out.numpy(), expected)

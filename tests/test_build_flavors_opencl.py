@@ -223,8 +223,8 @@ def test_gpu_pipelines_on_many_threads_with_user_context(libs, stock, opencl, ru
         add_argv, mul_argv = functions
         for _ in range(rounds):
             for function, source, dest in ((add_argv, a, b), (mul_argv, b, a), (add_argv, a, b)):
-                argv = (ctypes.c_void_p * 3)(ctypes.addressof(context),
-                                              *[int(ffi.cast("uintptr_t", x.raw)) for x in (source, dest)])
+                structs = [int(ffi.cast("uintptr_t", x.raw)) for x in (source, dest)]
+                argv = (ctypes.c_void_p * 3)(ctypes.addressof(context), *structs)
                 assert function(argv) == 0
         np.testing.assert_array_equal(b.numpy(), chain_value(rounds))
 

@@ -10,16 +10,19 @@ MALLOC = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t)
 FREE = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p)
 MESSAGE = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_char_p)
 TRACE = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_void_p, ctypes.c_void_p)
+DO_PAR_FOR = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int,
+                              ctypes.c_int, ctypes.c_void_p)
 
 
-def _function(name, restype, argtypes):
+def runtime_function(name, restype, argtypes):
     function = getattr(RUNTIME, name)
     function.restype, function.argtypes = restype, argtypes
     return function
 
 
-DEFAULT_MALLOC = _function("halide_default_malloc", ctypes.c_void_p, [ctypes.c_void_p, ctypes.c_size_t])
-DEFAULT_FREE = _function("halide_default_free", None, [ctypes.c_void_p, ctypes.c_void_p])
+DEFAULT_MALLOC = runtime_function("halide_default_malloc", ctypes.c_void_p,
+                                  [ctypes.c_void_p, ctypes.c_size_t])
+DEFAULT_FREE = runtime_function("halide_default_free", None, [ctypes.c_void_p, ctypes.c_void_p])
 
 
 class Hooks:
@@ -33,13 +36,13 @@ class Hooks:
 
     def __enter__(self):
         for name, function in self.hooks.items():
-            setter = _function(name, type(function), [type(function)])
+            setter = runtime_function(name, type(function), [type(function)])
             self.previous[name] = setter(function)
         return self
 
     def __exit__(self, *exc):
         for name, function in self.previous.items():
-            _function(name, type(function), [type(function)])(function)
+            runtime_function(name, type(function), [type(function)])(function)
 
 
 class FailingSecondMalloc:

@@ -1,12 +1,15 @@
 """The stock side of tests/test_build_flavors*.py: the flavor pipelines run under Halide's own
-runtime (bundled into each library), in a child process where the shim is never imported.
+runtime (the one their library carries), in a child process where the shim is never
+imported.
 
     python stock_child.py REQUESTS.pkl ANSWERS.pkl
 
 REQUESTS is a pickled list of (case, keyword arguments); ANSWERS gets the list of what each
-case returned (or the exception's traceback, as {"stock_failure": text}). Each case is a function below;
-they use pipelines/stock.py (StockRuntime: Halide's declarations through cffi, an error
-handler that records messages instead of aborting).
+case returned (or the exception's traceback, as {"stock_failure": text}). Each case is a
+function below; they use pipelines/stock.py (StockRuntime: Halide's declarations through
+cffi, an error handler that records messages instead of aborting). Several cases may call
+pipelines of one library, whose runtime the process then shares: a case that installs hooks
+puts the previous ones back.
 """
 
 from __future__ import annotations
@@ -110,8 +113,8 @@ class Library(StockRuntime):
             md = self.metadata(name)
             for i in range(md.num_arguments):
                 if md.arguments[i].kind == 2:
-                    assert self.lib.halide_copy_to_host(self.ffi.NULL,
-                                                        self.ffi.cast("halide_buffer_t *", argv[i])) == 0
+                    raw = self.ffi.cast("halide_buffer_t *", argv[i])
+                    assert self.lib.halide_copy_to_host(self.ffi.NULL, raw) == 0
         return result
 
 
