@@ -191,6 +191,12 @@ static PyObject *plan_remember(plan_object *plan, PyObject *address) {
     Py_RETURN_NONE;
 }
 
+/* A 0-D input goes into the bounds query as itself (_queried_as_itself, shim/calls/binding.py):
+ * it has no region to report, and the query may load its value (an extern stage's argument). */
+static bool queried_as_itself(const argument_spec *a, const halide_buffer_t *given) {
+    return a->role == ROLE_INPUT && given->dimensions == 0;
+}
+
 /* Whether the bounds query accepts this argv, as the general path runs it (Runner.run_query:
  * a failure raised, what it printed printed) and checks it (check_bounds, shim/calls/binding.py):
  * 1 if each input covers the region the pipeline reads and each output is the region it
@@ -209,6 +215,9 @@ static int bounds_accepted(plan_object *plan, void **argv) {
             continue;
         }
         const halide_buffer_t *given = argv[i];
+        if (queried_as_itself(a, given)) {
+            continue;
+        }
         if (given->dimensions > MAX_DIMENSIONS || used + given->dimensions > plan->array_dimensions) {
             return 0;
         }
@@ -244,6 +253,9 @@ static int bounds_accepted(plan_object *plan, void **argv) {
             continue;
         }
         const halide_buffer_t *given = argv[i];
+        if (queried_as_itself(a, given)) {
+            continue;
+        }
         for (int d = 0; d < queries[i].dimensions; d++) {
             int64_t want_min = queries[i].dim[d].min, want_extent = queries[i].dim[d].extent;
             int64_t have_min = given->dim[d].min, have_extent = given->dim[d].extent;

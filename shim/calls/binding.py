@@ -213,10 +213,30 @@ def bounds_query(call: Call):
     query_argv = ffi.new("void *[]", list(call.argv))
     queries = []
     for i, arg, buf in call.buffers:
+        if _queried_as_itself(arg):
+            _typed_for(arg, buf.raw)
+            continue
         raw, dims = _bounds_query_buffer(arg, buf.raw)
         query_argv[i] = raw
         queries.append((arg, buf, raw, dims))
     return query_argv, queries
+
+
+def _queried_as_itself(arg: Argument) -> bool:
+    """Whether a given buffer goes into the bounds query as itself rather than in the query's
+    form (no memory): a 0-D input. It has no region for the query to report, and the query
+    may read its value: an extern stage's scalar argument taken from it (``level[()]``) is
+    evaluated as the extern stage is asked for its bounds, and Halide's generated code then
+    loads from the buffer's host memory, which a query buffer has none of (a crash, under
+    Halide's runtime as under the shim's, where the query had one)."""
+    return arg.dimensions == 0 and not arg.is_output
+
+
+def _typed_for(arg: Argument, raw):
+    """A given buffer's struct, its type as ``arg``'s pipeline checks it (the run writes the
+    same in native_stubs/fast/run.c), for a query it goes into as itself."""
+    raw.type.lanes = arg.type_lanes
+    return raw
 
 
 def check_bounds(queries) -> None:
@@ -293,6 +313,9 @@ def _query_with(call: Call, omitted: list, boxes: list, run_query) -> tuple[list
     query_argv = ffi.new("void *[]", list(call.argv))
     keep = []
     for i, arg, buf in filter(None, call.buffers):
+        if _queried_as_itself(arg):
+            keep.append((_typed_for(arg, buf.raw), None))  # (its answer: no dimensions)
+            continue
         keep.append(_bounds_query_buffer(arg, buf.raw))
         query_argv[i] = keep[-1][0]
     mine = []
