@@ -11,7 +11,6 @@ tests/test_halide_profiler.py expects of a compute_root stage. Scenarios that en
 
 from __future__ import annotations
 
-import ctypes
 import os
 import re
 import subprocess
@@ -68,7 +67,8 @@ def run22(pipeline, width, height, work=WORK, fail_at=0, hold=0):
 
 
 def run21(pipeline, width, height):
-    image = np.random.default_rng(height).integers(0, 1000, (height + 2, width + 2), dtype=np.uint16)
+    image = np.random.default_rng(height).integers(0, 1000, (height + 2, width + 2),
+                                                   dtype=np.uint16)
     pipeline(image, output=(height, width))
 
 
@@ -106,7 +106,8 @@ def check22(stages, width, height):
         assert (s.memory_peak, s.memory_total, s.num_allocs, s.stack_peak, s.parent, s.kind,
                 s.counters) == figures[s.name], s.name
     points = width * height
-    assert (stages.memory_peak, stages.memory_total, stages.num_allocs) == (2 * points, 2 * points, 1)
+    assert (stages.memory_peak, stages.memory_total, stages.num_allocs) == \
+        (2 * points, 2 * points, 1)
 
 
 def check_times(stages):
@@ -118,9 +119,10 @@ def check_times(stages):
     total = sum(s.time_ns for s in stages.stages)
     assert abs(total - stages.time_ns) <= len(stages.stages)
     assert sum(s.samples for s in stages.stages) == stages.samples
-    for s in stages.stages:
+    threads = len(os.listdir("/proc/self/task"))  # (Halide's pool may have more workers than
+    for s in stages.stages:                         # it now lets work: a bound, the process's)
         assert (s.threads is None) == (s.samples == 0)
-        assert s.threads is None or 0 <= s.threads <= shim.native.threads.num_threads()
+        assert s.threads is None or 0 <= s.threads <= threads
 
 
 def check21(stages, width, height):
@@ -331,7 +333,8 @@ def test_the_report_at_exit_has_halide22s_pipelines_and_halide21s(library, blur2
                                                                    setting):
     blur_path, _ = blur21
     report = tmp_path / "report.txt"
-    env = {halide_profiler.ENV_VAR: str(report) if setting == "file" else setting} if setting else {}
+    env = {} if setting is None else \
+        {halide_profiler.ENV_VAR: str(report) if setting == "file" else setting}
     done = _child(REPORT, library, blur_path, env)
     assert done.returncode == 0, done.stderr
     text = report.read_text() if setting == "file" else done.stderr
@@ -397,7 +400,8 @@ library.h22_release()
 held.join()
 with shim.profile() as prof:
     run22(64, 8)
-print("child", os.waitstatus_to_exitcode(status), prof.stages[0][1].stage("out").counters.parallel_tasks)
+tasks = prof.stages[0][1].stage("out").counters.parallel_tasks
+print("child", os.waitstatus_to_exitcode(status), tasks)
 """
 
 

@@ -107,8 +107,9 @@ def test_a_halide22_call_keeps_its_parallel_tasks_as_spans_with_their_threads(tr
     by_id = {s.halide_id: s for s in trace.spans}
     [pipeline] = [s for s in trace.spans if s.kind == "halide pipeline"]
     [realization] = [s for s in trace.spans if s.kind == "realization" and s.func == "out22"]
-    [production] = [s for s in trace.spans if s.kind == "production"and s.func == "out22"]
-    assert (realization.parent_id, production.parent_id) == (pipeline.halide_id, realization.halide_id)
+    [production] = [s for s in trace.spans if s.kind == "production" and s.func == "out22"]
+    assert (realization.parent_id, production.parent_id) == \
+        (pipeline.halide_id, realization.halide_id)
     assert realization.box == production.box == ((0, width), (0, height))
     tasks = [s for s in trace.spans if s.kind == "parallel task"]
     for task in tasks:

@@ -33,29 +33,17 @@
 #include "calls/releases.h"
 #include "profiling/trace_handlers.h"
 
-void shim_traced_from21(shim_traced *traced, const struct halide_trace_event_t *e) {
-    struct halide22_trace_event_t *to = &traced->event;
-    to->func = e->func;
-    to->value = e->value;
-    to->coordinates = e->coordinates;
-    to->trace_tag = e->trace_tag;
-    to->type.code = e->type.code;
-    to->type.bits = e->type.bits;
-    to->type.lanes = HALIDE22_TYPE_RESERVED;
-    to->lanes = e->type.lanes;
-    to->event = e->event;
-    to->parent_id = e->parent_id;
-    to->thread_id = 0;
-    to->value_index = e->value_index;
-    to->dimensions = e->dimensions;
-    traced->original = e;
-    traced->abi = 0;
-}
-
-void shim_traced_from22(shim_traced *traced, const struct halide22_trace_event_t *e) {
-    traced->event = *e;
-    traced->original = e;
-    traced->abi = 1;
+const struct halide22_trace_event_t *shim_traced_read(const shim_traced *traced,
+                                                      struct halide22_trace_event_t *scratch) {
+    if (traced->abi != 0) {
+        return traced->event;
+    }
+    const struct halide_trace_event_t *e = traced->event;
+    *scratch = (struct halide22_trace_event_t){
+        e->func, e->value, e->coordinates, e->trace_tag,
+        {e->type.code, e->type.bits, HALIDE22_TYPE_RESERVED}, e->type.lanes, e->event,
+        e->parent_id, 0, e->value_index, e->dimensions};
+    return scratch;
 }
 
 /* Events 0 to 10, the ones Halide 21 has, in its layout. */
@@ -73,14 +61,14 @@ static void to21(struct halide_trace_event_t *to, const struct halide22_trace_ev
     to->dimensions = e->dimensions;
 }
 
-static bool halide21_has(const struct halide22_trace_event_t *e) {
-    return e->event >= halide_trace_load && e->event <= halide_trace_tag;
+static bool halide21_has(const shim_traced *traced) {
+    return traced->code >= halide_trace_load && traced->code <= halide_trace_tag;
 }
 
 /* A parallel task given to a handler of a release without them: nothing emitted; the scope
  * around it stands in for it. */
-static int32_t transparent(const struct halide22_trace_event_t *e) {
-    return e->event == halide22_trace_begin_parallel_task ? e->parent_id : 0;
+static int32_t transparent(const shim_traced *traced) {
+    return traced->code == halide22_trace_begin_parallel_task ? traced->parent_id : 0;
 }
 
 enum { LINE_BYTES = 4096 }; /* (Halide's printer's too: a longer line is cut) */
@@ -120,22 +108,21 @@ static void print_task(void *user_context, const struct halide22_trace_event_t *
 
 /* Halide's default handler, for an event of either layout. */
 static int32_t halide_default(void *user_context, const shim_traced *traced) {
-    const struct halide22_trace_event_t *e = &traced->event;
-    if (!halide21_has(e)) {
-        if (e->event != halide22_trace_begin_parallel_task &&
-            e->event != halide22_trace_end_parallel_task) {
+    if (!halide21_has(traced)) {
+        if (traced->code != halide22_trace_begin_parallel_task &&
+            traced->code != halide22_trace_end_parallel_task) {
             return 0; /* (no release has it: nothing to print it as) */
         }
         if (halide_get_trace_file(user_context) <= 0) {
-            print_task(user_context, e);
+            print_task(user_context, traced->event);
         }
-        return transparent(e);
+        return transparent(traced);
     }
     if (traced->abi == 0) {
-        return halide21_default_trace(user_context, traced->original);
+        return halide21_default_trace(user_context, traced->event);
     }
     struct halide_trace_event_t converted;
-    to21(&converted, e);
+    to21(&converted, traced->event);
     return halide21_default_trace(user_context, &converted);
 }
 
@@ -195,8 +182,7 @@ __attribute__((noinline)) int32_t halide_default_trace(void *user_context,
     if (SHIM_CALLER_RELEASE()->trace_abi == 0) {
         return halide21_default_trace(user_context, e);
     }
-    shim_traced traced;
-    shim_traced_from22(&traced, (const struct halide22_trace_event_t *)e);
+    shim_traced traced = shim_traced_of(e, 1);
     return halide_default(user_context, &traced);
 }
 
@@ -205,17 +191,18 @@ int32_t shim_trace_deliver(void *user_context, const shim_traced *traced) {
     if (to == NULL) {
         return halide_default(user_context, traced);
     }
-    const struct halide22_trace_event_t *e = &traced->event;
     if (to->abi != 0) {
-        return to->handler(user_context, traced->abi != 0 ? traced->original : (const void *)e);
+        struct halide22_trace_event_t scratch;
+        return to->handler(user_context, (const struct halide_trace_event_t *)shim_traced_read(
+                                             traced, &scratch));
     }
-    if (!halide21_has(e)) {
-        return transparent(e);
+    if (!halide21_has(traced)) {
+        return transparent(traced);
     }
     if (traced->abi == 0) {
-        return to->handler(user_context, traced->original);
+        return to->handler(user_context, traced->event);
     }
     struct halide_trace_event_t converted;
-    to21(&converted, e);
+    to21(&converted, traced->event);
     return to->handler(user_context, &converted);
 }

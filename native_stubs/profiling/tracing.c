@@ -289,7 +289,8 @@ static void leave(void) {
 
 static int32_t begin_event(void *user_context, const shim_traced *traced) {
     if (enter()) {
-        int32_t id = record_begin(&traced->event);
+        event22 scratch;
+        int32_t id = record_begin(shim_traced_read(traced, &scratch));
         uint32_t kept_by = __atomic_load_n(&generation, __ATOMIC_RELAXED);
         leave();
         push_span(id, id != 0 ? OWNER_KEPT : OWNER_LEFT_OUT, kept_by);
@@ -300,23 +301,29 @@ static int32_t begin_event(void *user_context, const shim_traced *traced) {
     return id;
 }
 
+/* An end event into the recording. */
+static void record_end(const shim_traced *traced) {
+    event22 scratch;
+    const event22 *e = shim_traced_read(traced, &scratch);
+    write_event(e, 0, func_slot(func_name(e)));
+}
+
 static int32_t end_event(void *user_context, const shim_traced *traced) {
-    const event22 *e = &traced->event;
     open_span begin;
-    if (!pop_span(e->parent_id, &begin)) {
+    if (!pop_span(traced->parent_id, &begin)) {
         /* Lost by this thread's stack (nested deeper than it holds, or begun on another
          * thread): the id's bits decide. */
         if (enter()) {
-            bool kept = kept_by_this_recording(e->parent_id);
+            bool kept = kept_by_this_recording(traced->parent_id);
             if (kept) {
-                write_event(e, 0, func_slot(func_name(e)));
+                record_end(traced);
             }
             leave();
             if (kept) {
                 return 0;
             }
         }
-        return handlers_own(e->parent_id) ? shim_trace_deliver(user_context, traced) : 0;
+        return handlers_own(traced->parent_id) ? shim_trace_deliver(user_context, traced) : 0;
     }
     switch (begin.owner) {
     case OWNER_HANDLER: /* (even while a profile records: Halide's log stays whole) */
@@ -326,7 +333,7 @@ static int32_t end_event(void *user_context, const shim_traced *traced) {
          * reserved the end's slot); an older one's is swallowed */
         if (enter()) {
             if (begin.generation == __atomic_load_n(&generation, __ATOMIC_RELAXED)) {
-                write_event(e, 0, func_slot(func_name(e)));
+                record_end(traced);
             }
             leave();
         }
@@ -339,8 +346,7 @@ static int32_t end_event(void *user_context, const shim_traced *traced) {
 /* An event of either layout: kept while a profile records, else given to the process's
  * handler. */
 static int32_t route(void *user_context, const shim_traced *traced) {
-    const event22 *e = &traced->event;
-    switch (e->event) {
+    switch (traced->code) {
     case halide_trace_begin_realization:
     case halide_trace_produce:
     case halide_trace_consume:
@@ -357,7 +363,9 @@ static int32_t route(void *user_context, const shim_traced *traced) {
         break;
     }
     if (enter()) {
-        if (e->event == halide_trace_load || e->event == halide_trace_store) {
+        if (traced->code == halide_trace_load || traced->code == halide_trace_store) {
+            event22 scratch;
+            const event22 *e = shim_traced_read(traced, &scratch);
             count_access(e, func_slot(func_name(e)));
         } /* (tags, Halide's hints for its visualizer, are left out) */
         leave();
@@ -384,21 +392,22 @@ __attribute__((noinline)) int halide_trace_helper(void *user_context, const char
     struct halide_trace_event_t e21;
     event22 e22;
     int dimensions;
-    if (SHIM_CALLER_RELEASE()->trace_abi == 0) {
+    int abi = SHIM_CALLER_RELEASE()->trace_abi;
+    if (abi == 0) {
         dimensions = eleventh;
         e21 = (struct halide_trace_event_t){
             func, value, coords, (const char *)twelfth,
             {(uint8_t)type_code, (uint8_t)type_bits, (uint16_t)type_lanes},
             (enum halide_trace_event_code_t)code, parent_id, tenth, dimensions};
         (void)halide_msan_annotate_memory_is_initialized(user_context, &e21, sizeof e21);
-        shim_traced_from21(&traced, &e21);
+        traced = shim_traced_of(&e21, abi);
     } else {
         dimensions = (int)twelfth;
         e22 = (event22){func, value, coords, thirteenth,
                         {(uint8_t)type_code, (uint8_t)type_bits, HALIDE22_TYPE_RESERVED},
                         type_lanes, code, parent_id, tenth, eleventh, dimensions};
         (void)halide_msan_annotate_memory_is_initialized(user_context, &e22, sizeof e22);
-        shim_traced_from22(&traced, &e22);
+        traced = shim_traced_of(&e22, abi);
     }
     (void)halide_msan_annotate_memory_is_initialized(user_context, value,
                                                      (uint64_t)type_lanes * ((type_bits + 7) / 8));
@@ -410,12 +419,7 @@ __attribute__((noinline)) int halide_trace_helper(void *user_context, const char
 /* Halide's halide_trace, for an event in the layout of its caller's release. */
 __attribute__((noinline)) int32_t halide_trace(void *user_context,
                                                const struct halide_trace_event_t *event) {
-    shim_traced traced;
-    if (SHIM_CALLER_RELEASE()->trace_abi == 0) {
-        shim_traced_from21(&traced, event);
-    } else {
-        shim_traced_from22(&traced, (const event22 *)event);
-    }
+    shim_traced traced = shim_traced_of(event, SHIM_CALLER_RELEASE()->trace_abi);
     return route(user_context, &traced);
 }
 

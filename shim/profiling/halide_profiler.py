@@ -9,8 +9,10 @@ native_stubs/profiling/halide_profiler.c): Halide 21's runtime's, linked into ``
 serving Halide 19 and 21 libraries; and the shim's own serving Halide 22 libraries with Halide
 22's semantics, whose entries are ``halide22_profiler_func_stats``, with the counters Halide 22's
 generated code adds (parallel loops and tasks, points computed, loads and stores), read into
-``StageStats.counters``. Everything below reads either through ``_LAYOUTS``. Inside a profile, each call of such a pipeline snapshots its entry before the call
-and reads it again as the call returns; the difference is that call's figures (``CallStages``,
+``StageStats.counters``. Everything below reads either through ``_LAYOUTS``.
+
+Inside a profile, each call of such a pipeline snapshots its entry before the call and reads
+it again as the call returns; the difference is that call's figures (``CallStages``,
 on the pipeline call's ``Record.stages``). Halide keeps peaks (memory, stack) as maxima, which
 no difference recovers: they are zeroed before the call and, after it is read, set back to the
 larger of the old and the new value, so Halide's own report stays as it would have been.
