@@ -106,6 +106,25 @@ enum halide_trace_event_code_t {
     halide_trace_tag = 10
 };
 
+/* A trace event as Halide 21 lays it out (56 bytes; Halide 22's is abi/halide22_runtime.h's
+ * halide22_trace_event_t), and the handler an application installs: it gets events in this
+ * layout from every library, unless code of a Halide 22 library installed it
+ * (native_stubs/profiling/trace_handlers.c, docs/profiling.md). */
+struct halide_trace_event_t {
+    const char *func;
+    void *value;
+    int32_t *coordinates;
+    const char *trace_tag;
+    struct halide_type_t type;
+    enum halide_trace_event_code_t event;
+    int32_t parent_id;
+    int32_t value_index;
+    int32_t dimensions;
+};
+typedef int32_t (*halide_trace_t)(void *user_context, const struct halide_trace_event_t *);
+halide_trace_t halide_set_custom_trace(halide_trace_t trace);
+int32_t halide_default_trace(void *user_context, const struct halide_trace_event_t *event);
+
 enum halide_argument_kind_t {
     halide_argument_kind_input_scalar = 0,
     halide_argument_kind_input_buffer = 1,

@@ -44,3 +44,17 @@ typedef struct shim_launch {
     int shared_mem_bytes;
     void *stream; /* the CUDA stream or OpenCL queue it is enqueued on */
 } shim_launch;
+
+/* Halide's profiler states (native_stubs/profiling/halide_profiler.c, read by
+ * shim/profiling/halide_profiler.py), one per profiler ABI (shim/base/releases.py:
+ * Release.profiler_abi): 0, Halide 21's runtime's (halide_profiler_get_state), serving Halide
+ * 19 and 21 libraries; 1, the shim's own serving Halide 22 libraries, laid out as Halide's
+ * halide_profiler_state whose pipelines are struct halide22_profiler_pipeline_stats. NULL, or
+ * nothing done, for another `abi`. The lock guards the lists of pipelines and of calls in
+ * flight, and what calls add to the pipelines' figures as they end. */
+struct halide_profiler_state *shim_profiler_state(int abi);
+void shim_profiler_lock(int abi);
+void shim_profiler_unlock(int abi);
+/* The state's report, through halide_print (ABI 0: Halide 21's own report; 1: a subset of
+ * Halide 22's, native_stubs/profiling/profiler22_report.c). Takes the lock. */
+void shim_profiler_report(int abi, void *user_context);

@@ -2,11 +2,14 @@
  * shim/profiling/halide_trace.py). See abi/shim_calls.h for what every abi/shim_*.h header is.
  *
  * A pipeline built with -trace_realizations, -trace_pipeline, -trace_loads, -trace_stores or
- * -trace_all calls halide_trace for every event. The native library installs its own handler
- * (halide_set_custom_trace) when it loads: while no profile records, it hands each event to the
- * handler it replaced (Halide's own, which prints, or writes HL_TRACE_FILE); while one records,
- * begin/end events go into a buffer of fixed capacity and loads/stores are only counted per
- * Func (every Nth one kept where asked). No Python runs in the handler. */
+ * -trace_all calls halide_trace_helper for every event, which the native library defines, as
+ * it defines halide_trace, for each library by the release that built it (Halide 22's events
+ * are laid out otherwise, and bracket each parallel task: abi/halide22_runtime.h). While no
+ * profile records, each event goes to the process's handler: the one an application installed
+ * (halide_set_custom_trace), in the layout it takes, or Halide's own, which prints, or writes
+ * HL_TRACE_FILE (native_stubs/profiling/trace_handlers.c); while one records, begin/end events
+ * go into a buffer of fixed capacity and loads/stores are only counted per Func (every Nth one
+ * kept where asked). No Python runs in the handler. */
 
 enum {
     SHIM_TRACE_COORDINATES = 16, /* coordinates kept per event: a box's first ones; a load's or
@@ -28,7 +31,9 @@ typedef struct shim_trace_event {
     int32_t dimensions; /* how many coordinates Halide passed (a vector access: for each lane) */
     int32_t coordinates[SHIM_TRACE_COORDINATES];
     uint8_t type_code, type_bits;
-    uint16_t type_lanes;
+    uint16_t type_lanes; /* a load's or store's lanes */
+    int32_t thread_id;   /* Halide 22's begin_parallel_task: the id of the thread it ran on
+                            (halide_current_thread_id), as the pipeline passed it; else 0 */
     uint8_t value[8]; /* loads and stores: the first lane's bytes */
 } shim_trace_event;
 

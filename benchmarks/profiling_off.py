@@ -17,13 +17,10 @@ the shim's runtime interposes it):
   - trace:   target host-trace_all, on a larger image: every load and store is a trace event
     (about 530,000 per call), and HL_TRACE_FILE points both sides at a file in a temporary
     folder, so Halide's own handler writes binary packets there on both. Under the shim every
-    event first passes the native library's handler (native_stubs/profiling/tracing.c: one atomic load,
-    then Halide's handler); its ratio should be ~1.0. Each side empties its file after every
-    sample, untimed. A third runner takes turns with them here: the shim with Halide's own
-    handler installed in place of the native library's (halide_set_custom_trace, around its
-    loop), in the same process: what the shim's handler costs alone, without the differences
-    between the two copies of Halide's runtime (the pipeline's own, built for the host's CPU
-    features, and the one in the shim's native library, built without).
+    event first passes the native library's trace entry points (native_stubs/profiling/
+    tracing.c, which serve each library by its release and keep what a profile records: an
+    atomic load, then Halide's handler); its ratio should be ~1.0. Each side empties its file
+    after every sample, untimed.
 
 Both runtimes run in child processes of their own (the stock one must not share a process with
 the shim; the shim's gets one too, so that HL_TRACE_FILE and Halide's exit report stay out of
@@ -92,11 +89,6 @@ for name, feature, obj, lib in specs:
 """
 
 
-# The trace build's third runner: the shim's child with Halide's trace handler installed in
-# place of the native library's (Side.direct): what the shim's handler costs, alone.
-DIRECT = "shim, Halide's handler"
-
-
 def pipeline_name(case: str) -> str:
     return f"profiling_off_{case}"
 
@@ -160,23 +152,14 @@ def count_packets(path) -> int:
 # --- one side, in its child process ---------------------------------------------------------
 
 class Side:
-    """The calls of one runtime, by case: ``loops[case](n) -> seconds``; ``outputs[case]``.
-    ``direct(loop)``: the shim's side only, ``loop`` run with Halide's trace handler installed
-    in place of the native library's (see HALIDES_HANDLER)."""
+    """The calls of one runtime, by case: ``loops[case](n) -> seconds``; ``outputs[case]``."""
 
     def __init__(self, trace_file: str):
         self.trace_file = trace_file
         self.loops, self.outputs = {}, {}
-        self.direct = None
 
-    def seconds(self, case: str, calls: int, handler: str = "own") -> float:
-        loop = self.loops[case]
-        if handler == "halide":
-            if self.direct is None:
-                raise ValueError("only the shim's side can install Halide's handler in place of its own")
-            seconds = self.direct(loop, calls)
-        else:
-            seconds = loop(calls)
+    def seconds(self, case: str, calls: int) -> float:
+        seconds = self.loops[case](calls)
         if CASES[case].feature.startswith("trace"):
             os.truncate(self.trace_file, 0)  # (Halide opened it for appending: writes go on at 0)
         return seconds
@@ -184,7 +167,7 @@ class Side:
     def answer(self, request: dict):
         op = request.get("op", "time")
         if op == "time":
-            return self.seconds(request["case"], request["calls"], request.get("handler", "own"))
+            return self.seconds(request["case"], request["calls"])
         if op == "save":  # one call, then its output and the trace it wrote
             if os.path.exists(self.trace_file):
                 os.truncate(self.trace_file, 0)
@@ -243,32 +226,7 @@ def shim_side(libraries: dict, trace_file: str) -> Side:
         side.loops[case] = loop_of(run)
         side.outputs[case] = output
         side.keep.append((pipeline, run))
-    side.direct = halides_handler_installed()
     return side
-
-
-def halides_handler_installed():
-    """``direct(loop, n) -> seconds``: ``loop(n)`` with Halide's own trace handler
-    (halide_default_trace, of Halide's runtime inside the shim's native library) installed in
-    place of the native library's, which is put back after: the same process and runtime
-    without the one indirection the shim adds to every event."""
-    import ctypes
-
-    import shim
-
-    native = ctypes.CDLL(shim._native.__file__)  # the library already loaded: the same handle
-    native.halide_set_custom_trace.restype = ctypes.c_void_p
-    native.halide_set_custom_trace.argtypes = [ctypes.c_void_p]
-    halides = ctypes.cast(native.halide_default_trace, ctypes.c_void_p).value
-
-    def direct(loop, n):
-        ours = native.halide_set_custom_trace(halides)
-        try:
-            return loop(n)
-        finally:
-            native.halide_set_custom_trace(ours)
-
-    return direct
 
 
 def serve_side(which: str, libraries: dict, work: str) -> None:
@@ -305,17 +263,6 @@ class SideProcess(ChildProcess):
 
     def seconds(self, case: str, calls: int) -> float:
         return self.ask(op="time", case=case, calls=calls)
-
-
-class HalidesHandler:
-    """The shim's child as a runner whose calls run with Halide's trace handler installed in
-    place of the native library's (Side.direct)."""
-
-    def __init__(self, side: SideProcess):
-        self._side = side
-
-    def seconds(self, case: str, calls: int) -> float:
-        return self._side.ask(op="time", case=case, calls=calls, handler="halide")
 
 
 class Bench:
@@ -376,28 +323,12 @@ def ratios(stock: dict, shim: dict) -> dict:
 
 def measure(bench: Bench, repeats: int) -> dict:
     """{case: ratios(...)}: each side's time per call, min and median over ``repeats`` samples
-    taken in turns (one warm-up sample first), and the ratios shim / stock. The trace build
-    takes turns among three: the stock runtime, the shim, and the shim with Halide's handler
-    installed in place of its own (DIRECT: its figures, and the ratios shim / that, are under
-    "direct")."""
+    taken in turns (one warm-up sample first), and the ratios shim / stock."""
     requests = {case: {"case": case, "calls": c.calls} for case, c in CASES.items()}
-    traced = {case for case, c in CASES.items() if c.feature.startswith("trace")}
-    plain = interleave(bench.sides, {c: r for c, r in requests.items() if c not in traced}, repeats,
-                       per_sample=lambda r: r["calls"])
-    runners = {**bench.sides, DIRECT: HalidesHandler(bench.sides["shim"])}
-    traces = interleave(runners, {c: r for c, r in requests.items() if c in traced}, repeats,
-                        per_sample=lambda r: r["calls"])
-    results = {}
-    for case, request in requests.items():
-        source = traces if case in traced else plain
-        results[case] = {**ratios(source["stock"][case], source["shim"][case]), "samples": repeats,
-                         "calls per sample": request["calls"]}
-        if case in traced:
-            direct, shim = source[DIRECT][case], source["shim"][case]
-            results[case]["direct"] = {"us min": 1e6 * direct["min"], "us median": 1e6 * direct["median"],
-                                       "ratio min": shim["min"] / direct["min"],
-                                       "ratio median": shim["median"] / direct["median"]}
-    return results
+    measured = interleave(bench.sides, requests, repeats, per_sample=lambda r: r["calls"])
+    return {case: {**ratios(measured["stock"][case], measured["shim"][case]), "samples": repeats,
+                   "calls per sample": request["calls"]}
+            for case, request in requests.items()}
 
 
 def report(results: dict, checks: dict) -> str:
@@ -408,12 +339,6 @@ def report(results: dict, checks: dict) -> str:
         lines.append(f"{case:<9}{r['stock us min']:>10.1f}{r['shim us min']:>10.1f}{r['ratio min']:>7.3f}x"
                      f"{r['stock us median']:>11.1f}{r['shim us median']:>10.1f}{r['ratio median']:>7.3f}x"
                      f"{r['samples']:>9}{r['calls per sample']:>7}")
-    for case, r in results.items():
-        if "direct" in r:
-            d = r["direct"]
-            lines.append(f"{case}: the shim with Halide's handler in place of its own (same process): "
-                         f"{d['us min']:.1f} us min, {d['us median']:.1f} us median; the shim's "
-                         f"handler / Halide's: {d['ratio min']:.3f}x min, {d['ratio median']:.3f}x median")
     trace = checks.get("trace", {})
     if trace:
         lines.append("trace events per call (packets Halide wrote to HL_TRACE_FILE): " + ", ".join(

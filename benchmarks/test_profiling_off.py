@@ -1,12 +1,10 @@
 """pytest-benchmark view of benchmarks/profiling_off.py (issue 17: profiling off costs nothing
 measurable): per build of one small pipeline (plain, -profile, -trace_all with HL_TRACE_FILE on
 both sides), each round is one sample of the shim's calls, and before it, untimed (pedantic's
-setup), one sample of the stock runtime's (for the trace build also one of the shim with
-Halide's handler installed in place of its own): the runtimes take turns. The rounds' times
+setup), one sample of the stock runtime's: the runtimes take turns. The rounds' times
 hold one pipe round trip to the shim's child; the figures that count are the children's own,
 in extra_info: per call, min and median over the rounds for each runtime, and the ratios shim /
-stock ("ratio min", "ratio median"; for the trace build also "shim / Halide's handler
-direct"). Nothing here asserts about time: the tests check that both runtimes compute what
+stock ("ratio min", "ratio median"). Nothing here asserts about time: the tests check that both runtimes compute what
 numpy computes, write the same trace events and, for the -profile build, leave Halide's
 profiler report at exit in a file. Not part of CI (pytest's testpaths are tests/).
 
@@ -69,8 +67,6 @@ def test_profiling_off(benchmark, bench, case):
     calls = profiling_off.CASES[case].calls
     shim = bench.sides["shim"]
     others = {"stock": bench.sides["stock"]}
-    if profiling_off.CASES[case].feature.startswith("trace"):
-        others["direct"] = profiling_off.HalidesHandler(shim)
     samples = {name: [] for name in ("shim", *others)}
     for runner in (shim, *others.values()):
         runner.seconds(case, calls)  # warm up
@@ -91,14 +87,6 @@ def test_profiling_off(benchmark, bench, case):
     line = (f"{case}: shim/stock min {figures['ratio min']:.3f}x, median {figures['ratio median']:.3f}x "
             f"({figures['shim us min']:.1f} / {figures['stock us min']:.1f} us per call, "
             f"{len(samples['shim'])} samples)")
-    if "direct" in stats:
-        direct, ours = stats["direct"], stats["shim"]
-        figures.update({"Halide's handler direct us min": 1e6 * direct["min"],
-                        "Halide's handler direct us median": 1e6 * direct["median"],
-                        "shim / Halide's handler direct min": ours["min"] / direct["min"],
-                        "shim / Halide's handler direct median": ours["median"] / direct["median"]})
-        line += (f"; with its own handler / Halide's direct: min {ours['min'] / direct['min']:.3f}x, "
-                 f"median {ours['median'] / direct['median']:.3f}x")
     benchmark.extra_info.update({key: round(value, 4) for key, value in figures.items()})
     benchmark.extra_info["samples per runtime"] = len(samples["shim"])
     benchmark.extra_info["calls per round"] = calls

@@ -7,6 +7,8 @@ setup.py names this file in ``cffi_modules``. The module is one shared object ho
 - Halide's own standalone host runtime (thread pool, semaphores, halide_malloc, the
   halide_error_* family), compiled here with ``halide.compile_standalone_runtime``. Every
   symbol in it is weak, so where this folder defines a function too, ours wins at link time;
+  the entry points the shim serves per release keep Halide's implementation callable under
+  another name (HALIDE21_RENAMED);
 - the cffi glue for the declarations in ``abi/``;
 - its stamp (shim/native/stamp.py): the package version and the digests of the sources it is
   built from, which ``import shim`` checks.
@@ -16,9 +18,12 @@ definitions also win over the runtime a pipeline carries inside its own .so.
 """
 
 import glob
+import hashlib
 import importlib.util
 import json
 import os
+import shutil
+import subprocess
 from importlib import metadata
 
 import cffi
@@ -60,18 +65,47 @@ def _relative(path):
     return os.path.relpath(path, ROOT)
 
 
+# Entry points whose meaning changed between Halide releases, which the shim defines itself to
+# serve each library by the release that built it (native_stubs/calls/releases.h), and which
+# keep Halide 21's implementation for Halide 19 and 21 libraries: the runtime object's symbol is
+# renamed (objcopy --redefine-sym), so that the shim's definition takes the name and Halide's
+# stays callable under the new one (declared in native_stubs/shim_native.h). Renaming in the
+# object, rather than reimplementing Halide 21's side, keeps 19 and 21 libraries on exactly the
+# code they ran before; and it is the only way to reach it: with both defined under one name,
+# the linker keeps the shim's (every symbol of the runtime is weak) and drops Halide's.
+HALIDE21_RENAMED = {
+    name: name.replace("halide_", "halide21_", 1) for name in (
+        "halide_profiler_instance_start", "halide_profiler_instance_end",
+        "halide_profiler_memory_allocate", "halide_profiler_memory_free",
+        "halide_profiler_stack_peak_update", "halide_default_trace")
+}
+
+
+def _objcopy() -> str:
+    tool = shutil.which(os.environ.get("OBJCOPY", "objcopy"))
+    if tool is None:
+        raise RuntimeError("building the native library needs objcopy (GNU binutils, which "
+                           "comes with gcc; or name another in OBJCOPY)")
+    return tool
+
+
 def standalone_runtime_object():
     """Halide's host runtime for this machine's OS and architecture, without CPU features, so
-    the library runs on any CPU of the family. Cached per halide version in build/."""
+    the library runs on any CPU of the family, with HALIDE21_RENAMED's symbols renamed. Cached
+    per halide version and renaming in build/."""
     host = halide.get_host_target()
     target = halide.Target(host.os, host.arch, host.bits)
     version = metadata.version("halide")
+    renamed = hashlib.sha256(json.dumps(HALIDE21_RENAMED, sort_keys=True).encode()).hexdigest()
     out_dir = os.path.join(ROOT, "build", "native")
-    path = os.path.join(out_dir, f"halide_runtime-{version}-{target}.o")
+    path = os.path.join(out_dir, f"halide_runtime-{version}-{target}-{renamed[:12]}.o")
     if not os.path.exists(path):
         os.makedirs(out_dir, exist_ok=True)
         tmp = f"{path}.{os.getpid()}.tmp.o"
         halide.compile_standalone_runtime(tmp, target)
+        subprocess.run([_objcopy(), *(f"--redefine-sym={old}={new}"
+                                      for old, new in sorted(HALIDE21_RENAMED.items())), tmp],
+                       check=True)
         os.replace(tmp, path)
     return path
 

@@ -42,6 +42,26 @@
 int halide_device_and_host_malloc(void *user_context, struct halide_buffer_t *buf,
                                   const struct halide_device_interface_t *device_interface);
 int halide_device_and_host_free(void *user_context, struct halide_buffer_t *buf);
+/* Halide 21's own implementations of the entry points the shim serves per release (the
+ * profiler's, in profiling/halide_profiler.c; halide_default_trace, in profiling/trace_handlers.c):
+ * the runtime object's symbols, renamed at build time (native_stubs/build.py: HALIDE21_RENAMED)
+ * so that the shim's definitions take Halide's names. */
+int halide21_profiler_instance_start(void *user_context, const char *pipeline_name,
+                                     int num_funcs, const uint64_t *func_names,
+                                     struct halide_profiler_instance_state *instance);
+int halide21_profiler_instance_end(void *user_context,
+                                   struct halide_profiler_instance_state *instance);
+void halide21_profiler_memory_allocate(void *user_context,
+                                       struct halide_profiler_instance_state *instance,
+                                       int func_id, uint64_t incr);
+void halide21_profiler_memory_free(void *user_context,
+                                   struct halide_profiler_instance_state *instance, int func_id,
+                                   uint64_t decr);
+void halide21_profiler_stack_peak_update(void *user_context,
+                                         struct halide_profiler_instance_state *instance,
+                                         uint64_t *f_values);
+int32_t halide21_default_trace(void *user_context, const struct halide_trace_event_t *event);
+
 /* Halide's GPU entry points as cffi reads them (abi/halide_runtime_gpu.h): the context hooks its
  * runtime defines without declaring, and Vulkan's, whose header (HalideRuntimeVulkan.h) is C++
  * only (a default argument). */

@@ -26,6 +26,8 @@ STRUCTS = {
                                         "scalar_min", "scalar_max", "scalar_estimate",
                                         "buffer_estimates"],
     "struct halide_scalar_value_t": ["u"],
+    "struct halide_trace_event_t": ["func", "value", "coordinates", "trace_tag", "type", "event",
+                                    "parent_id", "value_index", "dimensions"],
     # Halide's profiler state (abi/halide_profiler.h)
     "struct halide_profiler_func_stats": [
         "time", "memory_current", "memory_peak", "memory_total", "stack_peak",

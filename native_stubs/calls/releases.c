@@ -32,6 +32,11 @@ static bool defined[SHIM_RELEASES];
 static int default_release;
 static library libraries[LIBRARIES];
 static int library_count; /* published with release: entries below it are whole */
+/* Whether a library may be served by another release than the default: until one is, every
+ * caller is served by the default, which shim_release_of answers without looking the caller
+ * up (entry points called for every trace event would pay for it). Set for good, before the
+ * library that may need it is published. */
+static bool mixed;
 static pthread_mutex_t register_lock = PTHREAD_MUTEX_INITIALIZER;
 static __thread const library *last_found;
 
@@ -47,6 +52,9 @@ int shim_release_define(int index, const struct shim_release_facts *facts) {
 int shim_release_set_default(int index) {
     if (index < 0 || index >= SHIM_RELEASES || !__atomic_load_n(&defined[index], __ATOMIC_ACQUIRE)) {
         return -1;
+    }
+    if (__atomic_load_n(&library_count, __ATOMIC_ACQUIRE) > 0) {
+        __atomic_store_n(&mixed, true, __ATOMIC_RELEASE);
     }
     __atomic_store_n(&default_release, index, __ATOMIC_RELEASE);
     return 0;
@@ -74,6 +82,9 @@ static int release_at(uintptr_t address) {
 }
 
 const struct shim_release_facts *shim_release_of(const void *code) {
+    if (!__atomic_load_n(&mixed, __ATOMIC_ACQUIRE)) {
+        return &releases[__atomic_load_n(&default_release, __ATOMIC_ACQUIRE)];
+    }
     return &releases[release_at((uintptr_t)code)];
 }
 
@@ -178,6 +189,9 @@ int shim_library_register(uintptr_t address, int release, int alternative, int m
         lib = &libraries[count];
         *lib = (library){span.start, span.end, release, alternative < 0 ? -1 : alternative,
                          mask_count, {{0}}};
+        if (release != __atomic_load_n(&default_release, __ATOMIC_ACQUIRE) || alternative >= 0) {
+            __atomic_store_n(&mixed, true, __ATOMIC_RELEASE);
+        }
         if (alternative >= 0 && mask_count > 0) {
             memcpy(lib->masks, masks, (size_t)(2 * mask_count) * sizeof lib->masks[0]);
         }

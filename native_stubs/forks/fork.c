@@ -23,7 +23,8 @@
  *   writes them; the child writing them too would put them twice in the file;
  * - the profiler state's lock and sampling thread (the child's first profiled call starts
  *   one), and in its list of calls in flight only the forking thread's own: the others never
- *   end in the child, and their records, on other threads' stacks, may be reused;
+ *   end in the child, and their records, on other threads' stacks, may be reused. The same
+ *   for the state serving Halide 22 libraries (profiling/halide_profiler.c);
  * - the memoization cache (memoize()'d Funcs' results), empty, all but its size limit: the
  *   entries stay in memory (an entry the forking thread's call is using is released as it
  *   ends), only the child's lookups no longer find them, since another thread may have been
@@ -57,6 +58,7 @@
 #include "calls/call_context.h"
 #include "calls/releases.h"
 #include "forks/fork.h"
+#include "profiling/halide_profiler.h"
 #include "profiling/profile.h"
 #include "profiling/tracing.h"
 
@@ -190,10 +192,12 @@ static void after_fork_in_child(void) {
             memset(buffer, 0, TRACE_BUFFER_HEADER);
         }
     }
-    struct halide_profiler_state *state = halide_profiler_get_state();
+    struct halide_profiler_state *state = shim_profiler_state(0);
     memset(&state->lock, 0, sizeof state->lock);
     state->sampling_thread = NULL;
     keep_own_profiled_calls(state);
+    shim_profiler22_reset_in_child();
+    keep_own_profiled_calls(shim_profiler_state(1));
     clear(SHIM_FORK_MEMOIZATION_LOCK, 0);
     clear(SHIM_FORK_CACHE_ENTRIES, 0);
     clear(SHIM_FORK_MOST_RECENTLY_USED, 0);

@@ -1,5 +1,11 @@
-/* Halide's trace events while a profile records (abi/shim_trace.h; read by
- * shim/profiling/halide_trace.py).
+/* Halide's trace events: the entry points generated code calls (halide_trace_helper, and
+ * halide_trace), each serving its caller by the release that built it (calls/releases.h:
+ * trace_abi), and the events kept while a profile records (abi/shim_trace.h; read by
+ * shim/profiling/halide_trace.py). While none records, each event goes where Halide would send
+ * it: to the application's handler or Halide's default, in the layout each takes
+ * (trace_handlers.c). Events of both layouts are read in Halide 22's (trace_handlers.h), which
+ * holds everything of Halide 21's; a Halide 22 library also brackets each parallel task with
+ * events 11 and 12, kept as spans with the thread id it gives.
  *
  * The handler runs on whatever thread Halide traces from, the pool's workers included, for
  * every event: with -trace_all, for every load and store a pipeline makes. So it never enters
@@ -13,12 +19,13 @@
  * would take its slot from a begin of this one). A kept begin's id carries SHIM_TRACE_RECORDED
  * and a count of the begins kept; Halide passes it as its end's parent_id.
  *
- * A span belongs to whoever saw its begin: the end of a span Halide's own handler printed (or
+ * A span belongs to whoever saw its begin: the end of a span the process's handler printed (or
  * wrote to HL_TRACE_FILE) goes to that handler even while a profile records, and the end of a
  * span a profile recorded (or left out: its id is 0) never does, so that what Halide prints of
  * a call a profile started or stopped in the middle of stays whole. Who saw a begin is not
  * told by its id: Halide's handler takes an id for every event, loads and stores included, so
- * its ids reach SHIM_TRACE_RECORDED after 2**30 events (some 2000 calls of a -trace_all blur).
+ * its ids reach SHIM_TRACE_RECORDED after 2**30 events (some 2000 calls of a -trace_all blur);
+ * and a parallel task a handler of Halide 21's layout never sees takes its parent's id.
  * Begin and end events come in pairs on one thread, properly nested, so each thread keeps a
  * stack of its open spans and who owns each; an end is routed by the entry of its begin. Only
  * where the stack has lost it (nested deeper than it holds; a begin on another thread, which
@@ -36,11 +43,12 @@
 #include <unistd.h>
 
 #include "shim_native.h"
+#include "calls/releases.h"
+#include "profiling/trace_handlers.h"
 #include "profiling/tracing.h"
 
-typedef int32_t (*trace_fn)(void *, const struct halide_trace_event_t *);
+typedef struct halide22_trace_event_t event22;
 
-static trace_fn previous_handler; /* the handler ours replaced: Halide's own */
 static int recording;
 static int in_flight;
 
@@ -67,9 +75,10 @@ static __thread int64_t own_thread_id;
  * (that span's end then falls back on its id's bits). Entries above the one an end closes are
  * stale, the begins of a call that failed midway and never emitted their ends: the end pops
  * them too. The id is the one the begin's handler returned, which Halide passes as the end's
- * parent_id. */
+ * parent_id; a task transparent to the handler has its parent's, and is found first, above
+ * it. */
 enum { OPEN_SPANS = 128 };
-enum span_owner { OWNER_HALIDE, OWNER_KEPT, OWNER_LEFT_OUT };
+enum span_owner { OWNER_HANDLER, OWNER_KEPT, OWNER_LEFT_OUT };
 typedef struct {
     int32_t id;
     uint8_t owner;       /* enum span_owner */
@@ -110,7 +119,8 @@ static int64_t thread_id(void) {
     return own_thread_id;
 }
 
-/* Halide 22's (abi/halide22_runtime.h): the OS's id of the calling thread, never 0. */
+/* Halide 22's (abi/halide22_runtime.h): the OS's id of the calling thread, never 0, which its
+ * generated code passes with begin_parallel_task events. */
 int32_t halide_current_thread_id(void) {
     int32_t id = (int32_t)thread_id();
     return id != 0 ? id : 1;
@@ -176,13 +186,14 @@ static bool kept_by_this_recording(int32_t id) {
     return age < kept;
 }
 
-/* Whether the begin of an end event went to Halide's own handler, by the id alone: its ids
- * count from 1 and carry no SHIM_TRACE_RECORDED for their first 2**30; ours are 0 or carry it. */
-static bool halides_own(int32_t parent_id) {
+/* Whether the begin of an end event went to the process's handler, by the id alone: Halide's
+ * ids count from 1 and carry no SHIM_TRACE_RECORDED for their first 2**30; ours are 0 or carry
+ * it. */
+static bool handlers_own(int32_t parent_id) {
     return parent_id != 0 && !(parent_id & SHIM_TRACE_RECORDED);
 }
 
-static void write_event(const struct halide_trace_event_t *e, int32_t id, int32_t func) {
+static void write_event(const event22 *e, int32_t id, int32_t func) {
     int32_t slot = __atomic_fetch_add(&written, 1, __ATOMIC_RELAXED);
     if (slot >= capacity) { /* (not reached: every write was reserved) */
         return;
@@ -203,7 +214,7 @@ static void write_event(const struct halide_trace_event_t *e, int32_t id, int32_
     /* A vector load or store passes each dimension's coordinates for every lane in turn
      * (x of each lane, then y of each lane...): its first lane's are kept, one a dimension. */
     int lanes = (e->event == halide_trace_load || e->event == halide_trace_store) &&
-                        e->type.lanes > 1 ? e->type.lanes : 1;
+                        e->lanes > 1 ? e->lanes : 1;
     int count = e->dimensions / lanes;
     int kept = count < SHIM_TRACE_COORDINATES ? count : SHIM_TRACE_COORDINATES;
     if (e->coordinates != NULL) {
@@ -213,7 +224,8 @@ static void write_event(const struct halide_trace_event_t *e, int32_t id, int32_
     }
     out->type_code = e->type.code;
     out->type_bits = e->type.bits;
-    out->type_lanes = e->type.lanes;
+    out->type_lanes = (uint16_t)e->lanes;
+    out->thread_id = e->thread_id;
     memset(out->value, 0, sizeof out->value);
     size_t value_bytes = ((size_t)e->type.bits + 7) / 8;
     if (e->value != NULL && value_bytes <= sizeof out->value) {
@@ -221,8 +233,8 @@ static void write_event(const struct halide_trace_event_t *e, int32_t id, int32_
     }
 }
 
-static void count_access(const struct halide_trace_event_t *e, int32_t func) {
-    uint64_t lanes = e->type.lanes > 0 ? e->type.lanes : 1;
+static void count_access(const event22 *e, int32_t func) {
+    uint64_t lanes = e->lanes > 0 ? (uint64_t)e->lanes : 1;
     if (e->event == halide_trace_load) {
         __atomic_fetch_add(&funcs[func].loads, 1, __ATOMIC_RELAXED);
         __atomic_fetch_add(&funcs[func].loaded_values, lanes, __ATOMIC_RELAXED);
@@ -240,12 +252,12 @@ static void count_access(const struct halide_trace_event_t *e, int32_t func) {
     }
 }
 
-static const char *func_name(const struct halide_trace_event_t *e) {
+static const char *func_name(const event22 *e) {
     return e->func != NULL ? e->func : "";
 }
 
 /* A begin event while recording: the id for Halide (0: left out, the buffer is full). */
-static int32_t record_begin(const struct halide_trace_event_t *e) {
+static int32_t record_begin(const event22 *e) {
     if (!reserve(2)) {
         __atomic_fetch_add(&dropped, 1, __ATOMIC_RELAXED);
         return 0;
@@ -275,45 +287,53 @@ static void leave(void) {
     __atomic_fetch_sub(&in_flight, 1, __ATOMIC_RELEASE);
 }
 
-static int32_t begin_event(void *user_context, const struct halide_trace_event_t *e) {
+static int32_t begin_event(void *user_context, const shim_traced *traced) {
     if (enter()) {
-        int32_t id = record_begin(e);
+        event22 scratch;
+        int32_t id = record_begin(shim_traced_read(traced, &scratch));
         uint32_t kept_by = __atomic_load_n(&generation, __ATOMIC_RELAXED);
         leave();
         push_span(id, id != 0 ? OWNER_KEPT : OWNER_LEFT_OUT, kept_by);
         return id;
     }
-    int32_t id = previous_handler(user_context, e);
-    push_span(id, OWNER_HALIDE, 0);
+    int32_t id = shim_trace_deliver(user_context, traced);
+    push_span(id, OWNER_HANDLER, 0);
     return id;
 }
 
-static int32_t end_event(void *user_context, const struct halide_trace_event_t *e) {
+/* An end event into the recording. */
+static void record_end(const shim_traced *traced) {
+    event22 scratch;
+    const event22 *e = shim_traced_read(traced, &scratch);
+    write_event(e, 0, func_slot(func_name(e)));
+}
+
+static int32_t end_event(void *user_context, const shim_traced *traced) {
     open_span begin;
-    if (!pop_span(e->parent_id, &begin)) {
+    if (!pop_span(traced->parent_id, &begin)) {
         /* Lost by this thread's stack (nested deeper than it holds, or begun on another
          * thread): the id's bits decide. */
         if (enter()) {
-            bool kept = kept_by_this_recording(e->parent_id);
+            bool kept = kept_by_this_recording(traced->parent_id);
             if (kept) {
-                write_event(e, 0, func_slot(func_name(e)));
+                record_end(traced);
             }
             leave();
             if (kept) {
                 return 0;
             }
         }
-        return halides_own(e->parent_id) ? previous_handler(user_context, e) : 0;
+        return handlers_own(traced->parent_id) ? shim_trace_deliver(user_context, traced) : 0;
     }
     switch (begin.owner) {
-    case OWNER_HALIDE: /* (even while a profile records: Halide's log stays whole) */
-        return previous_handler(user_context, e);
+    case OWNER_HANDLER: /* (even while a profile records: Halide's log stays whole) */
+        return shim_trace_deliver(user_context, traced);
     case OWNER_KEPT:
         /* recorded by the recording that kept its begin, if it still records (the begin
          * reserved the end's slot); an older one's is swallowed */
         if (enter()) {
             if (begin.generation == __atomic_load_n(&generation, __ATOMIC_RELAXED)) {
-                write_event(e, 0, func_slot(func_name(e)));
+                record_end(traced);
             }
             leave();
         }
@@ -323,29 +343,84 @@ static int32_t end_event(void *user_context, const struct halide_trace_event_t *
     }
 }
 
-static int32_t shim_trace_handler(void *user_context, const struct halide_trace_event_t *e) {
-    switch (e->event) {
+/* An event of either layout: kept while a profile records, else given to the process's
+ * handler. */
+static int32_t route(void *user_context, const shim_traced *traced) {
+    switch (traced->code) {
     case halide_trace_begin_realization:
     case halide_trace_produce:
     case halide_trace_consume:
     case halide_trace_begin_pipeline:
-        return begin_event(user_context, e);
+    case halide22_trace_begin_parallel_task:
+        return begin_event(user_context, traced);
     case halide_trace_end_realization:
     case halide_trace_end_produce:
     case halide_trace_end_consume:
     case halide_trace_end_pipeline:
-        return end_event(user_context, e);
+    case halide22_trace_end_parallel_task:
+        return end_event(user_context, traced);
     default:
         break;
     }
     if (enter()) {
-        if (e->event == halide_trace_load || e->event == halide_trace_store) {
+        if (traced->code == halide_trace_load || traced->code == halide_trace_store) {
+            event22 scratch;
+            const event22 *e = shim_traced_read(traced, &scratch);
             count_access(e, func_slot(func_name(e)));
         } /* (tags, Halide's hints for its visualizer, are left out) */
         leave();
         return 0;
     }
-    return previous_handler(user_context, e);
+    return shim_trace_deliver(user_context, traced);
+}
+
+/* What generated code calls for every event, with the event's fields: Halide's
+ * src/runtime/trace_helper.cpp fills an event and passes it to halide_trace. Halide 22 inserted
+ * `thread_id` after `parent_id` (13 parameters where Halide 21 has 12): one definition serves
+ * both, its parameters Halide 22's, the caller's release telling how to read them. From the
+ * tenth on they lie on the stack (x86-64; AArch64 from the ninth), one 8-byte slot each: a
+ * Halide 21 caller's tenth to twelfth are value_index, dimensions and trace_tag, the twelfth a
+ * pointer where Halide 22's is an int, hence its type here; its thirteenth, which it did not
+ * pass, is never read. As Halide's does, it tells MemorySanitizer the event, the value and the
+ * coordinates are initialized (pipelines built with -msan check what they are handed). */
+__attribute__((noinline)) int halide_trace_helper(void *user_context, const char *func,
+                                                  void *value, int *coords, int type_code,
+                                                  int type_bits, int type_lanes, int code,
+                                                  int parent_id, int tenth, int eleventh,
+                                                  uintptr_t twelfth, const char *thirteenth) {
+    shim_traced traced;
+    struct halide_trace_event_t e21;
+    event22 e22;
+    int dimensions;
+    int abi = SHIM_CALLER_RELEASE()->trace_abi;
+    if (abi == 0) {
+        dimensions = eleventh;
+        e21 = (struct halide_trace_event_t){
+            func, value, coords, (const char *)twelfth,
+            {(uint8_t)type_code, (uint8_t)type_bits, (uint16_t)type_lanes},
+            (enum halide_trace_event_code_t)code, parent_id, tenth, dimensions};
+        (void)halide_msan_annotate_memory_is_initialized(user_context, &e21, sizeof e21);
+        traced = shim_traced_of(&e21, abi);
+    } else {
+        dimensions = (int)twelfth;
+        e22 = (event22){func, value, coords, thirteenth,
+                        {(uint8_t)type_code, (uint8_t)type_bits, HALIDE22_TYPE_RESERVED},
+                        type_lanes, code, parent_id, tenth, eleventh, dimensions};
+        (void)halide_msan_annotate_memory_is_initialized(user_context, &e22, sizeof e22);
+        traced = shim_traced_of(&e22, abi);
+    }
+    (void)halide_msan_annotate_memory_is_initialized(user_context, value,
+                                                     (uint64_t)type_lanes * ((type_bits + 7) / 8));
+    (void)halide_msan_annotate_memory_is_initialized(user_context, coords,
+                                                     (uint64_t)dimensions * sizeof(int32_t));
+    return route(user_context, &traced);
+}
+
+/* Halide's halide_trace, for an event in the layout of its caller's release. */
+__attribute__((noinline)) int32_t halide_trace(void *user_context,
+                                               const struct halide_trace_event_t *event) {
+    shim_traced traced = shim_traced_of(event, SHIM_CALLER_RELEASE()->trace_abi);
+    return route(user_context, &traced);
 }
 
 /* In a child of fork (forks/fork.c): handlers other threads were in do not exist there, and a stop
@@ -353,10 +428,6 @@ static int32_t shim_trace_handler(void *user_context, const struct halide_trace_
 void shim_trace_forget_other_threads(void) {
     __atomic_store_n(&in_flight, 0, __ATOMIC_SEQ_CST);
     own_thread_id = 0;
-}
-
-__attribute__((constructor)) static void install_handler(void) {
-    previous_handler = halide_set_custom_trace(shim_trace_handler);
 }
 
 void shim_trace_stop(void) {

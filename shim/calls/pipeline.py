@@ -80,7 +80,8 @@ class Pipeline(CallPlan):
         # included where it takes one.
         self.argv_arguments = self._signature.all_arguments
         self._runner = Runner(self.name, self._library.argv_fn, self.device_kinds,
-                              halide_profiler.builds_profile(self.target))
+                              self._library.release.profiler_abi
+                              if halide_profiler.builds_profile(self.target) else None)
         # The fast path and the cache of argument shapes that passed the bounds query: CallPlan,
         # in C (native_stubs/fast/fastcall.c), whose __call__ is the Pipeline's.
         runner = self._runner

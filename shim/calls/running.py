@@ -33,10 +33,11 @@ class Runner:
     report of each run."""
 
     def __init__(self, name: str, argv_fn, device_kinds: frozenset,
-                 halide_profiled: bool = False):
+                 halide_profiler_abi: int | None = None):
         self.name, self.argv_fn = name, argv_fn
-        # Built with Halide's profiler: inside a profile, its calls get their per-Func figures.
-        self.halide_profiled = halide_profiled
+        # Built with Halide's profiler, by a release of that profiler ABI (None: without):
+        # inside a profile, its calls get their per-Func figures.
+        self.halide_profiler_abi = halide_profiler_abi
         # The device APIs the pipeline's code uses (none: it computes on the CPU only).
         self.device_kinds = device_kinds
         # A CPU pipeline writes its outputs on the host.
@@ -165,7 +166,7 @@ class PreparedCall(PreparedRun, HeldContext):
             buf.set_host_dirty(True)  # the caller may have written to the array since
         context = CallContext.begin(reset=False)
         try:
-            profiled = profiler.begin_pipeline(runner.name, context.id, runner.halide_profiled)
+            profiled = profiler.begin_pipeline(runner.name, context.id, runner.halide_profiler_abi)
             result = -1
             try:
                 for _ in range(_PREPARATION_ATTEMPTS):

@@ -6,9 +6,10 @@ through ``halide_trace``. The native library's handler (native_stubs/profiling/t
 Halide's own handler while nothing records, so Halide's printing (or ``HL_TRACE_FILE``) is
 untouched. While a profile records it keeps, without entering Python:
 
-- begin and end events of realizations, productions, consumptions and pipelines, with the
-  thread, the pipeline call and the box, in a buffer of at most ``limit`` events (a begin is
-  kept only with room for its end, so what is kept nests);
+- begin and end events of realizations, productions, consumptions and pipelines, and (from
+  Halide 22 libraries) of the tasks of parallel loops, with the thread, the pipeline call and
+  the box, in a buffer of at most ``limit`` events (a begin is kept only with room for its
+  end, so what is kept nests);
 - per Func, the number of loads and stores (and values, counting vector lanes); every
   ``sample_every``th access is kept as an event too where that is asked for.
 
@@ -31,7 +32,9 @@ from shim.base.types import HalideType
 SPAN_KINDS = {lib.halide_trace_begin_realization: (lib.halide_trace_end_realization, "realization"),
               lib.halide_trace_produce: (lib.halide_trace_end_produce, "production"),
               lib.halide_trace_consume: (lib.halide_trace_end_consume, "consumption"),
-              lib.halide_trace_begin_pipeline: (lib.halide_trace_end_pipeline, "halide pipeline")}
+              lib.halide_trace_begin_pipeline: (lib.halide_trace_end_pipeline, "halide pipeline"),
+              lib.halide22_trace_begin_parallel_task: (lib.halide22_trace_end_parallel_task,
+                                                       "parallel task")}
 ACCESS_KINDS = {lib.halide_trace_load: "load", lib.halide_trace_store: "store"}
 _ENDS = {end for end, _ in SPAN_KINDS.values()}
 
@@ -41,13 +44,16 @@ EVENT_BYTES = ffi.sizeof("shim_trace_event")  # the buffer holds trace_limit of 
 
 @dataclass(frozen=True, slots=True)
 class Span:
-    """One realization, production, consumption or traced pipeline run: from its begin event
-    to its end (``end_ns`` None: the end came after the profile stopped). ``box`` is
-    ((min, extent), ...) per dimension as Halide passed it; ``call`` the native call id it ran
-    under (0: none); ``halide_id``/``parent_id`` Halide's trace ids (the parent of a
-    realization is its pipeline's id, of a production its realization's), as counted by the
-    profile: ``parent_id`` is None where the parent's begin is not among the spans it kept
-    (Halide's own handler saw it, before the profile started, or the limit left it out)."""
+    """One realization, production, consumption, traced pipeline run or (Halide 22) task of a
+    parallel loop: from its begin event to its end (``end_ns`` None: the end came after the
+    profile stopped). ``box`` is ((min, extent), ...) per dimension as Halide passed it (a
+    task's: its loop's, all of it); ``call`` the native call id it ran under (0: none);
+    ``halide_id``/``parent_id`` Halide's trace ids (Halide 21: the parent of a realization is
+    its pipeline's id, of a production its realization's; Halide 22: the innermost scope
+    around it, a task included), as counted by the profile: ``parent_id`` is None where the
+    parent's begin is not among the spans it kept (Halide's own handler saw it, before the
+    profile started, or the limit left it out). ``halide_thread_id``: the thread id a Halide
+    22 task gives for itself (halide_current_thread_id, which is ``thread``), else 0."""
 
     kind: str
     func: str
@@ -59,6 +65,7 @@ class Span:
     value_index: int
     halide_id: int
     parent_id: int | None
+    halide_thread_id: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,7 +181,7 @@ def _span(begin, end_ns, names, kept) -> Span:
     return Span(SPAN_KINDS[begin.event][1], names.get(begin.func, "?"), begin.thread,
                 begin.time_ns, end_ns, begin.call, box, begin.value_index,
                 begin.id & lib.SHIM_TRACE_ID_MASK,
-                parent & lib.SHIM_TRACE_ID_MASK if ours else None)
+                parent & lib.SHIM_TRACE_ID_MASK if ours else None, begin.thread_id)
 
 
 @functools.lru_cache(maxsize=None)

@@ -72,7 +72,8 @@ class Record:
       no run of it, or where another call of it ended meanwhile and mixed in: one run outside
       the profile, or one that went ahead without its turn, shim/profiling/halide_profiler.py).
     - ``box``: a span of Halide's tracing (kinds "realization", "production", "consumption",
-      "halide pipeline"): the box Halide passed, ((min, extent), ...) per dimension.
+      "halide pipeline", and a Halide 22 library's "parallel task"): the box Halide passed,
+      ((min, extent), ...) per dimension (a task's: its loop's).
     - ``stage``: a kernel launch in a call of a build with Halide's profiler: the Func (stage)
       whose kernel it is, from the kernel's name (Halide names it after the Func's loop).
 
@@ -443,14 +444,16 @@ def begin_call(operation, args) -> tuple | None:
     return profile, profile._begin("runtime", operation.__name__, raw, backend)
 
 
-def begin_pipeline(name: str, call_id: int, halide_profiled: bool = False) -> tuple | None:
-    """A pipeline call starts; ``halide_profiled``: it was built with Halide's profiler."""
+def begin_pipeline(name: str, call_id: int, halide_profiler_abi: int | None = None) -> tuple | None:
+    """A pipeline call starts; ``halide_profiler_abi``: it was built with Halide's profiler, by
+    a release of that profiler ABI (Release.profiler_abi; None: built without)."""
     profile = _active
     if profile is None:
         return None
     # A build with Halide's profiler: its calls take turns while profiled (the turn is taken
     # before the record starts, so waiting for it is not the call's time).
-    snapshot = halide_profiler.begin(name) if halide_profiled else None
+    snapshot = (halide_profiler.begin(name, halide_profiler_abi)
+                if halide_profiler_abi is not None else None)
     try:
         record = profile._begin("pipeline", name, None, None, call_id=call_id)
     except BaseException:

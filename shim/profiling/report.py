@@ -150,7 +150,7 @@ def _stage_tables(profile) -> list[str]:
 
 # How a span of Halide's tracing is labelled in the trace: "realize blur_x", "produce blur_x".
 _SPAN_LABELS = {"realization": "realize", "production": "produce", "consumption": "consume",
-                "halide pipeline": "pipeline"}
+                "halide pipeline": "pipeline", "parallel task": "task"}
 
 
 def _span_tables(profile) -> list[str]:

@@ -100,3 +100,9 @@ def build_c_library(sources: list[str], library: Path, *flags: str) -> Path:
                     f"-I{include}", f"-I{ROOT / 'abi'}", *flags, "-o", str(library), *paths],
                    check=True)
     return library
+
+
+def halide22_instrumented(directory: Path) -> Path:
+    """tests/support/halide22_instrumented.c built into a library in ``directory``: Halide 22's
+    generated code with its profiler (h22_prof) and its tracing (h22_trace) built in."""
+    return build_c_library(["halide22_instrumented.c"], directory / "h22_instrumented.so")
