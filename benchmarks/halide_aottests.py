@@ -50,7 +50,7 @@ sys.path.insert(0, str(HERE))
 
 from halide_generators import compile_generator, halide_package, run  # noqa: E402
 from halide_source import HalideSource  # noqa: E402
-from kit_steps import log, stream  # noqa: E402
+from kit_steps import last_line, log, stream  # noqa: E402
 
 # What the tests are built from: the tests and generators, what they include from test/common
 # and tools/, and the runtime's headers some include (cleanup_on_error's device_interface.h).
@@ -403,11 +403,6 @@ def outcome(code: int | None, output: str) -> str:
         except ValueError:
             return f"failed (signal {-code})"
     return f"failed (exit {code})"
-
-
-def last_line(output: str) -> str:
-    lines = [line.strip() for line in output.splitlines() if line.strip()]
-    return lines[-1][:160] if lines else ""
 
 
 def run_test(test: AotTest, built: dict, work: Path, logs: Path) -> dict:

@@ -88,6 +88,12 @@ def stream(command, env, timeout: float, log_file, echo: bool = True,
     return code, "".join(lines), time.monotonic() - started
 
 
+def last_line(output: str, width: int = 160) -> str:
+    """The last line of ``output`` that says something, cut to ``width``: a failure's gist."""
+    lines = [line.strip() for line in output.splitlines() if line.strip()]
+    return lines[-1][:width] if lines else ""
+
+
 def junit_counts(path: Path) -> dict:
     """passed/failed/errors/skipped, skip reasons and failed test ids from a junit file."""
     counts = {"passed": 0, "failed": 0, "errors": 0, "skipped": 0, "skip_reasons": {}, "failures": []}
