@@ -504,7 +504,9 @@ def main(argv=None) -> int:
         if args.json:
             args.json.write_text(json.dumps({"halide": version, "source": str(source),
                                              "plan": [asdict(t) for t in tests],
-                                             "results": list(results.values())}, indent=1) + "\n")
+                                             "results": list(results.values()),
+                                             "table": table(list(results.values()))},
+                                            indent=1) + "\n")
 
     def build_one(test):
         started = time.monotonic()
