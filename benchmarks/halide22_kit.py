@@ -113,9 +113,11 @@ def find_release(requirement: str, pip_options=()) -> str:
     NoRelease where its index has none, RuntimeError where pip failed otherwise."""
     with tempfile.TemporaryDirectory(prefix="halide22-kit-") as private:
         report = Path(private) / "report.json"
+        # (Not --quiet: it hides the warnings that tell an index not reached from one without
+        # the release.)
         done = subprocess.run([sys.executable, "-m", "pip", "install", "--dry-run",
-                               "--ignore-installed", "--no-deps", "--quiet", "--report",
-                               str(report), *pip_options, requirement],
+                               "--ignore-installed", "--no-deps", "--report", str(report),
+                               *pip_options, requirement],
                               capture_output=True, text=True, timeout=600)
         if done.returncode == 0:
             return json.loads(report.read_text())["install"][0]["metadata"]["version"]
