@@ -444,7 +444,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--halide", default=DEFAULT_REQUIREMENT,
                    help=f"the pip requirement to check (default {DEFAULT_REQUIREMENT!r})")
     p.add_argument("--pip-option", action="append", default=[], metavar="OPT",
-                   help="an option for the pip commands that find and install halide; repeatable")
+                   help="an option for the pip commands that find and install halide, written "
+                        "--pip-option=OPT (OPT starts with -); repeatable")
     p.add_argument("--halide-source", type=Path, help="Halide's source: a checkout or a git mirror")
     p.add_argument("--ref", help="the ref to read a git --halide-source at (default v<version>)")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT,
