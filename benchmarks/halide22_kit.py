@@ -235,6 +235,7 @@ class Run:
     apps: str | None = None
     aot_tests: str | None = None
     jobs: int = os.cpu_count() or 1
+    limits: dict = field(default_factory=lambda: dict(LIMITS))
 
     @property
     def work(self) -> Path:
@@ -270,26 +271,26 @@ def make_steps(run: Run) -> list[Step]:
               [py, "-m", "pip", "install", "--progress-bar", "off", "-e", ".[test]"],
               [py, "-m", "pip", "install", "--progress-bar", "off", *run.pip_options,
                f"halide=={run.version}"],
-              [py, kit, "check-setup", "--expect", run.version]], LIMITS["setup"]),
+              [py, kit, "check-setup", "--expect", run.version]], run.limits["setup"]),
         Step("pipelines", "the sample pipelines built with that halide; the release the shim "
              "tells for each",
              [[py, "-m", "shim.pipelines.build", "-j", str(run.jobs)],
               [py, kit, "check-releases", "--pipelines", str(work / "pipelines"),
-               "--json", str(work / "pipelines.json")]], LIMITS["pipelines"]),
+               "--json", str(work / "pipelines.json")]], run.limits["pipelines"]),
         Step("tests", "the whole test suite in that environment",
              [[py, "-m", "pytest", "-q", "-rfEs", "-p", "no:cacheprovider",
-               f"--junitxml={work / 'tests.xml'}", *run.pytest_args]], LIMITS["tests"]),
+               f"--junitxml={work / 'tests.xml'}", *run.pytest_args]], run.limits["tests"]),
         Step("apps", "Halide's Python apps, built by that halide, through shim.load and the "
              "stock runtime, bit for bit",
              [[py, str(HERE / "halide_python_apps.py"), *source, "--work", str(work / "apps"),
                "--json", str(work / "apps.json"), *(["--apps", run.apps] if run.apps else [])]],
-             LIMITS["apps"], needs_source=True),
+             run.limits["apps"], needs_source=True),
         Step("aot-tests", "Halide's AOT tests, stock runtime (executable) and shim (no_runtime "
              "shared library) side by side",
              [[py, str(HERE / "halide_aottests.py"), *source, "--work", str(work / "aot"),
                "--json", str(work / "aot.json"), "-j", str(run.jobs),
                *(["--tests", run.aot_tests] if run.aot_tests else [])]],
-             LIMITS["aot-tests"], needs_source=True),
+             run.limits["aot-tests"], needs_source=True),
     ]
 
 
@@ -300,7 +301,10 @@ def step_details(step: Step, run: Run, output: str) -> dict:
         found = re.search(r"^KIT_SETUP=(.*)$", output, re.M)
         return {"facts": json.loads(found.group(1))} if found else {}
     if step.name == "tests":
-        return junit_counts(run.work / "tests.xml")
+        counts = junit_counts(run.work / "tests.xml")
+        if counts["passed"] + counts["failed"] + counts["errors"] + counts["skipped"] == 0:
+            counts["reason"] = "pytest ran no test (see tests.log)"
+        return counts
     report = run.work / {"pipelines": "pipelines.json", "apps": "apps.json",
                          "aot-tests": "aot.json"}[step.name]
     try:
@@ -476,7 +480,6 @@ def main(argv=None) -> int:
     unknown = sorted(set(chosen) - set(STEPS))
     if unknown:
         parser().error(f"unknown steps: {', '.join(unknown)}; known: {', '.join(STEPS[1:])}")
-    LIMITS.update(dict(args.limit))
     log(f"== looking {args.halide} up with pip")
     try:
         version = find_release(args.halide, args.pip_option)
@@ -497,7 +500,7 @@ def main(argv=None) -> int:
     log(f"pip finds halide {version}")
     run = Run(args.halide, version, args.out.resolve(), args.halide_source, None,
               tuple(args.pip_option), tuple(shlex.split(args.pytest_args)), args.apps,
-              args.aot_tests, args.jobs)
+              args.aot_tests, args.jobs, {**LIMITS, **dict(args.limit)})
     try:
         if run.source is not None:  # (checked now: a ref it lacks is known before the setup)
             run.source = run.source.resolve()

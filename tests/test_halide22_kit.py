@@ -125,6 +125,30 @@ def python_step(name, code, limit=60, needs_source=False) -> kit.Step:
                     needs_source=needs_source)
 
 
+def test_the_steps_run_in_the_kits_environment_with_what_the_run_was_given(tmp_path, monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", "/somewhere/else")
+    run = fake_run(tmp_path, source=Path("/src/Halide"), ref="v22.0.0", pip_options=("--pre",),
+                   pytest_args=("-k", "crops"), aot_tests="example",
+                   limits={**kit.LIMITS, "tests": 60})
+    steps = {step.name: step for step in kit.make_steps(run)}
+    assert list(steps) == list(kit.STEPS)
+    venv, install, halide, check = steps["setup"].commands
+    assert venv[1:] == ["-m", "venv", str(run.work / "venv")]
+    assert install[0] == run.python and install[-2:] == ["-e", ".[test]"]
+    assert halide[-2:] == ["--pre", "halide==22.0.0"]  # (the version found, not the requirement)
+    assert check[-3:] == ["check-setup", "--expect", "22.0.0"]
+    assert steps["tests"].limit == 60 and steps["tests"].commands[0][-2:] == ["-k", "crops"]
+    aot_command = steps["aot-tests"].commands[0]
+    assert aot_command[0] == run.python
+    assert {"--halide-source=/src/Halide", "--ref=v22.0.0"} <= set(aot_command)
+    assert aot_command[-2:] == ["--tests", "example"]
+    env = run.environment()
+    assert "PYTHONPATH" not in env
+    assert env["PATH"].startswith(str(run.work / "venv" / "bin"))
+    assert env["HALIDE_SHIM_PIPELINES"] == str(run.work / "pipelines")
+    assert env["XDG_CACHE_HOME"].startswith(str(run.work))
+
+
 def test_a_failing_step_fails_the_run_after_the_others_ran(tmp_path, monkeypatch):
     run = fake_run(tmp_path)
     monkeypatch.setattr(kit, "make_steps", lambda run: [
