@@ -249,17 +249,20 @@ def test_the_summary_has_every_figure(tmp_path):
     assert lines[-2:] == ["aot-tests: aot-tests's work", "50 AOT tests: 40 same"]
 
 
-@pytest.mark.parametrize("statuses, chosen, words", [
-    (["passed"] * 5, kit.STEPS, "halide 22.0.0 verified: every step passed"),
-    (["passed"] * 3 + ["not run"] * 2, kit.STEPS,
+@pytest.mark.parametrize("statuses, chosen, settings, words", [
+    (["passed"] * 5, kit.STEPS, {}, "halide 22.0.0 verified: every step passed"),
+    (["passed"] * 3 + ["not run"] * 2, kit.STEPS, {},
      "halide 22.0.0 not verified: every step run passed, but apps, aot-tests did not run"),
-    (["passed"] * 3, kit.STEPS[:3],
+    (["passed"] * 3, kit.STEPS[:3], {},
      "halide 22.0.0 not verified: every step run passed, but apps, aot-tests did not run"),
+    (["passed"] * 5, kit.STEPS, {"pytest_args": ("-k", "crops"), "aot_tests": "example"},
+     "halide 22.0.0 not verified: every step passed, on the part of it --pytest-args, "
+     "--aot-tests chose"),
 ])
-def test_only_a_run_of_every_step_verifies(tmp_path, statuses, chosen, words):
+def test_only_a_whole_run_of_every_step_verifies(tmp_path, statuses, chosen, settings, words):
     steps = [kit.Step(name, "", [], 1, result={"status": status, "seconds": 1.0})
              for name, status in zip(chosen, statuses)]
-    assert kit.verdict(fake_run(tmp_path), steps, []).startswith(words)
+    assert kit.verdict(fake_run(tmp_path, **settings), steps, []).startswith(words)
 
 
 # --- the checks run inside the kit's environment ----------------------------------------------
