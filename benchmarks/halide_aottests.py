@@ -39,6 +39,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
@@ -355,12 +356,20 @@ def generator_for(library: Library, tree: Path, work: Path, version: str) -> Pat
         digest.update(source.encode() + (folder / source).read_bytes())
     out = work / "generators" / digest.hexdigest()[:16]
     executable = out / "generator"
-    if not executable.exists():
-        out.mkdir(parents=True, exist_ok=True)
-        compile_generator([folder / s for s in library.sources], out / "generator.tmp", out,
-                          timeout=BUILD_SECONDS)
-        os.replace(out / "generator.tmp", executable)
+    with _compiling_lock:  # (tests built at once may share a generator: compiled once)
+        lock = _compiling.setdefault(out, threading.Lock())
+    with lock:
+        if not executable.exists():
+            out.mkdir(parents=True, exist_ok=True)
+            compile_generator([folder / s for s in library.sources], out / "generator.tmp", out,
+                              timeout=BUILD_SECONDS)
+            os.replace(out / "generator.tmp", executable)
     return executable
+
+
+# A generator's folder -> the lock its compilation holds.
+_compiling: dict[Path, threading.Lock] = {}
+_compiling_lock = threading.Lock()
 
 
 def build(test: AotTest, tree: Path, work: Path, version: str) -> dict:
