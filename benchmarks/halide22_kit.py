@@ -87,7 +87,7 @@ ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 
 from halide_source import HalideSource  # noqa: E402
-from kit_steps import junit_counts, log, package_module, stream  # noqa: E402
+from kit_steps import junit_counts, log, private_folder, stream  # noqa: E402
 
 DEFAULT_REQUIREMENT = "halide>=22,<23"
 DEFAULT_OUT = ROOT / "build" / "halide22-kit"
@@ -319,17 +319,6 @@ def step_details(step: Step, run: Run, output: str) -> dict:
     return {"counts": data["table"][0] if data.get("table") else "", "table": data.get("table", [])}
 
 
-def open_out(out: Path) -> None:
-    """``out``, checked: no other user can write it (made 0700 where missing), else
-    RuntimeError."""
-    private_files = package_module("base/private_files.py")
-    folder = private_files.open_folder(out, instead="The kit does not write there.")
-    if folder is None:
-        raise RuntimeError(f"{out} can be written by others (see the warning): choose another --out")
-    with folder:
-        pass
-
-
 def prepare_work(out: Path) -> None:
     """``out``'s work folder made anew: an earlier run's deleted, anything else there
     refused."""
@@ -347,7 +336,7 @@ def run_steps(run: Run, chosen) -> int:
     """Run the steps named in ``chosen`` (setup always first); write the summary; the exit
     status."""
     started = time.monotonic()
-    open_out(run.out)
+    private_folder(run.out, "the kit's output")
     prepare_work(run.out)
     env = run.environment()
     steps = [s for s in make_steps(run) if s.name == "setup" or s.name in chosen]
@@ -493,7 +482,7 @@ def main(argv=None) -> int:
         line = no_release_line(args.halide, args.pip_option)
         log(line)
         try:
-            open_out(args.out)
+            private_folder(args.out, "the kit's output")
         except (RuntimeError, OSError) as e:
             print(f"halide22_kit: {e}", file=sys.stderr)
             return 2

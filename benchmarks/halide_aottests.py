@@ -51,7 +51,7 @@ sys.path.insert(0, str(HERE))
 
 from halide_generators import compile_generator, halide_package, run  # noqa: E402
 from halide_source import HalideSource  # noqa: E402
-from kit_steps import last_line, log, stream  # noqa: E402
+from kit_steps import last_line, log, private_folder, stream  # noqa: E402
 
 # What the tests are built from: the tests and generators, what they include from test/common
 # and tools/, and the runtime's headers some include (cleanup_on_error's device_interface.h).
@@ -495,8 +495,8 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     version = metadata.version("halide")
     source = HalideSource(args.halide_source, args.ref or f"v{version}")
-    tree, logs = args.work / "source", args.logs or args.work / "logs"
-    logs.mkdir(parents=True, exist_ok=True)
+    work = private_folder(args.work, "the AOT tests' builds")
+    tree, logs = work / "source", private_folder(args.logs or work / "logs", "their logs")
     missing = source.extract(FOLDERS, tree)
     log(f"halide {version}; Halide's AOT tests from {source}"
         + (f" ({len(missing)} files absent there: {', '.join(missing[:5])})" if missing else ""))
@@ -520,7 +520,7 @@ def main(argv=None) -> int:
     def build_one(test):
         started = time.monotonic()
         try:
-            return build(test, tree, args.work, version), None, time.monotonic() - started
+            return build(test, tree, work, version), None, time.monotonic() - started
         except (RuntimeError, OSError, subprocess.TimeoutExpired) as e:
             return None, str(e), time.monotonic() - started
 
@@ -538,7 +538,7 @@ def main(argv=None) -> int:
                 result["build_error"] = last_line(error)
                 (logs / f"{test.name}.build.log").write_text(error)
             else:
-                result.update(run_test(test, built, args.work, logs))
+                result.update(run_test(test, built, work, logs))
             log(f"{test.name}: {verdict(result)} (stock {result.get('stock', '-')}, shim "
                 f"{result.get('shim', '-')}; built in {seconds:.0f} s)")
             write()

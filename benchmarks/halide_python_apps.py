@@ -35,7 +35,7 @@ sys.path.insert(0, str(HERE))
 
 from halide_generators import run  # noqa: E402
 from halide_source import HalideSource  # noqa: E402
-from kit_steps import last_line, log, stream  # noqa: E402
+from kit_steps import last_line, log, private_folder, stream  # noqa: E402
 
 FOLDER = "python_bindings/apps"
 HEIGHT, WIDTH = 192, 256
@@ -199,14 +199,15 @@ def main(argv=None) -> int:
     version = metadata.version("halide")
     release = version.split(".")[0]
     source = HalideSource(args.halide_source, args.ref or f"v{version}")
-    tree = args.work / "source"
+    work = private_folder(args.work, "the apps' builds")
+    tree = work / "source"
     source.extract([FOLDER], tree)
     present = sorted(p.name.removesuffix("_generator.py")
                      for p in (tree / FOLDER).glob("*_generator.py"))
     log(f"halide {version}; Halide's Python apps from {source}: {', '.join(present)}")
     chosen = args.apps.split(",") if args.apps else sorted(set(present) | set(APPS))
     results = {}
-    with open(args.work / "apps.log", "w") as log_file:
+    with open(work / "apps.log", "w") as log_file:
         for app in chosen:
             if app not in APPS:
                 results[app] = {"error": "the kit has no inputs for it (a new app: add it to APPS)"}
@@ -214,11 +215,11 @@ def main(argv=None) -> int:
                 results[app] = {"error": f"{FOLDER}/{app}_generator.py is not in {source}"}
             else:
                 try:
-                    library = build(app, tree, args.work)
+                    library = build(app, tree, work)
                 except (RuntimeError, OSError, subprocess.TimeoutExpired) as e:
                     results[app] = {"error": f"build failed: {last_line(str(e))}"}
                 else:
-                    results[app] = check(app, library, args.work, release, log_file)
+                    results[app] = check(app, library, work, release, log_file)
             log(f"{app}: {verdict(results[app])}")
             if args.json:  # (after each app: a step that times out still says what ran)
                 args.json.write_text(json.dumps(

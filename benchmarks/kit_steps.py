@@ -32,6 +32,18 @@ def package_module(path: str):
     return module
 
 
+def private_folder(path: Path, what: str) -> Path:
+    """``path``, a folder no other user can write (shim/base/private_files.py's rule; made 0700
+    with the folders missing on the way), else RuntimeError naming ``what`` it was for."""
+    private_files = package_module("base/private_files.py")
+    folder = private_files.open_folder(path, instead=f"It is not used as {what}.")
+    if folder is None:
+        raise RuntimeError(f"{path} can be written by others (see the warning): choose another "
+                           f"folder for {what}")
+    with folder:
+        return folder.path
+
+
 def log(message: str) -> None:
     print(message, flush=True)
 

@@ -183,7 +183,7 @@ def test_a_failed_setup_leaves_the_other_steps_not_run(tmp_path, monkeypatch):
 
 def test_each_run_makes_its_work_folder_anew_and_deletes_only_its_own(tmp_path):
     out = tmp_path / "out"
-    kit.open_out(out)
+    kit.private_folder(out, "the kit's output")
     kit.prepare_work(out)
     work = out / "work"
     (work / "venv").mkdir()
@@ -203,7 +203,7 @@ def test_a_folder_others_can_write_is_not_used(tmp_path):
     shared.chmod(0o777)
     with pytest.warns(UserWarning, match="writable by others"), \
             pytest.raises(RuntimeError, match="can be written by others"):
-        kit.open_out(shared)
+        kit.private_folder(shared, "the kit's output")
     assert list(shared.iterdir()) == []
 
 
