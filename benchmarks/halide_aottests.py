@@ -384,7 +384,7 @@ def build(test: AotTest, tree: Path, work: Path, version: str) -> dict:
             generator = generator_for(library, tree, work, version)
             bundled = side == "stock" and i == 0
             run([generator, "-g", library.generator, "-f", library.function, "-n", library.name,
-                 "-e", "static_library,h,function_info_header", "-o", out,
+                 "-e", "static_library,c_header,function_info_header", "-o", out,
                  f"target={library.target(no_runtime=not bundled)}", *library.params],
                 out, BUILD_SECONDS)
             archives.append(out / f"{library.name}.a")
