@@ -18,9 +18,10 @@ released. The version found is the one installed and checked. Then, each with it
 limit, printing as they go, every step running even after one failed:
 
 - setup: a fresh virtual environment, the project installed into it with its test extra
-  (``pip install -e ".[test]"``, as a developer installs it), then the requested halide over the
-  test extra's halide 21. shim._native is built by that install in pip's isolated build
-  environment, with pyproject.toml's build requirement halide==21.0.0, so the Halide runtime
+  (``pip install -e ".[test]"``, as a developer installs it: the tree's shim/_native*.so is
+  rebuilt in place, from the same sources), then the requested halide over the test extra's
+  halide 21 (pip warns that the extra pins 21: expected). shim._native is built by that install
+  in pip's isolated build environment, with pyproject.toml's build requirement halide==21.0.0, so the Halide runtime
   linked into it (thread pool, halide_malloc...) stays Halide 21's whatever the environment
   holds: replacing the environment's halide afterwards rebuilds nothing. The step checks both
   halves: the environment's halide is the requested release (the one the tests' own pipeline
@@ -61,6 +62,9 @@ The work of the apps and AOT-test steps, and the checks of the setup and pipelin
 inside the virtual environment (this script's ``check-setup`` and ``check-releases``
 commands, the two modules above): the halide they need is the environment's, never the one of
 the interpreter running the kit, which needs only the standard library.
+
+The verdict verifies the release only where every step ran whole (no --steps, --pytest-args,
+--apps or --aot-tests choosing a part) and passed.
 
 Exit status: 0 every step chosen passed (apps and aot-tests not run for want of a source do not
 fail the run, and the verdict says so); 1 a step failed or ran out of time; 2 the kit could not
