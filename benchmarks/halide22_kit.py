@@ -298,16 +298,25 @@ def make_steps(run: Run) -> list[Step]:
     ]
 
 
-def step_details(step: Step, run: Run, output: str) -> dict:
-    """What a step found, beyond its status: the setup's facts, the libraries' releases, the
-    suite's counts, the apps' and AOT tests' tables."""
+# What pytest's exit statuses other than 0 (all passed) and 1 (some failed) say: the suite's
+# counts are then those of a part of it, or of nothing.
+PYTEST_EXITS = {2: "pytest was interrupted: the counts are of the part that ran (see tests.log)",
+                3: "pytest failed inside itself (see tests.log)",
+                4: "pytest's arguments were refused (see tests.log)",
+                5: "pytest collected no test (see tests.log)"}
+
+
+def step_details(step: Step, run: Run, output: str, code: int | None) -> dict:
+    """What a step found, beyond its status (``code``: its last command's exit status): the
+    setup's facts, the libraries' releases, the suite's counts, the apps' and AOT tests'
+    tables."""
     if step.name == "setup":
         found = re.search(r"^KIT_SETUP=(.*)$", output, re.M)
         return {"facts": json.loads(found.group(1))} if found else {}
     if step.name == "tests":
         counts = junit_counts(run.work / "tests.xml")
-        if counts["passed"] + counts["failed"] + counts["errors"] + counts["skipped"] == 0:
-            counts["reason"] = "pytest ran no test (see tests.log)"
+        if code in PYTEST_EXITS:
+            counts["reason"] = PYTEST_EXITS[code]
         return counts
     report = run.work / {"pipelines": "pipelines.json", "apps": "apps.json",
                          "aot-tests": "aot.json"}[step.name]
@@ -357,7 +366,7 @@ def run_steps(run: Run, chosen) -> int:
                 step.result = {"status": "not run", "seconds": 0.0,
                                "reason": "the setup failed: no environment to run in"}
             else:
-                status, seconds, output = "passed", 0.0, ""
+                status, seconds, output, code = "passed", 0.0, "", 0
                 for command in step.commands:
                     code, text, took = stream(command, env, step.limit - seconds, log_file)
                     seconds += took
@@ -366,7 +375,7 @@ def run_steps(run: Run, chosen) -> int:
                         status = "timeout" if code is None else "failed"
                         break
                 step.result = {"status": status, "seconds": round(seconds, 1),
-                               **step_details(step, run, output)}
+                               **step_details(step, run, output, code)}
                 setup_failed = step.name == "setup" and status != "passed"
             if step.result.get("reason"):
                 log(f"{step.result['status']}: {step.result['reason']}")

@@ -154,21 +154,23 @@ def test_a_failing_step_fails_the_run_after_the_others_ran(tmp_path, monkeypatch
     monkeypatch.setattr(kit, "make_steps", lambda run: [
         python_step("setup", "print('KIT_SETUP={}')"),
         python_step("pipelines", "import sys; print('pipelines break'); sys.exit(4)"),
-        python_step("tests", "print('the tests ran anyway')"),
+        python_step("tests", "import sys; print('the tests ran anyway'); sys.exit(2)"),
         python_step("apps", "import time; time.sleep(60)", limit=2),
         python_step("aot-tests", "print('not run')", needs_source=True)])
     assert kit.run_steps(run, list(kit.STEPS)) == 1
     summary = json.loads((run.out / "summary.json").read_text())
     steps = summary["steps"]
-    assert summary["failed_steps"] == ["pipelines", "apps"]
-    assert [steps[s]["status"] for s in kit.STEPS] == ["passed", "failed", "passed", "timeout",
+    assert summary["failed_steps"] == ["pipelines", "tests", "apps"]
+    assert [steps[s]["status"] for s in kit.STEPS] == ["passed", "failed", "failed", "timeout",
                                                       "not run"]
+    assert steps["tests"]["reason"] == kit.PYTEST_EXITS[2]  # (pytest's status for an interrupt)
     assert "no --halide-source" in steps["aot-tests"]["reason"]
     assert "the tests ran anyway" in (run.out / "tests.log").read_text()
     assert "pipelines break" in (run.out / "pipelines.log").read_text()
     text = (run.out / "summary.txt").read_text()
-    assert text.startswith("Halide kit run: FAILED: pipelines, apps in ")
-    assert "verdict: halide 22.0.0 NOT verified: pipelines, apps failed" in text
+    assert text.startswith("Halide kit run: FAILED: pipelines, tests, apps in ")
+    assert "verdict: halide 22.0.0 NOT verified: pipelines, tests, apps failed" in text
+    assert f"{'':<30}{kit.PYTEST_EXITS[2]}" in text.splitlines()
 
 
 def test_a_failed_setup_leaves_the_other_steps_not_run(tmp_path, monkeypatch):
