@@ -9,6 +9,7 @@ lives in another environment (the Halide 22 kit's virtual environment).
 
 from __future__ import annotations
 
+import ast
 import importlib.util
 import os
 import signal
@@ -124,7 +125,19 @@ def junit_counts(path: Path) -> dict:
         elif (skipped := case.find("skipped")) is not None:
             counts["skipped"] += 1
             reason = (skipped.get("message") or "").strip()
+            if reason == "collection skipped":  # (a module skipped whole: its reason is the text)
+                reason = _collection_skip(skipped.text) or f"{test}: {reason}"
             counts["skip_reasons"][reason] = counts["skip_reasons"].get(reason, 0) + 1
         else:
             counts["passed"] += 1
     return counts
+
+
+def _collection_skip(text: str | None) -> str:
+    """The reason in the text pytest's junit gives a module skipped whole: the repr of (path,
+    line, "Skipped: reason")."""
+    try:
+        path, line, reason = ast.literal_eval(text or "")
+    except (ValueError, SyntaxError, TypeError):
+        return ""
+    return f"{Path(path).name}: {str(reason).removeprefix('Skipped: ')}"

@@ -251,6 +251,25 @@ def test_the_summary_has_every_figure(tmp_path):
     assert lines[-2:] == ["aot-tests: aot-tests's work", "50 AOT tests: 40 same"]
 
 
+def test_the_suites_counts_name_the_reason_a_module_was_skipped_whole(tmp_path):
+    junit = tmp_path / "tests.xml"
+    junit.write_text(
+        '<testsuites><testsuite>'
+        '<testcase classname="tests.test_a" name="test_one"/>'
+        '<testcase classname="tests.test_a" name="test_two"><failure message="x"/></testcase>'
+        '<testcase classname="tests.test_a" name="test_three">'
+        '<skipped type="pytest.skip" message="no CUDA device">why</skipped></testcase>'
+        '<testcase classname="" name="tests.test_dlpack"><skipped type="pytest.skip" '
+        'message="collection skipped">(\'/tree/tests/test_dlpack.py\', 22, "Skipped: PyTorch is '
+        'an optional test dependency")</skipped></testcase>'
+        '</testsuite></testsuites>')
+    counts = kit.junit_counts(junit)
+    assert (counts["passed"], counts["failed"], counts["skipped"]) == (1, 1, 2)
+    assert counts["failures"] == ["tests.test_a::test_two"]
+    assert counts["skip_reasons"] == {"no CUDA device": 1,
+                                      "test_dlpack.py: PyTorch is an optional test dependency": 1}
+
+
 @pytest.mark.parametrize("statuses, chosen, settings, words", [
     (["passed"] * 5, kit.STEPS, {}, "halide 22.0.0 verified: every step passed"),
     (["passed"] * 3 + ["not run"] * 2, kit.STEPS, {},
