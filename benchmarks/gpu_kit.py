@@ -31,18 +31,14 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import importlib.util
 import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
-import xml.etree.ElementTree as ElementTree
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
@@ -64,23 +60,10 @@ PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(HERE))
 
-
-def package_module(path: str):
-    """shim/<path>, loaded by path: importing shim needs a native module that prepare may be
-    about to build, and that run's interpreter may not be able to load."""
-    name = path.removesuffix(".py").replace("/", "_")
-    spec = importlib.util.spec_from_file_location(f"gpu_kit_{name}", ROOT / "shim" / path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
+from kit_steps import junit_counts, log, package_module, stream  # noqa: E402
 
 # The native module's stamp: what it was built from, against this tree's sources.
 native_stamp = package_module("native/stamp.py")
-
-
-def log(message: str) -> None:
-    print(message, flush=True)
 
 
 def mib(n: int) -> str:
@@ -539,78 +522,6 @@ def make_steps(work: Path) -> list[Step]:
              [[py, str(HERE / "noop_copies.py"), "--repeats", "15"]], 120, "benchmarks.log",
              kind="benchmark"),
     ]
-
-
-def stream(command, env, timeout: float, log_file) -> tuple[int | None, str, float]:
-    """Run ``command`` in its own process group, echoing its output (stdout and stderr) and
-    writing it to ``log_file``; kill the group at ``timeout``. (return code or None for a
-    timeout, output, seconds)."""
-    started = time.monotonic()
-    try:
-        child = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True,
-                                 errors="replace", bufsize=1, start_new_session=True)
-    except OSError as e:
-        message = f"cannot start {command[0]}: {e}\n"
-        log_file.write(message)
-        sys.stdout.write(message)
-        return 127, message, 0.0
-    lines = []
-
-    def pump():
-        for line in child.stdout:
-            lines.append(line)
-            sys.stdout.write(line)
-            sys.stdout.flush()
-            log_file.write(line)
-            log_file.flush()
-
-    reader = threading.Thread(target=pump, daemon=True)
-    reader.start()
-    try:
-        code = child.wait(timeout=max(timeout, 1))
-    except subprocess.TimeoutExpired:
-        code = None
-        for sig, grace in ((signal.SIGTERM, 5), (signal.SIGKILL, 5)):
-            try:
-                os.killpg(child.pid, sig)
-            except ProcessLookupError:
-                break
-            try:
-                child.wait(timeout=grace)
-                break
-            except subprocess.TimeoutExpired:
-                continue
-        message = f"\n!! timed out after {timeout:.0f} s: killed\n"
-        lines.append(message)
-        sys.stdout.write(message)
-        log_file.write(message)
-    reader.join(timeout=10)
-    return code, "".join(lines), time.monotonic() - started
-
-
-def junit_counts(path: Path) -> dict:
-    """passed/failed/errors/skipped, skip reasons and failed test ids from a junit file."""
-    counts = {"passed": 0, "failed": 0, "errors": 0, "skipped": 0, "skip_reasons": {}, "failures": []}
-    try:
-        tree = ElementTree.parse(path)
-    except (OSError, ElementTree.ParseError):
-        return counts
-    for case in tree.iter("testcase"):
-        test = f"{case.get('classname')}::{case.get('name')}"
-        if case.find("failure") is not None:
-            counts["failed"] += 1
-            counts["failures"].append(test)
-        elif case.find("error") is not None:
-            counts["errors"] += 1
-            counts["failures"].append(f"{test} (error)")
-        elif (skipped := case.find("skipped")) is not None:
-            counts["skipped"] += 1
-            reason = (skipped.get("message") or "").strip()
-            counts["skip_reasons"][reason] = counts["skip_reasons"].get(reason, 0) + 1
-        else:
-            counts["passed"] += 1
-    return counts
 
 
 def figures(step: Step, output: str) -> list[str]:

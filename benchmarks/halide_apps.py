@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import os
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -34,6 +33,8 @@ from pathlib import Path
 import numpy as np
 
 from gpu_pipelines import resident_seconds
+from halide_generators import compile_generator, run
+from halide_source import HalideSource
 from sidebyside import ChildProcess, interleave, serve
 
 HERE = Path(__file__).resolve().parent
@@ -74,33 +75,13 @@ def values_for(app: str) -> dict:
 
 # --- building the apps --------------------------------------------------------------------------
 
-def generator_source(halide_source: Path, relative: str) -> bytes:
-    if (halide_source / ".git").exists() or (halide_source / "HEAD").exists():
-        return subprocess.run(["git", "-C", str(halide_source), "show", f"{TAG}:{relative}"],
-                              check=True, capture_output=True).stdout
-    return (halide_source / relative).read_bytes()
-
-
-def _halide_package() -> Path:
-    import halide
-
-    return Path(halide.__file__).parent
-
-
-def _run(command, cwd) -> None:
-    done = subprocess.run(command, cwd=cwd, capture_output=True, text=True,
-                          env={**os.environ, "TMPDIR": str(cwd)})
-    if done.returncode != 0:
-        raise RuntimeError(f"{' '.join(map(str, command))} failed:\n{done.stdout}{done.stderr}")
-
-
 def build_apps(halide_source: Path, kind: str) -> dict:
     """{(app, runtime): path of its .so}, built where missing (with progress lines)."""
-    package = _halide_package()
+    source_tree = HalideSource(halide_source, TAG)
     libraries = {}
     with build_folder() as folder:
         for app, (relative, params, _, _) in APPS.items():
-            source = generator_source(halide_source, relative)
+            source = source_tree.read(relative)
             digest = hashlib.sha256(source + repr((params, TARGETS[kind])).encode()).hexdigest()[:16]
             names = {runtime: f"app-{app}-{kind}-{runtime}-{digest}.so"
                      for runtime in ("bundled", "no_runtime")}
@@ -111,18 +92,14 @@ def build_apps(halide_source: Path, kind: str) -> dict:
                 tmp = Path(tmp)
                 (tmp / "generator.cpp").write_bytes(source)
                 print(f"building {app}'s generator (a minute or two)...", file=sys.stderr, flush=True)
-                _run([os.environ.get("CXX", "c++"), "-std=c++17", "-O1", "-fno-rtti", "generator.cpp",
-                      "-I", package / "include", "-I", package / "share" / "tools",
-                      package / "lib64" / "libHalide_GenGen.a",
-                      "-L", package / "lib64", "-lHalide", f"-Wl,-rpath,{package / 'lib64'}",
-                      "-lpthread", "-ldl", "-o", "generator"], tmp)
+                compile_generator(["generator.cpp"], tmp / "generator", tmp)
                 for runtime, name in names.items():
                     target = TARGETS[kind] + ("-no_runtime" if runtime == "no_runtime" else "")
                     print(f"generating {app} for {target}...", file=sys.stderr, flush=True)
-                    _run(["./generator", "-g", app, "-e", "object", "-o", ".", "-f", app,
-                          f"target={target}", *params], tmp)
-                    _run([os.environ.get("CC", "cc"), "-shared", "-o", name, f"{app}.o",
-                          "-lpthread", "-ldl", "-lm"], tmp)
+                    run(["./generator", "-g", app, "-e", "object", "-o", ".", "-f", app,
+                         f"target={target}", *params], tmp)
+                    run([os.environ.get("CC", "cc"), "-shared", "-o", name, f"{app}.o",
+                         "-lpthread", "-ldl", "-lm"], tmp)
                     folder.write(name, (tmp / name).read_bytes())
                     libraries[app, runtime] = folder.path / name
     return libraries

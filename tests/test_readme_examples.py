@@ -111,6 +111,8 @@ NOT_EXAMPLES = [
     (r"^pip install ", "installs the package (.ci/run runs the quick start in a fresh venv)"),
     (r"^python -m pytest( |$)", "runs the test suite, this test among them"),
     (r"^python3? benchmarks/gpu_kit\.py", "the GPU kit: tests/test_gpu_kit.py checks its plumbing"),
+    (r"^python3? benchmarks/halide22_kit\.py",
+     "the Halide 22 kit: tests/test_halide22_kit.py checks its plumbing"),
     (r"^python3? benchmarks/[a-z_]+\.py", "a benchmark run: minutes, and machine-dependent figures"),
 ]
 
