@@ -65,6 +65,7 @@
 #include <unistd.h>
 
 #include "shim_native.h"
+#include "calls/call_context.h"
 #include "calls/thread_pool.h"
 
 enum {
@@ -84,6 +85,7 @@ struct job {
     struct halide_parallel_task_t task;
     halide_task_t task_fn;
     void *user_context;
+    shim_call *call; /* the call context its iterations run in: their caller's */
     job *siblings; /* the jobs of the same call, siblings[0..sibling_count) */
     int sibling_count;
     job *parent;   /* the job whose task made this call (task_parent), or NULL */
@@ -331,13 +333,18 @@ static void set_status_locked(job *j, int status) {
     __atomic_store_n(&j->status, status, __ATOMIC_RELAXED);
 }
 
-/* A job that failed, or whose parent did, takes no more iterations. Returns whether it changed
- * (its owner, waiting for it, must hear of it). */
+/* A job that failed, or one of whose ancestors did, takes no more iterations. (An ancestor's
+ * failure is looked up the chain: its children in between may not hear of it before this job
+ * does, their owners being this job's, waiting for it.) Returns whether it changed (its owner,
+ * waiting for it, must hear of it). */
 static bool stop_if_failed_locked(job *j) {
     bool changed = false;
-    if (status_of(j) == 0 && j->parent != NULL && status_of(j->parent) != 0) {
-        set_status_locked(j, status_of(j->parent));
-        changed = true;
+    for (const job *ancestor = j->parent; status_of(j) == 0 && ancestor != NULL;
+         ancestor = ancestor->parent) {
+        if (status_of(ancestor) != 0) {
+            set_status_locked(j, status_of(ancestor));
+            changed = true;
+        }
     }
     if (status_of(j) != 0 && j->queued) {
         unlink_locked(j);
@@ -479,14 +486,18 @@ static bool finished_locked(job *owned, int count) {
 /* Run jobs until the calling thread's own, owned[0..count), are done; a worker (owned NULL)
  * until it is retired. */
 static void serve_locked(job *owned, int count, worker *self) {
-    for (;;) {
-        if (owned != NULL ? finished_locked(owned, count) : self->epoch != pool.epoch) {
-            return;
-        }
+    /* The thread's call context, which it keeps from one iteration to the next of the same
+     * call, and gets back as it leaves. */
+    shim_call *own_call = shim_current_call(), *in = own_call;
+    while (owned != NULL ? !finished_locked(owned, count) : self->epoch == pool.epoch) {
         job *j = find_locked(owned);
         if (j == NULL) {
             sleep_locked();
             continue;
+        }
+        if (j->call != in) {
+            shim_call_enter(j->call);
+            in = j->call;
         }
         if (self != NULL) {
             self->busy = true;
@@ -495,6 +506,9 @@ static void serve_locked(job *owned, int count, worker *self) {
         if (self != NULL) {
             self->busy = false;
         }
+    }
+    if (in != own_call) {
+        shim_call_enter(own_call);
     }
 }
 
@@ -565,6 +579,7 @@ static void own_jobs(job *jobs, int count, job *parent) {
 
 static void prepare(job *j, void *user_context, job *siblings, int sibling_count, job *parent) {
     j->user_context = user_context;
+    j->call = shim_current_call();
     j->siblings = siblings;
     j->sibling_count = sibling_count;
     j->parent = parent;
