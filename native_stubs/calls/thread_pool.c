@@ -7,8 +7,11 @@
  * nothing to do with why a worker sleeps), and a semaphore release wakes only the A team, and
  * only when the count goes from 0: a worker that passed over a job for want of a semaphore and
  * went to sleep on the B team never hears of the release that makes the job runnable, and an
- * async pipeline can hang with every thread asleep. So here there is one reason to sleep and
- * one way to be woken, and the pool serves libraries of every release alike.
+ * async pipeline can hang with every thread asleep. (Halide 21's pool also hangs when an async
+ * producer fails: the consumer is marked failed, but the thread waiting as owner of a job
+ * nested in it hears of it only from its direct parent, and nothing wakes it.) So here there
+ * is one reason to sleep and one way to be woken, and the pool serves libraries of every
+ * release alike.
  *
  * The wakeup protocol, which cannot lose a wakeup:
  * - Everything the pool decides on (the queue, each job's counts and status, the thread
@@ -18,16 +21,21 @@
  *   waits on the condition variable only while the generation is still the one it noted,
  *   checked under the mutex it scanned under. A spinning phase before that only looks at the
  *   generation, and takes the mutex again before it decides.
- * - Every change that can make a sleeper's reason to wake true (new jobs, a semaphore release,
- *   threads given back by a job that reserved them, a job that ends, fails or is put back on
- *   the queue, a new owner job's parent getting a worker, the pool retiring its workers) bumps
- *   the generation under the mutex and broadcasts to the sleepers (notify_locked). A semaphore
- *   release adds to the count first and then takes the mutex to notify, so a scanner either
- *   saw the new count or had not yet released the mutex to sleep, and is woken.
+ * - Every change that can make a sleeper's reason to wake true bumps the generation under the
+ *   mutex and broadcasts to the sleepers (notify_locked): new jobs; a semaphore release; an
+ *   iteration that ends with a failure (its job's siblings and nested jobs stop), that ends a
+ *   job (its owner waits for it), that puts a serial job back on the queue, or that gives back
+ *   threads its job reserved; a thread starting on a job that reserves threads (its nested
+ *   jobs have one more worker's share to start in); a failure seen by a thread that stops a
+ *   job; the workers' retirement. What else changes (a job claimed, threads reserved, a
+ *   semaphore acquired) can only make less runnable. A semaphore release adds to the count
+ *   first and then takes the mutex to notify, so a scanner either saw the new count or had
+ *   not yet released the mutex to sleep, and is woken.
  * So a sleeper that missed a change would have to have checked the state after the change (it
  * saw it then) or be waiting before it (it is broadcast to): there is no third place.
  *
- * Halide's semantics, kept (see /docs/threads.md and the test suite):
+ * Halide's semantics, kept (docs/threads.md; tests/test_thread_pool.py runs Halide's API under
+ * this pool and Halide's side by side):
  * - halide_do_par_for(min, size) runs task(i) for every i in [min, min + size) once, and
  *   halide_do_parallel_tasks runs each task's loop over its range, one iteration at a time
  *   (a serial task: as many consecutive iterations as its semaphores allow, in one call, and
@@ -356,6 +364,9 @@ static bool stop_if_failed_locked(job *j) {
 
 /* Acquire the semaphores for the job's next iteration, as far as they go. */
 static bool acquire_next(job *j) {
+    if (j->task.num_semaphores == 0) {
+        return true; /* (and no write to the job, which every thread reads) */
+    }
     for (; j->next_semaphore < j->task.num_semaphores; j->next_semaphore++) {
         const struct halide_semaphore_acquire_t *s = &j->task.semaphores[j->next_semaphore];
         if (!halide_default_semaphore_try_acquire(s->semaphore, s->count)) {
@@ -367,13 +378,11 @@ static bool acquire_next(job *j) {
 }
 
 /* Whether the calling thread, owner of the jobs from `owned` on (or a worker: NULL), may run
- * an iteration of `j` now; its semaphores are acquired if so. */
+ * an iteration of `j` now; its semaphores are acquired if so. (A serial job is off the queue
+ * while a thread runs it.) */
 static bool may_run_locked(job *j, const job *owned) {
     if (owned != NULL && j->siblings != owned && j->task.min_threads != 0) {
         return false; /* it may block, and would block this thread's own jobs under it */
-    }
-    if (j->task.serial && j->active > 0) {
-        return false;
     }
     int free_threads;
     if (j->parent == NULL) {
