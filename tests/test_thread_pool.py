@@ -94,10 +94,11 @@ def test_a_failing_task_returns_its_code_and_stops_its_siblings(side_by_side):
     # [the failing task's code, its sibling stopped early, the same where the sibling's work is a
     # job nested in it, that nested job stopped early]
     assert shim_seen["sibling_errors"] == [-7, 1, -9, 1]
-    # Halide's pool returns the same codes and stops the sibling too, but lets the nested job run
-    # to its end: its workers never look at the job's status, and its owner stops it only once
-    # no worker is on it (Halide's header promises no more; the shim stops it).
-    assert stock["sibling_errors"][:3] == [-7, 1, -9]
+    # Halide's pool returns the same codes, but does not reliably stop the other jobs: its
+    # workers never look at a job's status, and its owner removes a failed job only once no
+    # worker is on it (it let a nested job run to its end every time; its header promises no
+    # more: the shim's pool stops them).
+    assert stock["sibling_errors"][0::2] == [-7, -9]
 
 
 def test_serial_tasks_and_semaphores_as_halides(side_by_side):

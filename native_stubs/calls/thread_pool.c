@@ -15,24 +15,25 @@
  *
  * The wakeup protocol, which cannot lose a wakeup:
  * - Everything the pool decides on (the queue, each job's counts and status, the thread
- *   counts, the generation) is read and changed under one mutex, with one exception: the
- *   semaphores' counts, which generated code releases without the mutex.
- * - A thread that finds nothing it may run sleeps (sleep_locked): it notes the generation, and
- *   waits on the condition variable only while the generation is still the one it noted,
- *   checked under the mutex it scanned under. A spinning phase before that only looks at the
- *   generation, and takes the mutex again before it decides.
+ *   counts, the generation) is changed under one lock, with one exception: the semaphores'
+ *   counts, which generated code releases without it.
+ * - A thread that finds nothing it may run sleeps (sleep_locked): it notes the generation
+ *   under the lock it scanned under, and sleeps only while the generation is still that one
+ *   (the generation is the futex word it sleeps on: the kernel checks it as it puts the thread
+ *   to sleep). A spinning phase before that only watches the generation.
  * - Every change that can make a sleeper's reason to wake true bumps the generation under the
- *   mutex and broadcasts to the sleepers (notify_locked): new jobs; a semaphore release; an
+ *   lock and wakes every sleeper (notify_locked): new jobs; a semaphore release; an
  *   iteration that ends with a failure (its job's siblings and nested jobs stop), that ends a
  *   job (its owner waits for it), that puts a serial job back on the queue, or that gives back
  *   threads its job reserved; a thread starting on a job that reserves threads (its nested
  *   jobs have one more worker's share to start in); a failure seen by a thread that stops a
  *   job; the workers' retirement. What else changes (a job claimed, threads reserved, a
  *   semaphore acquired) can only make less runnable. A semaphore release adds to the count
- *   first and then takes the mutex to notify, so a scanner either saw the new count or had
- *   not yet released the mutex to sleep, and is woken.
- * So a sleeper that missed a change would have to have checked the state after the change (it
- * saw it then) or be waiting before it (it is broadcast to): there is no third place.
+ *   first and then takes the lock to notify, so a scanner either saw the new count or noted
+ *   a generation the release then bumps.
+ * So a sleeper that missed a change would have to have noted the generation after the change
+ * (it scanned after it, then, and saw it) or before it (then the generation it would sleep on
+ * has moved: it does not sleep, or it is woken): there is no third place.
  *
  * Halide's semantics, kept (docs/threads.md; tests/test_thread_pool.py runs Halide's API under
  * this pool and Halide's side by side):
@@ -67,9 +68,12 @@
  * halide_shutdown_thread_pool) joins the idle workers only.
  */
 #define _GNU_SOURCE
+#include <limits.h>
+#include <linux/futex.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdlib.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include "shim_native.h"
@@ -81,6 +85,8 @@ enum {
     /* Yields a thread with nothing to run spends watching for new work before it sleeps for
      * real: the end of one parallel loop is often just before the start of the next. */
     SPINS = 40,
+    /* Checks a thread waiting for the pool's lock makes before it sleeps (it is held briefly). */
+    LOCK_SPINS = 100,
     /* Jobs of a halide_do_parallel_tasks call kept on its stack; more are allocated. */
     STACK_JOBS = 8,
 };
@@ -114,10 +120,9 @@ typedef struct worker {
 } worker;
 
 static struct {
-    pthread_mutex_t mutex;
-    pthread_cond_t wake;
-    uint64_t generation; /* bumped under the mutex; spinning threads read it without */
-    int sleepers;        /* threads waiting on `wake` */
+    int lock;            /* the pool's lock (lock()): 0 free, 1 held, 2 held and waited for */
+    uint32_t generation; /* bumped under the lock, read without: what sleepers wait on */
+    int waiting;         /* threads waiting (FUTEX_WAIT) on the generation */
     job *top;            /* the queue: a stack, newest first */
     int desired;         /* threads to run jobs on, the calling thread included; 0: not yet read */
     int reserved;        /* threads that running top-level jobs hold (their min_threads) */
@@ -126,10 +131,54 @@ static struct {
     int count;           /* the current workers, in workers[0..count) */
     worker *workers[MAX_THREADS];
     bool exiting;        /* the process is exiting */
-} pool = {.mutex = PTHREAD_MUTEX_INITIALIZER, .wake = PTHREAD_COND_INITIALIZER};
+} pool;
 
 static __thread worker *this_worker;  /* the calling thread's record, if it is a worker */
 static __thread int owned_here;       /* how many of pool.owners are the calling thread */
+
+/* ---- the lock and the generation --------------------------------------------------------- */
+
+static void futex(uint32_t *word, int op, uint32_t value) {
+    syscall(SYS_futex, word, op | FUTEX_PRIVATE_FLAG, value, NULL, NULL, 0);
+}
+
+static void relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ volatile("yield");
+#endif
+}
+
+/* The pool's lock, taken at every iteration of every loop: a futex word ("Futexes Are Tricky",
+ * U. Drepper, mutex 3), whose uncontended lock and unlock are one atomic instruction each (a
+ * pthread mutex's are a call and its checks of the mutex's kind, half the pool's own work per
+ * iteration). Held only for a few loads and stores, so a contended lock spins a little first. */
+static void lock(void) {
+    int state = 0;
+    if (__atomic_compare_exchange_n(&pool.lock, &state, 1, false, __ATOMIC_ACQUIRE,
+                                    __ATOMIC_RELAXED)) {
+        return;
+    }
+    for (int i = 0; i < LOCK_SPINS; i++) {
+        relax();
+        state = 0;
+        if (__atomic_load_n(&pool.lock, __ATOMIC_RELAXED) == 0 &&
+            __atomic_compare_exchange_n(&pool.lock, &state, 1, false, __ATOMIC_ACQUIRE,
+                                        __ATOMIC_RELAXED)) {
+            return;
+        }
+    }
+    while (__atomic_exchange_n(&pool.lock, 2, __ATOMIC_ACQUIRE) != 0) {
+        futex((uint32_t *)&pool.lock, FUTEX_WAIT, 2);
+    }
+}
+
+static void unlock(void) {
+    if (__atomic_exchange_n(&pool.lock, 0, __ATOMIC_RELEASE) == 2) {
+        futex((uint32_t *)&pool.lock, FUTEX_WAKE, 1);
+    }
+}
 
 /* ---- the hooks --------------------------------------------------------------------------- */
 
@@ -232,9 +281,9 @@ int halide_default_semaphore_release(struct halide_semaphore_t *sema, int n) {
     int now = __atomic_add_fetch(count_of(sema), n, __ATOMIC_ACQ_REL);
     if (n != 0) {
         /* Whatever the count was: a job may wait for more than one (storage folding). */
-        pthread_mutex_lock(&pool.mutex);
+        lock();
         notify_locked();
-        pthread_mutex_unlock(&pool.mutex);
+        unlock();
     }
     return now;
 }
@@ -272,43 +321,46 @@ int halide_set_num_threads(int n) {
     if (n < 0) {
         halide_error(NULL, "halide_set_num_threads: must be >= 0.");
     }
-    pthread_mutex_lock(&pool.mutex);
+    lock();
     int previous = pool.desired; /* 0 if never set nor used, as Halide answers */
     pool.desired = n == 0 ? default_threads() : clamp_threads(n);
-    pthread_mutex_unlock(&pool.mutex);
+    unlock();
     return previous;
 }
 
 int halide_get_num_threads(void) {
-    pthread_mutex_lock(&pool.mutex);
+    lock();
     int n = pool.desired;
-    pthread_mutex_unlock(&pool.mutex);
+    unlock();
     return n;
 }
 
 /* ---- the queue and the protocol ---------------------------------------------------------- */
 
 static void notify_locked(void) {
-    __atomic_add_fetch(&pool.generation, 1, __ATOMIC_RELAXED);
-    if (pool.sleepers > 0) {
-        pthread_cond_broadcast(&pool.wake);
+    __atomic_add_fetch(&pool.generation, 1, __ATOMIC_SEQ_CST);
+    if (__atomic_load_n(&pool.waiting, __ATOMIC_SEQ_CST) > 0) {
+        futex(&pool.generation, FUTEX_WAKE, INT_MAX);
     }
 }
 
-/* Wait for the next notify_locked (see the protocol above); the mutex is held again on return. */
+/* Wait for the next notify_locked (see the protocol above); the lock is held again on return. */
 static void sleep_locked(void) {
-    uint64_t seen = pool.generation;
-    pthread_mutex_unlock(&pool.mutex);
-    for (int i = 0; i < SPINS && __atomic_load_n(&pool.generation, __ATOMIC_RELAXED) == seen;
+    uint32_t seen = pool.generation;
+    unlock();
+    for (int i = 0; i < SPINS && __atomic_load_n(&pool.generation, __ATOMIC_SEQ_CST) == seen;
          i++) {
         sched_yield();
     }
-    pthread_mutex_lock(&pool.mutex);
-    pool.sleepers++;
-    while (pool.generation == seen) {
-        pthread_cond_wait(&pool.wake, &pool.mutex);
+    /* Counted as waiting before it looks again: notify_locked, which bumps the generation
+     * before it looks at the count, either sees it or was seen. FUTEX_WAIT sleeps only while
+     * the generation is still the one it saw. */
+    __atomic_add_fetch(&pool.waiting, 1, __ATOMIC_SEQ_CST);
+    while (__atomic_load_n(&pool.generation, __ATOMIC_SEQ_CST) == seen) {
+        futex(&pool.generation, FUTEX_WAIT, seen);
     }
-    pool.sleepers--;
+    __atomic_sub_fetch(&pool.waiting, 1, __ATOMIC_SEQ_CST);
+    lock();
 }
 
 static void push_locked(job *j) {
@@ -345,7 +397,7 @@ static void set_status_locked(job *j, int status) {
  * failure is looked up the chain: its children in between may not hear of it before this job
  * does, their owners being this job's, waiting for it.) Returns whether it changed (its owner,
  * waiting for it, must hear of it). */
-static bool stop_if_failed_locked(job *j) {
+static inline __attribute__((always_inline)) bool stop_if_failed_locked(job *j) {
     bool changed = false;
     for (const job *ancestor = j->parent; status_of(j) == 0 && ancestor != NULL;
          ancestor = ancestor->parent) {
@@ -419,7 +471,7 @@ static void fail_locked(job *j, int result) {
 }
 
 /* Run what the calling thread claims of `j` (whose semaphores for one iteration are acquired):
- * one iteration, or a serial job's batch; the mutex is released meanwhile. */
+ * one iteration, or a serial job's batch; the lock is let go meanwhile. */
 static void run_locked(job *j) {
     int *reserved = j->parent != NULL ? &j->parent->reserved : &pool.reserved;
     j->active++;
@@ -431,7 +483,7 @@ static void run_locked(job *j) {
     if (j->task.serial) {
         /* Off the queue while it runs: this thread alone touches its range and semaphores. */
         unlink_locked(j);
-        pthread_mutex_unlock(&pool.mutex);
+        unlock();
         int done = 0, batch = 1;
         while (batch > 0) {
             while (done + batch < j->task.extent && status_of(j) == 0 && acquire_next(j)) {
@@ -442,7 +494,7 @@ static void run_locked(job *j) {
             done += batch;
             batch = result == 0 && done < j->task.extent && status_of(j) == 0 && acquire_next(j);
         }
-        pthread_mutex_lock(&pool.mutex);
+        lock();
         j->task.min += done;
         j->task.extent -= done;
     } else {
@@ -450,14 +502,14 @@ static void run_locked(job *j) {
         if (--j->task.extent == 0) {
             unlink_locked(j);
         }
-        pthread_mutex_unlock(&pool.mutex);
+        unlock();
         if (j->task_fn != NULL) {
             result = halide_do_task(j->user_context, j->task_fn, index, j->task.closure);
         } else {
             result = halide_do_loop_task(j->user_context, j->task.fn, index, 1, j->task.closure,
                                          j);
         }
-        pthread_mutex_lock(&pool.mutex);
+        lock();
     }
     if (result != 0) {
         fail_locked(j, result);
@@ -524,10 +576,10 @@ static void serve_locked(job *owned, int count, worker *self) {
 static void *worker_main(void *arg) {
     worker *self = arg;
     this_worker = self;
-    pthread_mutex_lock(&pool.mutex);
+    lock();
     serve_locked(NULL, 0, self);
     bool detached = self->detached;
-    pthread_mutex_unlock(&pool.mutex);
+    unlock();
     if (detached) {
         free(self);
     }
@@ -578,12 +630,12 @@ static void enqueue_locked(job *jobs, int count, job *parent) {
 
 /* The calling thread's jobs, run: enqueue them, help until they are done. */
 static void own_jobs(job *jobs, int count, job *parent) {
-    pthread_mutex_lock(&pool.mutex);
+    lock();
     enqueue_locked(jobs, count, parent);
     serve_locked(jobs, count, NULL);
     pool.owners--;
     owned_here--;
-    pthread_mutex_unlock(&pool.mutex);
+    unlock();
 }
 
 static void prepare(job *j, void *user_context, job *siblings, int sibling_count, job *parent) {
@@ -643,7 +695,7 @@ int halide_default_do_parallel_tasks(void *user_context, int num_tasks,
  * exit only those not running a job. */
 static void retire(bool wait_for_busy) {
     worker *retired[MAX_THREADS];
-    pthread_mutex_lock(&pool.mutex);
+    lock();
     int count = pool.count;
     for (int i = 0; i < count; i++) {
         retired[i] = pool.workers[i];
@@ -662,7 +714,7 @@ static void retire(bool wait_for_busy) {
     for (int i = 0; i < count && pool.owners > 0 && !pool.exiting; i++) {
         spawn_locked();
     }
-    pthread_mutex_unlock(&pool.mutex);
+    unlock();
     for (int i = 0; i < count; i++) {
         if (retired[i] != NULL) {
             pthread_join(retired[i]->thread, NULL);
@@ -672,16 +724,16 @@ static void retire(bool wait_for_busy) {
 }
 
 void halide_shutdown_thread_pool(void) {
-    pthread_mutex_lock(&pool.mutex);
+    lock();
     bool exiting = pool.exiting;
-    pthread_mutex_unlock(&pool.mutex);
+    unlock();
     retire(!exiting);
 }
 
 static void at_exit(void) {
-    pthread_mutex_lock(&pool.mutex);
+    lock();
     pool.exiting = true;
-    pthread_mutex_unlock(&pool.mutex);
+    unlock();
     retire(false);
 }
 
@@ -691,9 +743,8 @@ __attribute__((constructor)) static void watch_exit(void) {
 
 void shim_pool_after_fork_in_child(void) {
     /* The other threads are gone: their locks, waits, jobs and workers with them. */
-    pthread_mutex_init(&pool.mutex, NULL);
-    pthread_cond_init(&pool.wake, NULL);
-    pool.sleepers = 0;
+    pool.lock = 0;
+    pool.waiting = 0;
     pool.top = NULL;
     pool.reserved = 0;
     pool.owners = owned_here;

@@ -168,29 +168,33 @@ static int fail_later(void *user_context, int min, int extent, uint8_t *closure,
     return -9;
 }
 
+/* (The slow jobs take seconds to run whole on a few threads: stopped, they run for as long as
+ * their failing sibling took to fail, milliseconds.) */
+enum { SLOW_SIBLING = 10000, SLOW_NESTED = 20000 };
+
 static int slow(void *user_context, int min, int extent, uint8_t *closure, void *task_parent) {
     __atomic_add_fetch(&slow_iterations, extent, __ATOMIC_SEQ_CST);
-    usleep(200);
+    usleep(100);
     return 0;
 }
 
 static int nest_slow(void *user_context, int min, int extent, uint8_t *closure,
                      void *task_parent) {
-    struct halide_parallel_task_t nested = task(slow, 0, 2000);
+    struct halide_parallel_task_t nested = task(slow, 0, SLOW_NESTED);
     return halide_do_parallel_tasks(user_context, 1, &nested, task_parent);
 }
 
 /* A failing task stops its siblings, and the jobs nested in them. */
 int pool_scenario_sibling_errors(int64_t *out) {
     slow_iterations = 0;
-    struct halide_parallel_task_t tasks[2] = {task(fail_now, 0, 1), task(slow, 0, 1000)};
+    struct halide_parallel_task_t tasks[2] = {task(fail_now, 0, 1), task(slow, 0, SLOW_SIBLING)};
     out[0] = halide_do_parallel_tasks(NULL, 2, tasks, NULL);
-    out[1] = slow_iterations < 1000;
+    out[1] = slow_iterations < SLOW_SIBLING;
     slow_iterations = 0;
     struct halide_parallel_task_t nesting[2] = {task(fail_later, 0, 1), task(nest_slow, 0, 1)};
     nesting[1].min_threads = 1; /* (it waits for its nested job: as the compiler counts it) */
     out[2] = halide_do_parallel_tasks(NULL, 2, nesting, NULL);
-    out[3] = slow_iterations < 2000;
+    out[3] = slow_iterations < SLOW_NESTED;
     return 4;
 }
 
