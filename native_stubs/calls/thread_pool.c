@@ -120,7 +120,7 @@ typedef struct worker {
 } worker;
 
 static struct {
-    int lock;            /* the pool's lock (lock()): 0 free, 1 held, 2 held and waited for */
+    uint32_t lock;       /* the pool's lock (lock()): 0 free, 1 held, 2 held and waited for */
     uint32_t generation; /* bumped under the lock, read without: what sleepers wait on */
     int waiting;         /* threads waiting (FUTEX_WAIT) on the generation */
     job *top;            /* the queue: a stack, newest first */
@@ -155,7 +155,7 @@ static void relax(void) {
  * pthread mutex's are a call and its checks of the mutex's kind, half the pool's own work per
  * iteration). Held only for a few loads and stores, so a contended lock spins a little first. */
 static void lock(void) {
-    int state = 0;
+    uint32_t state = 0;
     if (__atomic_compare_exchange_n(&pool.lock, &state, 1, false, __ATOMIC_ACQUIRE,
                                     __ATOMIC_RELAXED)) {
         return;
@@ -170,13 +170,13 @@ static void lock(void) {
         }
     }
     while (__atomic_exchange_n(&pool.lock, 2, __ATOMIC_ACQUIRE) != 0) {
-        futex((uint32_t *)&pool.lock, FUTEX_WAIT, 2);
+        futex(&pool.lock, FUTEX_WAIT, 2);
     }
 }
 
 static void unlock(void) {
     if (__atomic_exchange_n(&pool.lock, 0, __ATOMIC_RELEASE) == 2) {
-        futex((uint32_t *)&pool.lock, FUTEX_WAKE, 1);
+        futex(&pool.lock, FUTEX_WAKE, 1);
     }
 }
 
