@@ -255,12 +255,14 @@ def test_the_check_reads_what_the_library_defines():
 
 def test_the_check_reads_the_uses_between_the_files():
     """Known uses across files are in the parse, with those of the headers' inline functions:
-    a thread-pool task enters its call's context; a launch refuses in a forked child and counts
-    while profiling; the fast paths record calls in the families."""
+    a thread-pool task enters its call's context and goes to the pool; a fork resets the pool; a
+    launch refuses in a forked child and counts while profiling; the fast paths record calls in
+    the families."""
     tree = read_tree(NATIVE)
     definers = {symbol: [name] for name, source in tree.items() for symbol in source.defines}
     uses = _file_uses(tree, definers)
-    assert uses["calls/parallel.c"] == {"calls/call_context.c"}
+    assert uses["calls/parallel.c"] == {"calls/call_context.c", "calls/thread_pool.c"}
+    assert "calls/thread_pool.c" in uses["forks/fork.c"]
     assert {"forks/fork.c", "profiling/profile.c", "calls/call_context.c",
             "devices/device_generic.c"} <= uses["backends/cuda.c"]
     assert {"fast/shared_records.c", "fast/family_state.c"} <= uses["fast/call_records.c"]

@@ -121,7 +121,7 @@ def test_calls_from_worker_threads_belong_to_their_pipeline_call(gpu, opencl):
         """(The callers' thread ids, the profile of 20 calls from two threads at once.)"""
         callers = set()
 
-        def caller():  # two callers keep Halide's pool busy enough to hand stages to workers
+        def caller():  # two callers keep the pool busy enough to hand stages to workers
             callers.add(threading.get_native_id())
             for _ in range(10):
                 gpu["async_gpu_to_cpu"](shared, output=image.shape).numpy()

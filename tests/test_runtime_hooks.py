@@ -1,7 +1,8 @@
 """Halide's runtime hooks are honoured under the shim (issue 27): what an application installs
 with halide_set_error_handler, halide_set_custom_print, halide_set_custom_malloc /
-halide_set_custom_free and halide_set_custom_do_par_for is called with Halide's semantics,
-from the pipeline's own threads too, and the shim's exceptions still carry Halide's messages.
+halide_set_custom_free, halide_set_custom_do_par_for and halide_set_custom_do_task is called
+with Halide's semantics, from the pipeline's own threads too, and the shim's exceptions still
+carry Halide's messages.
 The hooks are installed through ctypes, as a program embedding the shim would, and put back
 as they were after each test.
 
@@ -137,6 +138,34 @@ def test_a_custom_do_par_for_runs_the_parallel_loops(checked_sqrt):
     with installed("halide_set_custom_do_par_for", DO_PAR_FOR, DO_PAR_FOR(my_do_par_for)):
         with pytest.raises(shim.PipelineError, match="at row 3"):
             checked_sqrt(image, False, output=np.zeros_like(image))
+
+
+DO_TASK = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, TASK, ctypes.c_int, ctypes.c_void_p)
+
+
+def test_a_custom_do_task_runs_each_iteration_of_the_pools_loops(checked_sqrt):
+    """halide_set_custom_do_task: the shim's pool calls it for each iteration, on its workers
+    too, each under its call's context, as Halide's calls it."""
+    default = RUNTIME.halide_default_do_task
+    default.restype = ctypes.c_int
+    default.argtypes = [ctypes.c_void_p, TASK, ctypes.c_int, ctypes.c_void_p]
+    rows = []
+
+    def my_do_task(uc, task, index, closure):
+        rows.append(index)
+        return default(uc, task, index, closure)
+
+    image = np.arange(40, dtype=np.float32).reshape(10, 4)
+    with installed("halide_set_custom_do_task", DO_TASK, DO_TASK(my_do_task)):
+        out = checked_sqrt(image, False, output=np.zeros_like(image))
+        np.testing.assert_allclose(out, np.sqrt(image), rtol=1e-6)
+        assert sorted(rows) == list(range(10))
+        image[7, 2] = -1
+        with pytest.raises(shim.PipelineError, match="at row 7"):
+            checked_sqrt(image, False, output=np.zeros_like(image))
+    rows.clear()
+    checked_sqrt(np.ones((3, 3), np.float32), False, output=np.zeros((3, 3), np.float32))
+    assert rows == []  # put back: the default again
 
 
 def test_outside_a_call_a_handled_error_is_the_handlers_alone(capfd):

@@ -8,7 +8,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "shim_native.h"
 #include "calls/call_context.h"
@@ -34,10 +33,6 @@ struct shim_call {
     pthread_mutex_t lock; /* worker threads of one call may report at the same time */
     text_buffer errors;
     text_buffer prints;
-    /* Set when one of the call's tasks failed: see shim_call_task_failed. */
-    bool waker_started;
-    pthread_t waker;
-    int finished;
     /* Set while a pipeline's code runs in this context (on the caller's thread and Halide's
      * workers): what the Python runtime asks to know whether to wait for the call. */
     int in_pipeline;
@@ -243,39 +238,7 @@ int shim_call_argv(shim_call *call, int (*argv_fn)(void **), void **argv) {
     int result = argv_fn(argv);
     __atomic_store_n(&call->in_pipeline, 0, __ATOMIC_RELEASE);
     shim_call_leave(previous);
-    if (call->waker_started) {
-        __atomic_store_n(&call->finished, 1, __ATOMIC_RELEASE);
-        pthread_join(call->waker, NULL);
-        call->waker_started = false;
-        call->finished = 0;
-    }
     return result;
-}
-
-/* Halide 21's thread pool can deadlock when a task of an async pipeline fails: it marks the
- * failed task's siblings failed, but a thread stalled as the owner of a job nested inside a
- * sibling (a consumer waiting on the failed producer's semaphore) only re-checks its parent
- * when something wakes the pool's owners, and with every thread stalled nothing does. So once
- * a call has a failed task, a helper thread wakes the owners every millisecond (a 0 -> 1
- * semaphore release broadcasts to them) until the call returns; each stalled owner then sees
- * its failed parent and unwinds. */
-static void *wake_pool_until_done(void *arg) {
-    shim_call *call = arg;
-    struct halide_semaphore_t nudge;
-    while (!__atomic_load_n(&call->finished, __ATOMIC_ACQUIRE)) {
-        halide_semaphore_init(&nudge, 0);
-        halide_semaphore_release(&nudge, 1);
-        usleep(1000);
-    }
-    return NULL;
-}
-
-void shim_call_task_failed(shim_call *call) {
-    pthread_mutex_lock(&call->lock);
-    if (!call->waker_started) {
-        call->waker_started = pthread_create(&call->waker, NULL, wake_pool_until_done, call) == 0;
-    }
-    pthread_mutex_unlock(&call->lock);
 }
 
 const char *shim_call_errors(const shim_call *call) {

@@ -14,7 +14,4 @@ bool shim_calls_closed(void);
  * running. */
 void shim_calls_keep_own(void);
 
-/* One of the call's thread-pool tasks returned an error (see call_context.c). */
-void shim_call_task_failed(shim_call *call);
-
 #endif

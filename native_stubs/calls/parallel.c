@@ -1,18 +1,19 @@
-/* Thread-pool entry points that carry the caller's call context into Halide's worker threads.
+/* Thread-pool entry points that carry the caller's call context into the pool's threads.
  *
- * A pipeline's parallel loops and async producers run on Halide's thread pool, so an error, a
- * print or a device call can come from a thread that Python never saw. Generated code enters
- * the pool only through halide_do_par_for and halide_do_parallel_tasks; we wrap each task so the
- * worker runs it under the context of the call that spawned it, then hand the work to the
+ * A pipeline's parallel loops and async producers run on the thread pool, so an error, a print
+ * or a device call can come from a thread that Python never saw. Generated code enters the
+ * pool only through halide_do_par_for and halide_do_parallel_tasks, which hand the work to the
  * thread pool an application installed (halide_set_custom_do_par_for,
- * halide_set_custom_parallel_runtime: calls/halide_hooks.h), by default Halide's own
- * (halide_default_*, from the standalone runtime linked into this library).
+ * halide_set_custom_parallel_runtime), by default the shim's own (calls/thread_pool.c). The
+ * shim's own runs each job in its caller's context itself (a thread enters it once for all the
+ * iterations it runs in a row); an application's knows nothing of contexts, so it is handed
+ * each task wrapped to run under the context of the call that spawned it.
  */
 #include <stdlib.h>
 
 #include "shim_native.h"
 #include "calls/call_context.h"
-#include "calls/halide_hooks.h"
+#include "calls/thread_pool.h"
 
 typedef struct {
     halide_task_t fn;
@@ -31,9 +32,6 @@ static int run_task(void *user_context, int index, uint8_t *closure) {
     shim_call *previous = shim_call_enter(task->call);
     int result = task->fn(user_context, index, task->closure);
     shim_call_leave(previous);
-    if (result != 0) {
-        shim_call_task_failed(task->call);
-    }
     return result;
 }
 
@@ -43,40 +41,28 @@ static int run_loop_task(void *user_context, int min, int extent, uint8_t *closu
     shim_call *previous = shim_call_enter(task->call);
     int result = task->fn(user_context, min, extent, task->closure, task_parent);
     shim_call_leave(previous);
-    if (result != 0) {
-        shim_call_task_failed(task->call);
-    }
     return result;
-}
-
-static shim_do_par_for_t do_par_for(void) {
-    shim_do_par_for_t f = __atomic_load_n(&shim_halide_custom_do_par_for, __ATOMIC_ACQUIRE);
-    return f != NULL ? f : halide_default_do_par_for;
-}
-
-static shim_do_parallel_tasks_t do_parallel_tasks(void) {
-    shim_do_parallel_tasks_t f =
-        __atomic_load_n(&shim_halide_custom_do_parallel_tasks, __ATOMIC_ACQUIRE);
-    return f != NULL ? f : halide_default_do_parallel_tasks;
 }
 
 int halide_do_par_for(void *user_context, halide_task_t fn, int min, int size,
                       uint8_t *closure) {
+    halide_do_par_for_t pool = shim_pool_do_par_for();
     shim_call *call = shim_current_call();
-    if (call == NULL) {
-        return do_par_for()(user_context, fn, min, size, closure);
+    if (call == NULL || pool == halide_default_do_par_for) {
+        return pool(user_context, fn, min, size, closure);
     }
     /* A do_par_for returns only after every task has run, so the wrapper can live on this
      * stack frame. */
     wrapped_task task = {fn, closure, call};
-    return do_par_for()(user_context, run_task, min, size, (uint8_t *)&task);
+    return pool(user_context, run_task, min, size, (uint8_t *)&task);
 }
 
 int halide_do_parallel_tasks(void *user_context, int num_tasks,
                              struct halide_parallel_task_t *tasks, void *task_parent) {
+    halide_do_parallel_tasks_t pool = shim_pool_do_parallel_tasks();
     shim_call *call = shim_current_call();
-    if (call == NULL || num_tasks <= 0) {
-        return do_parallel_tasks()(user_context, num_tasks, tasks, task_parent);
+    if (call == NULL || num_tasks <= 0 || pool == halide_default_do_parallel_tasks) {
+        return pool(user_context, num_tasks, tasks, task_parent);
     }
     struct halide_parallel_task_t *copies = malloc(num_tasks * sizeof(*copies));
     wrapped_loop_task *wrappers = malloc(num_tasks * sizeof(*wrappers));
@@ -91,7 +77,7 @@ int halide_do_parallel_tasks(void *user_context, int num_tasks,
         copies[i].fn = run_loop_task;
         copies[i].closure = (uint8_t *)&wrappers[i];
     }
-    int result = do_parallel_tasks()(user_context, num_tasks, copies, task_parent);
+    int result = pool(user_context, num_tasks, copies, task_parent);
     free(copies);
     free(wrappers);
     return result;

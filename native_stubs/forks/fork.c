@@ -8,16 +8,18 @@
  * that: a launch there waits forever. Each backend notes the process it was bound in, and
  * every entry point that would use the device refuses in any other.
  *
- * Halide's host runtime (its standalone runtime, linked into this library; the runtime a
- * pipeline carries binds to these same objects, since this library is loaded first): a lock
- * another thread held at the fork would be held for good in the child, which hung in its
- * first call of a pipeline needing it. So the child gets, as if freshly loaded:
- * - the parking lot's table (Synchronization::table: the buckets' word locks and the queues
- *   of threads waiting on any halide_mutex or halide_cond): every waiter in it was another
- *   thread. It is cleared first, so that nothing after it wakes a waiter that does not exist;
- * - the thread pool's work queue, all but the number of threads asked for
+ * The host runtime (the shim's thread pool, and Halide's standalone runtime, linked into this
+ * library; the runtime a pipeline carries binds to these same objects, since this library is
+ * loaded first): a lock another thread held at the fork would be held for good in the child,
+ * which hung in its first call of a pipeline needing it. So the child gets, as if freshly
+ * loaded:
+ * - the thread pool (calls/thread_pool.c), all but the number of threads asked for
  *   (halide_set_num_threads): its mutex, its jobs (other threads' parallel loops), its workers
  *   and sleepers are the parent's. The child's next parallel loop starts workers of its own;
+ * - the parking lot's table (Synchronization::table: the buckets' word locks and the queues
+ *   of threads waiting on any halide_mutex or halide_cond): every waiter in it was another
+ *   thread. It is cleared before anything else of Halide's, so that nothing after it wakes a
+ *   waiter that does not exist;
  * - the trace file's spin lock, and the header of the trace buffer (its shared/exclusive spin
  *   lock, cursor and overage): the events buffered but not yet written are the parent's, which
  *   writes them; the child writing them too would put them twice in the file;
@@ -57,6 +59,7 @@
 #include "shim_native.h"
 #include "calls/call_context.h"
 #include "calls/releases.h"
+#include "calls/thread_pool.h"
 #include "forks/fork.h"
 #include "profiling/halide_profiler.h"
 #include "profiling/profile.h"
@@ -64,8 +67,6 @@
 
 /* Halide's objects, by their symbols: no header declares them. Weak, so that a Halide without
  * one still loads (that one is then left as the fork left it; tests/test_abi.py fails). */
-extern char halide_work_queue[] __asm__("_ZN6Halide7Runtime8Internal10work_queueE")
-    __attribute__((weak));
 extern char halide_parking_lot[] __asm__("_ZN6Halide7Runtime8Internal15Synchronization5tableE")
     __attribute__((weak));
 extern char halide_trace_file_lock[] __asm__("_ZN6Halide7Runtime8Internal22halide_trace_file_lockE")
@@ -83,11 +84,7 @@ extern char halide_least_recently_used[]
 extern char halide_current_cache_size[] __asm__("_ZN6Halide7Runtime8Internal18current_cache_sizeE")
     __attribute__((weak));
 
-/* Halide 21's layouts (src/runtime/thread_pool_common.h, tracing.cpp), checked by
- * tests/test_abi.py. work_queue_t: a halide_mutex, `int desired_threads_working`, then fields
- * whose initial state is all zeros (from `zero_marker` on: what its own reset() clears). */
-enum { WORK_QUEUE_KEPT = sizeof(struct halide_mutex) + sizeof(int) };
-/* TraceBuffer, which halide_trace_buffer points to (once a trace file is open): a 32-bit
+/* Halide 21's layout (src/runtime/tracing.cpp), checked by tests/test_abi.py. TraceBuffer, which halide_trace_buffer points to (once a trace file is open): a 32-bit
  * SharedExclusiveSpinLock, then `uint32_t cursor, overage`, then the bytes. */
 enum { TRACE_BUFFER_HEADER = 3 * sizeof(uint32_t) };
 
@@ -180,11 +177,8 @@ static void after_fork_in_parent(void) {
 
 static void after_fork_in_child(void) {
     __atomic_store_n(&current_process, getpid(), __ATOMIC_RELAXED);
+    shim_pool_after_fork_in_child();
     clear(SHIM_FORK_PARKING_LOT, 0);
-    if (objects[SHIM_FORK_WORK_QUEUE].address != NULL) {
-        memset(objects[SHIM_FORK_WORK_QUEUE].address, 0, sizeof(struct halide_mutex));
-        clear(SHIM_FORK_WORK_QUEUE, WORK_QUEUE_KEPT);
-    }
     clear(SHIM_FORK_TRACE_FILE_LOCK, 0);
     if (objects[SHIM_FORK_TRACE_BUFFER].address != NULL) {
         void *buffer = *(void **)objects[SHIM_FORK_TRACE_BUFFER].address;
@@ -211,7 +205,6 @@ static void after_fork_in_child(void) {
 
 __attribute__((constructor)) static void watch_forks(void) {
     current_process = getpid();
-    find(SHIM_FORK_WORK_QUEUE, halide_work_queue, WORK_QUEUE_KEPT);
     find(SHIM_FORK_PARKING_LOT, halide_parking_lot, 1);
     find(SHIM_FORK_TRACE_FILE_LOCK, halide_trace_file_lock, 1);
     find(SHIM_FORK_TRACE_BUFFER, halide_trace_buffer, sizeof(void *));

@@ -7,8 +7,8 @@ the lesson's definitions and no inputs:
 - async_ring_buffer:       the same with hoist_storage + ring_buffer(2)
 - async_ring_buffer_tiled: ring_buffer(2) over 16x16 tiles of each plane
 
-Their producers and consumers run on different threads of Halide's pool, synchronized by
-semaphores (halide_semaphore_*), which is what the shim's thread-pool hooks must carry.
+Their producers and consumers run on different threads of the thread pool, synchronized by
+semaphores (halide_semaphore_*), which is what the shim's thread pool must serve.
 """
 
 import halide as hl

@@ -1,7 +1,7 @@
 """Leaving the interpreter with pipelines, buffers and device memory still alive.
 
 When Python exits it tears down its modules, and only then do the C libraries' destructors
-run (Halide's thread pool, the runtime bundled in a pipeline's .so). A pipeline still running
+run (the thread pool's, the runtime bundled in a pipeline's .so). A pipeline still running
 on another thread by then would call back into a half-destroyed interpreter, and a driver
 call left waiting on a daemon thread would be cut off mid-way. So first thing at exit, while
 everything still works: new calls into Halide code are refused, the calls still running are

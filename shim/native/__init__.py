@@ -1,7 +1,7 @@
 """The native layer. This module is the one import of the native runtime library
 (shim._native), loaded before any pipeline can be; the package's other modules are Python over
 one piece of the library's state each: a buffer's flag bits (flags), buffer geometry and copy
-plans (regions), streams, signals held inside the layer (interrupts), Halide's thread pool size
+plans (regions), streams, signals held inside the layer (interrupts), the thread pool's size
 (threads). The package may import shim.base only.
 
 Its halide_* definitions must be first in the process's global symbol scope, so that every

@@ -1,4 +1,5 @@
-"""Halide's thread pool, the one every pipeline in the process shares."""
+"""The thread pool's size: the pool (native_stubs/calls/thread_pool.c) every pipeline in the
+process shares."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from shim.native import lib
 def set_num_threads(n: int) -> int:
     """Use ``n`` threads for pipelines' parallel loops and async stages (Halide's
     halide_set_num_threads; HL_NUM_THREADS sets the initial value). Returns the previous count.
-    Takes effect for work started afterwards."""
+    Takes effect for work started afterwards; workers already started stay."""
     if not isinstance(n, int) or isinstance(n, bool) or n < 1:
         raise ArgumentError("n", f"expected a positive number of threads, got {n!r}")
     previous = num_threads()
