@@ -47,8 +47,7 @@
 
 #include "HalideRuntime.h"
 #include "halide22_runtime.h"
-
-#define TYPE22(code, bits) ((uint32_t)(code) | ((uint32_t)(bits) << 8))
+#include "halide22_generated.h"
 
 /* The runtime functions Halide 22's generated code calls, as it calls them. */
 int halide_profiler_instance_start(void *user_context, const char *pipeline_name, int num_funcs,
@@ -70,55 +69,6 @@ void halide_profiler_stack_peak_update(void *user_context,
 int halide_trace_helper(void *user_context, const char *func, void *value, int *coords,
                         int type_code, int type_bits, int type_lanes, int code, int parent_id,
                         int thread_id, int value_index, int dimensions, const char *trace_tag);
-
-static uint32_t type_word(const halide_buffer_t *buf) {
-    uint32_t word;
-    memcpy(&word, &buf->type, sizeof word);
-    return word;
-}
-
-static int is_bounds_query(const halide_buffer_t *buf) {
-    return buf->host == NULL && buf->device == 0;
-}
-
-/* The checks Halide's generated code makes of a 2-D uint8 input and output of one shape; the
- * bounds query's answer. 0, or Halide's error code. */
-static int check(void *uc, const char *name, halide_buffer_t *input, halide_buffer_t *output) {
-    if (input == NULL || output == NULL) {
-        return halide_error_buffer_argument_is_null(uc, input == NULL ? "input" : "output");
-    }
-    if (type_word(input) != TYPE22(halide_type_uint, 8)) {
-        return halide_error_bad_type(uc, "Input buffer input", TYPE22(halide_type_uint, 8),
-                                     type_word(input));
-    }
-    if (type_word(output) != TYPE22(halide_type_uint, 8)) {
-        return halide_error_bad_type(uc, "Output buffer output", TYPE22(halide_type_uint, 8),
-                                     type_word(output));
-    }
-    if (input->dimensions != 2 || output->dimensions != 2) {
-        return halide_error_bad_dimensions(uc, name, 2,
-                                           input->dimensions != 2 ? input->dimensions
-                                                                  : output->dimensions);
-    }
-    if (is_bounds_query(input)) {
-        for (int d = 0; d < 2; d++) {
-            input->dim[d].min = output->dim[d].min;
-            input->dim[d].extent = output->dim[d].extent;
-        }
-    }
-    if (is_bounds_query(input) || is_bounds_query(output)) {
-        return 0;
-    }
-    for (int d = 0; d < 2; d++) {
-        if (input->dim[d].min > output->dim[d].min ||
-            input->dim[d].min + input->dim[d].extent < output->dim[d].min + output->dim[d].extent) {
-            return halide_error_access_out_of_bounds(
-                uc, "input", d, output->dim[d].min, output->dim[d].min + output->dim[d].extent - 1,
-                input->dim[d].min, input->dim[d].min + input->dim[d].extent - 1);
-        }
-    }
-    return 0;
-}
 
 static uint8_t *at(const halide_buffer_t *buf, int x, int y) {
     return buf->host + (int64_t)(x - buf->dim[0].min) * buf->dim[0].stride +
@@ -309,10 +259,10 @@ static int prof_body(void *uc, instance_t *instance, halide_buffer_t *input, int
     set_current_func(instance, OVERHEAD, NULL);
     uint64_t stack_peaks[ENTRIES] = {0, 0, 0, 0, 0, 0, CHUNK * sizeof(uint16_t)};
     halide_profiler_stack_peak_update(uc, instance, stack_peaks);
-    err = check(uc, "h22_prof", input, output);
-    if (err != 0 || is_bounds_query(input) || is_bounds_query(output)) {
+    err = check_elementwise(uc, input, output, TYPE22(halide_type_uint, 8));
+    if (err != 0) {
         decr_active_threads(instance);
-        return err;
+        return err == H22_QUERIED ? 0 : err;
     }
     int width = output->dim[0].extent, height = output->dim[1].extent;
     int x0 = output->dim[0].min, y0 = output->dim[1].min;
@@ -492,9 +442,9 @@ static int trace_row(void *uc, int y, uint8_t *closure_) {
 
 int h22_trace(halide_buffer_t *input, halide_buffer_t *output) {
     void *uc = NULL;
-    int err = check(uc, "h22_trace", input, output);
-    if (err != 0 || is_bounds_query(input) || is_bounds_query(output)) {
-        return err;
+    int err = check_elementwise(uc, input, output, TYPE22(halide_type_uint, 8));
+    if (err != 0) {
+        return err == H22_QUERIED ? 0 : err;
     }
     if (output->dim[0].extent % VECTOR_TRACE != 0 || output->dim[0].extent > 4096) {
         return halide_error_bad_dimensions(uc, "output (a width of a multiple of 4, at most 4096)",

@@ -16,65 +16,20 @@
  *   mask (two words, Halide 22's numbering); answers[i] is halide_can_use_target_features'
  *   raw answer for row i (Halide 22 reads 2 and 3 itself).
  */
-#include <stdint.h>
-#include <string.h>
-
 #include "HalideRuntime.h"
 #include "halide22_runtime.h"
-
-/* The type word of a buffer of `code`/`bits` scalars in Halide 22. */
-#define TYPE22(code, bits) ((uint32_t)(code) | ((uint32_t)(bits) << 8))
-
-static uint32_t type_word(const halide_buffer_t *buf) {
-    uint32_t word;
-    memcpy(&word, &buf->type, sizeof word);
-    return word;
-}
+#include "halide22_generated.h"
 
 static int bad_type(void *uc, const char *name, uint32_t want, const halide_buffer_t *buf) {
     return halide_error_bad_type(uc, name, want, type_word(buf));
 }
 
-static int is_bounds_query(const halide_buffer_t *buf) {
-    return buf->host == NULL && buf->device == 0;
-}
-
 /* --- h22_scale ------------------------------------------------------------------------- */
 
 int h22_scale(halide_buffer_t *input, int32_t gain, halide_buffer_t *output) {
-    void *uc = NULL;
-    if (input == NULL || output == NULL) {
-        return halide_error_buffer_argument_is_null(uc, input == NULL ? "input" : "output");
-    }
-    /* Halide 22 checks the bounds query's buffers' types too. */
-    if (type_word(input) != TYPE22(halide_type_uint, 8)) {
-        return bad_type(uc, "Input buffer input", TYPE22(halide_type_uint, 8), input);
-    }
-    if (type_word(output) != TYPE22(halide_type_uint, 8)) {
-        return bad_type(uc, "Output buffer output", TYPE22(halide_type_uint, 8), output);
-    }
-    if (input->dimensions != 2 || output->dimensions != 2) {
-        return halide_error_bad_dimensions(uc, input->dimensions != 2 ? "input" : "output", 2,
-                                           input->dimensions != 2 ? input->dimensions
-                                                                  : output->dimensions);
-    }
-    if (is_bounds_query(input)) {
-        for (int d = 0; d < 2; d++) {
-            input->dim[d].min = output->dim[d].min;
-            input->dim[d].extent = output->dim[d].extent;
-        }
-    }
-    if (is_bounds_query(input) || is_bounds_query(output)) {
-        return 0;
-    }
-    for (int d = 0; d < 2; d++) {
-        if (input->dim[d].min > output->dim[d].min ||
-            input->dim[d].min + input->dim[d].extent < output->dim[d].min + output->dim[d].extent) {
-            return halide_error_access_out_of_bounds(uc, "input", d, output->dim[d].min,
-                                                     output->dim[d].min + output->dim[d].extent - 1,
-                                                     input->dim[d].min,
-                                                     input->dim[d].min + input->dim[d].extent - 1);
-        }
+    int err = check_elementwise(NULL, input, output, TYPE22(halide_type_uint, 8));
+    if (err != 0) {
+        return err == H22_QUERIED ? 0 : err;
     }
     for (int y = output->dim[1].min; y < output->dim[1].min + output->dim[1].extent; y++) {
         for (int x = output->dim[0].min; x < output->dim[0].min + output->dim[0].extent; x++) {

@@ -24,6 +24,7 @@
 
 #include "HalideRuntime.h"
 #include "halide22_runtime.h"
+#include "halide22_generated.h"
 #include "halide22_vulkan_kernels.h"
 
 /* The Vulkan entry points generated code calls, as HalideRuntimeVulkan.h (a C++ header)
@@ -36,60 +37,6 @@ int halide_vulkan_run(void *user_context, void *state_ptr, const char *entry_nam
                       int shared_mem_bytes, size_t arg_sizes[], void *args[],
                       int8_t arg_is_buffer[]);
 void halide_vulkan_finalize_kernels(void *user_context, void *state_ptr);
-
-/* The type word of a buffer of `code`/`bits` scalars in Halide 22. */
-#define TYPE22(code, bits) ((uint32_t)(code) | ((uint32_t)(bits) << 8))
-
-static uint32_t type_word(const halide_buffer_t *buf) {
-    uint32_t word;
-    memcpy(&word, &buf->type, sizeof word);
-    return word;
-}
-
-static int is_bounds_query(const halide_buffer_t *buf) {
-    return buf->host == NULL && buf->device == 0;
-}
-
-/* What generated code checks of a buffer argument before anything else: present, its type
- * (all 32 bits), its dimensions, and a dense innermost dimension (Halide's default
- * constraint). */
-static int check_buffer(void *uc, const char *name, const halide_buffer_t *buf, uint32_t type,
-                        int dimensions) {
-    if (buf == NULL) {
-        return halide_error_buffer_argument_is_null(uc, name);
-    }
-    if (type_word(buf) != type) {
-        return halide_error_bad_type(uc, name, type, type_word(buf));
-    }
-    if (buf->dimensions != dimensions) {
-        return halide_error_bad_dimensions(uc, name, dimensions, buf->dimensions);
-    }
-    if (!is_bounds_query(buf) && buf->dim[0].stride != 1) {
-        return halide_error_constraint_violated(uc, "stride.0", buf->dim[0].stride, "1", 1);
-    }
-    return 0;
-}
-
-/* An input's region, as the bounds query answers it: the output's. */
-static void require_region(halide_buffer_t *input, const halide_buffer_t *output) {
-    for (int d = 0; d < output->dimensions; d++) {
-        input->dim[d].min = output->dim[d].min;
-        input->dim[d].extent = output->dim[d].extent;
-    }
-}
-
-static int covers(void *uc, const char *name, const halide_buffer_t *input,
-                  const halide_buffer_t *output) {
-    for (int d = 0; d < output->dimensions; d++) {
-        int out_max = output->dim[d].min + output->dim[d].extent - 1;
-        int in_max = input->dim[d].min + input->dim[d].extent - 1;
-        if (input->dim[d].min > output->dim[d].min || in_max < out_max) {
-            return halide_error_access_out_of_bounds(uc, name, d, output->dim[d].min, out_max,
-                                                     input->dim[d].min, in_max);
-        }
-    }
-    return 0;
-}
 
 /* Every buffer on the device, as generated code asks before a launch (an output too: its
  * allocation). */
