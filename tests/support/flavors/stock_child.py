@@ -41,8 +41,6 @@ halide_malloc_t halide_set_custom_malloc(halide_malloc_t);
 halide_free_t halide_set_custom_free(halide_free_t);
 void *halide_default_malloc(void *, size_t);
 void halide_default_free(void *, void *);
-typedef int32_t (*halide_trace_t)(void *, const void *);
-halide_trace_t halide_set_custom_trace(halide_trace_t);
 """
 
 
@@ -232,7 +230,7 @@ def tagged_threads(library, name, calls, threads, bad_rows):
     def on_error(uc, msg):
         note("error", uc, ffi.string(msg).decode())
 
-    @ffi.callback("int32_t (void *, const void *)")
+    @ffi.callback("halide_trace_t")
     def on_trace(uc, event):
         note("trace", uc)
         return 0
