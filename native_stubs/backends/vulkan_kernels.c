@@ -646,10 +646,11 @@ static bool element_offset(void *user_context, const char *entry, int number,
 }
 
 /* One launch's submission: its descriptor set and arguments, the misaligned crops staged in,
- * the dispatch, the elements of the staged crops it may write back; submitted, and left running where the device
- * allows. `offsets`: each buffer's element offset, for Halide 22's kernels (NULL: Halide 19's
- * and 21's, which stage). `staged` receives the staging buffers, which the caller keeps for
- * later launches once this one is submitted. */
+ * the dispatch, the elements of the staged crops it may write back; submitted, and left
+ * running where the device allows. `offsets`: each buffer's element offset, for Halide 22's
+ * kernels (NULL: Halide 19's and 21's, which stage). `staged` receives the staging buffers and
+ * their layouts, which the caller keeps for later launches, and frees, once this one is
+ * submitted. */
 static int record_and_run(void *user_context, kernel_entry *e,
                           VkPipeline pipeline, int count, size_t arg_sizes[], void *args[],
                           int8_t arg_is_buffer[], const int32_t *offsets, const int blocks[3],
