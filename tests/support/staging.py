@@ -106,13 +106,13 @@ def check_input_not_copied_back(double, device, output: str) -> None:
     data = np.arange(8 * 80, dtype=np.int32).reshape(8, 80)
     parent = shim.Buffer(data.copy())
     parent.copy_to_device(device)
-    source = parent.cropped([(1, 16), (0, 8)])
-    out = source if same else parent.cropped([(x, 16), (0, 8)])
+    source = parent.cropped([(1, 40), (0, 8)])  # (columns 1 to 40: past 32)
+    out = source if same else parent.cropped([(x, 40), (0, 8)])
     for crop in {id(source): source, id(out): out}.values():
         crop.set_min([0, 0])  # (one coordinate space for both)
     # (x = 1: staged on every device that aligns to more than an int32; x = 32, 128 bytes: in
     # place on lavapipe's 16 and PoCL's 128, staged as its twin where a device aligns to more)
     double(source, out)
     expected = data.copy()
-    expected[:, x:x + 16] = data[:, 1:17] * 2 + 1
+    expected[:, x:x + 40] = data[:, 1:41] * 2 + 1
     np.testing.assert_array_equal(device_contents(parent), expected)
