@@ -8,6 +8,7 @@ children of 6, Vulkan 8 of 26). A call's beginning clears the dirty bits of an o
 replaces (its results replace what either side held: shim/memory/aliasing.py's begin plan,
 carried out in native_stubs/fast/shared_records.c, and the plain families' in call_records.c),
 so the child found nothing to copy, and the read looked at abandonment only when it copied.
+A CPU pipeline reading such a Buffer in the child is refused too (the C fast path took it).
 
 Each scenario runs in a subprocess (a hang or crash must not take the test session with it)."""
 
@@ -23,6 +24,7 @@ READS = ("numpy", "asarray", "element", "memoryview", "copy", "copy_to_host", "p
 
 def cpu_brighten() -> str:
     return str(build(Build("brighten", "host", "no_runtime")))
+
 
 # What a child tries on `out`, each expected to raise ShimError saying why.
 CHILD_READS = r"""
