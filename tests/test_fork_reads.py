@@ -128,7 +128,10 @@ def call():
 device.write = held_write
 caller = threading.Thread(target=call)
 caller.start()
-entered.wait()
+while not entered.wait(0.01):
+    if not caller.is_alive():  # (the call never went through the write: nothing to fork in)
+        print("the call's upload no longer goes through the device's write", flush=True)
+        sys.exit(6)
 pid = os.fork()
 if pid == 0:
     signal.alarm(int(sys.argv[5]))  # (a hang guard)
