@@ -16,7 +16,8 @@
  * file does not know - counts as a write. So does anything it cannot follow: a module that
  * does not parse, decoration groups (which could give another variable the same binding), a
  * binding no variable is decorated with, or one something other than a buffer variable is (a
- * variable of untyped pointers, SPV_KHR_untyped_pointers, say). Erring that way costs a copy back, never a byte. */
+ * variable of untyped pointers, SPV_KHR_untyped_pointers, say). Erring that way costs a copy
+ * back, never a byte. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -184,7 +185,8 @@ void shim_spirv_written(const uint32_t *words, size_t word_count, uint32_t set, 
     }
     analysis a = {bound, calloc(bound, sizeof *a.root), malloc(bound * sizeof *a.set),
                   malloc(bound * sizeof *a.binding), calloc(bound, sizeof *a.written)};
-    uint8_t *seen = calloc(count + 1, 1); /* per binding: 1, a variable; 2, one that may write */
+    /* per binding: 1, read-only buffer variables only; 2, something that may write */
+    uint8_t *seen = calloc(count + 1, 1);
     if (a.root && a.set && a.binding && a.written && seen) {
         memset(a.set, 0xFF, bound * sizeof *a.set);
         memset(a.binding, 0xFF, bound * sizeof *a.binding);
