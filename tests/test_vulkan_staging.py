@@ -5,6 +5,7 @@ the memory staging takes (bounded by a crop's dimensions, not its elements). Res
 numpy, in each crop and around it, on the device. The other staging tests, through the sample
 pipelines, are in test_vulkan.py."""
 
+import ctypes
 import subprocess
 
 import numpy as np
@@ -88,6 +89,41 @@ def test_a_crop_written_only_by_atomics_is_copied_back(device, tmp_path):
     expected = data.copy()
     expected[1:9] *= 2
     np.testing.assert_array_equal(device_contents(parent), expected)
+
+
+# The reader itself, called in the native library (it needs no device): a module made by hand,
+# of instructions glslang never writes.
+SPIRV_WRITTEN = ctypes.CDLL(shim._native.__file__).shim_spirv_written
+SPIRV_WRITTEN.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_uint32, ctypes.c_uint32,
+                          ctypes.c_uint32, ctypes.c_void_p]
+
+
+def _instruction(opcode: int, *operands: int) -> list[int]:
+    return [(len(operands) + 1) << 16 | opcode, *operands]
+
+
+def test_a_binding_shared_with_a_variable_the_reader_cannot_follow_is_written():
+    """Binding 0 holds a buffer variable the module never uses and a variable of untyped
+    pointers (SPV_KHR_untyped_pointers' OpUntypedVariableKHR, unknown to the reader) that it
+    stores through: two views of one buffer, the second unfollowed, so the buffer counts as
+    written (it was taken for read-only, and a staged crop there not copied back)."""
+    storage_buffer, descriptor_set, binding = 12, 34, 33
+    code = [
+        *_instruction(71, 10, descriptor_set, 0), *_instruction(71, 10, binding, 0),
+        *_instruction(71, 11, descriptor_set, 0), *_instruction(71, 11, binding, 0),
+        *_instruction(21, 1, 32, 1),                       # %1 = OpTypeInt 32 1
+        *_instruction(30, 2, 1),                           # %2 = OpTypeStruct %1
+        *_instruction(32, 3, storage_buffer, 2),           # %3 = OpTypePointer StorageBuffer %2
+        *_instruction(4417, 4, storage_buffer),            # %4 = OpTypeUntypedPointerKHR
+        *_instruction(43, 1, 5, 7),                        # %5 = OpConstant %1 7
+        *_instruction(59, 3, 10, storage_buffer),          # %10 = OpVariable %3 StorageBuffer
+        *_instruction(4418, 4, 11, storage_buffer, 2),     # %11 = OpUntypedVariableKHR %4 ...
+        *_instruction(62, 11, 5),                          # OpStore %11 %5
+    ]
+    words = [0x07230203, 0x00010300, 0, 12, 0, *code]
+    written = (ctypes.c_bool * 1)()
+    SPIRV_WRITTEN((ctypes.c_uint32 * len(words))(*words), len(words), 0, 0, 1, written)
+    assert written[0]
 
 
 # --- dimensions and memory --------------------------------------------------------------------

@@ -15,7 +15,9 @@
  * of it, an atomic, a copy into it, a function call, a phi or select, an instruction this
  * file does not know - counts as a write. So does anything it cannot follow: a module that
  * does not parse, decoration groups (which could give another variable the same binding), a
- * binding no variable is decorated with. Erring that way costs a copy back, never a byte. */
+ * binding no variable is decorated with, or one something other than a buffer variable is (a
+ * variable of untyped pointers, SPV_KHR_untyped_pointers, say). Erring that way costs a copy
+ * back, never a byte. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -183,16 +185,18 @@ void shim_spirv_written(const uint32_t *words, size_t word_count, uint32_t set, 
     }
     analysis a = {bound, calloc(bound, sizeof *a.root), malloc(bound * sizeof *a.set),
                   malloc(bound * sizeof *a.binding), calloc(bound, sizeof *a.written)};
-    uint8_t *seen = calloc(count + 1, 1); /* per binding: 1, a variable; 2, one that may write */
+    /* per binding: 1, read-only buffer variables only; 2, something that may write */
+    uint8_t *seen = calloc(count + 1, 1);
     if (a.root && a.set && a.binding && a.written && seen) {
         memset(a.set, 0xFF, bound * sizeof *a.set);
         memset(a.binding, 0xFF, bound * sizeof *a.binding);
         if (analyse(&a, words, word_count)) {
             for (uint32_t id = 1; id < bound; id++) {
                 uint32_t b = a.binding[id] - first;
-                if (a.root[id] == id && a.set[id] == set && a.binding[id] >= first && b < count &&
-                    seen[b] < 2) {
-                    seen[b] = a.written[id] ? 2 : 1;
+                if (a.set[id] == set && a.binding[id] >= first && b < count && seen[b] < 2) {
+                    /* (Anything else bound there, such as a variable an instruction this file
+                     * does not know made, aliases the buffer unfollowed: a write.) */
+                    seen[b] = a.root[id] == id && !a.written[id] ? 1 : 2;
                 }
             }
             for (uint32_t i = 0; i < count; i++) {
