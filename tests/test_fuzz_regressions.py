@@ -2,10 +2,13 @@
 test: the input that found it stays in the target's corpus (fuzz/corpus/TARGET/regression-*),
 which every fuzz run replays, and this file says the same without the fuzzer."""
 
+import struct
+
 import numpy as np
 import pytest
 
 import shim
+from shim.base import elf
 from shim.buffers.buffer_arguments import zeroed
 from shim.calls.metadata import read_metadata
 from shim.native import ffi
@@ -66,3 +69,76 @@ def test_a_shape_with_a_negative_extent_is_an_argument_error():
     with pytest.raises(shim.ArgumentError, match="output: shape \\(2, -1\\) has a negative extent"):
         zeroed((2, -1), np.dtype(np.float32), "output")
     assert zeroed((2, 0), np.dtype(np.float32), "output").shape == (2, 0)
+
+
+@pytest.mark.parametrize("low, extent", [(-2**31 - 1, 16), (0, 2**31), (2**40, 16)])
+def test_metadata_with_estimates_no_dimension_holds_is_refused(low, extent):
+    """fuzz/corpus/metadata/regression-estimate-beyond-int32: an output left out, sized from
+    an estimated min of -236394999971905, was a raw OverflowError of cffi's (the min does not
+    fit halide_dimension_t's int32) out of the call."""
+    meta, keep, _array = _metadata(arguments=[(b"out", 2, 1, 2, 32)])
+    keep += [ffi.new("int64_t *", low), ffi.new("int64_t *", extent)]
+    keep.append(ffi.new("int64_t *[]", keep[-2:]))
+    meta.arguments[0].buffer_estimates = keep[-1]
+    with pytest.raises(ValueError, match=f"estimates min {low}, extent {extent} for dimension 0"):
+        read_metadata(meta)
+    keep[-3][0], keep[-2][0] = -2**31, 2**31 - 1
+    assert read_metadata(meta).arguments[0].buffer_estimates == ((-2**31, 2**31 - 1),)
+
+
+# --- ELF files (fuzz/corpus/elf_reader) --------------------------------------------------------
+
+def _elf(path, sections, shentsize=64, shnum=None, tail=b""):
+    """A 64-bit little-endian shared object whose section headers are ``sections``
+    ((sh_type, offset, size, link, entsize) each), followed by ``tail`` (at offset 64)."""
+    shoff = 64 + len(tail)
+    header = (b"\x7fELF\x02\x01\x01" + bytes(9) + struct.pack(
+        "<HHIQQQIHHHHHH", 3, 62, 1, 0, 0, shoff, 0, 64, 0, 0, shentsize,
+        len(sections) if shnum is None else shnum, 0))
+    table = b"".join(struct.pack("<IIQQQQIIQQ", 0, kind, 2, 0, offset, size, link, 1, 8, entsize)
+                     for kind, offset, size, link, entsize in sections)
+    path.write_bytes(header + tail + table)
+    return path
+
+
+def _symbols(names_at):
+    """A dynamic symbol table: the null symbol, then a global function per name offset."""
+    return bytes(24) + b"".join(struct.pack("<IBBHQQ", at, 0x12, 0, 7, 0, 0) for at in names_at)
+
+
+def test_section_headers_that_do_not_fit_the_file_are_refused(tmp_path):
+    """fuzz/corpus/elf_reader/regression-*-read-65535-times: a header's section count and a
+    header size of 0 had the reader read one header 65535 times, and the dynamic symbol table
+    it describes as often: 60 seconds for a 16 KiB file, for each of the three reads shim.load
+    makes."""
+    symbols = _symbols([1])
+    path = _elf(tmp_path / "lib.so", [(11, 64, len(symbols), 0, 24)], shentsize=0, shnum=65535,
+                tail=symbols)
+    with pytest.raises(elf.NotELF, match="65535 section headers of 0 bytes"):
+        elf.dynamic_symbols(path)
+    with pytest.raises(shim.ArgumentError, match="is not a Halide pipeline: malformed ELF"):
+        shim.load(path)
+
+
+def test_only_the_first_dynamic_symbol_table_is_read(tmp_path):
+    """(The same, with each header its own: ELF has one table.)"""
+    strings = b"\0first_argv\0second_argv\0"
+    symbols_1, symbols_2 = _symbols([1]), _symbols([12])
+    tail = strings + symbols_1 + symbols_2
+    at = 64 + len(strings)
+    path = _elf(tmp_path / "lib.so", [(3, 64, len(strings), 0, 0),
+                                      (11, at, len(symbols_1), 0, 24),
+                                      (11, at + len(symbols_1), len(symbols_2), 0, 24)], tail=tail)
+    assert elf.dynamic_symbols(path) == ({"first_argv": True}, frozenset())
+
+
+def test_a_name_that_runs_past_its_string_table_is_refused(tmp_path):
+    """A name read on to the file's end, past its string table (the reader's cost grew with
+    the file's size for each symbol)."""
+    strings = b"\0name"  # (no NUL: the name runs on into what follows)
+    symbols = _symbols([1])
+    path = _elf(tmp_path / "lib.so", [(3, 64, len(strings), 0, 0),
+                                      (11, 64 + len(strings), len(symbols), 0, 24)],
+                tail=strings + symbols)
+    with pytest.raises(elf.NotELF, match="malformed"):
+        elf.dynamic_symbols(path)

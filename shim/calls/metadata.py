@@ -106,7 +106,9 @@ def _optional_scalar(htype, pointer):
     return None if pointer == ffi.NULL else scalar_from_c(htype, pointer)
 
 
-def _buffer_estimates(arg):
+def _buffer_estimates(arg, name: str):
+    """Per dimension, (min, extent) estimates; ValueError for one a halide_dimension_t cannot
+    hold (Halide's are int32 constants)."""
     if arg.buffer_estimates == ffi.NULL:
         return None
     estimates = []
@@ -115,6 +117,11 @@ def _buffer_estimates(arg):
         for j in (2 * d, 2 * d + 1):
             pointer = arg.buffer_estimates[j]
             pair.append(None if pointer == ffi.NULL else int(pointer[0]))
+        if any(value is not None and not -INT32_MAX - 1 <= value <= INT32_MAX
+               for value in pair):
+            raise ValueError(f"argument {name!r} has the estimates min {pair[0]}, extent "
+                             f"{pair[1]} for dimension {d}, which no 32-bit "
+                             "halide_dimension_t holds")
         estimates.append(tuple(pair))
     return tuple(estimates)
 
@@ -158,7 +165,7 @@ def read_metadata(pointer) -> Metadata:
             min=_optional_scalar(htype, arg.scalar_min),
             max=_optional_scalar(htype, arg.scalar_max),
             estimate=_optional_scalar(htype, arg.scalar_estimate),
-            buffer_estimates=_buffer_estimates(arg),
+            buffer_estimates=_buffer_estimates(arg, name),
             type_lanes=arg.type.lanes,
         ))
     return Metadata(_text(pointer.name, "the pipeline's name"),
