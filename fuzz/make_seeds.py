@@ -131,7 +131,7 @@ def elf_reader() -> dict:
     seeds["tiny-prefixed-runtime.so"] = _tiny_elf(True, True, pipeline[:2] + [
         ("fz_rt_error", 0), ("fz_rt_malloc_impl", 0), ("fz_rt_do_par_for", 0),
         ("fz_rt_device_malloc", 0)])
-    seeds["tiny-object.o"] = _tiny_elf(True, True, pipeline, e_type=1)
+    seeds["tiny-object-file"] = _tiny_elf(True, True, pipeline, e_type=1)
     seeds["archive.a"] = b"!<arch>\n" + _tiny_elf(True, True, pipeline)
     return seeds
 
