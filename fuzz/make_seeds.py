@@ -14,6 +14,7 @@ import contextlib
 import io
 import os
 import pickle
+import re
 import struct
 import subprocess
 import sys
@@ -165,7 +166,38 @@ def pipeline_pickle() -> dict:
     return seeds
 
 
-TARGETS = {f.__name__: f for f in (vulkan_module, elf_reader, metadata, pipeline_pickle)}
+# --- inputs of structured targets, chosen by what they do ------------------------------------
+
+def _chosen(run, count: int, size: int) -> dict:
+    """Inputs among ``count`` random ones of ``size`` bytes (a fixed sequence), the first of
+    each outcome ``run`` (the target's, on an input) reports: one seed per thing the target
+    can make happen."""
+    import random
+
+    rng = random.Random(0)
+    seeds = {}
+    for _ in range(count):
+        data = bytes(rng.getrandbits(8) for _ in range(size))
+        outcome = run(data)
+        if outcome is not None and outcome not in seeds:
+            seeds[outcome] = data
+    return {re.sub(r"[^a-z0-9]+", "-", outcome.lower()).strip("-"): data
+            for outcome, data in seeds.items()}
+
+
+def dlpack() -> dict:
+    """Inputs that import through each consumer, from each kind of memory, accepted and
+    refused, and that export to each device, read back or dropped."""
+    import dlpack as target
+    from common import Reader
+
+    def run(data):
+        return (target.test_export if data[0] % 2 else target.test_import)(Reader(data[1:]))
+
+    return _chosen(run, 3000, 160)
+
+
+TARGETS = {f.__name__: f for f in (vulkan_module, elf_reader, metadata, pipeline_pickle, dlpack)}
 
 
 def main(argv: list[str]) -> int:

@@ -142,3 +142,23 @@ def test_a_name_that_runs_past_its_string_table_is_refused(tmp_path):
                 tail=strings + symbols)
     with pytest.raises(elf.NotELF, match="malformed"):
         elf.dynamic_symbols(path)
+
+
+# --- DLPack (fuzz/corpus/dlpack) ---------------------------------------------------------------
+
+@pytest.mark.parametrize("byte_offset", [2**64 - 8, 2**64 - 2**40])
+def test_a_host_tensor_beyond_the_address_space_is_refused(byte_offset):
+    """fuzz/corpus/dlpack/regression-host-address-beyond-64-bits: a CPU tensor whose data plus
+    byte_offset is past 2**64 was numpy's raw OverflowError out of shim.from_dlpack."""
+    from test_dlpack_hostile import Hostile
+
+    producer = Hostile(byte_offset=byte_offset)
+    with pytest.raises(shim.ArgumentError, match="beyond the 64-bit address space"):
+        shim.from_dlpack(producer)
+    assert not producer.consumed
+    # (elements at the end of the address space: to the byte, taken; one byte past, refused)
+    producer = Hostile(data=2**64 - 20, byte_offset=0, shape=(2, 3), strides=(3, 1))
+    with pytest.raises(shim.ArgumentError, match="beyond the 64-bit address space"):
+        shim.from_dlpack(producer)
+    producer = Hostile(data=2**64 - 24, byte_offset=0, shape=(2, 3), strides=(3, 1))
+    assert shim.from_dlpack(producer).dim(0).extent() == 3  # (its memory is never read)
