@@ -197,7 +197,15 @@ def dlpack() -> dict:
     return _chosen(run, 3000, 160)
 
 
-TARGETS = {f.__name__: f for f in (vulkan_module, elf_reader, metadata, pipeline_pickle, dlpack)}
+def array_likes() -> dict:
+    """Inputs that each kind of value reaches each consumer with, taken and refused."""
+    import array_likes as target
+
+    return _chosen(target.run, 3000, 48)
+
+
+TARGETS = {f.__name__: f for f in (vulkan_module, elf_reader, metadata, pipeline_pickle, dlpack,
+                                   array_likes)}
 
 
 def main(argv: list[str]) -> int:

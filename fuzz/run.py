@@ -37,7 +37,7 @@ BUILD = ROOT / "build" / "fuzz"
 C_TARGETS = {
     "vulkan_module": ["native_stubs/backends/vulkan_module.c"],
 }
-PYTHON_TARGETS = ["elf_reader", "metadata", "pipeline_pickle", "dlpack"]
+PYTHON_TARGETS = ["elf_reader", "metadata", "pipeline_pickle", "dlpack", "array_likes"]
 TARGETS = [*C_TARGETS, *PYTHON_TARGETS]
 SANITIZE = ["-fsanitize=fuzzer,address,undefined", "-fno-sanitize-recover=all", "-g", "-O1"]
 # Compilers to try, in order, for one whose libFuzzer links ($FUZZ_CC first): Debian's clang-15

@@ -162,3 +162,17 @@ def test_a_host_tensor_beyond_the_address_space_is_refused(byte_offset):
         shim.from_dlpack(producer)
     producer = Hostile(data=2**64 - 24, byte_offset=0, shape=(2, 3), strides=(3, 1))
     assert shim.from_dlpack(producer).dim(0).extent() == 3  # (its memory is never read)
+
+
+# --- arrays (fuzz/corpus/array_likes) ----------------------------------------------------------
+
+def test_a_buffer_of_a_format_numpy_does_not_read_is_an_argument_error(host_pipelines):
+    """fuzz/corpus/array_likes/regression-memoryview-of-format-P: a memoryview of pointers
+    (format 'P', which numpy does not read) was numpy's raw ValueError out of shim.Buffer and
+    out of a pipeline call."""
+    pointers = memoryview(bytearray(48)).cast("B").cast("P")
+    with pytest.raises(shim.ArgumentError, match="buffer: memoryview's buffer \\(format 'P'"):
+        shim.Buffer(pointers)
+    brighten = shim.load(host_pipelines["brighten", "no_runtime"])
+    with pytest.raises(shim.ArgumentError, match="input: memoryview's buffer \\(format 'P'"):
+        brighten(pointers, scale=2.0, offset=1.0)

@@ -241,10 +241,11 @@ class Producer:
     def view(self, memory: np.ndarray) -> np.ndarray:
         """The tensor's elements over ``memory`` (which holds them: within())."""
         shape, strides, dtype = self.expected()
-        base = memory[self.managed.dl_tensor.byte_offset:].view(np.uint8)
-        return np.lib.stride_tricks.as_strided(
-            np.frombuffer(base, dtype=np.uint8).view(dtype) if len(base) >= dtype.itemsize
-            else np.empty(0, dtype), shape, tuple(s * dtype.itemsize for s in strides))
+        if 0 in shape:
+            return np.empty(shape, dtype)
+        return np.ndarray(shape, dtype, buffer=memory.view(np.uint8),
+                          offset=self.managed.dl_tensor.byte_offset,
+                          strides=tuple(s * dtype.itemsize for s in strides))
 
 
 def _check_import(producer: Producer, buf: shim.Buffer) -> None:
