@@ -204,8 +204,47 @@ def array_likes() -> dict:
     return _chosen(target.run, 3000, 48)
 
 
+# --- command lines -------------------------------------------------------------------------
+
+# (command, pipeline, arguments): RunGen's flags and value syntax, the shim's own, and files of
+# each kind the target's folder holds.
+_COMMAND_LINES = [
+    (0, 0, ["input=in.npy", "output=out.npy", "scale=2", "offset=estimate,default"]),
+    (0, 0, ["--input=random:7:[16,16]", "--output=:[3+8,2+8]", "scale=0x3"]),
+    (0, 0, ["input=constant:1.5:8x8", "output=out.png", "--quiet=true", "--success"]),
+    (0, 0, ["input=identity:[8,8]", "--output_extents=[8,8]", "--parsable_output"]),
+    (0, 0, ["--default_input_scalars", "input=random:0:[8,8]", "--chunks=4x4",
+            "output=chunked.npy"]),
+    (0, 0, ["--estimate_all"]),
+    (0, 0, ["input=in.pgm", "--npy_order=halide", "output=o.npy", "--verbose"]),
+    (0, 0, ["--benchmarks=all", "--benchmark_min_time=0.01", "input=zero:[4,4]"]),
+    (0, 0, ["--describe"]),
+    (0, 0, ["-h"]),
+    (0, 0, ["input=in.npy", "--device=opencl", "--iterations=2", "--track_memory"]),
+    (0, 0, ["input=random:[8,8]", "--device=vulkan", "--skip_bad_environment"]),
+    (0, 0, ["--default_input_buffers", "--default_input_scalars", "--output_extents=estimate"]),
+    (0, 0, ["input=notes.txt"]),
+    (0, 0, ["input=empty.png", "output=in.npy"]),
+    (1, 0, ["input=zero:[8,8]", "--iterations=2", "--profile", "trace.json"]),
+    (2, 0, []),
+    (2, 1, ["--name=histogram"]),
+    (0, 1, ["input=in.png", "output=h.npy"]),
+    (0, 1, ["input=in8.npy", "output=:[256]"]),
+    (1, 1, ["input=random:3:estimate_then_auto"]),
+    (0, 2, ["input=in3.npy", "output=p.npy"]),
+    (0, 2, ["input=random:1:[4,4,3]", "--device=opencl"]),
+]
+
+
+def cli() -> dict:
+    """Command lines of each command on each of the target's pipelines."""
+    return {f"{['run', 'profile', 'info'][c]}-{['brighten', 'histogram', 'plane_sum'][p]}-{i}":
+            bytes([c + 3 * p]) + "\0".join(args).encode() for i, (c, p, args) in
+            enumerate(_COMMAND_LINES)}
+
+
 TARGETS = {f.__name__: f for f in (vulkan_module, elf_reader, metadata, pipeline_pickle, dlpack,
-                                   array_likes)}
+                                   array_likes, cli)}
 
 
 def main(argv: list[str]) -> int:
