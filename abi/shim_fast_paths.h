@@ -25,5 +25,7 @@ void *shim_host_exporter_type(void);
 int shim_buffer_families_watch(void *owned, void *family_type, void *lock_type);
 
 /* The one subclass of Finalized whose instances have nothing to finalize when nothing else
- * references them (native_stubs/calls/signals_held.c): a PyObject *, as above; 1 if taken. */
-int shim_finalized_skip_when_alone(void *type);
+ * references them and their slot named `slot` holds anything but None
+ * (native_stubs/calls/signals_held.c): PyObject *s (the class, the slot's name), as above; 1 if
+ * taken. */
+int shim_finalized_skip_when_alone(void *type, void *slot);

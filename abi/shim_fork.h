@@ -20,3 +20,8 @@ enum shim_fork_object {
 /* The object's address, and its size in `*size`; NULL and 0 where the library did not find
  * it (a child then keeps that one as the fork left it). */
 void *shim_fork_object(int which, size_t *size);
+
+/* Where the library keeps the id of the process it runs in (a pid_t, an int on Linux), which its
+ * fork handler renews in a child before anything else runs there, whether os.fork or fork()
+ * called from C forked it: read with no system call (shim/memory/families.py's forking). */
+const int *shim_process_id(void);

@@ -12,7 +12,9 @@ write. On ``host`` the pipelines are the CPU builds and the Buffers live on the 
 host device. It also runs a parallel CPU pipeline (brighten) on arrays of its own, and forks
 while the others are in the middle of all that: the child (where the README says CPU
 pipelines and the host device work) reads the Buffer and runs brighten; a child that fails,
-or has not ended FORK_HANG_GUARD_S after the fork, is an error of the fork operation.
+or has not ended FORK_HANG_GUARD_S after the fork, is an error of the fork operation. (A read
+there refused because another thread of the parent was using the Buffer's family at the fork,
+as docs/threads.md says it is, is no failure.)
 
 What a program brings along (``--no-disturb`` leaves it out): the main thread is one of the
 workers, with a signal handler of the program's own that raises (Interrupted, as a timeout
@@ -323,7 +325,9 @@ class SoakThread:
     def fork(self, target: Target) -> None:
         """Fork while the other threads are in pipeline calls and device operations. The child
         reads the target (its data may be only on a device the child cannot use: a
-        DeviceError then, as the README says) and runs brighten's CPU build."""
+        DeviceError then, as the README says; or another thread was using its family, its
+        parent's bands included, at the fork: a ShimError saying so, as docs/threads.md says)
+        and runs brighten's CPU build."""
         pid = os.fork()
         if pid == 0:
             code = 1
@@ -335,6 +339,8 @@ class SoakThread:
                         not np.array_equal(actual, target.expected) else 0
                 except shim.DeviceError:
                     code = 0 if self.device.kind != "host" else 4
+                except shim.ShimError as e:
+                    code = 0 if "another thread of the parent process" in str(e) else 6
                 if not self.brightened():
                     code = 5
             finally:
@@ -343,7 +349,8 @@ class SoakThread:
         code = os.waitstatus_to_exitcode(status)
         if code != 0:
             what = {-signal.SIGALRM: "hung", 3: "read wrong data", 4: "refused the host device",
-                    5: "got a wrong result from the CPU pipeline"}.get(code, f"ended with {code}")
+                    5: "got a wrong result from the CPU pipeline",
+                    6: "refused to read the Buffer for another reason"}.get(code, f"ended with {code}")
             raise ForkedChildFailed(f"a forked child {what}")
 
 

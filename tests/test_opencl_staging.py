@@ -12,6 +12,8 @@ from gpu_cases import blur_reference
 from shim.pipelines.build import Build, build_all
 from shim.memory import families
 from shim.native import ffi, lib
+from support.staging import (OUTPUTS, build_doubling, check_input_not_copied_back,
+                             check_many_dimensions)
 from support.threads import run_threads
 
 NAMES = ["brighten", "blur3x3", "crop_fill", "mix", "plane_fill", "sum_diff"]
@@ -151,6 +153,33 @@ def test_one_crop_as_input_and_output(load, opencl):
     expected = data.copy()
     expected[:, 1:17] = data[:, 1:17] * 2 + 1
     np.testing.assert_array_equal(device_contents(parent), expected)
+
+
+@pytest.fixture(scope="module")
+def doubling(opencl, tmp_path_factory):
+    """The doubling pipeline (support/staging.py) of a number of dimensions, built once each."""
+    work, built = tmp_path_factory.mktemp("doubling"), {}
+
+    def of(dims: int):
+        if dims not in built:
+            built[dims] = shim.load(build_doubling(work, dims, "opencl"))
+        return built[dims]
+
+    return of
+
+
+@pytest.mark.parametrize("output", OUTPUTS)
+def test_a_staged_input_is_never_copied_back_over_what_the_kernel_wrote(doubling, opencl,
+                                                                         output):
+    check_input_not_copied_back(doubling(2), opencl, output)
+
+
+@pytest.mark.parametrize("permuted", [False, True], ids=["in order", "permuted"])
+@pytest.mark.parametrize("dims", [6, 8, 24])
+def test_misaligned_crops_of_many_dimensions(doubling, opencl, dims, permuted):
+    """Halide's buffers have any number of dimensions (a shim.Buffer, numpy's 64): staging
+    walks a crop with one counter per dimension, however many (24: past the 16 it refused)."""
+    check_many_dimensions(doubling(dims), opencl, dims, permuted)
 
 
 # --- threads -----------------------------------------------------------------------------------

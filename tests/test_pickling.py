@@ -116,6 +116,91 @@ def test_damaged_library_bytes_are_refused(host_pipelines, tmp_path, cache):
     assert not cache.exists()
 
 
+# Libraries the shim's own checks accept, made for the tests below: one the loader then
+# refuses (it calls a function nobody defines: a failed dlopen loads nothing), and one it loads,
+# whose pipeline is then refused (its metadata function returns NULL).
+FAKE_PIPELINES_C = {
+    "unloadable": "int halide_shim_test_undefined(void);\n"
+                  "int fake_argv(void **args) { return halide_shim_test_undefined(); }\n"
+                  "const void *fake_metadata(void) { return 0; }\n",
+    "loaded": "int fake_argv(void **args) { return 0; }\n"
+              "const void *fake_metadata(void) { return 0; }\n",
+}
+
+
+@pytest.fixture(scope="module")
+def fake_pipelines(tmp_path_factory):
+    work = tmp_path_factory.mktemp("fake_pipelines")
+    made = {}
+    for kind, source in FAKE_PIPELINES_C.items():
+        (work / f"{kind}.c").write_text(source)
+        subprocess.run(["cc", "-shared", "-fPIC", "-o", str(work / f"{kind}.so"),
+                        str(work / f"{kind}.c")], check=True)
+        made[kind] = (work / f"{kind}.so").read_bytes()
+    return made
+
+
+def open_files() -> list[str]:
+    """What this process's descriptors are open on (not the one listing them)."""
+    files = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            files.append(os.readlink(f"/proc/self/fd/{fd}"))
+        except FileNotFoundError:
+            pass  # (the listing's own, closed since)
+    return files
+
+
+def open_descriptors() -> int:
+    return len(open_files())
+
+
+def test_refused_library_bytes_leave_no_descriptor_open(host_pipelines, fake_pipelines, cache):
+    """Bytes that match their hash but that the load refuses (cut short, not ELF, without the
+    pipeline named, or a library the loader cannot open) leave no descriptor behind: each
+    unpickle kept its sealed memory file open for the life of the process (300 of 300)."""
+    library = Path(host_pipelines["brighten", "bundled"]).read_bytes()
+    attempts = {
+        "truncated": lambda i: library[:len(library) // 2] + b"%d" % i,
+        "not ELF": lambda i: b"not a library %d" % i,
+        "no such pipeline": lambda i: library + b"\0halide-shim test %d" % i,
+        "not loadable": lambda i: fake_pipelines["unloadable"] + b"\0halide-shim test %d" % i,
+    }
+    before = open_descriptors()
+    for what, data_of in attempts.items():
+        for i in range(75):
+            data = data_of(i)
+            with pytest.raises(shim.ArgumentError):
+                shim.Pipeline._from_pickle(hashlib.sha256(data).hexdigest(),
+                                           "blur" if what == "no such pipeline" else
+                                           "fake" if what == "not loadable" else "brighten",
+                                           data)
+        assert open_descriptors() == before, what
+    assert not cache.exists()
+
+
+def test_a_library_loaded_before_its_pipeline_is_refused_keeps_its_file(fake_pipelines):
+    """Once the loader holds the library, its descriptor stays (the loader knows it by the
+    name /proc/self/fd/N, which a later file must not take)."""
+    data = fake_pipelines["loaded"] + b"\0halide-shim test %d" % os.getpid()
+    digest = hashlib.sha256(data).hexdigest()
+    with pytest.raises(shim.ArgumentError, match="bad pipeline metadata"):
+        shim.Pipeline._from_pickle(digest, "fake", data)
+    assert open_files().count(f"/memfd:halide-shim {digest} (deleted)") == 1
+
+
+@pytest.mark.parametrize("field, fields", [
+    ("sha256", (12, "brighten", b"x")),
+    ("name", ("ab", 3, b"x")),
+    ("library bytes", ("ab", "brighten", 5)),
+    ("library bytes", ("ab", "brighten", "not bytes")),
+])
+def test_fields_of_the_wrong_type_are_refused_as_a_damaged_pickle(field, fields):
+    """(A str or an int for the bytes raised hashlib's TypeError.)"""
+    with pytest.raises(PickledPipelineError, match=f"pickled pipeline's {field}: expected"):
+        shim.Pipeline._from_pickle(*fields)
+
+
 def test_unpickling_writes_no_file(host_pipelines, runtime, tmp_path, monkeypatch, image):
     # A file where a cache folder would be, and an empty temporary folder: neither is needed.
     blocked = tmp_path / "blocked"

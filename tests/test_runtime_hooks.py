@@ -15,6 +15,7 @@ called for its code, as Halide's msan test expects."""
 
 import ctypes
 import subprocess
+import sys
 import threading
 import warnings
 from contextlib import contextmanager
@@ -327,3 +328,55 @@ def test_a_programs_own_msan_hooks_see_what_they_see_under_halides_runtime(tmp_p
     fits, fails = expected.split("--\n")
     assert "source.buffer 48" in fits and "annotate 48" in fits and fits.endswith("result 0\n")
     assert "error" in fails and not fails.endswith("result 0\n") and "wrong" not in expected
+
+
+# A library with its own annotation hook (counting its calls), loaded with ctypes; then a
+# pipeline whose runtime prints (trace_all: Halide's runtime in the shim prints every event,
+# annotating each message's text with the first loaded library's own hook: this one); then
+# whoever loaded the library unloads it, and the pipeline prints again.
+OWN_ANNOTATION_C = r"""
+#include <stdint.h>
+int annotations;
+int halide_msan_annotate_memory_is_initialized(void *uc, const void *p, uint64_t len) {
+    annotations++;
+    return 0;
+}
+"""
+
+UNLOADED_HOOKS = r"""
+import _ctypes, ctypes, os, sys
+import numpy as np
+import shim
+
+hooks_path, pipeline_path = sys.argv[1:3]
+hooks = ctypes.CDLL(hooks_path)
+traced = shim.load(pipeline_path)
+image = np.ones((2, 2), np.float32)
+traced(image, 2.0, 0.0, output=image.shape)
+print("annotated", ctypes.c_int.in_dll(hooks, "annotations").value > 0, flush=True)
+_ctypes.dlclose(hooks._handle)  # (its one reference: as unloading goes, the library goes)
+try:
+    hooks = ctypes.CDLL(hooks_path, mode=os.RTLD_NOLOAD | os.RTLD_LAZY)
+except OSError:
+    print("unloaded", flush=True)
+else:
+    print("still loaded", flush=True)
+traced(image, 2.0, 0.0, output=image.shape)
+print("annotated again", ctypes.c_int.in_dll(hooks, "annotations").value > 0, flush=True)
+"""
+
+
+def test_a_library_whose_msan_hooks_were_found_survives_being_unloaded(tmp_path):
+    """The shim keeps what its runtime found (a snapshot, called at every message it prints),
+    so a library whose hooks were found stays loaded (RTLD_NODELETE): unloading it and then
+    printing from a pipeline was a SIGSEGV."""
+    from shim.pipelines.build import Build, build
+
+    (tmp_path / "hooks.c").write_text(OWN_ANNOTATION_C)
+    subprocess.run(["cc", "-shared", "-fPIC", "-o", tmp_path / "hooks.so", tmp_path / "hooks.c"],
+                   check=True)
+    traced = build(Build("brighten", "host", "no_runtime", ("trace_all",)))
+    done = subprocess.run([sys.executable, "-c", UNLOADED_HOOKS, str(tmp_path / "hooks.so"),
+                           str(traced)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, (done.returncode, done.stdout, done.stderr[-2000:])
+    assert done.stdout.splitlines() == ["annotated True", "still loaded", "annotated again True"]

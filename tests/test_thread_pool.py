@@ -25,8 +25,10 @@ from support import pool_scenarios
 from support.budget import scaled
 from support.threads import run_threads
 
-WATCHDOG_SECONDS = 120
-CHILD_ENV = {k: v for k, v in os.environ.items() if k not in ("HL_NUM_THREADS", "HL_NUMTHREADS")}
+WATCHDOG_SECONDS = 300
+# (PYTHONFAULTHANDLER: a child the watchdog ends with SIGABRT prints every thread's stack)
+CHILD_ENV = {**{k: v for k, v in os.environ.items() if k not in ("HL_NUM_THREADS", "HL_NUMTHREADS")},
+             "PYTHONFAULTHANDLER": "1"}
 
 
 def _start(script: str, args, env: dict | None) -> subprocess.Popen:
@@ -44,9 +46,13 @@ def run_child(script: str, *args: str, env: dict | None = None,
     try:
         out, err = process.communicate(timeout=watchdog)
     except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        out, err = process.communicate()
-        pytest.fail(f"hung for {watchdog} s; output so far:\n{out[-3000:]}\n{err[-3000:]}")
+        os.kill(process.pid, signal.SIGABRT)  # (its threads' stacks, then the end)
+        try:
+            out, err = process.communicate(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            out, err = process.communicate()
+        pytest.fail(f"hung for {watchdog} s; output so far:\n{out[-3000:]}\n{err[-6000:]}")
     return subprocess.CompletedProcess(process.args, process.returncode, out, err)
 
 

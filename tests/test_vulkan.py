@@ -742,6 +742,17 @@ for x, y in ((1, 2), (4, 10)):  # misaligned and aligned
     crop_fill(param=x, f=parent.cropped([(x, 6), (y, 5)]))
 parent.copy_to_host()
 assert parent.numpy()[2, 1] == 10102 and parent.numpy()[10, 4] == 40410
+rows = shim.Buffer(np.full((301, 9), -7, np.int32))
+rows.copy_to_device(device)
+crop_fill(param=5, f=rows.cropped([(1, 8), (1, 300)]))  # 300 rows back: batches of regions
+rows.copy_to_host()
+assert rows.numpy()[300, 8] == 51100 and rows.numpy()[0, 0] == -7
+read = shim.Buffer(image.copy())
+read.copy_to_device(device)
+staged = read.cropped([(1, 40), (0, 33)])  # staged, read only: never copied back
+staged.set_min([0, 0])
+assert np.array_equal(brighten(staged, scale=2.0, offset=0.0, output=(33, 40)).numpy(),
+                      image[:, 1:41] * 2)
 blur = shim.load(build(Build("blur3x3", "vulkan", "no_runtime")))
 assert (blur(np.full((34, 70), 3, np.uint16), output=(32, 68)).numpy() == 3).all()
 overlap = shim.load(build(Build("async_gpu_to_cpu", "vulkan", "no_runtime")))
@@ -785,10 +796,10 @@ print("run", lib.crop_fill_argv(ffi.new("void *[]", [param, crop])), flush=True)
 
 
 def test_the_khronos_validation_layer_finds_nothing_in_the_shims_vulkan_work(libraries, device):
-    """Pipelines (misaligned and aligned crops, a stage of the pipeline's own, async stages),
-    copies both ways and on the device, and a profile's timestamps, under Khronos's validation
-    layer, the way copies and launches go by default, with staged copies, and with each launch
-    waited for: not one message. Halide 21's own runtime, binding a crop at a 4-byte offset,
+    """Pipelines (misaligned and aligned crops, written and read, a stage of the pipeline's
+    own, async stages), copies both ways and on the device, and a profile's timestamps, under
+    Khronos's validation layer, the way copies and launches go by default, with staged copies,
+    and with each launch waited for: not one message. Halide 21's own runtime, binding a crop at a 4-byte offset,
     breaks the rule the shim stages such crops for (minStorageBufferOffsetAlignment), which the
     layer names."""
     layer = validation_layer()

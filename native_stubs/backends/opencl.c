@@ -23,6 +23,7 @@
 
 #include "shim_native.h"
 #include "devices/device_generic.h"
+#include "devices/element_layout.h"
 #include "devices/served.h"
 #include "forks/fork.h"
 #include "profiling/profile.h"
@@ -516,93 +517,51 @@ void shim_opencl_serve_allocations(shim_pool *pool) {
     shim_served_register(SHIM_BACKEND_OPENCL, &allocator, pool);
 }
 
+/* Copies of a staged crop's elements, only those: at each place the layout's outer dimensions
+ * reach, a rectangle of rows (and slices) where OpenCL's pitch rules allow. */
 typedef struct {
-    size_t extent, stride; /* stride in bytes */
-} layout_dim;
+    cl_command_queue queue;
+    cl_mem src, dst;
+    size_t src_offset, dst_offset;
+    size_t region[3], pitch[2];
+    cl_int error;
+} rect_copies;
 
-/* A buffer's dimensions with more than one element, by increasing stride. */
-typedef struct {
-    layout_dim dims[16];
-    int count;
-    size_t elem_size;
-    size_t span; /* bytes from the min element to just past the last; 0 if it has none */
-} layout;
-
-/* false for what staging cannot mirror: a negative stride (the shim gives such buffers no
- * device memory) or more dimensions than Halide's 16. */
-static bool layout_of(const halide_buffer_t *buf, layout *out) {
-    out->count = 0;
-    out->elem_size = (buf->type.bits + 7) / 8;
-    out->span = out->elem_size;
-    if (buf->dimensions > 16) {
-        return false;
-    }
-    for (int d = 0; d < buf->dimensions; d++) {
-        const halide_dimension_t *dim = &buf->dim[d];
-        if (dim->stride < 0) {
-            return false;
-        }
-        if (dim->extent <= 0) {
-            out->span = 0;
-        }
-        if (dim->extent > 1) {
-            layout_dim next = {(size_t)dim->extent, (size_t)dim->stride * out->elem_size};
-            int i = out->count++;
-            for (; i > 0 && out->dims[i - 1].stride > next.stride; i--) {
-                out->dims[i] = out->dims[i - 1];
-            }
-            out->dims[i] = next;
-        }
-    }
-    for (int d = 0; d < out->count && out->span; d++) {
-        out->span += (out->dims[d].extent - 1) * out->dims[d].stride;
-    }
-    return true;
+static bool copy_rect(int64_t at, void *context) {
+    rect_copies *c = context;
+    size_t src_origin[3] = {c->src_offset + (size_t)at, 0, 0};
+    size_t dst_origin[3] = {c->dst_offset + (size_t)at, 0, 0};
+    c->error = cl.enqueue_copy_buffer_rect(c->queue, c->src, c->dst, src_origin, dst_origin,
+                                           c->region, c->pitch[0], c->pitch[1], c->pitch[0],
+                                           c->pitch[1], 0, NULL, NULL);
+    return c->error == 0;
 }
 
 /* Copy the elements of a buffer laid out as `l`, only those, from `src` at src_offset to `dst`
- * at dst_offset: the contiguous inner dimensions as one row, the next two as a rectangle's
- * rows and slices where OpenCL's pitch rules allow, a loop over the rest. */
-static cl_int copy_elements(cl_command_queue queue, const layout *l, cl_mem src,
+ * at dst_offset: each run as one row, the next two dimensions as a rectangle's rows and slices
+ * where OpenCL's pitch rules allow, a walk over the rest. */
+static cl_int copy_elements(cl_command_queue queue, shim_layout *l, cl_mem src,
                             size_t src_offset, cl_mem dst, size_t dst_offset) {
-    const layout_dim *dims = l->dims;
+    const shim_layout_dim *dims = l->dims;
     int n = l->count, d = 0;
-    size_t region[3] = {l->elem_size, 1, 1}, pitch[2] = {0, 0};
-    for (; d < n && dims[d].stride == region[0]; d++) {
-        region[0] *= dims[d].extent;
-    }
-    if (d < n && dims[d].stride >= region[0]) {
-        region[1] = dims[d].extent;
-        pitch[0] = dims[d++].stride;
-        if (d < n && dims[d].stride >= region[1] * pitch[0] && dims[d].stride % pitch[0] == 0) {
-            region[2] = dims[d].extent;
-            pitch[1] = dims[d++].stride;
+    rect_copies c = {queue, src, dst, src_offset, dst_offset, {(size_t)l->run, 1, 1}, {0, 0}, 0};
+    if (d < n && (size_t)dims[d].stride >= c.region[0]) {
+        c.region[1] = (size_t)dims[d].extent;
+        c.pitch[0] = (size_t)dims[d++].stride;
+        if (d < n && (size_t)dims[d].stride >= c.region[1] * c.pitch[0] &&
+            (size_t)dims[d].stride % c.pitch[0] == 0) {
+            c.region[2] = (size_t)dims[d].extent;
+            c.pitch[1] = (size_t)dims[d++].stride;
         }
     }
-    size_t index[16] = {0};
-    for (;;) {
-        size_t at = 0;
-        for (int k = d; k < n; k++) {
-            at += index[k] * dims[k].stride;
-        }
-        size_t src_origin[3] = {src_offset + at, 0, 0}, dst_origin[3] = {dst_offset + at, 0, 0};
-        cl_int error = cl.enqueue_copy_buffer_rect(queue, src, dst, src_origin, dst_origin, region,
-                                                   pitch[0], pitch[1], pitch[0], pitch[1], 0, NULL,
-                                                   NULL);
-        int k = d;
-        for (; k < n && ++index[k] == dims[k].extent; k++) {
-            index[k] = 0;
-        }
-        if (error != 0 || k == n) {
-            return error;
-        }
-    }
+    shim_layout_walk(l, d, copy_rect, &c);
+    return c.error;
 }
 
 typedef struct {
     shim_cl_handle *handle;
     shim_cl_staging *staging;
-    layout layout;
+    shim_layout layout;
     bool written; /* given as a parameter the kernel may write through */
     /* A crop of an image: its own image, where the crop is in the parent image. */
     cl_mem image;
@@ -734,12 +693,14 @@ static bool stage_in(cl_command_queue queue, const halide_buffer_t *buf, staged_
     if (staged->handle->image_dims) {
         return stage_image_in(queue, buf, staged, error);
     }
-    if (!layout_of(buf, &staged->layout)) {
-        failed(error, "staging a crop with a negative stride or over 16 dimensions",
-               CL_INVALID_VALUE);
+    shim_layout_outcome made = shim_layout_of(buf, &staged->layout);
+    if (made != SHIM_LAYOUT_MADE) {
+        failed(error, made == SHIM_LAYOUT_NEGATIVE ? "staging a crop with a negative stride"
+                                                   : "staging a crop (its layout)",
+               made == SHIM_LAYOUT_NEGATIVE ? CL_INVALID_VALUE : CL_OUT_OF_HOST_MEMORY);
         return false;
     }
-    size_t span = staged->layout.span;
+    size_t span = (size_t)staged->layout.span;
     cl_int code = 0;
     staged->staging = staging_take(staged->handle, span ? span : 1, &code);
     if (staged->staging == NULL) {
@@ -769,7 +730,10 @@ static bool stage_all(cl_command_queue queue, const kernel_entry *entry, int cou
             b = &staged[(*staged_count)++];
             *b = (staged_buffer){.handle = handle};
             if (!stage_in(queue, buf, b, error)) {
-                *staged_count -= b->staging == NULL && b->image == NULL; /* nothing to give back */
+                if (b->staging == NULL && b->image == NULL) { /* nothing to give back */
+                    shim_layout_free(&b->layout);
+                    (*staged_count)--;
+                }
                 return false;
             }
         }
@@ -799,6 +763,7 @@ static void unstage_all(cl_command_queue queue, staged_buffer *staged, int stage
                                         b->handle->offset);
             failed(error, "clEnqueueCopyBufferRect (a staged crop's results)", code);
         }
+        shim_layout_free(&b->layout);
         staging_give(b->handle, b->staging);
     }
 }

@@ -17,8 +17,9 @@
  *   minStorageBufferOffsetAlignment (16 bytes on lavapipe, up to 256 on GPUs), and Halide's
  *   runtime fails a crop anywhere else (Halide issue 8944). A launch therefore binds an aligned
  *   crop in place and stages any other: the crop's span is copied to a buffer of its own, the
- *   kernel runs on that, and the crop's elements (not the gaps between its rows, which other
- *   buffers may own) are copied back, all in the launch's one submission, which runs after
+ *   kernel runs on that, and, if the kernel may write the crop (its SPIR-V says: see
+ *   vulkan_spirv.c), the crop's elements (not the gaps between its rows, which other buffers
+ *   may own) are copied back, all in the launch's one submission, which runs after
  *   everything submitted before it and before everything after, so no other work sees the
  *   staged copy.
  * - Halide 22's (PR 8954) reads an int32 element offset per buffer from its uniform buffer,
@@ -37,6 +38,8 @@
 #include "backends/vulkan_api.h"
 #include "backends/vulkan_device.h"
 #include "backends/vulkan_module.h"
+#include "backends/vulkan_spirv.h"
+#include "devices/element_layout.h"
 
 /* --- modules (read by vulkan_module.c) ---------------------------------------------------- */
 
@@ -96,6 +99,17 @@ shim_vk_module *shim_vk_module_new(const void *source, size_t size, char *messag
         return NULL;
     }
     VkResult result = VK_SUCCESS;
+    /* Which buffers each entry point may write, from its SPIR-V (vulkan_spirv.c). */
+    for (uint32_t i = 0; i < module->entry_count && result == VK_SUCCESS; i++) {
+        kernel_entry *e = &module->entries[i];
+        e->writes = malloc((e->storage_count + 1) * sizeof *e->writes);
+        if (e->writes == NULL) {
+            result = VK_ERROR_OUT_OF_HOST_MEMORY;
+        } else {
+            shim_spirv_written(e->spirv->code, e->spirv->code_bytes / 4, e->set,
+                               e->uniform_count, e->storage_count, e->writes);
+        }
+    }
     for (uint32_t k = 0; k < module->spirv_count && result == VK_SUCCESS; k++) {
         spirv_module *spirv = &module->spirvs[k];
         VkShaderModuleCreateInfo info = {VK_STRUCTURE_TYPE_SHADER_MODULE_CREATE_INFO, NULL, 0,
@@ -291,9 +305,9 @@ static VkResult arguments_for(shim_vk_submission *s, size_t size) {
 
 typedef struct {
     const shim_vk_handle *handle;
-    const halide_buffer_t *buf;
     shim_vk_memory *copy;
-    VkDeviceSize span;
+    shim_layout layout;
+    bool written; /* given as an argument the kernel may write: copied back */
 } staged_buffer;
 
 /* Staging buffers, kept for the next launches: a few, of bounded size, so that a crop staged at
@@ -348,11 +362,6 @@ static void give_staging(shim_vk_memory *memory) {
     shim_vk_memory_delete(memory);
 }
 
-/* The bytes of one of a buffer's elements (Halide 22's type has no lanes: its third field is 0). */
-static int64_t element_bytes(const halide_buffer_t *buf) {
-    return ((buf->type.bits + 7) / 8) * (int64_t)(buf->type.lanes ? buf->type.lanes : 1);
-}
-
 /* Where a buffer's elements lie around its min element, in bytes: from `*low` (below 0 where a
  * stride is negative) to `*high`, just past the highest; both 0 where it has none. */
 static void extent_of(const halide_buffer_t *buf, int64_t *low, int64_t *high) {
@@ -366,8 +375,8 @@ static void extent_of(const halide_buffer_t *buf, int64_t *low, int64_t *high) {
         below += reach < 0 ? reach : 0;
         above += reach > 0 ? reach : 0;
     }
-    *low = below * element_bytes(buf);
-    *high = (above + 1) * element_bytes(buf);
+    *low = below * shim_element_bytes(buf);
+    *high = (above + 1) * shim_element_bytes(buf);
 }
 
 /* The range of a storage-buffer descriptor from byte `from` of a handle's VkBuffer: the rest of
@@ -381,45 +390,43 @@ static VkDeviceSize range_from(const shim_vk_handle *handle, VkDeviceSize from) 
     return VK_WHOLE_SIZE;
 }
 
-/* The copies of a crop's elements from `from`+`from_offset` to `to`+`to_offset`: one region
- * per run of contiguous elements. */
-static VkResult copy_elements(VkCommandBuffer commands, const halide_buffer_t *buf, VkBuffer from,
-                              VkDeviceSize from_offset, VkBuffer to, VkDeviceSize to_offset) {
-    int64_t elem = element_bytes(buf);
-    size_t count = 1;
-    for (int d = 0; d < buf->dimensions; d++) {
-        count *= (size_t)buf->dim[d].extent;
-    }
-    VkBufferCopy *regions = malloc((count ? count : 1) * sizeof *regions);
-    if (regions == NULL) {
-        return VK_ERROR_OUT_OF_HOST_MEMORY;
-    }
-    int64_t index[16] = {0};
-    size_t used = 0;
-    for (size_t n = 0; n < count; n++) {
-        int64_t at = 0;
-        for (int d = 0; d < buf->dimensions; d++) {
-            at += index[d] * buf->dim[d].stride * elem;
-        }
-        VkBufferCopy *last = used ? &regions[used - 1] : NULL;
-        if (last && last->srcOffset + last->size == from_offset + (VkDeviceSize)at &&
-            last->dstOffset + last->size == to_offset + (VkDeviceSize)at) {
-            last->size += (VkDeviceSize)elem; /* the run goes on */
-        } else {
-            regions[used++] = (VkBufferCopy){from_offset + (VkDeviceSize)at,
-                                             to_offset + (VkDeviceSize)at, (VkDeviceSize)elem};
-        }
-        for (int d = 0; d < buf->dimensions && ++index[d] == buf->dim[d].extent; d++) {
-            index[d] = 0;
-        }
-    }
-    if (used > 0) {
+/* The copies of a staged crop's elements, only those, back from its staging buffer to where
+ * the crop is: one region per run (the elements of a row, or more where rows follow each
+ * other), recorded a batch of regions at a time as the walk finds them. */
+enum { REGION_BATCH = 128 };
+
+typedef struct {
+    VkCommandBuffer commands;
+    VkBuffer from, to;
+    VkDeviceSize to_offset, run;
+    uint32_t used;
+    VkBufferCopy regions[REGION_BATCH];
+} region_batch;
+
+static void record_regions(region_batch *batch) {
+    if (batch->used > 0) {
         VK(vkCmdCopyBuffer, void (*)(VkCommandBuffer, VkBuffer, VkBuffer, uint32_t,
                                      const VkBufferCopy *),
-           commands, from, to, (uint32_t)used, regions);
+           batch->commands, batch->from, batch->to, batch->used, batch->regions);
+        batch->used = 0;
     }
-    free(regions);
-    return VK_SUCCESS;
+}
+
+static bool add_run(int64_t at, void *context) {
+    region_batch *batch = context;
+    batch->regions[batch->used++] = (VkBufferCopy){(VkDeviceSize)at,
+                                                   batch->to_offset + (VkDeviceSize)at, batch->run};
+    if (batch->used == REGION_BATCH) {
+        record_regions(batch);
+    }
+    return true;
+}
+
+static void copy_back(VkCommandBuffer commands, staged_buffer *b) {
+    region_batch batch = {commands, b->copy->buffer, b->handle->buffer, b->handle->offset,
+                          (VkDeviceSize)b->layout.run, 0, {{0}}};
+    shim_layout_walk(&b->layout, 0, add_run, &batch);
+    record_regions(&batch);
 }
 
 /* --- launches -------------------------------------------------------------------------------- */
@@ -449,7 +456,7 @@ static kernel_entry *find_entry(shim_vk_module *module, const char *name) {
 static bool element_offset(void *user_context, const char *entry, int number,
                            const halide_buffer_t *buf, int32_t *offset) {
     const shim_vk_handle *handle = (const shim_vk_handle *)buf->device;
-    uint64_t elem = (uint64_t)element_bytes(buf);
+    uint64_t elem = (uint64_t)shim_element_bytes(buf);
     int64_t low, high;
     extent_of(buf, &low, &high);
     const char *why = NULL;
@@ -479,10 +486,11 @@ static bool element_offset(void *user_context, const char *entry, int number,
 }
 
 /* One launch's submission: its descriptor set and arguments, the misaligned crops staged in,
- * the dispatch, the staged crops' elements back; submitted, and left running where the device
- * allows. `offsets`: each buffer's element offset, for Halide 22's kernels (NULL: Halide 19's
- * and 21's, which stage). `staged` receives the staging buffers, which the caller keeps for
- * later launches once this one is submitted. */
+ * the dispatch, the elements of the staged crops it may write back; submitted, and left
+ * running where the device allows. `offsets`: each buffer's element offset, for Halide 22's
+ * kernels (NULL: Halide 19's and 21's, which stage). `staged` receives the staging buffers and
+ * their layouts, which the caller keeps for later launches, and frees, once this one is
+ * submitted. */
 static int record_and_run(void *user_context, kernel_entry *e,
                           VkPipeline pipeline, int count, size_t arg_sizes[], void *args[],
                           int8_t arg_is_buffer[], const int32_t *offsets, const int blocks[3],
@@ -534,10 +542,12 @@ static int record_and_run(void *user_context, kernel_entry *e,
         binding++;
     }
     VkDeviceSize alignment = shim_vk.properties.limits.minStorageBufferOffsetAlignment;
-    for (int i = 0; i < count; i++) {
+    bool copies_back = false;
+    for (int i = 0, n = -1; i < count; i++) {
         if (!arg_is_buffer[i]) {
             continue;
         }
+        n++; /* (its place among the buffers: binding uniform_count + n) */
         const halide_buffer_t *buf = args[i];
         const shim_vk_handle *handle = (const shim_vk_handle *)buf->device;
         VkDescriptorBufferInfo info;
@@ -549,32 +559,36 @@ static int record_and_run(void *user_context, kernel_entry *e,
                 b = staged[k].handle == handle ? &staged[k] : NULL; /* a crop given twice */
             }
             if (b == NULL) {
-                int64_t low, span;
-                extent_of(buf, &low, &span);
-                if (low < 0) {
+                b = &staged[(*staged_count)++];
+                *b = (staged_buffer){handle, NULL, {0}, false};
+                shim_layout_outcome made = shim_layout_of(buf, &b->layout);
+                if (made == SHIM_LAYOUT_NEGATIVE) {
                     shim_vk_abandon(s);
                     halide_error(user_context, "Vulkan: a crop at an offset the device cannot "
                                                "bind, with a negative stride, is not supported\n");
                     return halide_error_code_gpu_device_error;
                 }
-                b = &staged[(*staged_count)++];
-                *b = (staged_buffer){handle, buf, NULL, (VkDeviceSize)span};
-                b->copy = take_staging(b->span, &result);
+                VkDeviceSize span = (VkDeviceSize)b->layout.span;
+                b->copy = made == SHIM_LAYOUT_MADE ? take_staging(span, &result) : NULL;
                 if (b->copy == NULL) {
-                    (*staged_count)--;
                     shim_vk_abandon(s);
                     return failed(user_context, "allocating a misaligned crop's staging buffer",
-                                  e->name, result);
+                                  e->name, made == SHIM_LAYOUT_MADE ? result
+                                                                    : VK_ERROR_OUT_OF_HOST_MEMORY);
                 }
                 /* In: the whole span, gaps and all, in one copy (the kernel sees only the
                  * crop's elements); back: the elements alone (below). */
-                if (b->span > 0) {
-                    VkBufferCopy region = {handle->offset, 0, b->span};
+                if (span > 0) {
+                    VkBufferCopy region = {handle->offset, 0, span};
                     VK(vkCmdCopyBuffer, void (*)(VkCommandBuffer, VkBuffer, VkBuffer, uint32_t,
                                                  const VkBufferCopy *),
                        s->commands, handle->buffer, b->copy->buffer, 1, &region);
                 }
             }
+            /* Back only if the kernel may write it: a crop it only reads, copied back, would
+             * put its old values over what the launch wrote there through another argument. */
+            b->written |= e->writes[n];
+            copies_back |= b->written;
             info = (VkDescriptorBufferInfo){b->copy->buffer, 0, VK_WHOLE_SIZE};
         } else {
             info = (VkDescriptorBufferInfo){handle->buffer, handle->offset,
@@ -600,15 +614,12 @@ static int record_and_run(void *user_context, kernel_entry *e,
        s->commands, VK_PIPELINE_BIND_POINT_COMPUTE, e->spirv->layout, e->set, 1, &set, 0, NULL);
     VK(vkCmdDispatch, void (*)(VkCommandBuffer, uint32_t, uint32_t, uint32_t), s->commands,
        (uint32_t)blocks[0], (uint32_t)blocks[1], (uint32_t)blocks[2]);
-    if (*staged_count > 0) {
+    if (copies_back) {
         shim_vk_barrier(s->commands);
-        for (int k = 0; k < *staged_count && result == VK_SUCCESS; k++) {
-            result = copy_elements(s->commands, staged[k].buf, staged[k].copy->buffer, 0,
-                                   staged[k].handle->buffer, staged[k].handle->offset);
-        }
-        if (result != VK_SUCCESS) {
-            shim_vk_abandon(s);
-            return failed(user_context, "copying back a misaligned crop", e->name, result);
+        for (int k = 0; k < *staged_count; k++) {
+            if (staged[k].written) {
+                copy_back(s->commands, &staged[k]);
+            }
         }
     }
     /* Not waited for (where the device has timeline semaphores): whoever next touches device
@@ -687,6 +698,7 @@ static int launch(SHIM_RUN_PARAMS) {
                               &staged_count);
     for (int k = 0; k < staged_count; k++) {
         give_staging(staged[k].copy); /* (its submission has finished or was never made) */
+        shim_layout_free(&staged[k].layout);
     }
     return code;
 }

@@ -214,6 +214,7 @@ void shim_vk_module_discard(struct shim_vk_module *module) {
         free(module->entries[i].name);
         free(module->entries[i].spec_ids);
         free(module->entries[i].shared);
+        free(module->entries[i].writes);
     }
     for (uint32_t k = 0; module->spirvs != NULL && k < module->spirv_count; k++) {
         free(module->spirvs[k].sets);

@@ -34,6 +34,7 @@ typedef struct kernel_entry {
     uint32_t shared_count;
     shared_allocation *shared;
     uint32_t local_size_ids[3]; /* 0: the workgroup size is fixed in the SPIR-V */
+    bool *writes; /* per buffer argument: whether the kernel may write it (vulkan_spirv.c) */
     struct spirv_module *spirv;
     pipeline_entry *pipelines; /* prepended under the module's lock, read without it */
 } kernel_entry;

@@ -53,10 +53,23 @@ static bool own(void *symbol, const char *path) {
            (path == NULL || (where.dli_fname != NULL && strcmp(where.dli_fname, path) == 0));
 }
 
-/* ``name`` as ``library`` (at ``path``) defines it itself (see own), or NULL; never ``ours``. */
+/* ``name`` as ``library`` (at ``path``) defines it itself (see own), or NULL; never ``ours``.
+ * A library whose definition is found stays loaded for the life of the process: the snapshot
+ * below, or a hook call on another thread, may call into it at any time, so unloading it (a
+ * dlclose by whoever opened it) must leave its code where it is. RTLD_NODELETE, given to a
+ * library already loaded (RTLD_NOLOAD), marks it so; the reference that takes goes again at
+ * once, the mark stays. */
 static void *own_definition(void *library, const char *path, const char *name, void *ours) {
     void *theirs = dlsym(library, name); /* (the library first, then what it depends on) */
-    return theirs != ours && own(theirs, path) ? theirs : NULL;
+    if (theirs == ours || !own(theirs, path)) {
+        return NULL;
+    }
+    void *kept = dlopen(path, RTLD_LAZY | RTLD_NOLOAD | RTLD_NODELETE);
+    if (kept == NULL) {
+        return NULL; /* (unloaded meanwhile: nothing of it may be called) */
+    }
+    dlclose(kept);
+    return theirs;
 }
 
 /* The loaded libraries' paths, in load order (the main program left out: its definitions would
@@ -146,9 +159,9 @@ static library_hooks look_up(const Dl_info *info, bool shim) {
  * into the loader, so that a child forked while another thread looked something up is never
  * stuck on a lock that thread held. shim.load takes a new snapshot after it loads a library
  * (shim_msan_libraries_changed); code loaded otherwise (ctypes) is seen if loaded before the
- * shim's runtime first prints, as Halide's msan test's is. A library unloaded after it was found
- * must not be: the snapshot would call into it. Calls from a pipeline's own code (msan builds
- * only) look their library up each time. */
+ * shim's runtime first prints, as Halide's msan test's is. A library whose hooks were found is
+ * never unloaded (own_definition): the snapshot calls into it. Calls from a pipeline's own code
+ * (msan builds only) look their library up each time. */
 
 /* The shim's code: [shim_start, shim_end), found once (the shim's library stays loaded). */
 static uintptr_t shim_start, shim_end;

@@ -13,10 +13,13 @@
  * its event back). Its tp_finalize calls the object's _finalize(): as a Python __del__, a
  * KeyboardInterrupt (or a timeout's exception) raised at its start would be swallowed as
  * "Exception ignored in __del__" and the work left undone for good. One class may say that its
- * instances have nothing to finalize when nothing else references them
- * (shim_finalized_skip_when_alone): a PipelineResult whose struct was never made, which only
- * marks itself for a later finalizer of its own dying cycle (shim/buffers/pipeline_result.py).
- * Dropped by its last reference, it then costs no Python call at all.
+ * instances have nothing to finalize when nothing else references them and one of their slots
+ * holds anything but None (shim_finalized_skip_when_alone): a PipelineResult whose struct was
+ * never made (its _pending, the argument's name), which only marks itself for a later
+ * finalizer of its own dying cycle (shim/buffers/pipeline_result.py). Dropped by its last
+ * reference, it then costs no Python call at all. The slot is what decides, not the class
+ * alone: a PipelineResult can also be made whole (type(result)(array), the views and copies
+ * made with type(self)), and a whole one has a struct and device memory to give back.
  *
  * HeldContext: context managers whose entering and leaving must run to their end (a profile
  * that starts must be stopped; a stream set for a block must be put back). Its __enter__ and
@@ -72,37 +75,63 @@ void shim_signal_again(int signum) {
     PyErr_SetInterruptEx(signum); /* (async-signal-safe, needs no GIL) */
 }
 
-/* The class whose instances' finalizer has nothing to do when they are alone (a new
- * reference). */
-static PyObject *skip_when_alone;
+/* The class whose instances' finalizer has nothing to do when they are alone and their slot
+ * (its member descriptor, read through its own getter: no Python code runs) holds anything but
+ * None (new references). */
+static PyObject *skip_when_alone, *skip_slot;
+static descrgetfunc skip_slot_get;
 
-int shim_finalized_skip_when_alone(void *type) {
-    if (!PyType_Check((PyObject *)type)) {
+int shim_finalized_skip_when_alone(void *type, void *slot) {
+    PyObject *descriptor = PyType_Check((PyObject *)type) && PyUnicode_Check((PyObject *)slot)
+                               ? PyObject_GetAttr((PyObject *)type, (PyObject *)slot)
+                               : NULL;
+    descrgetfunc get =
+        descriptor ? (descrgetfunc)PyType_GetSlot(Py_TYPE(descriptor), Py_tp_descr_get) : NULL;
+    if (get == NULL) {
+        PyErr_Clear();
+        Py_XDECREF(descriptor);
         return 0;
     }
-    PyObject *previous = skip_when_alone;
+    PyObject *previous_type = skip_when_alone, *previous_slot = skip_slot;
     skip_when_alone = Py_NewRef((PyObject *)type);
-    Py_XDECREF(previous);
+    skip_slot = descriptor;
+    skip_slot_get = get;
+    Py_XDECREF(previous_type);
+    Py_XDECREF(previous_slot);
     return 1;
 }
 
-static void finalize(PyObject *self) {
-    /* Alone: the finalizer runs from the object's deallocation, which holds the one reference
-     * (the collector holds its own and the cycle's while it finalizes a cycle's objects). No
-     * other finalizer can reach the object after this one. (An exact type: a class that made
-     * the instance something else, as a PipelineResult becomes a Buffer, has its own work.) */
-    if ((PyObject *)Py_TYPE(self) == skip_when_alone && Py_REFCNT(self) == 1) {
-        return;
+/* Whether `self` has nothing to finalize (see shim_finalized_skip_when_alone). Alone: the
+ * finalizer runs from the object's deallocation, which holds the one reference (the collector
+ * holds its own and the cycle's while it finalizes a cycle's objects). No other finalizer can
+ * reach the object after this one. (An exact type: a class that made the instance something
+ * else, as a PipelineResult becomes a Buffer, has its own work.) An unset slot counts as
+ * holding something: an object whose construction failed before setting it. */
+static bool nothing_to_finalize(PyObject *self) {
+    if ((PyObject *)Py_TYPE(self) != skip_when_alone || Py_REFCNT(self) != 1) {
+        return false;
     }
+    PyObject *held = skip_slot_get(skip_slot, self, skip_when_alone);
+    if (held == NULL) {
+        PyErr_Clear();
+        return true;
+    }
+    Py_DECREF(held);
+    return held != Py_None;
+}
+
+static void finalize(PyObject *self) {
     PyObject *type, *value, *traceback; /* (a finalizer keeps the current exception) */
     PyErr_Fetch(&type, &value, &traceback);
-    shim_signals_hold();
-    PyObject *done = PyObject_CallMethodObjArgs(self, s_finalize, NULL);
-    if (done == NULL) {
-        PyErr_WriteUnraisable(self);
+    if (!nothing_to_finalize(self)) {
+        shim_signals_hold();
+        PyObject *done = PyObject_CallMethodObjArgs(self, s_finalize, NULL);
+        if (done == NULL) {
+            PyErr_WriteUnraisable(self);
+        }
+        Py_XDECREF(done);
+        shim_signals_release();
     }
-    Py_XDECREF(done);
-    shim_signals_release();
     PyErr_Restore(type, value, traceback);
 }
 

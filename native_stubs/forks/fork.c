@@ -216,6 +216,11 @@ __attribute__((constructor)) static void watch_forks(void) {
     pthread_atfork(before_fork, after_fork_in_parent, after_fork_in_child);
 }
 
+const int *shim_process_id(void) {
+    _Static_assert(sizeof(pid_t) == sizeof(int), "abi/shim_fork.h gives the pid as an int");
+    return (const int *)&current_process;
+}
+
 pid_t shim_bound_process(void) {
     return __atomic_load_n(&current_process, __ATOMIC_RELAXED);
 }

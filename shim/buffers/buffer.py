@@ -526,11 +526,10 @@ class Buffer(ManagedBuffer):
     def numpy(self) -> np.ndarray:
         """The host memory as a numpy array, without copying; device results are copied back
         first, so what it shows is current."""
-        if self.device_dirty():
-            self.copy_to_host()
+        array = self._current_host()
         self._exposed = True
         self.mark_read()
-        return self._array
+        return array
 
     # Python's buffer protocol (memoryview(buf), halide.Buffer(buf)): HostExporter's, in C
     # (native_stubs/calls/host_export.c), exports this.

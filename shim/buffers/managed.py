@@ -217,9 +217,22 @@ class ManagedBuffer(HostExporter):
 
     def copy_to_host(self) -> int:
         """Make the host memory current: download if device-dirty."""
+        families.refuse_if_abandoned(self._family)  # (the native layer looks at the bits only)
         self._runtime("copy_to_host", lib.halide_copy_to_host, self._raw)
         self.mark_read()
         return 0
+
+    def _current_host(self) -> np.ndarray:
+        """The host memory, for a read (or a write) through the Buffer: device results are
+        copied back first. A Buffer another thread of the parent was changing or calling a
+        pipeline on when this process was forked is refused first, whatever its dirty bits
+        say: that thread may have cleared them before writing (a call's output), and its
+        results never reach this process."""
+        if self._pending is None:  # (a PipelineResult not made yet: the CPU call is over)
+            families.refuse_if_abandoned(self._family)
+            if flags.of(self._raw) & DEVICE_DIRTY:
+                self.copy_to_host()
+        return self._array
 
     def device_sync(self) -> int:
         """Wait for the work queued on this Buffer's device to finish."""

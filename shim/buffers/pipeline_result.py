@@ -71,9 +71,11 @@ class PipelineResult(Buffer):
         return getattr(self, name)
 
 
-# Its finalizer only marks a result whose struct was never made, for a later finalizer of its
-# own dying cycle (ManagedBuffer._finalize): one dropped by its last reference has none.
-finalized_skip_when_alone(PipelineResult)
+# Its finalizer only marks a result whose struct was never made (``_pending`` not None), for a
+# later finalizer of its own dying cycle (ManagedBuffer._finalize): one dropped by its last
+# reference has none. A whole one (made by a constructor given its class, type(result)(array),
+# or a view or copy made with type(self)) is finalized as every Buffer is.
+finalized_skip_when_alone(PipelineResult, "_pending")
 
 
 def _make_deferred(result: PipelineResult) -> None:

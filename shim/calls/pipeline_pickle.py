@@ -12,9 +12,12 @@ F_SEAL_SEAL: from then on nobody, this process included, can change them) and th
 opened as /proc/self/fd/N. No folder is involved, so nothing another user does to a file can
 put other code in between the check and the load (or block the load, as a FIFO would), and
 nothing is left behind. shim/calls/library.py reads the library's bytes back from that path: the
-same bytes, for later pickles. The descriptor stays open for the life of the process: the
-dynamic loader knows the libraries it loaded by name, and a later library opened at a reused
-/proc/self/fd/N would be taken for this one (nor could the code be unloaded anyway).
+same bytes, for later pickles. Once the library is loaded, the descriptor stays open for the
+life of the process: the dynamic loader knows the libraries it loaded by name, and a later
+library opened at a reused /proc/self/fd/N would be taken for this one (nor could the code be
+unloaded anyway). Bytes the load refuses (not a library, another machine's, no such pipeline in
+it: the shim's checks, before any dlopen, or a dlopen that failed, which leaves nothing loaded)
+leave nothing behind: their descriptor is closed, or a process fed such pickles would run out.
 
 The same (hash, name) again in the process is the same Pipeline object, found before anything
 is hashed or loaded. A pipeline pickled in this process is found there too, so an in-process
@@ -24,6 +27,7 @@ code cannot be unloaded); loaded ones only while someone holds them.
 
 from __future__ import annotations
 
+import ctypes
 import fcntl
 import os
 import pickle
@@ -37,8 +41,8 @@ _SEALS = fcntl.F_SEAL_WRITE | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_
 
 
 class PickledPipelineError(ShimError, pickle.UnpicklingError):
-    """A pickled Pipeline's library bytes do not match their hash: they were damaged on the
-    way (or the pickle was not made by the shim)."""
+    """A pickled Pipeline's library bytes do not match their hash, or one of its fields is not
+    what the shim pickles: it was damaged on the way (or not made by the shim)."""
 
 
 # (sha256, name) -> Pipeline: every pipeline pickled or unpickled in this process, while alive.
@@ -71,6 +75,12 @@ def restore(digest: str, name: str, data: bytes, load):
     """The Pipeline that ``state`` described: the one this process already has, else
     ``load(path, name)`` of a sealed memory file holding the bytes. Raises PickledPipelineError
     if the bytes do not hash to ``digest``."""
+    for field, value, expected in (("sha256", digest, str), ("name", name, str),
+                                   ("library bytes", data, bytes)):
+        if not isinstance(value, expected):
+            raise PickledPipelineError(
+                f"a pickled pipeline's {field}: expected {expected.__name__}, got "
+                f"{type(value).__name__}: the pickle was not made by the shim, or was damaged")
     key = (digest, name)
     with _lock:
         pipeline = _known.get(key)
@@ -79,16 +89,24 @@ def restore(digest: str, name: str, data: bytes, load):
                 raise PickledPipelineError(
                     f"the library bytes of the pickled pipeline {name!r} do not match their "
                     f"sha256 {digest}: the pickle was damaged on the way")
-            pipeline = load(_sealed_file(f"halide-shim {digest}", data), name)
+            fd = _sealed_file(f"halide-shim {digest}", data)
+            path = f"/proc/self/fd/{fd}"
+            try:
+                pipeline = load(path, name)
+            except BaseException:
+                if not _loaded(path):  # (refused, or a dlopen that failed: see the docstring)
+                    os.close(fd)
+                else:
+                    _library_files.append(fd)
+                raise
+            _library_files.append(fd)
             _known[key] = pipeline
             _unpickled.append(pipeline)
     return pipeline
 
 
-def _sealed_file(label: str, data: bytes) -> str:
-    """The path (/proc/self/fd/N) of a new sealed memory file holding ``data``. Its descriptor
-    is kept open (see the docstring), even if loading it then fails: the loader may hold it by
-    then."""
+def _sealed_file(label: str, data: bytes) -> int:
+    """A new sealed memory file holding ``data``: its descriptor."""
     fd = os.memfd_create(label, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
     try:
         rest = memoryview(data)
@@ -98,8 +116,17 @@ def _sealed_file(label: str, data: bytes) -> str:
     except BaseException:
         os.close(fd)
         raise
-    _library_files.append(fd)
-    return f"/proc/self/fd/{fd}"
+    return fd
+
+
+def _loaded(path: str) -> bool:
+    """Whether the dynamic loader holds a library it opened as ``path`` (RTLD_NOLOAD: asked,
+    never loaded; a library it holds gets one more reference, and is never unloaded anyway)."""
+    try:
+        ctypes.CDLL(path, mode=os.RTLD_NOLOAD | os.RTLD_LAZY)
+    except OSError:
+        return False
+    return True
 
 
 def _sha256(data) -> str:

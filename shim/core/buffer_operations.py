@@ -165,6 +165,8 @@ def pin_device(raw, backend):
         memory = family.memory_of(handle)
 
     def unpin() -> None:
+        if families.forking() or families.abandoned(family):
+            return  # a forked child: another thread's family, as it left it (see families)
         if sections.inside():  # a finalizer inside the layer's own work (see shim/base/sections.py)
             sections.later(unpin)
             return

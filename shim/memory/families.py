@@ -21,7 +21,6 @@ after acquiring and retries with the right one.
 
 from __future__ import annotations
 
-import os
 import threading
 from typing import NamedTuple
 
@@ -62,6 +61,10 @@ class FamilyLock(LockState):
         self.abandoned = False
 
     def acquire(self) -> None:
+        if self.abandoned:
+            # (Whether or not its holder had it: that thread's half-done change or running
+            # call never ends here. Its owner, ABANDONED, sends the C fast paths here too.)
+            raise _abandoned_error()
         me = threading.get_ident()
         if self.owner == me:
             # (A signal handler run where the main thread waits inside the layer, holding this
@@ -594,12 +597,23 @@ def await_operations(family: Family) -> None:
 # thread's own, from an extern stage that forked, records uses that do end: with one running,
 # only families whose lock is held are abandoned.)
 
-_process = os.getpid()  # the process whose threads the families' locks and uses are
+# The id of the process this is, as the native library's fork handler keeps it (renewed in a
+# child before anything else runs there, forked from Python or from C): read without the system
+# call os.getpid() makes, since every read of a Buffer's host memory asks
+# (``refuse_if_abandoned``).
+_current_process = lib.shim_process_id()
+_process = _current_process[0]  # the process whose threads the families' locks and uses are
+
+# A FamilyLock's owner in a child where its family is abandoned: never a thread's id, and not
+# None, so that the C fast paths, which take a family whose lock has no owner as free
+# (native_stubs/fast/call_records.c, buffer_families.c), leave its Buffers' calls to Python,
+# whose acquire refuses them.
+ABANDONED = "abandoned at a fork"
 
 
 def forking() -> bool:
     """Whether this is a forked child whose at-fork hooks have not all run yet."""
-    return os.getpid() != _process
+    return _current_process[0] != _process
 
 
 def _left_by_another_thread(family: Family) -> bool:
@@ -609,6 +623,17 @@ def _left_by_another_thread(family: Family) -> bool:
 def abandoned(family: Family) -> bool:
     """Whether ``family`` was left by another thread of the parent process at a fork."""
     return family.lock.abandoned or (forking() and _left_by_another_thread(family))
+
+
+def refuse_if_abandoned(family: Family) -> None:
+    """ShimError if ``family`` is abandoned: its memory and dirty bits are as another thread of
+    the parent left them, in the middle of a change or of a pipeline call (which may have
+    cleared the bits of an output it had not written yet), so nothing read from it can be
+    trusted, whatever its bits say."""
+    # (forking(), inlined: this runs at every read)
+    if family.lock.abandoned or (_current_process[0] != _process
+                                 and _left_by_another_thread(family)):
+        raise _abandoned_error()
 
 
 def _abandoned_error() -> ShimError:
@@ -624,10 +649,11 @@ def after_fork_in_child() -> None:
     for family in {id(f): f for f in (*_owned.values(), *_by_handle.values())}.values():
         if _left_by_another_thread(family):
             family.lock.abandoned = True
+            family.lock.owner = ABANDONED
         # Operations of the parent's other threads that waited for calls do not exist here:
         # new calls must not wait for them (await_operations).
         family.lock.awaiting = tuple(thread for thread in family.lock.awaiting if thread == me)
-    _process = os.getpid()
+    _process = _current_process[0]
 
 
 def _conflicts(use: Use, box, writers_only: bool) -> bool:

@@ -126,11 +126,11 @@ def watch_buffer_families(owned: dict, family_type: type, lock_type: type) -> No
         raise ImportError("shim._native: the native layer could not take the Buffers' families")
 
 
-def finalized_skip_when_alone(cls: type) -> None:
+def finalized_skip_when_alone(cls: type, slot: str) -> None:
     """Tell Finalized that instances of exactly ``cls`` have nothing to finalize when nothing
-    else references them (native_stubs/calls/signals_held.c): no Python call when the last
-    reference goes."""
-    if not _python_api("shim_finalized_skip_when_alone", cls):
+    else references them and their slot ``slot`` holds anything but None
+    (native_stubs/calls/signals_held.c): no Python call when the last reference goes."""
+    if not _python_api("shim_finalized_skip_when_alone", cls, slot):
         raise ImportError("shim._native: Finalized could not take the class")
 
 

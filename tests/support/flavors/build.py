@@ -134,7 +134,7 @@ def stock_environment() -> dict:
     return env
 
 
-def run_stock(folder: Path, requests: list, timeout: float = 120) -> list:
+def run_stock(folder: Path, requests: list, timeout: float = 900) -> list:
     """Runs stock_child.py's ``requests`` ((case, kwargs) each) in one child process under
     Halide's stock runtime; their answers, in order (a case that raised fails here, with the
     child's traceback)."""
