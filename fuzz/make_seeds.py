@@ -65,6 +65,38 @@ def vulkan_module() -> dict:
     return seeds
 
 
+def vulkan_spirv() -> dict:
+    """Each entry point's SPIR-V in the vulkan_module seeds, asked about its storage buffers
+    (its set, its first storage binding, their count), as vulkan_kernels.c asks."""
+    import numpy as np
+
+    seeds = {}
+    for path in sorted((CORPUS / "vulkan_module").glob("seed-*")):
+        data = path.read_bytes()
+        words = np.frombuffer(data[:len(data) // 4 * 4], "<u4")
+        kernels, at, sizes = int(words[0]), 1, []
+        for _ in range(kernels):
+            sizes.append(int(words[at]) // 4)
+            at += 2 + int(words[at + 1])
+        for k, size in enumerate(sizes):
+            module = words[at:at + size]
+            header, r = int(module[0]), 2
+            for entry in range(int(module[1])):
+                r += 1 + int(module[r])  # its name
+                uniform, storage, constants = (int(v) for v in module[r:r + 3])
+                r += 3
+                for _ in range(constants):
+                    r += 1 + int(module[r]) + 2
+                shared, r = int(module[r]), r + 1
+                for _ in range(shared):
+                    r += 1 + int(module[r]) + 3
+                r += 3
+                seeds[f"{path.name[5:]}-{k}-{entry}"] = (
+                    struct.pack("<III", entry, uniform, storage) + module[header:].tobytes())
+            at += size
+    return seeds
+
+
 # --- ELF files -----------------------------------------------------------------------------
 
 def _tiny_elf(is64: bool, little: bool, symbols: list[tuple[str, int]], machine: int = 62,
@@ -243,8 +275,8 @@ def cli() -> dict:
             enumerate(_COMMAND_LINES)}
 
 
-TARGETS = {f.__name__: f for f in (vulkan_module, elf_reader, metadata, pipeline_pickle, dlpack,
-                                   array_likes, cli)}
+TARGETS = {f.__name__: f for f in (vulkan_module, vulkan_spirv, elf_reader, metadata,
+                                   pipeline_pickle, dlpack, array_likes, cli)}
 
 
 def main(argv: list[str]) -> int:

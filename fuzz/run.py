@@ -36,6 +36,7 @@ BUILD = ROOT / "build" / "fuzz"
 # C targets: the harness and the library's sources it links, nothing more.
 C_TARGETS = {
     "vulkan_module": ["native_stubs/backends/vulkan_module.c"],
+    "vulkan_spirv": ["native_stubs/backends/vulkan_spirv.c"],
 }
 PYTHON_TARGETS = ["elf_reader", "metadata", "pipeline_pickle", "dlpack", "array_likes", "cli"]
 # libFuzzer flags of a target's own: the command line's pipelines print from C (halide_print),
@@ -74,12 +75,15 @@ def find_compiler() -> str:
 def build_c_targets(names: list[str]) -> dict[str, Path]:
     if not names:
         return {}
+    import halide  # (its headers: shim_native.h includes HalideRuntime.h)
+
     compiler = find_compiler()
     BUILD.mkdir(parents=True, exist_ok=True)
+    includes = [ROOT / "native_stubs", ROOT / "abi", Path(halide.install_dir(), "include")]
     built = {}
     for name in names:
         out = BUILD / name
-        command = [compiler, *SANITIZE, "-I", str(ROOT / "native_stubs"), "-I", str(ROOT / "abi"),
+        command = [compiler, *SANITIZE, *(f"-I{folder}" for folder in includes),
                    str(HERE / "c" / f"{name}.c"), *(str(ROOT / s) for s in C_TARGETS[name]),
                    "-o", str(out)]
         subprocess.run(command, check=True)

@@ -1,7 +1,7 @@
 """atheris target: a pickled shim.Pipeline, as a Dask worker unpickles one.
 
 The input's first byte chooses how the rest is used:
-- even: a pickle stream (the seeds: real pipelines pickled with protocols 0, 2 and 5). It is
+- even: a pickle stream (the seeds: a real pipeline pickled with protocols 2 and 5). It is
   unpickled as pickle does, except that the only globals it may name are the two a pickled
   Pipeline names, ``builtins.getattr`` and ``shim.calls.pipeline.Pipeline``, and the only
   attribute it may take is the class's ``_from_pickle``: any other pickle runs whatever it
@@ -18,38 +18,17 @@ Checked: what ``Pipeline._from_pickle`` raises is one of the shim's errors, what
 a Pipeline, and a refused library leaves no file descriptor open.
 """
 
-import atexit
 import hashlib
 import io
 import os
 import pickle
-import sys
-import traceback
 
-from common import Reader, check_error, fuzz, quiet, sample_library
+from common import PropertyViolated, Reader, check_error, fuzz, quiet, sample_library
 
 from shim.calls.pipeline import Pipeline
 
 LIBRARY = open(sample_library("brighten"), "rb").read()
 DIGEST = hashlib.sha256(LIBRARY).hexdigest()
-
-# Issue 40's two defects of shim/calls/pipeline_pickle.py, fixed by another change of the same
-# issue (fix-defects): a refused library's memory file is never closed, and a field of the
-# wrong type raises a raw TypeError (hashlib's for data that is not bytes; this target found
-# the same of a digest or name that is not hashable, such as a list). Until that change is in, they are counted here
-# (and the memory files closed), so that the target goes on to what else it can find; with it
-# in, they are never met, and these lines go.
-_known = {"memory file left open": 0, "a field's raw TypeError": 0}
-
-
-def _report_known():
-    met = {what: count for what, count in _known.items() if count}
-    if met:
-        print(f"pipeline_pickle: issue 40's known defects met: {met}", file=sys.stderr)
-
-
-atexit.register(_report_known)
-
 
 class _Refused(Exception):
     """A refusal the target expects (the shim's, or a global it does not give)."""
@@ -72,16 +51,11 @@ def _from_pickle(*args):
         with quiet():
             pipeline = Pipeline._from_pickle(*args)
     except Exception as e:  # noqa: BLE001 - the property
+        check_error(e, f"Pipeline._from_pickle{tuple(map(_short, args))}")
         left = _memory_files() - before
         if left:
-            _known["memory file left open"] += 1
-            for fd in left:
-                os.close(fd)
-        if isinstance(e, TypeError) and any(frame.name == "restore" for frame in
-                                            traceback.extract_tb(e.__traceback__)):
-            _known["a field's raw TypeError"] += 1
-            raise _Refused() from None
-        check_error(e, f"Pipeline._from_pickle{tuple(map(_short, args))}")
+            raise PropertyViolated(f"a refused pickle left its library's memory file open "
+                                   f"(descriptors {sorted(left)})") from e
         raise _Refused() from None
     assert isinstance(pipeline, Pipeline), type(pipeline)
     return pipeline
