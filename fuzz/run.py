@@ -50,7 +50,7 @@ COMPILERS = ["clang", "clang-15", "clang-14", "clang-16", "clang-17", "clang-18"
 # Per input, the longest a target may take before it counts as a hang (a Python target's first
 # inputs include its imports and building a sample pipeline).
 TIMEOUT = {"c": 10, "python": 60}
-STARTUP = {"c": 1, "python": 12}  # seconds a target takes before it fuzzes, roughly
+STARTUP = {"c": 1, "python": 15}  # seconds a target takes before it fuzzes, roughly
 
 
 def find_compiler() -> str:
