@@ -1,7 +1,7 @@
 /* The Vulkan device as the backends layer's Vulkan files share it: vulkan.c makes it (the
  * loader, instance, device, queue, Halide's context entry points), vulkan_memory.c gives it
  * memory, submissions and copies, and vulkan_kernels.c launches kernels on it (Halide's module
- * format, shader modules, compute pipelines, halide_vulkan_run). Nothing outside
+ * format as vulkan_module.c reads it, shader modules, compute pipelines, halide_vulkan_run). Nothing outside
  * native_stubs/backends/ includes this. */
 #ifndef SHIM_BACKENDS_VULKAN_DEVICE_H
 #define SHIM_BACKENDS_VULKAN_DEVICE_H

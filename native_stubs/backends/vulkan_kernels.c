@@ -37,134 +37,11 @@
 #include "profiling/profile.h"
 #include "backends/vulkan_api.h"
 #include "backends/vulkan_device.h"
+#include "backends/vulkan_module.h"
 #include "backends/vulkan_spirv.h"
 #include "devices/element_layout.h"
 
-/* --- modules ------------------------------------------------------------------------------- */
-
-typedef struct pipeline_entry {
-    struct pipeline_entry *next;
-    uint32_t count;
-    uint32_t ids[4], values[4];
-    VkPipeline pipeline;
-} pipeline_entry;
-
-typedef struct shared_allocation {
-    uint32_t constant_id; /* 0: a fixed size */
-    uint32_t type_size, array_size;
-} shared_allocation;
-
-typedef struct kernel_entry {
-    char *name;
-    uint32_t set; /* its descriptor set: its place among its SPIR-V module's entry points */
-    uint32_t uniform_count, storage_count;
-    uint32_t spec_count;
-    uint32_t *spec_ids;
-    uint32_t shared_count;
-    shared_allocation *shared;
-    uint32_t local_size_ids[3]; /* 0: the workgroup size is fixed in the SPIR-V */
-    bool *writes; /* per buffer argument: whether the kernel may write it (vulkan_spirv.c) */
-    struct spirv_module *spirv;
-    pipeline_entry *pipelines; /* prepended under the module's lock, read without it */
-} kernel_entry;
-
-typedef struct spirv_module {
-    VkShaderModule shader;
-    VkPipelineLayout layout;
-    VkDescriptorSetLayout *sets;
-    uint32_t set_count;
-} spirv_module;
-
-/* A module as the code of one release calls it: the state halide_vulkan_initialize_kernels
- * gives a library, which its halide_vulkan_run calls then pass. Libraries of different
- * releases with the same source share the module, each launching by its own convention. */
-typedef struct module_state {
-    struct shim_vk_module *module;
-    bool buffer_offsets; /* Halide 22's kernels: Release.vulkan_buffer_offsets */
-} module_state;
-
-struct shim_vk_module {
-    uint32_t spirv_count, entry_count;
-    spirv_module *spirvs;
-    kernel_entry *entries;
-    pthread_mutex_t lock;
-    module_state states[2]; /* [buffer_offsets] */
-};
-
-/* Reads Halide's words, never past the end. */
-typedef struct {
-    const uint32_t *words;
-    size_t count, next;
-    bool bad;
-} reader;
-
-static uint32_t word(reader *r) {
-    if (r->next >= r->count) {
-        r->bad = true;
-        return 0;
-    }
-    return r->words[r->next++];
-}
-
-/* A string of `n` words (padded with NULs); NULL if it runs past the end or has no NUL. */
-static const char *string(reader *r, uint32_t n) {
-    if (n == 0 || n > r->count - r->next || r->bad) {
-        r->bad = true;
-        return NULL;
-    }
-    const char *s = (const char *)(r->words + r->next);
-    r->next += n;
-    if (memchr(s, 0, n * sizeof(uint32_t)) == NULL) {
-        r->bad = true;
-        return NULL;
-    }
-    return s;
-}
-
-/* Reads one SPIR-V module's header (its entry points), appending them to `entries`. */
-static bool read_entries(reader *r, uint32_t shader_count, kernel_entry *entries, uint32_t *entry_count,
-                         spirv_module *spirv) {
-    for (uint32_t n = 0; n < shader_count; n++) {
-        kernel_entry *e = &entries[(*entry_count)++];
-        const char *name = string(r, word(r));
-        if (name == NULL) {
-            return false;
-        }
-        e->name = strdup(name);
-        e->set = n;
-        e->spirv = spirv;
-        e->uniform_count = word(r);
-        e->storage_count = word(r);
-        e->spec_count = word(r);
-        if (r->bad || e->spec_count > 64 || e->uniform_count > 1 || e->storage_count > 4096) {
-            return false;
-        }
-        e->spec_ids = calloc(e->spec_count + 1, sizeof *e->spec_ids);
-        for (uint32_t c = 0; c < e->spec_count && e->spec_ids; c++) {
-            string(r, word(r)); /* (its name) */
-            e->spec_ids[c] = word(r);
-            word(r); /* its type's size: Halide's are 32-bit */
-        }
-        e->shared_count = word(r);
-        if (r->bad || e->spec_ids == NULL || e->shared_count > 64) {
-            return false;
-        }
-        e->shared = calloc(e->shared_count + 1, sizeof *e->shared);
-        for (uint32_t a = 0; a < e->shared_count && e->shared; a++) {
-            string(r, word(r)); /* (its variable's name) */
-            e->shared[a].constant_id = word(r);
-            e->shared[a].type_size = word(r);
-            e->shared[a].array_size = word(r);
-        }
-        for (int d = 0; d < 3; d++) {
-            e->local_size_ids[d] = word(r);
-        }
-        if (r->bad || e->shared == NULL || e->name == NULL) {
-            return false;
-        }
-    }
-    return true;
-}
+/* --- modules (read by vulkan_module.c) ---------------------------------------------------- */
 
 static VkResult make_layouts(spirv_module *spirv, const kernel_entry *entries) {
     VkDevice device = shim_vk.device;
@@ -210,88 +87,51 @@ shim_vk_module *shim_vk_module_new(const void *source, size_t size, char *messag
         (void)shim_vk_say(message, message_size, 0, "no Vulkan device");
         return NULL;
     }
-    /* Halide's module: [kernel count] then, per kernel, [SPIR-V module bytes, name words,
-     * name]; then the SPIR-V modules, each with its own header of entry points (see
-     * src/runtime/vulkan_resources.h: vk_compile_kernel_module, vk_decode_shader_bindings). */
-    uint32_t *words = malloc(size + 4);
-    if (words == NULL) {
-        (void)shim_vk_say(message, message_size, 0, "out of memory");
+    shim_vk_read_result read;
+    shim_vk_module *module = shim_vk_module_read(source, size, &read);
+    if (module == NULL) {
+        (void)shim_vk_say(message, message_size, 0,
+                          read == SHIM_VK_READ_NO_MEMORY
+                              ? "out of memory reading the module (%zu bytes)"
+                              : "not a Halide Vulkan module: its header of entry points does "
+                                "not parse (%zu bytes)",
+                          size);
         return NULL;
     }
-    memcpy(words, source, size); /* (aligned for the reads below) */
-    reader top = {words, size / 4, 0, false};
-    uint32_t kernel_count = word(&top);
-    shim_vk_module *module = calloc(1, sizeof *module);
-    uint32_t *sizes = calloc(kernel_count + 1, sizeof *sizes);
-    bool ok = module != NULL && sizes != NULL && kernel_count > 0 && kernel_count < 4096;
-    for (uint32_t k = 0; ok && k < kernel_count; k++) {
-        sizes[k] = word(&top);
-        ok = string(&top, word(&top)) != NULL && sizes[k] % 4 == 0;
-    }
-    /* Count the entry points first, for one array of them. */
-    size_t start = top.next, total = 0;
-    for (uint32_t k = 0; ok && k < kernel_count; k++) {
-        reader r = {words + start, sizes[k] / 4, 0, start + sizes[k] / 4 > top.count};
-        uint32_t header = word(&r), shaders = word(&r);
-        ok = !r.bad && header >= 2 && header < r.count && shaders > 0 && shaders < 256;
-        total += shaders;
-        start += sizes[k] / 4;
-    }
     VkResult result = VK_SUCCESS;
-    if (ok) {
-        pthread_mutex_init(&module->lock, NULL);
-        module->states[0] = (module_state){module, false};
-        module->states[1] = (module_state){module, true};
-        module->spirvs = calloc(kernel_count, sizeof *module->spirvs);
-        module->entries = calloc(total, sizeof *module->entries);
-        ok = module->spirvs != NULL && module->entries != NULL;
+    /* Which buffers each entry point may write, from its SPIR-V (vulkan_spirv.c). */
+    for (uint32_t i = 0; i < module->entry_count && result == VK_SUCCESS; i++) {
+        kernel_entry *e = &module->entries[i];
+        e->writes = malloc((e->storage_count + 1) * sizeof *e->writes);
+        if (e->writes == NULL) {
+            result = VK_ERROR_OUT_OF_HOST_MEMORY;
+        } else {
+            shim_spirv_written(e->spirv->code, e->spirv->code_bytes / 4, e->set,
+                               e->uniform_count, e->storage_count, e->writes);
+        }
     }
-    start = top.next;
-    for (uint32_t k = 0; ok && k < kernel_count && result == VK_SUCCESS; k++) {
-        reader r = {words + start, sizes[k] / 4, 0, false};
-        uint32_t header = word(&r), shaders = word(&r);
-        spirv_module *spirv = &module->spirvs[module->spirv_count++];
-        kernel_entry *first = &module->entries[module->entry_count];
-        /* The SPIR-V after the header must at least look like SPIR-V (its magic number and
-         * its 5-word header): drivers need not check, and may crash on garbage. */
-        ok = read_entries(&r, shaders, module->entries, &module->entry_count, spirv) &&
-             r.next <= header && sizes[k] / 4 >= header + 5 &&
-             words[start + header] == 0x07230203u;
-        for (uint32_t n = 0; ok && n < shaders; n++) {
-            kernel_entry *e = &first[n];
-            e->writes = malloc((e->storage_count + 1) * sizeof *e->writes);
-            ok = e->writes != NULL;
-            if (ok) {
-                shim_spirv_written(words + start + header, sizes[k] / 4 - header, e->set,
-                                   e->uniform_count, e->storage_count, e->writes);
-            }
-        }
-        if (!ok) {
-            break;
-        }
+    for (uint32_t k = 0; k < module->spirv_count && result == VK_SUCCESS; k++) {
+        spirv_module *spirv = &module->spirvs[k];
         VkShaderModuleCreateInfo info = {VK_STRUCTURE_TYPE_SHADER_MODULE_CREATE_INFO, NULL, 0,
-                                         (size_t)(sizes[k] - header * 4), words + start + header};
+                                         spirv->code_bytes, spirv->code};
         result = VK(vkCreateShaderModule, VkResult (*)(VkDevice, const VkShaderModuleCreateInfo *,
                                                        const void *, VkShaderModule *),
                     shim_vk.device, &info, NULL, &spirv->shader);
-        spirv->sets = calloc(shaders, sizeof *spirv->sets);
-        spirv->set_count = shaders;
+        spirv->sets = calloc(spirv->set_count, sizeof *spirv->sets);
         if (result == VK_SUCCESS) {
-            result = spirv->sets ? make_layouts(spirv, first) : VK_ERROR_OUT_OF_HOST_MEMORY;
+            result = spirv->sets ? make_layouts(spirv, spirv->first) : VK_ERROR_OUT_OF_HOST_MEMORY;
         }
-        start += sizes[k] / 4;
     }
-    free(words);
-    free(sizes);
-    if (!ok || result != VK_SUCCESS) {
-        if (!ok) {
-            (void)shim_vk_say(message, message_size, 0, "not a Halide Vulkan module: its header of "
-                              "entry points does not parse (%zu bytes)", size);
-        } else {
-            (void)shim_vk_say(message, message_size, 0,
-                              "making the module's shader modules and layouts failed: %s",
-                              shim_vk_result_name(result));
-        }
+    /* The code is the driver's now. */
+    for (uint32_t k = 0; k < module->spirv_count; k++) {
+        module->spirvs[k].code = NULL;
+    }
+    free(module->words);
+    module->words = NULL;
+    if (result != VK_SUCCESS) {
+        (void)shim_vk_say(message, message_size, 0,
+                          "making the module's shader modules and layouts failed: %s",
+                          shim_vk_result_name(result));
         /* What was made stays: a module is made once per source, and a failed one is rare. */
         return NULL;
     }

@@ -83,6 +83,12 @@ def dynamic_symbols(path) -> tuple[dict[str, bool], frozenset[str]]:
         else:
             shoff, = unpack("I", 0x20)
             shentsize, shnum = unpack("HH", 0x2E)
+        # (Each header its own 64 or 40 bytes within the file, as ELF has them: a count and
+        # size read from a damaged header could otherwise have the loop read one place
+        # 65535 times.)
+        if shentsize < (64 if is64 else 40) or shoff + shnum * shentsize > len(data):
+            raise NotELF(f"{shnum} section headers of {shentsize} bytes at {shoff} do not fit "
+                         f"the file's {len(data)} bytes")
         sections = []
         for i in range(shnum):
             base = shoff + i * shentsize
@@ -94,28 +100,36 @@ def dynamic_symbols(path) -> tuple[dict[str, bool], frozenset[str]]:
                     "IIIIIIIIII", base)
             sections.append((sh_type, offset, size, link, entsize))
         names, needed = {}, set()
-        for sh_type, offset, size, link, entsize in sections:
-            if sh_type != SHT_DYNSYM or entsize == 0:
+        # The dynamic symbol table: ELF has one. (Only the first counts: a table listed again
+        # and again would be read whole each time.)
+        dynsym = next((section for section in sections if section[0] == SHT_DYNSYM), None)
+        if dynsym is None:
+            return names, frozenset(needed)
+        _type, offset, size, link, entsize = dynsym
+        if entsize < (24 if is64 else 16):
+            raise NotELF(f"dynamic symbols of {entsize} bytes")
+        strtab_offset, strtab_size = sections[link][1:3]
+        strtab_end = min(strtab_offset + strtab_size, len(data))
+        for index in range(1, min(size, len(data)) // entsize):
+            entry = offset + index * entsize
+            if is64:
+                st_name, st_info, _other, st_shndx = unpack("IBBH", entry)
+            else:
+                st_name, = unpack("I", entry)
+                st_info, _other, st_shndx = unpack("BBH", entry + 12)
+            binding, kind = st_info >> 4, st_info & 0xF
+            if binding not in (STB_GLOBAL, STB_WEAK):
                 continue
-            strtab_offset = sections[link][1]
-            for index in range(1, size // entsize):
-                entry = offset + index * entsize
-                if is64:
-                    st_name, st_info, _other, st_shndx = unpack("IBBH", entry)
-                else:
-                    st_name, = unpack("I", entry)
-                    st_info, _other, st_shndx = unpack("BBH", entry + 12)
-                binding, kind = st_info >> 4, st_info & 0xF
-                if binding not in (STB_GLOBAL, STB_WEAK):
-                    continue
-                if st_shndx != SHN_UNDEF and kind != STT_FUNC:
-                    continue
-                end = data.index(b"\0", strtab_offset + st_name)
-                name = data[strtab_offset + st_name:end].decode("utf-8", "replace")
-                if st_shndx == SHN_UNDEF:
-                    needed.add(name)
-                else:
-                    names[name] = names.get(name, False) or binding == STB_GLOBAL
+            if st_shndx != SHN_UNDEF and kind != STT_FUNC:
+                continue
+            # (A name ends within the string table: one running on to the file's end, read
+            # for each of a file's thousands of symbols, would take minutes.)
+            end = data.index(b"\0", strtab_offset + st_name, strtab_end)
+            name = data[strtab_offset + st_name:end].decode("utf-8", "replace")
+            if st_shndx == SHN_UNDEF:
+                needed.add(name)
+            else:
+                names[name] = names.get(name, False) or binding == STB_GLOBAL
         return names, frozenset(needed)
     except (struct.error, IndexError, ValueError, OverflowError) as e:
         # (OverflowError: an offset beyond any file, read from a header of random bytes.)

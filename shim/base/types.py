@@ -11,6 +11,9 @@ import numpy as np
 
 INT, UINT, FLOAT, HANDLE, BFLOAT = 0, 1, 2, 3, 4
 _CODE_NAMES = {INT: "int", UINT: "uint", FLOAT: "float", HANDLE: "handle", BFLOAT: "bfloat"}
+# The sizes (bits) each type code comes in: every type Halide's metadata and buffers carry.
+TYPE_BITS = {INT: (8, 16, 32, 64), UINT: (1, 8, 16, 32, 64), FLOAT: (16, 32, 64), HANDLE: (64,),
+             BFLOAT: (16,)}
 # The largest extent or stride a halide_dimension_t (int32_t fields) holds.
 INT32_MAX = 2**31 - 1
 

@@ -48,11 +48,16 @@ def as_host_array(value, argument: str) -> np.ndarray:
     if hasattr(value, "__dlpack__"):
         return host_array(value, argument)  # checked: numpy trusts hostile tensors
     try:
-        return np.asarray(memoryview(value))
+        view = memoryview(value)
     except TypeError:
         raise ArgumentError(argument, "expected a numpy array, a shim.Buffer, or an object with "
                                       f"the buffer protocol or __dlpack__; got {type(value).__name__}"
                             ) from None
+    try:
+        return np.asarray(view)
+    except (ValueError, TypeError, NotImplementedError) as e:  # (numpy's words for a format)
+        raise ArgumentError(argument, f"{type(value).__name__}'s buffer (format {view.format!r}, "
+                                      f"shape {view.shape}) is no array numpy reads: {e}") from None
 
 
 class Dimension(tuple):

@@ -202,7 +202,10 @@ def element_value(value, dtype: np.dtype, argument: str):
 
 def check_memory(shape, dtype: np.dtype, argument: str) -> None:
     """Refuse host memory of ``shape`` elements of ``dtype`` that this machine cannot hold,
-    before allocating or copying it."""
+    before allocating or copying it, and a shape with a negative extent (sized from a
+    pipeline's estimates, say, which its metadata may give as anything)."""
+    if any(extent < 0 for extent in shape):
+        raise ArgumentError(argument, f"shape {tuple(shape)} has a negative extent")
     nbytes = math.prod(shape) * dtype.itemsize
     if nbytes > PHYSICAL_MEMORY:
         raise ArgumentError(argument, f"shape {tuple(shape)} of {dtype} needs {_gib(nbytes)} of "

@@ -91,13 +91,16 @@ def runtime_prefix(defined: dict, needed: frozenset, runtime_functions: frozense
     never a C library's (malloc, free)."""
     suffixes = {name[len("halide_"):] for name in runtime_functions}
     suffixes = {s for s in suffixes if "_" in s}
+    longest = max(map(len, suffixes), default=0)
     found: dict[str, set] = {}
     for name in set(defined) | set(needed):
         if name.startswith("halide_"):
             if name[len("halide_"):] in suffixes:
                 return None
             continue
-        for at in range(1, len(name)):
+        # (Only the ends a suffix can be: every end of a name of a million characters, from
+        # a damaged file, would take hours to try.)
+        for at in range(max(1, len(name) - longest), len(name)):
             if name[at:] in suffixes:
                 found.setdefault(name[:at], set()).add(name[at:])
     prefixes = [prefix for prefix, hits in found.items() if len(hits) >= 2]

@@ -12,7 +12,7 @@ import numpy as np
 from shim.base.errors import ArgumentError
 from shim.native import ffi
 from shim.native.regions import DIMENSION_NAMES, dimension_label
-from shim.base.types import BFLOAT, FLOAT, INT32_MAX, HalideType
+from shim.base.types import BFLOAT, FLOAT, INT32_MAX, TYPE_BITS, HalideType
 
 USER_CONTEXT = "__user_context"
 
@@ -106,7 +106,9 @@ def _optional_scalar(htype, pointer):
     return None if pointer == ffi.NULL else scalar_from_c(htype, pointer)
 
 
-def _buffer_estimates(arg):
+def _buffer_estimates(arg, name: str):
+    """Per dimension, (min, extent) estimates; ValueError for one a halide_dimension_t cannot
+    hold (Halide's are int32 constants)."""
     if arg.buffer_estimates == ffi.NULL:
         return None
     estimates = []
@@ -115,6 +117,11 @@ def _buffer_estimates(arg):
         for j in (2 * d, 2 * d + 1):
             pointer = arg.buffer_estimates[j]
             pair.append(None if pointer == ffi.NULL else int(pointer[0]))
+        if any(value is not None and not -INT32_MAX - 1 <= value <= INT32_MAX
+               for value in pair):
+            raise ValueError(f"argument {name!r} has the estimates min {pair[0]}, extent "
+                             f"{pair[1]} for dimension {d}, which no 32-bit "
+                             "halide_dimension_t holds")
         estimates.append(tuple(pair))
     return tuple(estimates)
 
@@ -137,14 +144,20 @@ def read_metadata(pointer) -> Metadata:
         raise ValueError("the metadata function returned NULL")
     if pointer.version != 1:
         raise ValueError(f"unsupported metadata version {pointer.version} (expected 1)")
+    if pointer.num_arguments > 0 and pointer.arguments == ffi.NULL:
+        raise ValueError(f"{pointer.num_arguments} arguments at a NULL address")
     arguments = []
     lanes = set()
     for i in range(pointer.num_arguments):
         arg = pointer.arguments[i]
+        name = _text(arg.name, f"argument {i}'s name")
+        if arg.type.bits not in TYPE_BITS.get(arg.type.code, ()):
+            raise ValueError(f"argument {name!r} has type code {arg.type.code} with "
+                             f"{arg.type.bits} bits, which is no Halide type")
         lanes.add(arg.type.lanes)
         htype = HalideType(arg.type.code, arg.type.bits)
         arguments.append(Argument(
-            name=ffi.string(arg.name).decode(),
+            name=name,
             kind=ArgumentKind(arg.kind),
             dimensions=arg.dimensions,
             type=htype,
@@ -152,11 +165,18 @@ def read_metadata(pointer) -> Metadata:
             min=_optional_scalar(htype, arg.scalar_min),
             max=_optional_scalar(htype, arg.scalar_max),
             estimate=_optional_scalar(htype, arg.scalar_estimate),
-            buffer_estimates=_buffer_estimates(arg),
+            buffer_estimates=_buffer_estimates(arg, name),
             type_lanes=arg.type.lanes,
         ))
-    return Metadata(ffi.string(pointer.name).decode(), ffi.string(pointer.target).decode(),
-                    arguments, frozenset(lanes))
+    return Metadata(_text(pointer.name, "the pipeline's name"),
+                    _text(pointer.target, "the target"), arguments, frozenset(lanes))
+
+
+def _text(pointer, what: str) -> str:
+    """A string of the metadata (ValueError for a NULL one, or one that is not UTF-8)."""
+    if pointer == ffi.NULL:
+        raise ValueError(f"{what} is NULL")
+    return ffi.string(pointer).decode()
 
 
 def check_extents(arg: Argument, shape, target: str) -> None:

@@ -280,9 +280,17 @@ def _read_tensor(managed, versioned: bool, refuse) -> _Tensor:
     data = int(ffi.cast("uintptr_t", tensor.data))
     if data == 0 and 0 not in shape:
         refuse(f"NULL data for {math.prod(shape)} elements")
-    return _Tensor((tensor.device.device_type, tensor.device.device_id), data,
-                   int(tensor.byte_offset), shape, strides, htype,
-                   versioned and bool(managed.flags & READ_ONLY))
+    byte_offset = int(tensor.byte_offset)
+    if tensor.device.device_type in HOST_DEVICES and 0 not in shape:
+        # Host memory is trusted, as numpy trusts it; addresses beyond 64 bits are no memory.
+        reach = [(e - 1) * s * htype.bytes for e, s in zip(shape, strides)]
+        first = data + byte_offset
+        if first + sum(r for r in reach if r < 0) < 0 or \
+                first + sum(r for r in reach if r > 0) + htype.bytes > 2**64:
+            refuse(f"data {data:#x} and byte_offset {byte_offset}, which put its elements "
+                   "beyond the 64-bit address space")
+    return _Tensor((tensor.device.device_type, tensor.device.device_id), data, byte_offset,
+                   shape, strides, htype, versioned and bool(managed.flags & READ_ONLY))
 
 
 class ImportedTensor(Finalized):
