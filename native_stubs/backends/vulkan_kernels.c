@@ -87,7 +87,9 @@ struct shim_vk_module {
     module_state states[2]; /* [buffer_offsets] */
 };
 
-/* Reads Halide's words, never past the end. */
+/* Reads Halide's words, never past the end. A reader made bad (one whose region runs past the
+ * module's end, as a kernel's declared size may) reads nothing at all: its count is not to be
+ * trusted (AddressSanitizer found the reads past the copy a truncated module made). */
 typedef struct {
     const uint32_t *words;
     size_t count, next;
@@ -95,7 +97,7 @@ typedef struct {
 } reader;
 
 static uint32_t word(reader *r) {
-    if (r->next >= r->count) {
+    if (r->bad || r->next >= r->count) {
         r->bad = true;
         return 0;
     }
