@@ -540,6 +540,16 @@ CTRL_C = """
                  (shim.load(sys.argv[2]), (3 * x + y).astype(np.int32))]
     main, stop = threading.main_thread().ident, threading.Event()
     counts = {"interrupted": 0, "completed": 0, "half done": 0}
+    SIGINT = {signal.SIGINT}
+
+    def interrupted(signum, frame):
+        # Python's own handler's exception; and until the next try unblocks it, no other SIGINT
+        # (pending, it waits): one landing between an except and the next try would escape it.
+        signal.pthread_sigmask(signal.SIG_BLOCK, SIGINT)
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, interrupted)
+    signal.pthread_sigmask(signal.SIG_BLOCK, SIGINT)  # (until the loop below is in its try)
 
     def sender():
         while not stop.is_set():
@@ -551,6 +561,7 @@ CTRL_C = """
             for p, expected in pipelines:
                 out = np.full((512, 512), -1, np.int32)
                 try:
+                    signal.pthread_sigmask(signal.SIG_UNBLOCK, SIGINT)
                     p(out)
                 except KeyboardInterrupt:
                     counts["interrupted"] += 1
@@ -565,6 +576,7 @@ CTRL_C = """
     deadline = time.monotonic() + 3
     while not stop.is_set():
         try:  # (a signal may also land in the test's own code)
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, SIGINT)
             steps(deadline)
             stop.set()
             thread.join()
