@@ -19,6 +19,7 @@ from gpu_cases import build_libraries, run_stock
 from shim.backends.base import BackendError
 from shim.native import ffi, lib
 from shim.pipelines.build import RUNTIMES, Build, build
+from support.sanitizers import THREADS_AFTER_FORK, unless
 from support.threads import run_threads
 from support.vulkan import (SELECTION, VulkanCapsule, initialize_kernels, run_python, tensor_of,
                             validation_layer)
@@ -904,6 +905,7 @@ sys.exit(os.waitstatus_to_exitcode(status))
 """
 
 
+@unless(THREADS_AFTER_FORK)
 def test_a_forked_child_is_refused_the_device(libraries, device):
     done = run_python(FORK, str(libraries["crop_fill", "no_runtime"]))
     assert done.returncode == 0, done.stdout + done.stderr
