@@ -110,9 +110,33 @@ def standalone_runtime_object():
     return path
 
 
+# $HALIDE_SHIM_SANITIZE builds the library instrumented by gcc's (or clang's) sanitizers: the
+# value is the -fsanitize= list, one of SANITIZE_CHOICES. Such a module only loads into an
+# interpreter that has the sanitizer's runtime preloaded (LD_PRELOAD), so it is built into a
+# folder of its own (setup.py build_ext --build-lib DIR) and loaded with $HALIDE_SHIM_NATIVE:
+# .ci/sanitizers does both (docs/development.md, "Sanitizers").
+SANITIZE = "HALIDE_SHIM_SANITIZE"
+SANITIZE_CHOICES = ("address,undefined", "thread")
+
+
+def sanitize_flags() -> tuple[list[str], list[str]]:
+    """The extra (compile, link) flags $HALIDE_SHIM_SANITIZE asks for; none when it is unset."""
+    chosen = os.environ.get(SANITIZE, "")
+    if not chosen:
+        return [], []
+    if chosen not in SANITIZE_CHOICES:
+        raise RuntimeError(f"${SANITIZE}={chosen!r}: expected one of "
+                           f"{', '.join(map(repr, SANITIZE_CHOICES))} (or unset)")
+    flag = f"-fsanitize={chosen}"
+    # -O1 and frame pointers: reports with whole stacks and lines (-g), at a speed that lets the
+    # tests run; -O2 afterwards in extra_compile_args would win, so these come last.
+    return [flag, "-fno-omit-frame-pointer", "-g", "-O1"], [flag]
+
+
 def build_ffi():
     native_stamp = _package_module("native/stamp.py")
     stamp = native_stamp.make(_package_module("_version.py").__version__, ROOT)
+    sanitize_compile, sanitize_link = sanitize_flags()
     ffibuilder = cffi.FFI()
     for name in CDEF_FILES:
         ffibuilder.cdef(_read_abi(name))
@@ -128,7 +152,9 @@ def build_ffi():
         sources=[_relative(p) for p in sorted(glob.glob(os.path.join(HERE, "*", "*.c")))],
         include_dirs=[_relative(HERE), _relative(ABI), HALIDE_INCLUDE],
         extra_objects=[standalone_runtime_object()],
-        extra_compile_args=["-std=gnu11", "-O2", "-Wall", "-Wno-unused-function"],
+        extra_compile_args=["-std=gnu11", "-O2", "-Wall", "-Wno-unused-function",
+                            *sanitize_compile],
+        extra_link_args=sanitize_link,
         libraries=["dl", "pthread", "m"],
     )
     return ffibuilder

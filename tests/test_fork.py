@@ -21,6 +21,7 @@ import sys
 import pytest
 
 from shim.pipelines.build import Build, build
+from support.sanitizers import THREADS_AFTER_FORK, THREADS_BUSY_AT_FORK, unless
 
 TIMEOUT = 120  # seconds for the whole scenario; it takes a few when nothing hangs
 
@@ -97,6 +98,7 @@ def run_isolated(script: str, *args: str, env: dict | None = None) -> subprocess
     return subprocess.CompletedProcess(process.args, process.returncode, out, err)
 
 
+@unless(THREADS_AFTER_FORK)
 def test_a_forked_child_gets_device_errors_and_keeps_host_pipelines(libraries):
     done = run_isolated(SCENARIO, *libraries)
     assert done.returncode == 0, done.stdout + done.stderr
@@ -332,6 +334,7 @@ def pipeline_events(trace: bytes) -> tuple[int, int]:
     return begins, ends
 
 
+@unless(THREADS_BUSY_AT_FORK, THREADS_AFTER_FORK)
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_every_child_forked_while_other_threads_call_finishes_its_call(case, helpers, tmp_path):
     """Every child's call of a parallel, -trace_all or -profile build ends with the right
@@ -340,6 +343,7 @@ def test_every_child_forked_while_other_threads_call_finishes_its_call(case, hel
     blur3x3_storm(case, "python", "plain", helpers, tmp_path)
 
 
+@unless(THREADS_BUSY_AT_FORK, THREADS_AFTER_FORK)
 @pytest.mark.parametrize("case", ["profile", "trace_all to HL_TRACE_FILE"])
 def test_every_child_forked_inside_a_profile_finishes_its_call(case, helpers, tmp_path):
     """The parent's calls are recorded (Halide's figures per profiled call, trace events into
@@ -347,6 +351,7 @@ def test_every_child_forked_inside_a_profile_finishes_its_call(case, helpers, tm
     blur3x3_storm(case, "python", "profiled", helpers, tmp_path)
 
 
+@unless(THREADS_BUSY_AT_FORK, THREADS_AFTER_FORK)
 @pytest.mark.parametrize("case", ["parallel", "profile"])
 def test_every_child_forked_from_c_finishes_its_call(case, helpers, tmp_path):
     """fork() called from C runs no Python at-fork hook: what the child needs of Halide's
@@ -354,6 +359,7 @@ def test_every_child_forked_from_c_finishes_its_call(case, helpers, tmp_path):
     blur3x3_storm(case, "c", "plain", helpers, tmp_path)
 
 
+@unless(THREADS_BUSY_AT_FORK, THREADS_AFTER_FORK)
 def test_every_child_forked_while_other_threads_run_async_stages_finishes_its_call(built,
                                                                                  helpers):
     """Async producers keep the pool's workers on semaphores and jobs most of the time: before
@@ -471,6 +477,7 @@ def built(tmp_path_factory):
     return {name: str(work / f"{name}.so") for name in ("meet", "memo", "async")}
 
 
+@unless(THREADS_AFTER_FORK)
 def test_a_child_keeps_the_thread_count_and_runs_its_loops_on_workers_of_its_own(built):
     """shim.set_num_threads(3) holds in the child, whose first parallel loop starts two workers
     (the parent's do not exist there) and runs its three tasks on three threads at once."""
@@ -538,6 +545,7 @@ sys.exit(os.waitstatus_to_exitcode(status))
 """ % {"guard": HANG_GUARD_S}
 
 
+@unless(THREADS_BUSY_AT_FORK)
 @pytest.mark.parametrize("what", ["dtype", "digest"])
 def test_a_child_forked_while_another_thread_computes_a_cached_value_computes_its_own(what):
     paths = [str(build(Build(name, "host", "bundled"))) for name in ("blur3x3", "brighten")]
@@ -578,6 +586,7 @@ print(sum(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) != 0 for pid in child
 """ % {"guard": HANG_GUARD_S}
 
 
+@unless(THREADS_BUSY_AT_FORK)
 def test_a_child_forked_while_other_threads_read_the_c_counts_reads_them():
     """The fork waits for the counts' lock (its holders wait for nothing), so the child gets
     it free and the counts whole. Before: 8 and 41 children of 500 hung (two runs)."""
@@ -623,6 +632,7 @@ sys.exit(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
 """ % {"guard": HANG_GUARD_S}
 
 
+@unless(THREADS_BUSY_AT_FORK)
 def test_a_child_forked_while_another_thread_is_in_the_memoization_cache_uses_it(built, helpers):
     """The child's cache starts empty, its lock free (the parent's may have been in the middle
     of any change). Before: the child waited for good."""
@@ -684,6 +694,7 @@ sys.exit(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
 """ % {"guard": HANG_GUARD_S}
 
 
+@unless(THREADS_BUSY_AT_FORK)
 @pytest.mark.parametrize("which", ["transfers", "host counters", "exceptions",
                                    "device creation"])
 def test_a_child_forked_while_another_thread_holds_a_shim_lock_uses_the_host_device(which):
@@ -735,6 +746,7 @@ buf.copy_to_host()  # (the parent's own use goes on)
 """
 
 
+@unless(THREADS_BUSY_AT_FORK)
 def test_a_child_forked_while_another_thread_uses_buffers_refuses_them_instead_of_hanging():
     """A child inherits the families another thread of the parent was in the middle of (its
     lock held, or a pipeline call on it): that thread never goes on there. The child hung

@@ -38,6 +38,7 @@ from shim.native import interrupts
 from shim.pipelines.build import RUNTIMES, Build, build_all
 from shim.native import lib
 from support.budget import scaled
+from support.sanitizers import THREADS_AFTER_FORK, THREADS_BUSY_AT_FORK
 
 EXAMPLES = scaled(15, 100, "HALIDE_SHIM_STATEFUL_EXAMPLES")
 STEPS = scaled(30, 40, "HALIDE_SHIM_STATEFUL_STEPS")
@@ -673,7 +674,9 @@ class BufferMachine(RuleBasedStateMachine):
 
     # --- fork ------------------------------------------------------------------------------
 
-    @precondition(lambda self: not self.armed)
+    # (not under a sanitizer that cannot run such a child: tests/support/sanitizers.py)
+    @precondition(lambda self: not self.armed and THREADS_BUSY_AT_FORK is None
+                  and THREADS_AFTER_FORK is None)
     @rule(runtime=st.sampled_from(RUNTIMES))
     def fork(self, runtime):
         """os.fork while another thread is in a CPU pipeline's parallel loop. The README: CPU

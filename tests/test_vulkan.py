@@ -19,6 +19,7 @@ from gpu_cases import build_libraries, run_stock
 from shim.backends.base import BackendError
 from shim.native import ffi, lib
 from shim.pipelines.build import RUNTIMES, Build, build
+from support.sanitizers import THREADS_AFTER_FORK, unless
 from support.threads import run_threads
 from support.vulkan import (SELECTION, VulkanCapsule, initialize_kernels, run_python, tensor_of,
                             validation_layer)
@@ -836,7 +837,8 @@ assert app.app_acquired() >= 1, "the shim did not take the application's context
 brighten = shim.load(build(Build("brighten", "vulkan", sys.argv[1])))
 image = np.arange(16 * 32, dtype=np.float32).reshape(16, 32)
 source = app.app_make_buffer(image.ctypes.data, image.nbytes)
-target = app.app_make_buffer(np.zeros_like(image).ctypes.data, image.nbytes)
+zeros = np.zeros_like(image)  # (named: .ctypes.data of a temporary is freed before the call)
+target = app.app_make_buffer(zeros.ctypes.data, zeros.nbytes)
 assert source and target
 inp, out = shim.Buffer(np.zeros_like(image)), shim.Buffer(np.zeros_like(image))
 for buf, vk in ((inp, source), (out, target)):
@@ -873,7 +875,10 @@ def test_pipelines_run_on_an_applications_own_context(device, runtime, tmp_path)
                     str(pathlib.Path(__file__).parent / "support" / "vulkan_application.c"),
                     "-lpthread", "-ldl"], check=True)
     build(Build("brighten", "vulkan", runtime))
-    done = run_python(APPLICATION, runtime, env={"LD_PRELOAD": str(library)})
+    # After any preload the environment has: a sanitizer's runtime must stay first
+    # (.ci/sanitizers runs this file under one).
+    preload = " ".join(filter(None, [os.environ.get("LD_PRELOAD"), str(library)]))
+    done = run_python(APPLICATION, runtime, env={"LD_PRELOAD": preload})
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stdout.startswith("ok ")
 
@@ -911,6 +916,7 @@ sys.exit(os.waitstatus_to_exitcode(status))
 """
 
 
+@unless(THREADS_AFTER_FORK)
 def test_a_forked_child_is_refused_the_device(libraries, device):
     done = run_python(FORK, str(libraries["crop_fill", "no_runtime"]))
     assert done.returncode == 0, done.stdout + done.stderr

@@ -39,6 +39,7 @@
  * the reader for the data itself; Halide's global lock does not order it either, since the
  * writer never takes that lock.
  */
+#include <sched.h>
 #include <stdio.h>
 
 #include "shim_native.h"
@@ -109,6 +110,8 @@ static inline bool snapshot_valid(snapshot s) {
     return (s.device != 0) == (s.interface != NULL) && !both_dirty(s.flags);
 }
 
+uint64_t shim_device_stores_begun, shim_device_stores_ended;
+
 /* Halide's debug_log_and_validate_buf: null buffer, device without interface, interface
  * without device, both dirty. */
 static COLD int validate(void *user_context, const halide_buffer_t *buf, const char *routine) {
@@ -116,15 +119,26 @@ static COLD int validate(void *user_context, const halide_buffer_t *buf, const c
         return halide_error_buffer_is_null(user_context, routine);
     }
     /* A malloc stores the interface, then the handle; a free the handle, then the interface
-     * (shim_device_store): a pair read while another thread does either can be half of each.
-     * It is read again until the handle is the same on both sides of the interface's read (a
-     * few tries: a program that allocates and frees one buffer on two threads at once races
-     * in Halide too, and gets the error). */
-    uint64_t device = shim_device_load(buf), again;
-    const struct halide_device_interface_t *interface = interface_of(buf);
-    for (int tries = 0; tries < 8 && (again = shim_device_load(buf)) != device; tries++) {
-        device = again;
+     * (shim_device_store): a pair read while another thread does either can be half of each,
+     * as when one thread frees a Buffer's device memory (under its family's lock) while another
+     * asks to copy it (which validates before taking the lock). A half pair is read again
+     * until no store overlapped the reading: none begun by its end that had not ended by its
+     * start. Only then is it the buffer's own, and an error. (Before, a free seen half done
+     * failed the copy with "device_interface_no_device": ThreadSanitizer's slower stores made
+     * it show in tests/test_fast_paths_adversarial.py's movers.) A bounded wait: stores on
+     * other buffers that never pause leave a buffer made half the error. */
+    uint64_t device;
+    const struct halide_device_interface_t *interface;
+    for (int tries = 0;; tries++) {
+        uint64_t ended = __atomic_load_n(&shim_device_stores_ended, __ATOMIC_SEQ_CST);
+        device = shim_device_load(buf);
         interface = interface_of(buf);
+        bool whole = (device != 0) == (interface != NULL) ||
+                     __atomic_load_n(&shim_device_stores_begun, __ATOMIC_SEQ_CST) == ended;
+        if (whole || tries == 1 << 16) {
+            break;
+        }
+        sched_yield();
     }
     bool has_device = device != 0;
     bool has_interface = interface != NULL;

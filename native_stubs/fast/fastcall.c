@@ -223,7 +223,11 @@ static int bounds_accepted(plan_object *plan, void **argv) {
         }
         /* Halide's bounds-query form: the shape and type, no memory (_bounds_query_buffer). */
         memset(&queries[i], 0, sizeof queries[i]);
-        queries[i].type = given->type;
+        /* Code and bits only: another thread calling with this Buffer may be storing its
+         * lanes (shim_call_run), and copying the whole type would read them unordered
+         * (ThreadSanitizer's report); the query's lanes are the pipeline's release's anyway. */
+        queries[i].type.code = given->type.code;
+        queries[i].type.bits = given->type.bits;
         queries[i].type.lanes = shim_release_of((const void *)plan->argv_fn)->scalar_lanes;
         queries[i].dimensions = given->dimensions;
         queries[i].dim = &dims[used];
