@@ -44,6 +44,7 @@
 
 #include "shim_native.h"
 #include "devices/device_generic.h"
+#include "devices/device_store.h"
 #include "devices/served.h"
 #include "profiling/profile.h"
 
@@ -109,8 +110,6 @@ static inline bool both_dirty(uint64_t flags) {
 static inline bool snapshot_valid(snapshot s) {
     return (s.device != 0) == (s.interface != NULL) && !both_dirty(s.flags);
 }
-
-uint64_t shim_device_stores_begun, shim_device_stores_ended;
 
 /* Halide's debug_log_and_validate_buf: null buffer, device without interface, interface
  * without device, both dirty. */

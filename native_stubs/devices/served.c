@@ -41,6 +41,7 @@
  * could see it.)
  */
 #include "shim_native.h"
+#include "devices/device_store.h"
 #include "devices/served.h"
 #include "profiling/profile.h"
 
