@@ -84,10 +84,10 @@ _DTYPES = ((2, 32, 1), (1, 8, 1), (0, 16, 1), (2, 64, 1), (6, 8, 1), (1, 1, 1), 
 
 
 def _device_memory():
-    """{device type: (data, its bytes)}: a 1 KiB buffer the shim made on each device this
-    machine has, as a Buffer's export names it (the capsules stay unconsumed: the memory stays
-    pinned for the process's life)."""
-    memory, capsules = {}, []
+    """({device type: data}, {device type: (its Buffer, capsule)}): a 1 KiB buffer the shim
+    made on each device this machine has, as a Buffer's export names it (the capsules stay
+    unconsumed: the memory stays pinned for the process's life)."""
+    memory, capsules = {}, {}
     for kind, dl_type in (("opencl", KDL_OPENCL), ("vulkan", KDL_VULKAN)):
         try:
             device = shim.device(kind)
@@ -100,11 +100,20 @@ def _device_memory():
             _capsule_pointer(capsule, b"dltensor_versioned"))
         assert managed.dl_tensor.byte_offset == 0
         memory[dl_type] = managed.dl_tensor.data
-        capsules.append((buf, capsule))
+        capsules[dl_type] = (buf, capsule)
     return memory, capsules
 
 
 DEVICE_MEMORY, _KEPT = _device_memory()
+
+
+def _restore_device_memory(dl_type) -> None:
+    """Put DEVICE_BYTES back into the device buffer, which a pipeline's output given as a
+    tensor over it has just written."""
+    buf = _KEPT[dl_type][0]
+    np.asarray(buf)[...] = DEVICE_BYTES
+    buf.set_host_dirty(True)
+    buf.copy_to_device(buf.device)
 
 
 def _int(r: Reader, options=_SMALL) -> int:
@@ -292,6 +301,8 @@ def test_import(r: Reader) -> str:
                     np.testing.assert_array_equal(result.numpy(), expected * 2 + 1)
             else:
                 BRIGHTEN(np.ones((4, 4), np.float32), scale=2.0, offset=1.0, output=producer)
+                if producer.memory in DEVICE_MEMORY and not producer.on_host:
+                    _restore_device_memory(producer.memory)
     except shim.ShimError:
         outcome = "refused"
     except AssertionError:

@@ -6,7 +6,9 @@ The input's first byte chooses how the rest is used:
   Pipeline names, ``builtins.getattr`` and ``shim.calls.pipeline.Pipeline``, and the only
   attribute it may take is the class's ``_from_pickle``: any other pickle runs whatever it
   names (docs/security.md: unpickle only what you would run), which is no property of the
-  shim's. What pickle itself refuses (a truncated stream, an unknown opcode) is pickle's.
+  shim's. What pickle itself refuses (a truncated stream, an unknown opcode) is pickle's, and
+  so is the memory it takes for what a stream claims (seed-bytearray8-of-6-gib: see
+  _Unpickler).
 - odd: the three values a pickled Pipeline holds, made of the rest: its library's bytes (the
   real library's, cut short, other bytes, or another type), their sha256 (right for them, the
   real library's, other text, or another type) and its name. The sha256 is right only for
@@ -22,6 +24,7 @@ import hashlib
 import io
 import os
 import pickle
+import struct
 
 from common import PropertyViolated, Reader, check_error, fuzz, quiet, sample_library
 
@@ -81,7 +84,19 @@ def _getattr(obj, name, *default):
 
 class _Unpickler(pickle._Unpickler):
     """pickle's own, in Python: the C one sizes its memo by the largest index a stream names,
-    so a stream of a few bytes could have it take gigabytes (pickle's, not the shim's)."""
+    so a stream of a few bytes could have it take gigabytes (pickle's, not the shim's); so does
+    this one's BYTEARRAY8, by the length the stream gives, which is read here first."""
+
+    dispatch = dict(pickle._Unpickler.dispatch)
+
+    def _load_bytearray8(self):
+        size, = struct.unpack("<Q", self.read(8))
+        data = self.read(size)  # (at most what the stream holds)
+        if len(data) < size:
+            raise pickle.UnpicklingError("BYTEARRAY8 runs past the stream's end")
+        self.append(bytearray(data))
+
+    dispatch[pickle.BYTEARRAY8[0]] = _load_bytearray8
 
     def find_class(self, module, name):
         if (module, name) == ("builtins", "getattr"):
