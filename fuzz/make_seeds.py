@@ -39,26 +39,39 @@ def _write(target: str, seeds: dict) -> None:
 
 # --- Halide's Vulkan module format ---------------------------------------------------------
 
-def vulkan_module() -> dict:
-    """The modules sample pipelines built for Vulkan hand the backend (captured as it makes
-    them, the pipelines run by the command line on lavapipe), and one of two kernels shaped as
-    Halide 22's (tests/support/halide22_vulkan.py, compiled with glslangValidator)."""
+_KERNEL_PIPELINES = ("brighten", "blur3x3", "histogram", "mix", "sum_diff")
+
+
+def _kernel_sources(kind: str) -> dict:
+    """{pipeline: the kernels' source its library hands the backend ``kind``} for sample
+    pipelines built for it, captured as the backend compiles them, the pipelines run by the
+    command line."""
     import shim
     from common import sample_library
     from shim.cli.main import main
-    from support import halide22_vulkan as h22
 
-    device = shim.device("vulkan")
+    device = shim.device(kind)
     made = device.module
     sources = []
     device.module = lambda source: sources.append(bytes(source)) or made(source)
-    seeds = {}
-    for name in ("brighten", "blur3x3", "histogram", "mix", "sum_diff"):
+    found = {}
+    for name in _KERNEL_PIPELINES:
         before = len(sources)
         with contextlib.redirect_stdout(io.StringIO()):
-            assert main(["run", sample_library(name, "vulkan"), "--default_input_scalars",
+            assert main(["run", sample_library(name, kind), "--default_input_scalars",
                          "--default_input_buffers=random:0:[16,16]"]) == 0
-        seeds[name] = sources[before]
+        found[name] = sources[before]
+    device.module = made
+    return found
+
+
+def vulkan_module() -> dict:
+    """The modules sample pipelines built for Vulkan hand the backend (on lavapipe), and one of
+    two kernels shaped as Halide 22's (tests/support/halide22_vulkan.py, compiled with
+    glslangValidator)."""
+    from support import halide22_vulkan as h22
+
+    seeds = _kernel_sources("vulkan")
     with tempfile.TemporaryDirectory() as work:
         kernels = [(k, h22.spirv(k, Path(work))) for k in (h22.SCALE, h22.ADD)]
         seeds["halide22-two-kernels"] = h22.module_blob(kernels)
@@ -94,6 +107,16 @@ def vulkan_spirv() -> dict:
                 seeds[f"{path.name[5:]}-{k}-{entry}"] = (
                     struct.pack("<III", entry, uniform, storage) + module[header:].tobytes())
             at += size
+    return seeds
+
+
+def opencl_prototypes() -> dict:
+    """Each kernel's name, then the OpenCL source of sample pipelines built for OpenCL, as the
+    backend gets it."""
+    seeds = {}
+    for pipeline, source in _kernel_sources("opencl").items():
+        for i, name in enumerate(re.findall(rb"__kernel void (\w+)\(", source)):
+            seeds[f"{pipeline}-{i}"] = name + b"\0" + source
     return seeds
 
 
@@ -275,8 +298,8 @@ def cli() -> dict:
             enumerate(_COMMAND_LINES)}
 
 
-TARGETS = {f.__name__: f for f in (vulkan_module, vulkan_spirv, elf_reader, metadata,
-                                   pipeline_pickle, dlpack, array_likes, cli)}
+TARGETS = {f.__name__: f for f in (vulkan_module, vulkan_spirv, opencl_prototypes, elf_reader,
+                                   metadata, pipeline_pickle, dlpack, array_likes, cli)}
 
 
 def main(argv: list[str]) -> int:

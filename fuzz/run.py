@@ -37,6 +37,7 @@ BUILD = ROOT / "build" / "fuzz"
 C_TARGETS = {
     "vulkan_module": ["native_stubs/backends/vulkan_module.c"],
     "vulkan_spirv": ["native_stubs/backends/vulkan_spirv.c"],
+    "opencl_prototypes": ["native_stubs/backends/opencl_prototypes.c"],
 }
 PYTHON_TARGETS = ["elf_reader", "metadata", "pipeline_pickle", "dlpack", "array_likes", "cli"]
 # libFuzzer flags of a target's own: the command line's pipelines print from C (halide_print),

@@ -3,6 +3,8 @@ test: the input that found it stays in the target's corpus (fuzz/corpus/TARGET/r
 which every fuzz run replays, and this file says the same without the fuzzer."""
 
 import struct
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -176,3 +178,41 @@ def test_a_buffer_of_a_format_numpy_does_not_read_is_an_argument_error(host_pipe
     brighten = shim.load(host_pipelines["brighten", "no_runtime"])
     with pytest.raises(shim.ArgumentError, match="input: memoryview's buffer \\(format 'P'"):
         brighten(pointers, scale=2.0, offset=1.0)
+
+
+# --- OpenCL kernel prototypes (fuzz/corpus/opencl_prototypes) ----------------------------------
+
+_EMPTY_NAME = """
+import numpy as np, shim
+from shim.native import ffi, lib
+device = shim.device("opencl")
+state = ffi.new("void **")
+source = b"__kernel void k(__global int *a) { a[0] = 1; }\\0"
+with shim.core.bridge.runtime_call("initialize") as check:
+    check(lib.halide_opencl_initialize_kernels(ffi.NULL, state, source, len(source)))
+buf = shim.Buffer(np.zeros(4, np.int32))
+buf.copy_to_device(device)
+sizes = ffi.new("size_t[]", [8, 0])
+args = ffi.new("void *[]", [buf.raw, ffi.NULL])
+is_buffer = ffi.new("int8_t[]", [1, 0])
+try:
+    with shim.core.bridge.runtime_call("run") as check:
+        check(lib.halide_opencl_run(ffi.NULL, state[0], b"", 1, 1, 1, 1, 1, 1, 0, sizes, args,
+                                    is_buffer))
+except shim.DeviceError as e:
+    print("refused:", e)
+"""
+
+
+def test_a_kernel_of_no_name_is_looked_for_in_no_prototype():
+    """fuzz/corpus/opencl_prototypes/regression-empty-kernel-name: the prototype reader looked
+    for an empty name at every byte of the kernels' source and then past its end, reading the
+    heap until something there looked like a prototype, or the process died
+    (AddressSanitizer: heap-buffer-overflow). In a child, so that a crash is a failure here."""
+    try:
+        shim.device("opencl")
+    except shim.DeviceUnavailable as e:
+        pytest.skip(f"no OpenCL device: {e}")
+    done = subprocess.run([sys.executable, "-c", _EMPTY_NAME], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert "refused:" in done.stdout and "clCreateKernel" in done.stdout, done.stdout

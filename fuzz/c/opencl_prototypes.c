@@ -1,0 +1,48 @@
+/* libFuzzer target: what a kernel's prototype in a pipeline's OpenCL source says about its
+ * parameters, as native_stubs/backends/opencl_prototypes.c reads it (for staged crops: which
+ * the kernel may write), alone, built with -fsanitize=fuzzer,address,undefined by fuzz/run.py.
+ *
+ * The input: the kernel's name, up to the first NUL (all of it if there is none), then the
+ * source. Checked for every input: no sanitizer report (a read before the source or past its
+ * end); a parameter count of -1 or more, -1 where the name does not occur in the source; and
+ * no parameter marked read-only beyond the count (nor beyond the 64 a mask holds). */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backends/opencl_prototypes.h"
+
+#define CHECK(condition)                                                          \
+    do {                                                                          \
+        if (!(condition)) {                                                       \
+            fprintf(stderr, "opencl_prototypes: check failed: %s\n", #condition); \
+            abort();                                                              \
+        }                                                                         \
+    } while (0)
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+    const uint8_t *nul = memchr(data, 0, size);
+    size_t name_size = nul ? (size_t)(nul - data) : size;
+    size_t source_size = nul ? size - name_size - 1 : 0;
+    /* (each exactly its bytes and a NUL, so that AddressSanitizer sees a read past either) */
+    char *name = malloc(name_size + 1), *source = malloc(source_size + 1);
+    CHECK(name && source);
+    memcpy(name, data, name_size);
+    name[name_size] = 0;
+    if (source_size > 0) {
+        memcpy(source, nul + 1, source_size);
+    }
+    source[source_size] = 0;
+    uint64_t read_only = 0x5555;
+    int params = shim_cl_kernel_params(source, name, &read_only);
+    CHECK(params >= -1);
+    if (params == -1 || strstr(source, name) == NULL) {
+        CHECK(params == -1);
+    } else if (params < 64) {
+        CHECK(read_only >> params == 0);
+    }
+    free(name);
+    free(source);
+    return 0;
+}
