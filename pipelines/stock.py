@@ -61,7 +61,11 @@ class StockRuntime:
                  "const struct halide_device_interface_t *halide_opencl_device_interface(void);"
                  "const struct halide_device_interface_t *halide_cuda_device_interface(void);"
                  + declarations)
-        self.lib = ffi.dlopen(library, os.RTLD_NOW | os.RTLD_LOCAL)
+        # Never unloaded (RTLD_NODELETE): unloading runs the runtime's destructors
+        # (halide_opencl_device_release: clFinish) under the dynamic loader's lock, and PoCL's
+        # worker threads, still running other work, wait for that lock to dlopen a kernel: a
+        # deadlock whenever the garbage collector dropped a library mid-run.
+        self.lib = ffi.dlopen(library, os.RTLD_NOW | os.RTLD_LOCAL | os.RTLD_NODELETE)
         self.errors = []
         self._handler = ffi.callback("void(void *, const char *)",
                                      lambda uc, msg: self.errors.append(ffi.string(msg).decode()))
