@@ -5,6 +5,7 @@ which every fuzz run replays, and this file says the same without the fuzzer."""
 import struct
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -182,23 +183,13 @@ def test_a_buffer_of_a_format_numpy_does_not_read_is_an_argument_error(host_pipe
 
 # --- OpenCL kernel prototypes (fuzz/corpus/opencl_prototypes) ----------------------------------
 
-_EMPTY_NAME = """
-import numpy as np, shim
-from shim.native import ffi, lib
-device = shim.device("opencl")
-state = ffi.new("void **")
-source = b"__kernel void k(__global int *a) { a[0] = 1; }\\0"
-with shim.core.bridge.runtime_call("initialize") as check:
-    check(lib.halide_opencl_initialize_kernels(ffi.NULL, state, source, len(source)))
-buf = shim.Buffer(np.zeros(4, np.int32))
-buf.copy_to_device(device)
-sizes = ffi.new("size_t[]", [8, 0])
-args = ffi.new("void *[]", [buf.raw, ffi.NULL])
-is_buffer = ffi.new("int8_t[]", [1, 0])
+_EMPTY_NAME = f"""
+import sys
+sys.path.insert(0, {str(Path(__file__).resolve().parent)!r})
+import shim
+from support.opencl_kernels import launch
 try:
-    with shim.core.bridge.runtime_call("run") as check:
-        check(lib.halide_opencl_run(ffi.NULL, state[0], b"", 1, 1, 1, 1, 1, 1, 0, sizes, args,
-                                    is_buffer))
+    launch(b"__kernel void k(__global int *a) {{ a[0] = 1; }}", b"")
 except shim.DeviceError as e:
     print("refused:", e)
 """

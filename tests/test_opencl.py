@@ -8,6 +8,7 @@ import pytest
 
 import shim
 from gpu_cases import build_libraries
+from support.opencl_kernels import launch
 from shim.pipelines.build import RUNTIMES
 from shim.backends import opencl as opencl_backend
 from shim.backends.base import BackendError
@@ -66,20 +67,9 @@ def test_build_failure_is_a_device_error_with_the_build_log(device):
 
 
 def test_launch_failure_is_a_device_error(device):
-    state = ffi.new("void **")
-    source = b"__kernel void k(__global int *a, __local int16 *s) { a[0] = 1; }\0"
-    with shim.core.bridge.runtime_call("initialize") as check:
-        check(lib.halide_opencl_initialize_kernels(ffi.NULL, state, source, len(source)))
-    buf = shim.Buffer(np.zeros(4, np.int32))
-    buf.copy_to_device(device)
-    sizes = ffi.new("size_t[]", [8, 0])
-    args = ffi.new("void *[]", [buf.raw, ffi.NULL])
-    is_buffer = ffi.new("int8_t[]", [1, 0])
+    source = b"__kernel void k(__global int *a, __local int16 *s) { a[0] = 1; }"
     with pytest.raises(shim.DeviceError) as e:
-        with shim.core.bridge.runtime_call("run") as check:
-            # A work-group far larger than any device allows.
-            check(lib.halide_opencl_run(ffi.NULL, state[0], b"k", 1, 1, 1, 1 << 20, 1, 1, 0,
-                                        sizes, args, is_buffer))
+        launch(source, b"k", threads=1 << 20)  # a work-group far larger than any device allows
     assert e.value.code == -29 and "clEnqueueNDRangeKernel" in str(e.value)
 
 
