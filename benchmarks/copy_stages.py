@@ -122,13 +122,24 @@ def report(results: dict, threads: int, repeats: int) -> str:
                                                       for f in FLAVORS)]
     for schedule, label in SCHEDULES.items():
         stock = results["stock"][schedule]
-        line = f"{f'{schedule} {label}':<24}{1e6 * stock['min']:>9.1f} ({1e6 * stock['median']:>6.1f})"
+        line = (f"{f'{schedule} {label}':<24}"
+                f"{1e6 * stock['min']:>9.1f} ({1e6 * stock['median']:>6.1f})")
         for flavor in FLAVORS:
             ours = results[f"shim {flavor}"][schedule]
             line += (f"{1e6 * ours['min']:>11.1f} ({1e6 * ours['median']:>6.1f})"
-                     f"{ours['min'] / stock['min']:>6.2f}x ({ours['median'] / stock['median']:.2f})")
+                     f"{ours['min'] / stock['min']:>6.2f}x"
+                     f" ({ours['median'] / stock['median']:.2f})")
         lines.append(line)
     return "\n".join(lines)
+
+
+def start(folder: Path, threads: int) -> dict:
+    """{"stock": the child's runner, "shim bundled"/"shim no_runtime": this process's}, each on
+    ``threads`` threads (set before the shim's pool starts: call it before any pipeline)."""
+    os.environ["HL_NUM_THREADS"] = str(threads)
+    child = ChildProcess([sys.executable, str(Path(__file__)), "--serve", str(folder)],
+                         env=dict(os.environ))
+    return {"stock": child, **{f"shim {f}": ShimRunner(folder, f) for f in FLAVORS}}
 
 
 def main(argv=None) -> int:
@@ -141,15 +152,11 @@ def main(argv=None) -> int:
     if args.serve:
         stock_server(Path(args.serve))
         return 0
-    folder = libraries()
-    os.environ["HL_NUM_THREADS"] = str(args.threads)  # (before the shim's pool starts)
-    child = ChildProcess([sys.executable, str(Path(__file__)), "--serve", str(folder)],
-                         env=dict(os.environ))
+    runners = start(libraries(), args.threads)
     try:
-        runners = {"stock": child, **{f"shim {f}": ShimRunner(folder, f) for f in FLAVORS}}
         results = interleave(runners, {s: {"schedule": s} for s in SCHEDULES}, args.repeats)
     finally:
-        child.close()
+        runners["stock"].close()
     print(report(results, args.threads, args.repeats))
     return 0
 
