@@ -27,7 +27,8 @@ enum shim_outcome {
     SHIM_OUTCOME_NOOP = 0,    /* nothing to do, decided from the buffer's fields */
     SHIM_OUTCOME_FOREIGN = 1, /* dispatched to an interface the shim does not own */
     SHIM_OUTCOME_REFUSED = 2, /* failed validation (the result is Halide's error code) */
-    SHIM_OUTCOME_COUNT = 3
+    SHIM_OUTCOME_SERVED = 3,  /* done in C, data moved (halide_buffer_copy between hosts) */
+    SHIM_OUTCOME_COUNT = 4
 };
 
 void shim_profile_enable(bool on);

@@ -82,7 +82,8 @@ def test_counts_match_an_independent_count(host_device):
         for _ in range(uploads):
             buf.set_host_dirty()
             buf.copy_to_device()
-    assert prof.decided_in_c["copy_to_device"] == {"noop": noops, "foreign": 0, "refused": 0}
+    assert prof.decided_in_c["copy_to_device"] == {"noop": noops, "foreign": 0, "refused": 0,
+                                                   "served": 0}
     assert len(prof.calls("copy_to_device")) == uploads
     assert prof.count("copy_to_device") == noops + uploads
     assert sum(r.bytes for r in prof.calls("copy_to_device")) == uploads * buf.numpy().nbytes

@@ -386,6 +386,21 @@ def test_a_failing_async_producer_ends_the_call_where_halides_pool_hangs(built):
         assert done.stdout.split("\n")[-2] == "[-7, -6, -5]"
 
 
+@pytest.mark.parametrize("schedule, stages", [(2, 1), (4, 2)])
+def test_copy_stages_copy_their_rows_in_c(built, schedule, stages):
+    """A copy_to_host() stage's halide_buffer_copy, one a row between the pipeline's own host
+    buffers, is copied by the native library (native_stubs/devices/host_copy.c): a profile
+    counts each as served in C and records no call of the Python core."""
+    for runtime in ("bundled", "no_runtime"):
+        p = shim.load(built[f"async_deadlock{schedule}-{runtime}"])
+        out = np.full((256, 256), -1, np.int32)
+        with shim.profile() as prof:
+            p(out)
+        np.testing.assert_array_equal(out, sums(256, 256))
+        assert prof.calls("buffer_copy") == []
+        assert prof.decided_in_c["buffer_copy"]["served"] >= 256 * stages
+
+
 def test_an_extern_stage_failing_inside_a_parallel_loop_raises_its_code(built):
     p = shim.load(built["rows_parallel-bundled"])
 

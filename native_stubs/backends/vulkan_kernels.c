@@ -412,7 +412,8 @@ static void record_regions(region_batch *batch) {
     }
 }
 
-static bool add_run(int64_t at, void *context) {
+static bool add_run(int64_t at, int64_t to, void *context) {
+    (void)to; /* (the same layout on both sides) */
     region_batch *batch = context;
     batch->regions[batch->used++] = (VkBufferCopy){(VkDeviceSize)at,
                                                    batch->to_offset + (VkDeviceSize)at, batch->run};

@@ -14,7 +14,8 @@
  * which takes the allocation family's lock, re-checks the flags, moves the data and updates the
  * flags itself. Before it, device_malloc, device_free, copy_to_device and copy_to_host ask
  * served.c, which serves a pipeline's own buffers (no Python family exists for them) entirely in
- * C and leaves every other case to the Python core. For any other interface (a backend the shim does not implement, running in a
+ * C and leaves every other case to the Python core; buffer_copy between host memories asks
+ * host_copy.c first, likewise. For any other interface (a backend the shim does not implement, running in a
  * pipeline's bundled runtime) the impl is the backend alone and this file updates the flags
  * afterwards, as Halide's generic layer does.
  *
@@ -45,6 +46,7 @@
 #include "shim_native.h"
 #include "devices/device_generic.h"
 #include "devices/device_store.h"
+#include "devices/host_copy.h"
 #include "devices/served.h"
 #include "profiling/profile.h"
 
@@ -642,6 +644,12 @@ int halide_buffer_copy(void *user_context, struct halide_buffer_t *src,
     }
     if (shim_or_none(interface_of(src)) && shim_or_none(dst_device_interface) &&
         shim_or_none(interface_of(dst))) {
+        if (dst_device_interface == NULL) {
+            int result = shim_host_copy(src, dst); /* between hosts: in C where it can be */
+            if (result != SHIM_NOT_SERVED) {
+                return result;
+            }
+        }
         return shim_py_buffer_copy(user_context, src, dst_device_interface, dst);
     }
     shim_decided(SHIM_FN_BUFFER_COPY, SHIM_OUTCOME_FOREIGN, 0);

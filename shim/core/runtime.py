@@ -28,7 +28,7 @@ from shim.backends.devices import backend_for_interface, default_device
 from shim.memory.families import Family, await_calls, locked
 from shim.native.flags import DEVICE_DIRTY, HOST_DIRTY
 from shim.native import ffi, lib
-from shim.native.regions import Layout, NegativeStrides, host_memory, mirror_plan, overlap_plan
+from shim.native.regions import Layout, NegativeStrides, mirror_plan, overlap_plan
 
 # --- the operations, as Halide's device interface calls them -----------------------------
 
@@ -185,8 +185,8 @@ def buffer_copy(uc, src, dst_interface, dst):
             dst_family.backend.transfers.add("device_copied", copy.nbytes)
         elif not to_device and from_host_valid:
             copy = copy_plan(0, 0)
-            np.copyto(copy.dst_view(host_memory(_host_address(dst), copy.dst_span)),
-                      copy.src_view(host_memory(_host_address(src), copy.src_span)))
+            np.copyto(copy.dst_host_view(_host_address(dst)),
+                      copy.src_host_view(_host_address(src)))
         elif not to_device and from_device_valid:
             src_family, src_offset = _allocation(src, src_family)
             _read(src_family, copy_plan(src_offset, 0), _host_address(dst))

@@ -106,11 +106,32 @@ class CopyPlan(NamedTuple):
         """The bytes this plan writes, as a strided view of ``memory`` (a uint8 array)."""
         return _view(memory, self.dst_offset, self.shape, self.dst_strides)
 
+    def src_host_view(self, address: int) -> np.ndarray:
+        """The bytes this plan reads from host memory whose base is at ``address``: its
+        strides may be negative (a host buffer's may), reaching below the base."""
+        return _host_view(address, self.src_offset, self.shape, self.src_strides)
+
+    def dst_host_view(self, address: int) -> np.ndarray:
+        """The bytes this plan writes to host memory whose base is at ``address`` (as
+        src_host_view)."""
+        return _host_view(address, self.dst_offset, self.shape, self.dst_strides)
+
 
 def _span(shape, strides, offset) -> int:
     if any(e == 0 for e in shape):
         return offset
     return offset + sum((e - 1) * s for e, s in zip(shape[:-1], strides)) + shape[-1]
+
+
+def _host_view(address: int, offset: int, shape, strides) -> np.ndarray:
+    """The view _view makes, over just the host memory it reaches: from its lowest byte (below
+    ``address`` + ``offset`` where a stride is negative) to just past its highest."""
+    if any(e == 0 for e in shape):
+        return np.zeros(shape, np.uint8)
+    reaches = [(e - 1) * s for e, s in zip(shape[:-1], strides)]
+    lo = offset + sum(r for r in reaches if r < 0)
+    hi = offset + sum(r for r in reaches if r > 0) + shape[-1]
+    return _view(host_memory(address + lo, hi - lo), offset - lo, shape, strides)
 
 
 def _view(memory: np.ndarray, offset: int, shape, strides) -> np.ndarray:

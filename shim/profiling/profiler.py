@@ -141,7 +141,8 @@ class Profile(HeldContext):
         self.trace_limit = _event_count("trace_limit", trace_limit)
         self.sample_accesses = _event_count("sample_accesses", sample_accesses)
         self.records: list[Record] = []
-        #: {function: {"noop": n, "foreign": n, "refused": n}}: calls decided in C.
+        #: {function: {"noop": n, "foreign": n, "refused": n, "served": n}}: calls decided in
+        #: C ("served": done there, data moved: halide_buffer_copy between hosts).
         self.decided_in_c: dict[str, dict[str, int]] = {}
         #: [(ns, backend kind, live bytes, pooled bytes)]: the backends' device memory after
         #: each change: held by Buffers, and kept idle for reuse (shim/backends/pool.py).
@@ -327,7 +328,7 @@ class Profile(HeldContext):
 
     def _read_c_counts(self) -> None:
         outcomes = {"noop": lib.SHIM_OUTCOME_NOOP, "foreign": lib.SHIM_OUTCOME_FOREIGN,
-                    "refused": lib.SHIM_OUTCOME_REFUSED}
+                    "refused": lib.SHIM_OUTCOME_REFUSED, "served": lib.SHIM_OUTCOME_SERVED}
         for value, name in C_FUNCTIONS.items():
             counts = {key: lib.shim_profile_count(value, outcome) for key, outcome in outcomes.items()}
             if any(counts.values()):

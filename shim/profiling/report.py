@@ -48,11 +48,12 @@ def _function_table(profile) -> str:
         decided = profile.decided_in_c.get(name, {})
         errors = sum(1 for r in records if r.result != 0) + decided.get("refused", 0)
         rows.append([name, len(records) + sum(decided.values()), decided.get("noop", 0),
-                     decided.get("foreign", 0), *_time_columns([r.duration_ns for r in records]),
+                     decided.get("foreign", 0), decided.get("served", 0),
+                     *_time_columns([r.duration_ns for r in records]),
                      _bytes(sum(r.bytes for r in records)), errors])
-    return _table("Runtime calls (no-ops and foreign calls decided in C, untimed)",
-                  ["function", "calls", "no-ops", "foreign", "total ms", "mean us", "p50 us",
-                   "p99 us", "bytes", "errors"], rows)
+    return _table("Runtime calls (no-ops, foreign calls and copies served in C: untimed)",
+                  ["function", "calls", "no-ops", "foreign", "served", "total ms", "mean us",
+                   "p50 us", "p99 us", "bytes", "errors"], rows)
 
 
 def _kernel_table(profile) -> str:
