@@ -330,3 +330,33 @@ def test_failed_download_inside_a_pipeline_is_a_device_error(load, device):
 def test_unknown_device_kind_is_an_argument_error():
     with pytest.raises(shim.ArgumentError, match="unknown device kind 'tpu'"):
         shim.device("tpu")
+
+
+@pytest.mark.parametrize("kind", ["host", "opencl", "vulkan", "cuda"])
+@pytest.mark.parametrize("flip", [(slice(None, None, -1), slice(None, None, -1)),
+                                  (slice(None), slice(None, None, -1))], ids=["both", "x"])
+def test_buffer_copy_between_a_device_and_host_memory_of_negative_strides(kind, flip, request):
+    """A host side whose strides are negative reaches below its base: OpenCL's copies, which
+    count offsets from a host array, took offsets from the base and failed (std::bad_cast
+    from pyopencl, the first row written)."""
+    device = shim.device("host") if kind == "host" else request.getfixturevalue(kind)
+    data = np.arange(35, dtype=np.int32).reshape(5, 7)
+    interface = lib.shim_backend_interface(device.index)
+    # Device -> a reversed host view.
+    src = shim.Buffer(data.copy())
+    src.copy_to_device(device)
+    src.raw.flags = lib.halide_buffer_flag_device_dirty  # the device's bytes are the data
+    base = np.full((5, 7), -1, np.int32)
+    dst = shim.Buffer(base[flip])
+    with shim.core.bridge.runtime_call("buffer_copy") as check:
+        check(lib.halide_buffer_copy(ffi.NULL, src.raw, ffi.NULL, dst.raw))
+    np.testing.assert_array_equal(base[flip], data)
+    # A reversed host view -> a device allocation.
+    reversed_data = np.ascontiguousarray(data[flip])
+    src2 = shim.Buffer(reversed_data[flip])
+    dst2 = shim.Buffer(np.zeros((5, 7), np.int32))
+    dst2.device_malloc(device)
+    with shim.core.bridge.runtime_call("buffer_copy") as check:
+        check(lib.halide_buffer_copy(ffi.NULL, src2.raw, interface, dst2.raw))
+    assert dst2.device_dirty()
+    np.testing.assert_array_equal(dst2.numpy(), data)

@@ -26,7 +26,7 @@ from shim.base.progress import if_slow
 from shim.backends.base import Backend, BackendError, Memory, fork_guard
 from shim.base.errors import DeviceUnavailable
 from shim.native import ffi, lib
-from shim.native.regions import CopyPlan, host_memory, rectangles
+from shim.native.regions import CopyPlan, rectangles
 
 
 def _cl():
@@ -419,12 +419,12 @@ class OpenCLBackend(Backend):
     # --- copies --------------------------------------------------------------------------
 
     def write(self, memory: OpenCLMemory, plan: CopyPlan, host_address: int) -> None:
-        host = host_memory(host_address, plan.src_span)
+        host, plan = plan.host_window(host_address, host_is_src=True)
         for rect in _rectangles(plan):
             self._copy(memory.buffer, host, rect, buffer_is_dst=True)
 
     def read(self, memory: OpenCLMemory, plan: CopyPlan, host_address: int) -> None:
-        host = host_memory(host_address, plan.dst_span)
+        host, plan = plan.host_window(host_address, host_is_src=False)
         for rect in _rectangles(plan):
             self._copy(memory.buffer, host, rect, buffer_is_dst=False)
 

@@ -116,6 +116,21 @@ class CopyPlan(NamedTuple):
         src_host_view)."""
         return _host_view(address, self.dst_offset, self.shape, self.dst_strides)
 
+    def host_window(self, address: int, host_is_src: bool) -> tuple[np.ndarray, "CopyPlan"]:
+        """For a driver that copies rows between a device allocation and host memory by
+        offsets from a host array (OpenCL): the host memory the plan's host side reaches,
+        ``address`` being its base (negative strides reach below it), and the plan with that
+        side's offset counted from the window's start, never negative."""
+        offset, strides = ((self.src_offset, self.src_strides) if host_is_src
+                           else (self.dst_offset, self.dst_strides))
+        if self.nbytes == 0:
+            return host_memory(address, 0), self
+        lo, hi = _reach(offset, self.shape, strides)
+        lo = min(lo, 0)
+        rebased = (self._replace(src_offset=offset - lo) if host_is_src
+                   else self._replace(dst_offset=offset - lo))
+        return host_memory(address + lo, hi - lo), rebased
+
 
 def _span(shape, strides, offset) -> int:
     if any(e == 0 for e in shape):
@@ -123,14 +138,20 @@ def _span(shape, strides, offset) -> int:
     return offset + sum((e - 1) * s for e, s in zip(shape[:-1], strides)) + shape[-1]
 
 
+def _reach(offset: int, shape, strides) -> tuple[int, int]:
+    """The lowest byte a side of a (non-empty) plan touches and one past its highest, from
+    the base: below ``offset`` where a stride is negative."""
+    reaches = [(e - 1) * s for e, s in zip(shape[:-1], strides)]
+    return (offset + sum(r for r in reaches if r < 0),
+            offset + sum(r for r in reaches if r > 0) + shape[-1])
+
+
 def _host_view(address: int, offset: int, shape, strides) -> np.ndarray:
     """The view _view makes, over just the host memory it reaches: from its lowest byte (below
     ``address`` + ``offset`` where a stride is negative) to just past its highest."""
     if any(e == 0 for e in shape):
         return np.zeros(shape, np.uint8)
-    reaches = [(e - 1) * s for e, s in zip(shape[:-1], strides)]
-    lo = offset + sum(r for r in reaches if r < 0)
-    hi = offset + sum(r for r in reaches if r > 0) + shape[-1]
+    lo, hi = _reach(offset, shape, strides)
     return _view(host_memory(address + lo, hi - lo), offset - lo, shape, strides)
 
 
