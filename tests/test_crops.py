@@ -319,3 +319,36 @@ def test_writing_the_host_over_device_changes_is_refused(host_device):
     parent.copy_to_host()
     parent.set_host_dirty()  # fine once they are home
     assert crop.host_dirty()
+
+
+@pytest.mark.parametrize("kind", ["host", "opencl", "vulkan"])
+def test_crops_native_code_makes_of_a_shared_familys_member(kind, request):
+    """An extern stage's crop of a Buffer's crop (a member of a shared family) is no member
+    itself: its release drops its handle and clears it, as Halide's does. (It raised KeyError
+    inside device_release_crop, -41, and the struct kept its handle: every later crop into it
+    failed.) On the host device the stage's write reaches the parent."""
+    device = shim.device("host") if kind == "host" else request.getfixturevalue(kind)
+    data = np.arange(48, dtype=np.int32).reshape(6, 8)
+    expected = data.copy()
+    parent = shim.Buffer(data)
+    member = parent.cropped([(2, 6), (1, 4)])  # x in [2, 8), y in [1, 5)
+    member.copy_to_device(device)
+    interface = member.raw.device_interface
+    crop = ffi.new("halide_buffer_t *")
+    crop[0] = member.raw[0]  # *dst = *src, flags and all
+    dims = ffi.new("halide_dimension_t[2]", [(4, 4, 1, 0), (2, 2, 8, 0)])  # x [4, 8), y [2, 4)
+    crop.dim, crop.device, crop.device_interface = dims, 0, ffi.NULL
+    crop.host = ffi.cast("uint8_t *", data[2:, 4:].ctypes.data)
+    for _ in range(2):
+        assert interface.device_crop(ffi.NULL, member.raw, crop) == 0 and crop.device
+        assert interface.device_release_crop(ffi.NULL, crop) == 0
+        assert crop.device == 0 and crop.device_interface == ffi.NULL
+    if kind == "host":
+        assert interface.device_crop(ffi.NULL, member.raw, crop) == 0
+        rows = np.frombuffer(ffi.buffer(ffi.cast("int32_t *", crop.device), 12 * 4), np.int32)
+        rows[0:4], rows[8:12] = -5, -6  # the stage writes the crop's two rows
+        lib.shim_flags_assign(member.raw, DEVICE_DIRTY, True)  # the retire helper's write
+        assert interface.device_release_crop(ffi.NULL, crop) == 0
+        expected[2, 4:], expected[3, 4:] = -5, -6
+    member.copy_to_host()
+    np.testing.assert_array_equal(parent.numpy(), expected)

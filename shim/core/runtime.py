@@ -126,7 +126,7 @@ def device_slice(uc, src, slice_dim, slice_pos, dst, interface):
 
 def device_release_crop(uc, raw, interface):
     with locked(raw) as family:
-        if family is not None and family.shared:
+        if family is not None and family.has_member(raw):
             on_shared(aliasing.absorb, family, raw, False)  # its changes stay with the family
         _drop_device(raw, family)
 
@@ -296,7 +296,7 @@ def _crop_into(src, dst, interface, dst_min_offset) -> None:
 def free_allocation(raw, family: Family | None) -> None:
     """Drop ``raw``'s allocation (what only the device held is lost: see bring_home)."""
     _drop_device(raw, family)
-    if family is not None and family.shared:
+    if family is not None and family.has_member(raw):
         family.refresh_bits(raw)
     else:
         flags.assign(raw, DEVICE_DIRTY, False)
@@ -318,10 +318,10 @@ def bring_home(raw, family: Family | None) -> None:
 def _drop_device(raw, family: Family | None, *, free: bool = True) -> None:
     if aliasing.is_proxy(raw.device_interface):
         return  # a member without a handle of its own: nothing to drop
-    shared = family is not None and family.shared
+    member = family is not None and family.has_member(raw)
     if raw.device and family is not None:
         drop_handle(family, raw.device, free=free, active=raw)
-    if shared:
+    if member:
         # Still in the family: the proxy stands for the allocation the others hold or will.
         set_device(raw, families.address_of(raw), aliasing.PROXY)
     else:

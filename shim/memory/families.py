@@ -233,6 +233,11 @@ class Family(FamilyState):
     def shared(self) -> bool:
         return self.members is not None
 
+    def has_member(self, raw) -> bool:
+        """Whether ``raw`` is one of a shared family's members, not a struct that only holds a
+        handle into its memory (a crop generated code made with halide_device_crop)."""
+        return self.shared and address_of(raw) in self.members
+
     @property
     def host_regions(self) -> frozenset:
         return self.regions[0]
