@@ -522,11 +522,16 @@ def measure(row: Row, sides: dict, samples: int, target: float) -> dict:
     times = {name: [] for name in counts}
     for _ in range(samples):  # the sides take turns, so a noisy moment hits both alike
         for name in counts:
-            elapsed = sides[name].seconds(row=dataclasses.asdict(row), iterations=counts[name])
-            if elapsed < 0:
+            if name in result:
+                continue
+            try:
+                elapsed = sides[name].seconds(row=dataclasses.asdict(row), iterations=counts[name])
+            except Exception as e:  # noqa: BLE001 (a child that died: reported in the row)
+                elapsed, result[name] = None, {"error": f"{type(e).__name__}: {e}"}
+            if elapsed is not None and elapsed < 0:
                 result[name] = {"error": "a call failed"}
-                break
-            times[name].append(1e9 * elapsed / counts[name])
+            elif elapsed is not None:
+                times[name].append(1e9 * elapsed / counts[name])
     for name, values in times.items():
         if name not in result and values:
             result[name] = {"median_ns": statistics.median(values), "min_ns": min(values),
@@ -601,6 +606,11 @@ def run(backends, samples: int, target: float, progress=print) -> dict:
                 children["opencl"] = stock_process("opencl")
             stock = children[STOCK_KIND[row.backend]] if row.backend != "-" else \
                 next(iter(children.values()))
+            if row.op == "device_release":
+                # In a fresh process, where nothing else holds device memory: Halide 21's
+                # Vulkan runtime's process died when this row came after the others (their
+                # buffers still allocated on the device it released).
+                stock = children[f"{row.backend} release"] = stock_process(STOCK_KIND[row.backend])
             result = measure(row, {"stock": stock, "shim": shim_side}, samples, target)
             results.append(result)
             progress(line(result))
