@@ -2,6 +2,7 @@
 shim against Halide's stock runtime, side by side in one run.
 
     python benchmarks/entry_points.py [--quick] [--backends host,opencl,vulkan,cuda] [--json OUT]
+                                      [--markdown OUT]
 
 Rows: the device interface's fifteen entry points (device_malloc / free, sync, release,
 copy_to_host / device, device_and_host_malloc / free, buffer_copy, device_crop / slice /
@@ -571,6 +572,23 @@ def line(result: dict) -> str:
             f"{figures('shim')}{ratio_text}  {why}{'  ' + errors if errors else ''}")
 
 
+def markdown(table: dict) -> str:
+    """The rows as a Markdown table (docs/benchmarks.md)."""
+    lines = ["| backend | entry points | case | stock ns (min) | shim ns (min) | shim/stock | why |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
+    for r in table["rows"]:
+        cells = []
+        for side in ("stock", "shim"):
+            s = r.get(side, {})
+            cells.append(f"{s['median_ns']:.0f} ({s['min_ns']:.0f})" if "median_ns" in s
+                         else f"failed: {s.get('error', '')}")
+        ratio = r.get("ratio")
+        why = reason(r) if ratio is None or ratio > 1.2 or r["python"] else ""
+        lines.append(f"| {r['backend']} | {r['entry']} | {r['case']} | {cells[0]} | {cells[1]} | "
+                     f"{f'{ratio:.2f}x' if ratio is not None else '-'} | {why} |")
+    return "\n".join(lines)
+
+
 def available(kinds) -> tuple[list[str], dict]:
     """The kinds whose device the shim opens here, and why each other one is left out."""
     import shim
@@ -629,9 +647,10 @@ def main(argv=None) -> int:
     parser.add_argument("--backends", default=",".join(BACKENDS),
                         help="comma-separated device kinds (default: all; those without a "
                              "device here are skipped with the reason)")
-    parser.add_argument("--samples", type=int, default=7, help="samples per side and row")
-    parser.add_argument("--sample-ms", type=float, default=10.0, help="length of one sample")
+    parser.add_argument("--samples", type=int, default=11, help="samples per side and row")
+    parser.add_argument("--sample-ms", type=float, default=20.0, help="length of one sample")
     parser.add_argument("--json", metavar="OUT", help="write the rows to this file as JSON")
+    parser.add_argument("--markdown", metavar="OUT", help="write the table to this file as Markdown")
     parser.add_argument("--serve", metavar="KIND", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.serve:
@@ -650,6 +669,8 @@ def main(argv=None) -> int:
           f"{1e3 * target:g} ms")
     if args.json:
         Path(args.json).write_text(json.dumps(table, indent=1))
+    if args.markdown:
+        Path(args.markdown).write_text(markdown(table) + "\n")
     return 0
 
 
