@@ -29,8 +29,9 @@ typedef struct shim_cl_staging shim_cl_staging;
 typedef struct shim_cl_handle {
     uint64_t offset;   /* bytes from the start of mem to the buffer's min element */
     void *mem;         /* cl_mem of the allocation */
-    void *launch_mem;  /* what kernels get: mem or a sub-buffer; NULL if offset is misaligned */
-    shim_cl_staging *staging;  /* launches' copy of a misaligned crop, kept for the next one */
+    void *launch_mem;  /* what kernels get: mem or a sub-buffer; NULL if offset is misaligned
+                        * (then mem and an element offset, or staging) */
+    shim_cl_staging *staging;  /* launches' copy of a staged crop, kept for the next one */
     /* 1 while the allocation behind the handle is one the native layer serves
      * (native_stubs/devices/served.c); 0 for the Python core's, and once claimed. */
     uint32_t served;
@@ -47,6 +48,11 @@ typedef struct shim_cl_module shim_cl_module;
 int shim_opencl_bind(const char *loader, void *context, void *queue);
 /* `source`: the program's (size bytes), for what its kernels' prototypes say. */
 shim_cl_module *shim_opencl_module_new(void *program, const char *source, size_t size);
+/* The source a program is built from for Halide's `source` (size bytes): its kernels' buffers
+ * take element offsets where they can (native_stubs/backends/opencl_prototypes.c). NULL if out
+ * of memory; else *out_size bytes and a NUL, freed with shim_opencl_free_source. */
+char *shim_opencl_program_source(const char *source, size_t size, size_t *out_size);
+void shim_opencl_free_source(char *source);
 /* Free what launches keep in a handle (its staging buffer), before the handle goes, and the
  * handle itself if the native layer made it. */
 void shim_opencl_handle_release(shim_cl_handle *handle);

@@ -58,7 +58,7 @@ int shim_py_device_start(void *user_context,
 
 /* Kernel launches while profiling: begin returns a token for end (0: not recorded). */
 int shim_py_profile_launch_begin(void *user_context, const shim_launch *launch);
-void shim_py_profile_launch_end(int token, int result);
+void shim_py_profile_launch_end(int token, int result, int staged);
 
 /* The deleters of the tensors the shim exports through DLPack. */
 void shim_py_dlpack_delete(DLManagedTensor *self);

@@ -5,7 +5,8 @@
  * The input: the kernel's name, up to the first NUL (all of it if there is none), then the
  * source. Checked for every input: no sanitizer report (a read before the source or past its
  * end); a parameter count of -1 or more, -1 where the name does not occur in the source; and
- * no parameter marked read-only beyond the count (nor beyond the 64 a mask holds). */
+ * no parameter marked read-only or offset beyond the count (nor beyond the 64 a mask holds);
+ * and the rewrite of the source (shim_cl_rewrite_offsets) no shorter than the source. */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -34,14 +35,20 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         memcpy(source, nul + 1, source_size);
     }
     source[source_size] = 0;
-    uint64_t read_only = 0x5555;
-    int params = shim_cl_kernel_params(source, name, &read_only);
+    shim_cl_prototype prototype;
+    shim_cl_kernel_prototype(source, name, &prototype);
+    int params = prototype.params;
     CHECK(params >= -1);
     if (params == -1 || strstr(source, name) == NULL) {
-        CHECK(params == -1);
+        CHECK(params == -1 && prototype.read_only == 0 && prototype.offset == 0);
     } else if (params < 64) {
-        CHECK(read_only >> params == 0);
+        CHECK(prototype.read_only >> params == 0 && prototype.offset >> params == 0);
     }
+    /* The rewrite of the whole source: the source's text is all in it, in order. */
+    size_t size = 0;
+    char *rewritten = shim_cl_rewrite_offsets(source, &size);
+    CHECK(rewritten != NULL && size == strlen(rewritten) && size >= strlen(source));
+    free(rewritten);
     free(name);
     free(source);
     return 0;

@@ -11,8 +11,11 @@
  * {uint64 offset; cl_mem mem}: native code written against Halide's headers reads it as
  * before. launch_mem is what a kernel receives for the buffer: the allocation itself, or a
  * sub-buffer at the crop's offset. Sub-buffers need offsets aligned to the device's base
- * address alignment (128 bytes on PoCL); a crop at any other offset has no launch_mem, and
- * launches that use it stage the crop (see "staging" below), here too.
+ * address alignment (128 bytes on PoCL); a crop at any other offset has no launch_mem. The
+ * programs are built from Halide's source rewritten to take an element offset per buffer
+ * (opencl_prototypes.c): such a crop is given to a kernel as its allocation and its offset,
+ * unless the kernel's use of that buffer may assume more alignment than an element's; then
+ * launches stage the crop (see "staging" below), here too.
  */
 #include <dlfcn.h>
 #include <pthread.h>
@@ -141,8 +144,7 @@ typedef struct kernel_entry {
     pthread_mutex_t lock; /* guards idle[]: held for a push or a pop, never across a call */
     cl_kernel idle[POOL_SIZE];
     int idle_count;
-    int params;         /* in its prototype; -1 if not found */
-    uint64_t read_only; /* those (of the first 64) it cannot write through */
+    shim_cl_prototype prototype; /* what it writes, which buffers take offsets */
 } kernel_entry;
 
 struct shim_cl_module {
@@ -184,8 +186,8 @@ static kernel_entry *new_entry(shim_cl_module *module, const char *name) {
         free(entry);
         return NULL;
     }
-    /* What it may write, from its prototype (a staged crop is copied back only then). */
-    entry->params = shim_cl_kernel_params(module->source, name, &entry->read_only);
+    /* What it may write (a staged crop is copied back only then), which buffers take offsets. */
+    shim_cl_kernel_prototype(module->source, name, &entry->prototype);
     pthread_mutex_init(&entry->lock, NULL);
     entry->next = module->entries;
     __atomic_store_n(&module->entries, entry, __ATOMIC_RELEASE);
@@ -229,6 +231,33 @@ static void give_kernel(kernel_entry *entry, cl_kernel kernel) {
     }
 }
 
+/* The source a program is built from: Halide's, each kernel's buffers given offsets where they
+ * can take them (opencl_prototypes.c); what follows a NUL in it is kept as it was. */
+char *shim_opencl_program_source(const char *source, size_t size, size_t *out_size) {
+    char *text = malloc(size + 1);
+    if (text == NULL) {
+        return NULL;
+    }
+    memcpy(text, source, size);
+    text[size] = 0;
+    size_t head = strlen(text), n = 0;
+    char *rewritten = shim_cl_rewrite_offsets(text, &n);
+    free(text);
+    char *whole = rewritten ? realloc(rewritten, n + (size - head) + 1) : NULL;
+    if (whole == NULL) {
+        free(rewritten);
+        return NULL;
+    }
+    memcpy(whole + n, source + head, size - head);
+    whole[n + size - head] = 0;
+    *out_size = n + size - head;
+    return whole;
+}
+
+void shim_opencl_free_source(char *source) {
+    free(source);
+}
+
 /* --- Halide's entry points ---------------------------------------------------------------- */
 
 const struct halide_device_interface_t *halide_opencl_device_interface(void) {
@@ -269,12 +298,13 @@ static int launch_failed(void *user_context, const char *what, const char *entry
     return halide_error_code_gpu_device_error;
 }
 
-/* --- staging: crops at offsets OpenCL cannot make a sub-buffer at ---------------------------
+/* --- staging: crops at offsets neither a sub-buffer nor the kernel's offset can take -------
  *
- * A kernel gets each buffer as a bare pointer: Halide's OpenCL codegen passes no offset, and
- * it indexes aligned vectors as arrays of vector types, so even a driver that allowed a
- * misaligned sub-buffer would give such a kernel a pointer it cannot use. A crop at a
- * misaligned offset is staged instead: its bytes are copied into a buffer with the same
+ * Halide indexes aligned vectors as arrays of vector types, so a kernel that does so for a
+ * buffer cannot take it at an offset of a few elements (opencl_prototypes.c gives such a
+ * parameter no offset), and a driver that allowed a misaligned sub-buffer would give it a
+ * pointer it cannot use either. A crop such a parameter gets at a misaligned offset is staged
+ * instead (and so are crops of images, which have no offsets): its bytes are copied into a buffer with the same
  * layout from offset 0, the kernel runs on that, and if the kernel may write the crop, the
  * crop's elements, only those, are copied back, all on the one in-order queue, so data around
  * the crop is never written.
@@ -491,8 +521,21 @@ static staged_buffer *staged_for(staged_buffer *staged, int staged_count,
 /* Whether the kernel may write through its parameter `i` of `count` (unless its prototype,
  * with the __local parameter Halide adds, says otherwise). */
 static bool may_write(const kernel_entry *entry, int count, int i) {
-    bool read_only = entry->params == count + 1 && i < 64 && (entry->read_only >> i & 1);
+    const shim_cl_prototype *p = &entry->prototype;
+    bool read_only = p->params == count + 1 && i < 64 && (p->read_only >> i & 1);
     return !read_only;
+}
+
+/* Whether the kernel takes its parameter `i` of `count` at an element offset that `buf`'s
+ * crop can be given as: the rewritten program's (opencl_prototypes.c), of the buffer's own
+ * element size, which the crop's offset is a multiple of. */
+static bool takes_offset(const kernel_entry *entry, int count, int i, const halide_buffer_t *buf) {
+    const shim_cl_prototype *p = &entry->prototype;
+    const shim_cl_handle *handle = (const shim_cl_handle *)buf->device;
+    size_t element = (size_t)(buf->type.bits + 7) / 8 * buf->type.lanes;
+    return p->params == count + 1 && i < SHIM_CL_MASKED_PARAMS && (p->offset >> i & 1) &&
+           handle->image_dims == 0 && element == p->element_size[i] &&
+           handle->offset % element == 0;
 }
 
 /* The first step of a launch that failed: the OpenCL call and its error. */
@@ -624,30 +667,37 @@ static bool stage_in(cl_command_queue queue, const halide_buffer_t *buf, staged_
     return !failed(error, "clEnqueueCopyBuffer (staging a misaligned crop)", code);
 }
 
-/* Stage every misaligned crop among the arguments, each once: a crop given twice must be one
- * buffer to the kernel. */
+/* Stage every crop among the arguments that a parameter can take neither directly nor at an
+ * offset, each once: a crop given twice must be one buffer to the kernel, so every parameter
+ * given a staged crop gets its staging buffer. */
 static bool stage_all(cl_command_queue queue, const kernel_entry *entry, int count, void *args[],
                       int8_t arg_is_buffer[], staged_buffer *staged, int *staged_count,
                       launch_error *error) {
     for (int i = 0; i < count; i++) {
         const halide_buffer_t *buf = args[i];
         shim_cl_handle *handle = arg_is_buffer[i] ? (shim_cl_handle *)buf->device : NULL;
-        if (handle == NULL || launched_directly(buf)) {
+        if (handle == NULL || launched_directly(buf) || takes_offset(entry, count, i, buf) ||
+            staged_for(staged, *staged_count, handle) != NULL) {
             continue;
         }
-        staged_buffer *b = staged_for(staged, *staged_count, handle);
-        if (b == NULL) {
-            b = &staged[(*staged_count)++];
-            *b = (staged_buffer){.handle = handle};
-            if (!stage_in(queue, buf, b, error)) {
-                if (b->staging == NULL && b->image == NULL) { /* nothing to give back */
-                    shim_layout_free(&b->layout);
-                    (*staged_count)--;
-                }
-                return false;
+        staged_buffer *b = &staged[(*staged_count)++];
+        *b = (staged_buffer){.handle = handle};
+        if (!stage_in(queue, buf, b, error)) {
+            if (b->staging == NULL && b->image == NULL) { /* nothing to give back */
+                shim_layout_free(&b->layout);
+                (*staged_count)--;
             }
+            return false;
         }
-        b->written |= may_write(entry, count, i);
+    }
+    for (int i = 0; i < count; i++) {
+        const halide_buffer_t *buf = args[i];
+        staged_buffer *b = arg_is_buffer[i] ? staged_for(staged, *staged_count,
+                                                         (shim_cl_handle *)buf->device)
+                                            : NULL;
+        if (b != NULL) {
+            b->written |= may_write(entry, count, i);
+        }
     }
     return true;
 }
@@ -678,15 +728,50 @@ static void unstage_all(cl_command_queue queue, staged_buffer *staged, int stage
     }
 }
 
-/* What the kernel gets for a buffer: its launch_mem, else its staging buffer or image. */
-static cl_mem kernel_mem(const halide_buffer_t *buf, staged_buffer *staged,
-                         int staged_count) {
+/* What the kernel gets for a buffer: its staging buffer or image where it is staged, else its
+ * launch_mem, else its allocation, with *offset its offset in elements (else 0). */
+static cl_mem kernel_mem(const halide_buffer_t *buf, staged_buffer *staged, int staged_count,
+                         uint64_t *offset) {
     const shim_cl_handle *handle = (const shim_cl_handle *)buf->device;
+    const staged_buffer *b = staged_for(staged, staged_count, handle);
+    *offset = 0;
+    if (b != NULL) {
+        return b->image != NULL ? b->image : b->staging->mem;
+    }
     if (launched_directly(buf)) {
         return handle->launch_mem;
     }
-    const staged_buffer *b = staged_for(staged, staged_count, handle);
-    return b->image != NULL ? b->image : b->staging->mem;
+    *offset = handle->offset / ((size_t)(buf->type.bits + 7) / 8 * buf->type.lanes);
+    return handle->mem;
+}
+
+/* The rewritten program's offset parameters (after the original ones and Halide's __local
+ * one, in the order of the buffers), each the element offset of its buffer's argument. */
+static cl_int set_offsets(cl_kernel kernel, const kernel_entry *entry, int count, void *args[],
+                          int8_t arg_is_buffer[], staged_buffer *staged, int staged_count) {
+    const shim_cl_prototype *p = &entry->prototype;
+    if (p->offset == 0) {
+        return 0;
+    }
+    if (p->params != count + 1) {
+        return CL_INVALID_VALUE; /* (the prototype does not say which argument is which) */
+    }
+    cl_uint index = (cl_uint)p->params;
+    for (int i = 0; i < SHIM_CL_MASKED_PARAMS; i++) {
+        if (!(p->offset >> i & 1)) {
+            continue;
+        }
+        if (i >= count || !arg_is_buffer[i]) {
+            return CL_INVALID_VALUE;
+        }
+        uint64_t offset;
+        kernel_mem(args[i], staged, staged_count, &offset);
+        cl_int code = cl.set_kernel_arg(kernel, index++, sizeof offset, &offset);
+        if (code != 0) {
+            return code;
+        }
+    }
+    return 0;
 }
 
 /* Set the kernel's arguments and enqueue it, with a pooled kernel object. */
@@ -701,7 +786,8 @@ static bool enqueue_kernel(shim_cl_module *module, kernel_entry *entry, cl_comma
     }
     for (int i = 0; i < count && code == 0; i++) {
         if (arg_is_buffer[i]) {
-            cl_mem mem = kernel_mem(args[i], staged, staged_count);
+            uint64_t offset;
+            cl_mem mem = kernel_mem(args[i], staged, staged_count, &offset);
             code = cl.set_kernel_arg(kernel, i, sizeof mem, &mem);
         } else {
             code = cl.set_kernel_arg(kernel, i, arg_sizes[i], args[i]);
@@ -711,6 +797,9 @@ static bool enqueue_kernel(shim_cl_module *module, kernel_entry *entry, cl_comma
         /* Halide's OpenCL kernels end with a __local argument for shared memory. */
         size_t local_bytes = shared_mem_bytes > 0 ? (size_t)shared_mem_bytes : 1;
         code = cl.set_kernel_arg(kernel, count, local_bytes, NULL);
+    }
+    if (code == 0) {
+        code = set_offsets(kernel, entry, count, args, arg_is_buffer, staged, staged_count);
     }
     if (failed(error, "clSetKernelArg", code)) {
         give_kernel(entry, kernel);
@@ -722,7 +811,7 @@ static bool enqueue_kernel(shim_cl_module *module, kernel_entry *entry, cl_comma
     return !failed(error, "clEnqueueNDRangeKernel", code);
 }
 
-/* The number of buffer arguments to stage, or -1 (after halide_error) if one is not on the
+/* The number of buffer arguments a launch may stage (those not launched directly), or -1 (after halide_error) if one is not on the
  * OpenCL device (as a buffer or as an image). */
 static int misaligned_buffers(void *user_context, int count, void *args[],
                               int8_t arg_is_buffer[]) {
@@ -772,6 +861,9 @@ static int launch(SHIM_RUN_PARAMS) {
                enqueue_kernel(module, entry, queue, global, local, shared_mem_bytes, count,
                               arg_sizes, args, arg_is_buffer, staged, staged_count, &error);
     unstage_all(queue, staged, staged_count, ran, &error);
+    if (shim_profile_on()) {
+        shim_profile_launch_staged(staged_count);
+    }
     if (error.code != 0) {
         return launch_failed(user_context, error.what, entry_name, error.code);
     }

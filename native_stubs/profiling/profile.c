@@ -112,6 +112,9 @@ void shim_profile_reset(void) {
     pthread_mutex_unlock(&blocks_lock);
 }
 
+/* What the launch on this thread reported with shim_profile_launch_staged; -1: nothing. */
+static __thread int launch_staged = -1;
+
 int shim_profile_run(int backend, void *stream, shim_run_fn run, SHIM_RUN_PARAMS) {
     shim_launch launch = {
         .backend = backend,
@@ -122,7 +125,12 @@ int shim_profile_run(int backend, void *stream, shim_run_fn run, SHIM_RUN_PARAMS
         .stream = stream,
     };
     int token = shim_py_profile_launch_begin(user_context, &launch);
+    launch_staged = -1;
     int result = run(SHIM_RUN_ARGS);
-    shim_py_profile_launch_end(token, result);
+    shim_py_profile_launch_end(token, result, launch_staged);
     return result;
+}
+
+void shim_profile_launch_staged(int buffers) {
+    launch_staged = buffers;
 }

@@ -35,6 +35,10 @@ typedef int (*shim_run_fn)(SHIM_RUN_PARAMS);
 /* Runs `run` with the profiler told before and after: the launch path while profiling. */
 int shim_profile_run(int backend, void *stream, shim_run_fn run, SHIM_RUN_PARAMS);
 
+/* Inside a profiled launch: the number of buffers it staged around the kernel (copied into
+ * a buffer of their own and back, where the kernel cannot take them in place). */
+void shim_profile_launch_staged(int buffers);
+
 /* Around a fork (forks/fork.c): the counters whole in the child, then free again on both
  * sides. */
 void shim_profile_lock_for_fork(void);

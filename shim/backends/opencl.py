@@ -7,8 +7,8 @@ else: the first platform with a GPU, else the first platform with any device.
 
 Kernel launches are in C (native_stubs/backends/opencl.c), crops at offsets OpenCL cannot make
 sub-buffers at included; this module compiles programs (once per device and source, shared by
-every pipeline, their binaries kept in an on-disk cache across processes), allocates memory
-and copies.
+every pipeline, their binaries kept in an on-disk cache across processes) from Halide's source
+with an offset per buffer (see program_source), allocates memory and copies.
 """
 
 from __future__ import annotations
@@ -478,7 +478,7 @@ class OpenCLBackend(Backend):
         # (A first build from source takes seconds; the program cache makes later ones quick.)
         with if_slow(f"compiling a pipeline's OpenCL kernels ({len(source) // 1024 + 1} KiB "
                      f"of source) for {self.name}"):
-            program = self._build_program(source)
+            program = self._build_program(program_source(source))
         module = lib.shim_opencl_module_new(ffi.cast("void *", program.int_ptr), source, len(source))
         if module == ffi.NULL:
             raise MemoryError("cannot allocate a kernel module")
@@ -553,6 +553,21 @@ class OpenCLBackend(Backend):
             "options": self._build_options,
             "source sha256": hashlib.sha256(source).hexdigest(),
         }, sort_keys=True)
+
+
+def program_source(source: bytes) -> bytes:
+    """What a program is built from: Halide's ``source`` with an element offset per buffer
+    parameter where the kernel can take one, so that a crop at any offset is launched in place
+    (native_stubs/backends/opencl_prototypes.c; the launches in opencl.c read the original
+    source's prototypes the same way)."""
+    size = ffi.new("size_t *")
+    text = lib.shim_opencl_program_source(source, len(source), size)
+    if text == ffi.NULL:
+        raise MemoryError("cannot rewrite a pipeline's OpenCL source")
+    try:
+        return ffi.unpack(text, size[0])
+    finally:
+        lib.shim_opencl_free_source(text)
 
 
 def _rectangles(plan: CopyPlan):

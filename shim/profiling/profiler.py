@@ -65,7 +65,9 @@ class Record:
     Other fields: ``backend`` (a device kind), ``buffer`` (a BufferInfo), ``bytes`` moved,
     ``result`` (Halide's return code), ``parent`` (the id of the record it ran inside),
     ``call`` (the id of the pipeline call it belongs to), ``launch`` (a kernel's launch
-    geometry), ``device_track``, ``device_start_ns`` and ``device_ns`` (device timing).
+    geometry; on OpenCL also "staged", the number of buffers staged around the kernel: crops it
+    could take neither in place nor at an offset), ``device_track``, ``device_start_ns`` and
+    ``device_ns`` (device timing).
 
     - ``stages``: a pipeline call of a build with Halide's profiler (``-profile``): that call's
       per-Func figures, a shim.profiling.halide_profiler.CallStages (None where Halide recorded
@@ -581,10 +583,12 @@ def shim_py_profile_launch_begin(user_context, launch):
 
 
 @ffi.def_extern()
-def shim_py_profile_launch_end(token, result):
+def shim_py_profile_launch_end(token, result, staged):
     entry = _launches.pop(token, None)
     if entry is None:
         return
     profile, record = entry
+    if staged >= 0:  # (a backend that reports it: OpenCL)
+        record.launch["staged"] = staged
     _mark_after(profile, record)
     profile._end(record, result)

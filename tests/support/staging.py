@@ -22,9 +22,12 @@ from shim.pipelines.build import TARGETS
 SENTINEL = -7
 
 
-def build_doubling(directory: Path, dims: int, kind: str) -> Path:
+def build_doubling(directory: Path, dims: int, kind: str, vector_casts: bool = False) -> Path:
     """The pipeline of ``dims`` dimensions, for device kind ``kind`` (no runtime), in
-    ``directory``."""
+    ``directory``. ``vector_casts``: x vectorized by 4 in tiles of 16 x 4, with every buffer's
+    x from 0 and its rows a multiple of 4 elements apart, so that Halide proves the vectors
+    aligned and reads and writes them through pointers cast to int4 (extents must be
+    multiples of 16 and 4)."""
     import halide as hl
 
     coords = [hl.Var(f"d{i}") for i in range(dims)]
@@ -32,8 +35,18 @@ def build_doubling(directory: Path, dims: int, kind: str) -> Path:
     out = hl.Func("out")
     out[coords] = source[coords] * 2 + 1
     xo, yo, xi, yi = hl.vars("xo yo xi yi")
-    out.gpu_tile(coords[0], coords[1], xo, yo, xi, yi, 4, 4, hl.TailStrategy.GuardWithIf)
-    name = f"doubling{dims}_{kind}"
+    if vector_casts:
+        out.gpu_tile(coords[0], coords[1], xo, yo, xi, yi, 16, 4,
+                     hl.TailStrategy.RoundUp).vectorize(xi, 4)
+        for buffer in (out.output_buffer(), source):
+            buffer.dim(0).set_min(0)
+            buffer.dim(1).set_stride(buffer.dim(1).stride() // 4 * 4)
+        output = out.output_buffer()
+        output.dim(0).set_extent(output.dim(0).extent() // 16 * 16)
+        output.dim(1).set_extent(output.dim(1).extent() // 4 * 4)
+    else:
+        out.gpu_tile(coords[0], coords[1], xo, yo, xi, yi, 4, 4, hl.TailStrategy.GuardWithIf)
+    name = f"doubling{dims}_{kind}{'_vector' if vector_casts else ''}"
     obj, library = directory / f"{name}.o", directory / f"{name}.so"
     out.compile_to({hl.OutputFileType.object: str(obj)}, [source], name,
                    hl.Target(f"{TARGETS[kind]}-no_runtime"))
@@ -95,7 +108,7 @@ OUTPUTS = {"its twin, staged": (1, False), "an aligned crop, in place": (32, Fal
            "the same crop": (1, True)}
 
 
-def check_input_not_copied_back(double, device, output: str) -> None:
+def check_input_not_copied_back(double, device, output: str, width: int = 40) -> None:
     """The 2-D pipeline reads a misaligned crop and writes the same elements, or some of
     them: through a second crop at the same place (staged too, and the kernel's first buffer:
     copied back before the input would be), or through a crop at an aligned place (bound in
@@ -106,13 +119,13 @@ def check_input_not_copied_back(double, device, output: str) -> None:
     data = np.arange(8 * 80, dtype=np.int32).reshape(8, 80)
     parent = shim.Buffer(data.copy())
     parent.copy_to_device(device)
-    source = parent.cropped([(1, 40), (0, 8)])  # (columns 1 to 40: past 32)
-    out = source if same else parent.cropped([(x, 40), (0, 8)])
+    source = parent.cropped([(1, width), (0, 8)])  # (columns from 1: past 32)
+    out = source if same else parent.cropped([(x, width), (0, 8)])
     for crop in {id(source): source, id(out): out}.values():
         crop.set_min([0, 0])  # (one coordinate space for both)
     # (x = 1: staged on every device that aligns to more than an int32; x = 32, 128 bytes: in
     # place on lavapipe's 16 and PoCL's 128, staged as its twin where a device aligns to more)
     double(source, out)
     expected = data.copy()
-    expected[:, x:x + 40] = data[:, 1:41] * 2 + 1
+    expected[:, x:x + width] = data[:, 1:width + 1] * 2 + 1
     np.testing.assert_array_equal(device_contents(parent), expected)
