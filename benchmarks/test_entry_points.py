@@ -14,14 +14,6 @@ import entry_points
 ROWS = [row for kind in entry_points.BACKENDS for row in entry_points.device_rows(kind)] + \
     entry_points.other_rows()
 
-# A halide_device_crop of a shared family's member (a shim.Buffer crop) into a bare struct,
-# then halide_device_release_crop of that struct: the release fails with a KeyError from
-# shim/memory/families.py member_of (the crop's struct is not a member of the family), and the
-# struct keeps its device field. Strict: the row passes once that is fixed, and this must go.
-KNOWN_FAILURES = {f"{kind} | device_crop + device_release_crop | of a member of a shared family"
-                  for kind in entry_points.BACKENDS}
-
-
 @pytest.fixture(scope="module")
 def table():
     lines = []
@@ -53,10 +45,7 @@ def ordered(table):
             + [r for r in rows if r.op == "device_release"])
 
 
-@pytest.mark.parametrize("key", [pytest.param(row.key, marks=pytest.mark.xfail(
-    strict=True, reason="halide_device_release_crop of a crop of a shared family's member "
-                        "fails (KeyError in families.member_of)")) if row.key in KNOWN_FAILURES
-    else row.key for row in ROWS])
+@pytest.mark.parametrize("key", [row.key for row in ROWS])
 def test_both_runtimes_measured(table, key):
     backend = key.split(" | ")[0]
     if backend in table["skipped"]:
