@@ -22,16 +22,14 @@ bundled and built with no_runtime. us per call, min (median) of R samples of one
 from __future__ import annotations
 
 import argparse
-import hashlib
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-from sidebyside import ChildProcess, interleave, serve
+from sidebyside import ChildProcess, built_once, interleave, serve
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -48,16 +46,7 @@ def libraries() -> Path:
     """The folder of the schedules' libraries, built once per build script and Halide version."""
     from test_thread_pool import BUILD, ROWS_C  # (the generators the tests build)
 
-    version = subprocess.run([sys.executable, "-c", "from importlib import metadata; "
-                              "print(metadata.version('halide'))"],
-                             capture_output=True, text=True, check=True).stdout.strip()
-    digest = hashlib.sha256(f"{BUILD}|{ROWS_C}|{version}".encode()).hexdigest()[:12]
-    folder = ROOT / "build" / "benchmarks" / f"copy_stages-{digest}"
-    if not (folder / "async_deadlock5-no_runtime.so").exists():
-        folder.mkdir(parents=True, exist_ok=True)
-        (folder / "rows.c").write_text(ROWS_C)
-        subprocess.run([sys.executable, "-c", BUILD, str(folder)], check=True)
-    return folder
+    return built_once("copy_stages", BUILD, "async_deadlock5-no_runtime.so", {"rows.c": ROWS_C})
 
 
 def library(folder: Path, schedule: int, flavor: str) -> Path:

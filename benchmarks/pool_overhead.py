@@ -21,16 +21,14 @@ T threads (HL_NUM_THREADS, default: the CPUs online) on both sides.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-from sidebyside import ChildProcess, interleave, serve
+from sidebyside import ChildProcess, built_once, interleave, serve
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -89,15 +87,7 @@ link(b, "nested_async")
 
 def libraries() -> Path:
     """The folder of the cases' libraries, built once per build script and Halide version."""
-    version = subprocess.run([sys.executable, "-c", "from importlib import metadata; "
-                              "print(metadata.version('halide'))"],
-                             capture_output=True, text=True, check=True).stdout.strip()
-    digest = hashlib.sha256(f"{BUILD}|{version}".encode()).hexdigest()[:12]
-    folder = ROOT / "build" / "benchmarks" / f"pool_overhead-{digest}"
-    if not (folder / "nested_async.so").exists():
-        folder.mkdir(parents=True, exist_ok=True)
-        subprocess.run([sys.executable, "-c", BUILD, str(folder)], check=True)
-    return folder
+    return built_once("pool_overhead", BUILD, "nested_async.so")
 
 
 def reference(case: str) -> np.ndarray:

@@ -8,10 +8,12 @@ the min and median over the samples.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import statistics
 import subprocess
 import sys
+from pathlib import Path
 
 
 class ChildProcess:
@@ -64,3 +66,22 @@ def interleave(runners: dict, requests: dict, repeats: int, per_sample=lambda re
     progress.finish()
     return {name: {case: {"min": min(v), "median": statistics.median(v)} for case, v in cases.items()}
             for name, cases in samples.items()}
+
+
+def built_once(name: str, build: str, last: str, files: dict[str, str] | None = None) -> Path:
+    """The folder of a benchmark's libraries (build/benchmarks/NAME-DIGEST in the checkout),
+    made by ``build`` (a Python script given the folder) once per script, ``files`` (written
+    into the folder first) and Halide version; ``last``: a file the build makes last."""
+    files = files or {}
+    version = subprocess.run([sys.executable, "-c", "from importlib import metadata; "
+                              "print(metadata.version('halide'))"],
+                             capture_output=True, text=True, check=True).stdout.strip()
+    key = "|".join([build, *files.values(), version])
+    folder = (Path(__file__).resolve().parent.parent / "build" / "benchmarks"
+              / f"{name}-{hashlib.sha256(key.encode()).hexdigest()[:12]}")
+    if not (folder / last).exists():
+        folder.mkdir(parents=True, exist_ok=True)
+        for file, text in files.items():
+            (folder / file).write_text(text)
+        subprocess.run([sys.executable, "-c", build, str(folder)], check=True)
+    return folder
