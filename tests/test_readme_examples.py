@@ -114,6 +114,8 @@ NOT_EXAMPLES = [
     (r"^python3? benchmarks/halide22_kit\.py",
      "the Halide 22 kit: tests/test_halide22_kit.py checks its plumbing"),
     (r"^python3? benchmarks/[a-z_]+\.py", "a benchmark run: minutes, and machine-dependent figures"),
+    (r"^python3? fuzz/run\.py", "a fuzz run: minutes (.ci/run runs it; tests/test_fuzz_regressions.py "
+                                 "replays what fuzzing found)"),
 ]
 
 
