@@ -16,6 +16,8 @@ from shim.buffers.buffer_arguments import zeroed
 from shim.calls.metadata import read_metadata
 from shim.native import ffi
 
+CORPUS = Path(__file__).resolve().parent.parent / "fuzz" / "corpus"
+
 
 def _metadata(name=b"p", target=b"x86-64-linux", arguments=()):
     """A halide_filter_metadata_t of ``arguments`` ((name, kind, dimensions, code, bits) each),
@@ -207,3 +209,27 @@ def test_a_kernel_of_no_name_is_looked_for_in_no_prototype():
     done = subprocess.run([sys.executable, "-c", _EMPTY_NAME], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert "refused:" in done.stdout and "clCreateKernel" in done.stdout, done.stdout
+
+
+_REWRITE = """
+import sys
+from shim.backends.opencl import program_source
+source = open(sys.argv[1], "rb").read().split(b"\\0", 1)[1]
+rewritten = program_source(source)
+print(source.count(b"kernel void"), rewritten.count(b"kernel void"))
+"""
+
+
+def test_a_kernel_declared_inside_anothers_prototype_is_not_rewritten_twice():
+    """fuzz/corpus/opencl_prototypes/regression-kernel-declared-inside-a-prototype: the source
+    rewrite that gives buffers offsets (opencl_prototypes.c) met a kernel declared inside the
+    prototype it had just rewritten and copied the text between them at a negative length
+    (AddressSanitizer: negative-size-param; without it, part of the source copied twice, a
+    kernel declared once more than the source does). In a child, so that a crash is a failure
+    here."""
+    found = CORPUS / "opencl_prototypes" / "regression-kernel-declared-inside-a-prototype"
+    done = subprocess.run([sys.executable, "-c", _REWRITE, str(found)], capture_output=True,
+                          text=True)
+    assert done.returncode == 0, done.stderr
+    kernels, kernels_rewritten = map(int, done.stdout.split())
+    assert kernels_rewritten == kernels == 4

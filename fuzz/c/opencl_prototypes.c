@@ -45,9 +45,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         CHECK(prototype.read_only >> params == 0 && prototype.offset >> params == 0);
     }
     /* The rewrite of the whole source: the source's text is all in it, in order. */
-    size_t size = 0;
-    char *rewritten = shim_cl_rewrite_offsets(source, &size);
-    CHECK(rewritten != NULL && size == strlen(rewritten) && size >= strlen(source));
+    size_t rewritten_size = 0;
+    char *rewritten = shim_cl_rewrite_offsets(source, &rewritten_size);
+    CHECK(rewritten != NULL && rewritten_size == strlen(rewritten) &&
+          rewritten_size >= strlen(source));
     free(rewritten);
     free(name);
     free(source);

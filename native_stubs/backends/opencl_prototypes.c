@@ -421,6 +421,11 @@ char *shim_cl_rewrite_offsets(const char *source, size_t *size) {
     put(&out, "", 0);
     for (const char *name = next_kernel(source, source, &len); k && name;
          name = next_kernel(source, name + len, &len)) {
+        if (name < from) {
+            /* Declared inside the prototype just rewritten (its parameters, or before its '{'):
+             * not OpenCL, which the build refuses; its text is already copied. */
+            continue;
+        }
         read_kernel(name, len, k);
         if (k->prototype.params >= 0 && k->prototype.offset != 0) {
             from = rewrite_kernel(&out, from, k);
