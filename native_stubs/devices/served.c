@@ -25,7 +25,7 @@
  * the same pool (pool.c) with the same rules and counts, a handle of the same layout, the
  * same fields and flags. The one difference is where the record of the allocation is kept:
  * in the handle (the backend's make_handle), not in a Python family. The first time the
- * Python core meets such a handle (a crop of the buffer, a copy, a DLPack export, a free
+ * Python core meets such a handle (a crop C leaves to it, a copy, a DLPack export, a free
  * while profiling), it adopts it (shim_served_adopt, from shim/memory/families.py): the
  * allocation becomes an ordinary family's and is never served here again. A claim is one
  * atomic exchange in the handle, so a served free and an adoption never both take one.
