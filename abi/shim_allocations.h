@@ -65,8 +65,12 @@ void shim_served_transferred(int backend, uint64_t *uploaded, uint64_t *download
 int shim_buffer_device_malloc(struct halide_buffer_t *buf,
                               const struct halide_device_interface_t *interface);
 int shim_buffer_device_free(struct halide_buffer_t *buf);
-/* Take over the served allocation behind `handle`: 1, with its native value, the bytes asked
- * for and the capacity, and the native layer forgets it (the handle stays valid: it is now
- * the caller's, released as any other); 0 if `handle` is not one served and not yet taken. */
+/* Take over the served allocation behind `handle` (its own handle, or a crop or slice of it
+ * made in C): 1, with its native value, the bytes asked for, the capacity and its own handle
+ * (`root`), and the native layer forgets it and its crops (the handles stay valid: they are
+ * now the caller's, released as any other); 0 if `handle` is not one served and not yet taken. */
 int shim_served_adopt(int backend, uint64_t handle, uint64_t *native, uint64_t *nbytes,
-                      uint64_t *capacity);
+                      uint64_t *capacity, uint64_t *root);
+/* After shim_served_adopt gave `root`: the crops of it made in C that were live then, up to
+ * `room` of them (each handle, and its byte offset into the allocation); how many there are. */
+int shim_served_crops(int backend, uint64_t root, uint64_t *handles, uint64_t *offsets, int room);

@@ -23,6 +23,17 @@ const struct halide_device_interface_t *shim_backend_interface(int backend);
 /* The backend whose interface this is, or -1 if the shim does not own it. */
 int shim_backend_of(const struct halide_device_interface_t *device_interface);
 
+/* What native_stubs/devices/served.c keeps in every handle of a served allocation, for the
+ * crops and slices of it made in C: the allocation's own handle (`root`) holds the lock and the
+ * list of its live crops; a crop names its root, its byte offset, and its neighbours. */
+typedef struct shim_served_link {
+    uint32_t lock;
+    uint64_t root;            /* a crop's: the allocation's own handle; 0 in the root */
+    uint64_t offset;          /* a crop's: bytes from the allocation's start to its min element */
+    uint64_t prev, next;      /* the root's live crops, a list through them (the root's next:
+                               * the first) */
+} shim_served_link;
+
 /* OpenCL (native_stubs/backends/opencl.c). A device handle points to one of these; the first two
  * fields are Halide's own handle layout. */
 typedef struct shim_cl_staging shim_cl_staging;
@@ -41,6 +52,7 @@ typedef struct shim_cl_handle {
      * image where the buffer is the image's own (offset 0, as many dimensions); any other crop
      * or slice is staged into an image of its own around each launch. 0 for a buffer. */
     uint32_t image_dims;
+    shim_served_link link;
 } shim_cl_handle;
 
 typedef struct shim_cl_module shim_cl_module;
@@ -59,6 +71,9 @@ void shim_opencl_handle_release(shim_cl_handle *handle);
 /* Serve the pipelines' own allocations in C (native_stubs/devices/served.c), from `pool`,
  * which must live as long as the process. */
 void shim_opencl_serve_allocations(shim_pool *pool);
+/* The device's base address alignment in bytes (CL_DEVICE_MEM_BASE_ADDR_ALIGN / 8): a crop at
+ * a nonzero multiple of it gets a sub-buffer, which only the Python backend makes. */
+void shim_opencl_set_alignment(uint64_t alignment);
 /* A reference of the caller's own to a cl_mem (clRetainMemObject): what the pool holds. */
 void shim_opencl_retain(uint64_t mem);
 /* Give one reference back (clReleaseMemObject). */
@@ -92,6 +107,7 @@ typedef struct shim_vk_handle {
     uint32_t served;
     uint32_t native_made;  /* made by the native layer: shim_vk_handle_release frees it */
     uint64_t nbytes, capacity;  /* a served allocation's: asked for, and held */
+    shim_served_link link;
 } shim_vk_handle;
 /* Names of the machine's Vulkan devices, each ending in a newline, into `names` (a probe that
  * makes an instance and no device); the number of devices, or -1 with the reason in `names`. */

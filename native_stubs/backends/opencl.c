@@ -447,9 +447,44 @@ static int read_allocation(uint64_t native, void *host, uint64_t nbytes) {
     return err != 0 ? err : finished;
 }
 
+static shim_served_link *served_link(uint64_t handle) {
+    return &((shim_cl_handle *)(uintptr_t)handle)->link;
+}
+
+static uint64_t alignment; /* the device's base address alignment in bytes; 0 until bound */
+
+void shim_opencl_set_alignment(uint64_t bytes) {
+    __atomic_store_n(&alignment, bytes, __ATOMIC_RELEASE);
+}
+
+/* A crop's handle as the Python backend's handle() makes it: at offset 0 the kernels get the
+ * allocation itself; at a misaligned offset no launch_mem (the kernel's element offset binds it
+ * in place, or the launch stages it). A nonzero aligned offset gets a sub-buffer, which only
+ * the Python backend makes (pyopencl keeps it, released with the handle). */
+static uint64_t make_crop_handle(uint64_t native, uint64_t offset) {
+    uint64_t align = __atomic_load_n(&alignment, __ATOMIC_ACQUIRE);
+    if (offset != 0 && (align == 0 || offset % align == 0)) {
+        return 0;
+    }
+    shim_cl_handle *handle = calloc(1, sizeof *handle);
+    if (handle == NULL) {
+        return 0;
+    }
+    handle->offset = offset;
+    handle->mem = (cl_mem)(uintptr_t)native;
+    handle->launch_mem = offset == 0 ? handle->mem : NULL;
+    handle->native_made = 1;
+    return (uint64_t)(uintptr_t)handle;
+}
+
+static int sync_queue(void) {
+    return cl.finish(__atomic_load_n(&cl.queue, __ATOMIC_ACQUIRE));
+}
+
 static const shim_allocator allocator = {
     driver_usable, create_allocation, shim_opencl_release, make_served_handle, claim_served,
-    release_served_handle, served_native, write_allocation, read_allocation,
+    release_served_handle, served_native, write_allocation, read_allocation, served_link,
+    make_crop_handle, sync_queue,
 };
 
 void shim_opencl_serve_allocations(shim_pool *pool) {

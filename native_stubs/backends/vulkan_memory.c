@@ -711,9 +711,28 @@ static int read_allocation(uint64_t native, void *host, uint64_t nbytes) {
                     0, NULL, 0);
 }
 
+static shim_served_link *served_link(uint64_t handle) {
+    return &((shim_vk_handle *)(uintptr_t)handle)->link;
+}
+
+/* A crop's handle as the Python backend's handle() makes it: the allocation's buffer and the
+ * crop's offset, which launches bind (or stage) as they do any crop's. */
+static uint64_t make_crop_handle(uint64_t native, uint64_t offset) {
+    shim_vk_handle *handle = calloc(1, sizeof *handle);
+    if (handle == NULL) {
+        return 0;
+    }
+    handle->memory = (shim_vk_memory *)(uintptr_t)native;
+    handle->buffer = handle->memory->buffer;
+    handle->offset = offset;
+    handle->native_made = 1;
+    return (uint64_t)(uintptr_t)handle;
+}
+
 static const shim_allocator allocator = {
     driver_usable, create_allocation, release_allocation, make_served_handle, claim_served,
-    release_served_handle, served_native, write_allocation, read_allocation,
+    release_served_handle, served_native, write_allocation, read_allocation, served_link,
+    make_crop_handle, shim_vk_sync,
 };
 
 void shim_vk_serve_allocations(shim_pool *pool) {

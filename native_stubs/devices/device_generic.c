@@ -438,6 +438,20 @@ int halide_device_sync(void *user_context, struct halide_buffer_t *buf) {
         return halide_error_no_device_interface(user_context);
     }
     if (shim_owns_interface(interface)) {
+        int backend = shim_backend_of(interface);
+        if (backend == SHIM_BACKEND_HOST || backend == SHIM_BACKEND_PROXY) {
+            /* The Python core's sync of these waits for nothing (runtime.py's device_sync: a
+             * crop's proxy has no device; the host device runs every copy to completion, and
+             * its Backend.sync is the base class's, which does nothing). */
+            return NOOP(DEVICE_SYNC);
+        }
+        /* A backend with one in-order queue waits for it in C, as its Python sync() does
+         * (clFinish, vkQueueWaitIdle: what served.c's allocator says); the others, and a
+         * wait that fails (reported there), go to the Python core. */
+        result = shim_served_sync(backend);
+        if (result != SHIM_NOT_SERVED) {
+            return result;
+        }
         return interface->impl->device_sync(user_context, buf);
     }
     return FOREIGN_CALL(DEVICE_SYNC, interface, halide_error_code_device_sync_failed,
@@ -587,6 +601,11 @@ int halide_device_crop(void *user_context, const struct halide_buffer_t *src,
     const struct halide_device_interface_t *interface = interface_of(src);
     if (!shim_owns_interface(interface)) {
         shim_decided(SHIM_FN_DEVICE_CROP, SHIM_OUTCOME_FOREIGN, 0);
+    } else {
+        result = shim_served_crop(src, dst, -1, 0, shim_backend_of(interface), interface);
+        if (result != SHIM_NOT_SERVED) {
+            return result;
+        }
     }
     interface->impl->use_module();
     return interface->impl->device_crop(user_context, src, dst);
@@ -608,6 +627,12 @@ int halide_device_slice(void *user_context, const struct halide_buffer_t *src, i
     const struct halide_device_interface_t *interface = interface_of(src);
     if (!shim_owns_interface(interface)) {
         shim_decided(SHIM_FN_DEVICE_SLICE, SHIM_OUTCOME_FOREIGN, 0);
+    } else if (slice_dim >= 0 && slice_dim < src->dimensions) {
+        result = shim_served_crop(src, dst, slice_dim, slice_pos, shim_backend_of(interface),
+                                  interface);
+        if (result != SHIM_NOT_SERVED) {
+            return result;
+        }
     }
     interface->impl->use_module();
     return interface->impl->device_slice(user_context, src, slice_dim, slice_pos, dst);
@@ -622,6 +647,10 @@ int halide_device_release_crop(void *user_context, struct halide_buffer_t *buf) 
     }
     const struct halide_device_interface_t *interface = interface_of(buf);
     if (shim_owns_interface(interface)) {
+        int result = shim_served_release_crop(buf, shim_backend_of(interface));
+        if (result != SHIM_NOT_SERVED) {
+            return result;
+        }
         return interface->impl->device_release_crop(user_context, buf);
     }
     shim_decided(SHIM_FN_DEVICE_RELEASE_CROP, SHIM_OUTCOME_FOREIGN, 0);

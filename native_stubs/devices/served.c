@@ -25,7 +25,7 @@
  * the same pool (pool.c) with the same rules and counts, a handle of the same layout, the
  * same fields and flags. The one difference is where the record of the allocation is kept:
  * in the handle (the backend's make_handle), not in a Python family. The first time the
- * Python core meets such a handle (a crop of the buffer, a copy, a DLPack export, a free
+ * Python core meets such a handle (a crop C leaves to it, a copy, a DLPack export, a free
  * while profiling), it adopts it (shim_served_adopt, from shim/memory/families.py): the
  * allocation becomes an ordinary family's and is never served here again. A claim is one
  * atomic exchange in the handle, so a served free and an adoption never both take one.
@@ -40,6 +40,8 @@
  * allocations unreferenced. Only a program allocating one struct from two threads at once
  * could see it.)
  */
+#include <sched.h>
+
 #include "shim_native.h"
 #include "devices/device_store.h"
 #include "devices/served.h"
@@ -93,6 +95,27 @@ void shim_served_transferred(int backend, uint64_t *uploaded, uint64_t *download
     bool known = backend >= 0 && backend < SHIM_BACKEND_COUNT;
     *uploaded = known ? __atomic_load_n(&backends[backend].uploaded, __ATOMIC_RELAXED) : 0;
     *downloaded = known ? __atomic_load_n(&backends[backend].downloaded, __ATOMIC_RELAXED) : 0;
+}
+
+/* The locks of the served allocations' lists of crops (see "crops and slices" below): one of
+ * these stripes per allocation, by the address of its own handle. Global and never freed, so
+ * that a thread holding only a crop can take its allocation's lock, then check that the crop
+ * still names that allocation, with no handle freed under it meanwhile. */
+enum { CROP_STRIPES = 64 };
+static uint32_t crop_stripes[CROP_STRIPES];
+
+static uint32_t *stripe_of(uint64_t root) {
+    return &crop_stripes[(root >> 6) % CROP_STRIPES];
+}
+
+static void stripe_lock(uint32_t *stripe) {
+    while (__atomic_exchange_n(stripe, 1, __ATOMIC_ACQUIRE)) {
+        sched_yield();
+    }
+}
+
+static void stripe_unlock(uint32_t *stripe) {
+    __atomic_store_n(stripe, 0, __ATOMIC_RELEASE);
 }
 
 static void count_live(served_backend *b, int64_t count, int64_t capacity) {
@@ -257,8 +280,14 @@ static int free_step(void *context) {
     }
     served_backend *b = &backends[c->backend];
     uint64_t native, nbytes, capacity;
-    if (!a->claim(handle, &native, &nbytes, &capacity)) {
-        return SHIM_NOT_SERVED; /* made by the Python core, or adopted by it */
+    /* An allocation with crops made in C stays while they live: the Python core, which drops
+     * the handle and keeps the memory for the crops (families.py's drop_handle), takes it. */
+    uint32_t *stripe = stripe_of(handle);
+    stripe_lock(stripe);
+    bool claimed = a->link(handle)->next == 0 && a->claim(handle, &native, &nbytes, &capacity);
+    stripe_unlock(stripe);
+    if (!claimed) {
+        return SHIM_NOT_SERVED; /* made by the Python core, adopted by it, or cropped */
     }
     shim_device_store(buf, 0, NULL);
     shim_flags_clear(buf, halide_buffer_flag_device_dirty);
@@ -292,18 +321,64 @@ int shim_served_buffer_free(struct halide_buffer_t *buf, int backend,
     return serve_free(&c, SHIM_FAMILY_IDLE);
 }
 
+/* The allocation's own handle that `handle` (live, of this allocator's backend) belongs to,
+ * with its stripe taken: `handle` itself unless it is a crop made here. */
+static uint64_t lock_root(const shim_allocator *a, uint64_t handle, uint32_t **stripe) {
+    for (;;) {
+        uint64_t root = __atomic_load_n(&a->link(handle)->root, __ATOMIC_ACQUIRE);
+        root = root != 0 ? root : handle;
+        *stripe = stripe_of(root);
+        stripe_lock(*stripe);
+        uint64_t now = __atomic_load_n(&a->link(handle)->root, __ATOMIC_ACQUIRE);
+        if ((now != 0 ? now : handle) == root) {
+            return root; /* (an adoption, which clears a crop's root, takes the same stripe) */
+        }
+        stripe_unlock(*stripe);
+    }
+}
+
 int shim_served_adopt(int backend, uint64_t handle, uint64_t *native, uint64_t *nbytes,
-                      uint64_t *capacity) {
+                      uint64_t *capacity, uint64_t *root) {
     if (backend < 0 || backend >= SHIM_BACKEND_COUNT || handle == 0) {
         return 0;
     }
     served_backend *b = &backends[backend];
     const shim_allocator *a = __atomic_load_n(&b->allocator, __ATOMIC_ACQUIRE);
-    if (a == NULL || !a->claim(handle, native, nbytes, capacity)) {
+    if (a == NULL) {
+        return 0;
+    }
+    uint32_t *stripe;
+    *root = lock_root(a, handle, &stripe);
+    bool claimed = a->claim(*root, native, nbytes, capacity);
+    if (claimed) {
+        /* Its crops become the caller's too: no longer this file's (their list stays, frozen,
+         * for shim_served_crops). */
+        for (uint64_t crop = a->link(*root)->next; crop != 0; crop = a->link(crop)->next) {
+            __atomic_store_n(&a->link(crop)->root, 0, __ATOMIC_RELEASE);
+        }
+    }
+    stripe_unlock(stripe);
+    if (!claimed) {
         return 0;
     }
     count_live(b, -1, (int64_t)*capacity);
     return 1;
+}
+
+int shim_served_crops(int backend, uint64_t root, uint64_t *handles, uint64_t *offsets,
+                      int room) {
+    const shim_allocator *a = backend < 0 || backend >= SHIM_BACKEND_COUNT
+                                  ? NULL
+                                  : __atomic_load_n(&backends[backend].allocator, __ATOMIC_ACQUIRE);
+    int count = 0;
+    for (uint64_t crop = a == NULL ? 0 : a->link(root)->next; crop != 0;
+         crop = a->link(crop)->next, count++) {
+        if (count < room) {
+            handles[count] = crop;
+            offsets[count] = a->link(crop)->offset;
+        }
+    }
+    return count;
 }
 
 /* --- copies ---------------------------------------------------------------------------------
@@ -416,4 +491,139 @@ int shim_served_copy_to_host(void *user_context, struct halide_buffer_t *buf, in
         return SHIM_NOT_SERVED;
     }
     return run_served(&c, SHIM_FAMILY_COPY, copy_step);
+}
+
+
+/* --- crops and slices -------------------------------------------------------------------------
+ *
+ * halide_device_crop and halide_device_slice of a served allocation (or of a crop of one made
+ * here), and halide_device_release_crop of such a crop. The Python core (shim/core/runtime.py's
+ * _crop_into and device_release_crop, for a struct with no shim.Buffer) adopts the allocation,
+ * asks the backend for a handle at the crop's byte offset, and counts it in the family's
+ * handles, so that the memory stays while any handle into it does. Here the same handle is made
+ * (the backend's make_crop, which declines where only its Python side can make one), the
+ * crop's byte offset computed as regions.py's Layout.offset_of does, and the counting is the
+ * allocation's list of live crops: its own handle is not freed here while the list has any
+ * (free_step), and an adoption takes the list with it (the Python core then counts each
+ * crop's handle in the family, families.py's _adopted). Each change of a list, a served free's
+ * claim and an adoption happen with the allocation's stripe taken, so a crop is either in the
+ * list when the allocation is adopted, or made after it and refused (the allocation no longer
+ * marked served). A shim.Buffer's struct and a shared family's member stay with the Python
+ * core, whose family lock they need. Crops change no memory: they are served while profiling
+ * too (counted as served; served.c's allocations are not, as a profile sees each one). */
+
+/* The allocator for a crop, sync or release on `backend`, profiling or not. */
+static const shim_allocator *cropping(int backend) {
+    if (backend < 0 || backend >= SHIM_BACKEND_COUNT) {
+        return NULL;
+    }
+    served_backend *b = &backends[backend];
+    const shim_allocator *a = __atomic_load_n(&b->allocator, __ATOMIC_ACQUIRE);
+    if (a == NULL || __atomic_load_n(&b->off, __ATOMIC_ACQUIRE) || !a->usable()) {
+        return NULL;
+    }
+    return a;
+}
+
+static bool bare(const halide_buffer_t *buf) {
+    return !(shim_flags_load(buf) & (SHIM_BUFFER_FLAG_PYTHON | SHIM_BUFFER_FLAG_REGIONS));
+}
+
+/* Byte offset of the element at `coords` from the min element of `buf` (Layout.offset_of);
+ * false where it overflows. */
+static bool offset_of(const halide_buffer_t *buf, const int64_t *coords, int64_t *offset) {
+    int64_t elem = (buf->type.bits + 7) / 8, sum = 0, term;
+    for (int i = 0; i < buf->dimensions; i++) {
+        if (__builtin_mul_overflow(coords[i] - buf->dim[i].min, buf->dim[i].stride, &term) ||
+            __builtin_mul_overflow(term, elem, &term) || __builtin_add_overflow(sum, term, &sum)) {
+            return false;
+        }
+    }
+    *offset = sum;
+    return true;
+}
+
+int shim_served_crop(const struct halide_buffer_t *src, struct halide_buffer_t *dst, int slice_dim,
+                     int slice_pos, int backend, const struct halide_device_interface_t *interface) {
+    const shim_allocator *a = cropping(backend);
+    uint64_t handle = shim_device_load(src), nbytes;
+    if (a == NULL || handle == 0 || src->dimensions > 16 || !bare(src) || !bare(dst) ||
+        __atomic_load_n(&src->device_interface, __ATOMIC_ACQUIRE) != interface ||
+        !shim_buffer_span(dst, &nbytes)) {
+        return SHIM_NOT_SERVED; /* (an empty or negatively strided crop: the Python core reports) */
+    }
+    /* The crop's min element in the source's coordinates (runtime.py's device_crop and
+     * device_slice). */
+    int64_t coords[16];
+    for (int i = 0, j = 0; i < src->dimensions; i++) {
+        coords[i] = i == slice_dim ? slice_pos : dst->dim[j++].min;
+    }
+    int64_t within;
+    if (!offset_of(src, coords, &within)) {
+        return SHIM_NOT_SERVED;
+    }
+    uint32_t *stripe;
+    uint64_t root = lock_root(a, handle, &stripe);
+    uint64_t native, offset = root == handle ? 0 : a->link(handle)->offset;
+    uint64_t crop = 0;
+    if (a->served(root, &native) && (within >= 0 || offset >= (uint64_t)-within)) {
+        crop = a->make_crop(native, offset + (uint64_t)within);
+    }
+    if (crop != 0) {
+        shim_served_link *l = a->link(crop), *r = a->link(root);
+        l->offset = offset + (uint64_t)within;
+        l->prev = root;
+        l->next = r->next;
+        if (r->next != 0) {
+            a->link(r->next)->prev = crop;
+        }
+        r->next = crop;
+        __atomic_store_n(&l->root, root, __ATOMIC_RELEASE);
+    }
+    stripe_unlock(stripe);
+    if (crop == 0) {
+        return SHIM_NOT_SERVED;
+    }
+    shim_device_store(dst, crop, interface);
+    return shim_decided(slice_dim < 0 ? SHIM_FN_DEVICE_CROP : SHIM_FN_DEVICE_SLICE,
+                        SHIM_OUTCOME_SERVED, halide_error_code_success);
+}
+
+int shim_served_release_crop(struct halide_buffer_t *buf, int backend) {
+    const shim_allocator *a = cropping(backend);
+    uint64_t handle = shim_device_load(buf);
+    if (a == NULL || handle == 0 || !bare(buf) ||
+        __atomic_load_n(&a->link(handle)->root, __ATOMIC_ACQUIRE) == 0) {
+        return SHIM_NOT_SERVED; /* not a crop made here, or one adopted by the Python core */
+    }
+    uint32_t *stripe;
+    uint64_t root = lock_root(a, handle, &stripe);
+    bool ours = root != handle;
+    if (ours) { /* out of the list; its allocation's handle stays, and with it the memory */
+        shim_served_link *l = a->link(handle);
+        if (l->prev == root) {
+            a->link(root)->next = l->next;
+        } else {
+            a->link(l->prev)->next = l->next;
+        }
+        if (l->next != 0) {
+            a->link(l->next)->prev = l->prev;
+        }
+    }
+    stripe_unlock(stripe);
+    if (!ours) {
+        return SHIM_NOT_SERVED; /* adopted meanwhile */
+    }
+    shim_device_store(buf, 0, NULL); /* (the flags stay, as runtime.py's _drop_device leaves them) */
+    a->release_handle(handle);
+    return shim_decided(SHIM_FN_DEVICE_RELEASE_CROP, SHIM_OUTCOME_SERVED,
+                        halide_error_code_success);
+}
+
+int shim_served_sync(int backend) {
+    const shim_allocator *a = cropping(backend);
+    if (a == NULL || a->sync() != 0) {
+        return SHIM_NOT_SERVED;
+    }
+    return shim_decided(SHIM_FN_DEVICE_SYNC, SHIM_OUTCOME_SERVED, halide_error_code_success);
 }

@@ -30,6 +30,15 @@ typedef struct {
      * the bytes are there, else the driver's code. */
     int (*write)(uint64_t native, const void *host, uint64_t nbytes);
     int (*read)(uint64_t native, void *host, uint64_t nbytes);
+    /* The served.c link inside a handle of this backend (any handle of its interface). */
+    shim_served_link *(*link)(uint64_t handle);
+    /* A handle whose min element is `offset` bytes into `native`, as the Python backend's
+     * handle() makes one for a crop (never marked served); 0 where only the Python backend can
+     * make it, or out of memory. Freed with release_handle. */
+    uint64_t (*make_crop)(uint64_t native, uint64_t offset);
+    /* halide_device_sync: wait for all the device's queued work, as the Python backend's
+     * sync(); 0 once done, else the driver's code (the Python core then tries, and reports). */
+    int (*sync)(void);
 } shim_allocator;
 
 /* A served handle's mark (a backend handle's `served` field, abi/shim_backends.h), which every
@@ -66,6 +75,13 @@ int shim_served_free(void *user_context, struct halide_buffer_t *buf, int backen
 int shim_served_copy_to_device(void *user_context, struct halide_buffer_t *buf, int backend,
                                const struct halide_device_interface_t *interface);
 int shim_served_copy_to_host(void *user_context, struct halide_buffer_t *buf, int backend);
+/* halide_device_crop (slice_dim -1) and halide_device_slice (slice_dim a dimension of `src`)
+ * of a served allocation, or of a crop of one made here, into `dst` (checked by the caller: no
+ * device memory, dimensions that fit); halide_device_release_crop of such a crop; halide_device_sync. */
+int shim_served_crop(const struct halide_buffer_t *src, struct halide_buffer_t *dst, int slice_dim,
+                     int slice_pos, int backend, const struct halide_device_interface_t *interface);
+int shim_served_release_crop(struct halide_buffer_t *buf, int backend);
+int shim_served_sync(int backend);
 /* Buffer.device_malloc and device_free of a shim.Buffer's struct (device_generic.c's
  * shim_buffer_device_malloc and shim_buffer_device_free). */
 int shim_served_buffer_malloc(struct halide_buffer_t *buf, int backend,

@@ -244,10 +244,11 @@ class Backend(ABC):
     #: adopt_served.
     serves_allocations = False
 
-    def adopt_served(self, native: int, nbytes: int, capacity: int, handle: int) -> Memory:
+    def adopt_served(self, native: int, nbytes: int, capacity: int, handles: list) -> Memory:
         """The Memory of a served allocation the Python core takes over (its native value,
-        the bytes asked for, its capacity, and the one handle into it, which stays valid):
-        live from now on, as if ``allocate`` had made it."""
+        the bytes asked for, its capacity, and the handles into it the native layer made, its
+        own and its crops', which stay valid): live from now on, as if ``allocate`` had made
+        it and ``handle`` the handles."""
         raise NotImplementedError(f"the {self.kind} backend serves no allocations natively")
 
     def release_unused(self) -> int:

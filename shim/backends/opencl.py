@@ -201,6 +201,7 @@ class OpenCLBackend(Backend):
             raise DeviceUnavailable(f"cannot bind kernel launches to {loader} (status {status})")
         # Pipelines' own allocations are served in C from this backend's pool (which lives as
         # long as the process: the backend registry keeps every backend).
+        lib.shim_opencl_set_alignment(self.alignment)  # (crops made in C: served.c)
         lib.shim_opencl_serve_allocations(self._pool.native)
         self.serves_allocations = True
         self.transfers.served = self.index
@@ -352,11 +353,13 @@ class OpenCLBackend(Backend):
     def out_of_pool(self, native: int, capacity: int) -> OpenCLMemory:
         return OpenCLMemory(_cl().Buffer.from_int_ptr(native, retain=False), capacity)
 
-    def adopt_served(self, native: int, nbytes: int, capacity: int, handle: int) -> OpenCLMemory:
+    def adopt_served(self, native: int, nbytes: int, capacity: int, handles: list) -> OpenCLMemory:
         memory = self.out_of_pool(native, capacity)
         memory.nbytes = nbytes
-        # The handle the native layer made (shim_opencl_handle_release frees it).
-        memory.handles[handle] = (ffi.cast("shim_cl_handle *", handle), None)
+        # The handles the native layer made (shim_opencl_handle_release frees them; it made
+        # no sub-buffer).
+        for handle in handles:
+            memory.handles[handle] = (ffi.cast("shim_cl_handle *", handle), None)
         self._live[id(memory)] = memory
         return memory
 

@@ -160,11 +160,12 @@ class VulkanBackend(Backend):
     def out_of_pool(self, native: int, capacity: int) -> VulkanMemory:
         return VulkanMemory(ffi.cast("shim_vk_memory *", native), capacity)
 
-    def adopt_served(self, native: int, nbytes: int, capacity: int, handle: int) -> VulkanMemory:
+    def adopt_served(self, native: int, nbytes: int, capacity: int, handles: list) -> VulkanMemory:
         memory = self.out_of_pool(native, capacity)
         memory.nbytes = nbytes
-        # The handle the native layer made (shim_vk_handle_release frees it).
-        memory.handles[handle] = ffi.cast("shim_vk_handle *", handle)
+        # The handles the native layer made (shim_vk_handle_release frees them).
+        for handle in handles:
+            memory.handles[handle] = ffi.cast("shim_vk_handle *", handle)
         self._live[id(memory)] = memory
         return memory
 

@@ -411,15 +411,29 @@ def _adopted(index: int, interface, handle: int, into: Family | None = None) -> 
         family = _by_handle.get((index, handle))
         if family is not None or (into is not None and into.memory is not None):
             return family
-        served = ffi.new("uint64_t[3]")  # native, bytes asked for, capacity
-        if not lib.shim_served_adopt(index, handle, served, served + 1, served + 2):
+        served = ffi.new("uint64_t[4]")  # native, bytes asked for, capacity, its own handle
+        if not lib.shim_served_adopt(index, handle, served, served + 1, served + 2, served + 3):
             return None
+        root = served[3]
+        crops = _served_crops(index, root)
         backend = backend_for_interface(interface)
         family = into if into is not None else Family(backend)
         family.backend = backend
-        family.memory = backend.adopt_served(served[0], served[1], served[2], handle)
-        family.add_handle(handle, 0)
+        family.memory = backend.adopt_served(served[0], served[1], served[2],
+                                             [root] + [crop for crop, _ in crops])
+        family.add_handle(root, 0)
+        for crop, offset in crops:  # each carried by one struct, as _crop_into counts it
+            family.add_handle(crop, offset)
         return family
+
+
+def _served_crops(index: int, root: int) -> list[tuple[int, int]]:
+    """(handle, byte offset) of each crop of the adopted allocation ``root`` that the native
+    layer made (its list, frozen by the adoption)."""
+    count = lib.shim_served_crops(index, root, ffi.NULL, ffi.NULL, 0)
+    handles, offsets = ffi.new("uint64_t[]", count), ffi.new("uint64_t[]", count)
+    lib.shim_served_crops(index, root, handles, offsets, count)
+    return list(zip(handles, offsets))
 
 
 def family_of(raw, address: int | None = None) -> Family | None:
