@@ -123,9 +123,9 @@ static void count_live(served_backend *b, int64_t count, int64_t capacity) {
     __atomic_add_fetch(&b->live_bytes, count * capacity, __ATOMIC_RELAXED);
 }
 
-/* The allocator, if this call may be served on `backend` at all. */
-static const shim_allocator *serving(int backend) {
-    if (backend < 0 || backend >= SHIM_BACKEND_COUNT || shim_profile_on()) {
+/* The allocator of `backend`, if it serves at all now. */
+static const shim_allocator *allocator_for(int backend) {
+    if (backend < 0 || backend >= SHIM_BACKEND_COUNT) {
         return NULL;
     }
     served_backend *b = &backends[backend];
@@ -134,6 +134,12 @@ static const shim_allocator *serving(int backend) {
         return NULL;
     }
     return a;
+}
+
+/* The allocator, if this call may be served on `backend` at all: not while profiling, which
+ * sees each allocation and copy. */
+static const shim_allocator *serving(int backend) {
+    return shim_profile_on() ? NULL : allocator_for(backend);
 }
 
 bool shim_buffer_span(const struct halide_buffer_t *buf, uint64_t *span) {
@@ -512,19 +518,6 @@ int shim_served_copy_to_host(void *user_context, struct halide_buffer_t *buf, in
  * core, whose family lock they need. Crops change no memory: they are served while profiling
  * too (counted as served; served.c's allocations are not, as a profile sees each one). */
 
-/* The allocator for a crop, sync or release on `backend`, profiling or not. */
-static const shim_allocator *cropping(int backend) {
-    if (backend < 0 || backend >= SHIM_BACKEND_COUNT) {
-        return NULL;
-    }
-    served_backend *b = &backends[backend];
-    const shim_allocator *a = __atomic_load_n(&b->allocator, __ATOMIC_ACQUIRE);
-    if (a == NULL || __atomic_load_n(&b->off, __ATOMIC_ACQUIRE) || !a->usable()) {
-        return NULL;
-    }
-    return a;
-}
-
 static bool bare(const halide_buffer_t *buf) {
     return !(shim_flags_load(buf) & (SHIM_BUFFER_FLAG_PYTHON | SHIM_BUFFER_FLAG_REGIONS));
 }
@@ -545,7 +538,7 @@ static bool offset_of(const halide_buffer_t *buf, const int64_t *coords, int64_t
 
 int shim_served_crop(const struct halide_buffer_t *src, struct halide_buffer_t *dst, int slice_dim,
                      int slice_pos, int backend, const struct halide_device_interface_t *interface) {
-    const shim_allocator *a = cropping(backend);
+    const shim_allocator *a = allocator_for(backend);
     uint64_t handle = shim_device_load(src), nbytes;
     if (a == NULL || handle == 0 || src->dimensions > 16 || !bare(src) || !bare(dst) ||
         __atomic_load_n(&src->device_interface, __ATOMIC_ACQUIRE) != interface ||
@@ -590,7 +583,7 @@ int shim_served_crop(const struct halide_buffer_t *src, struct halide_buffer_t *
 }
 
 int shim_served_release_crop(struct halide_buffer_t *buf, int backend) {
-    const shim_allocator *a = cropping(backend);
+    const shim_allocator *a = allocator_for(backend);
     uint64_t handle = shim_device_load(buf);
     if (a == NULL || handle == 0 || !bare(buf) ||
         __atomic_load_n(&a->link(handle)->root, __ATOMIC_ACQUIRE) == 0) {
@@ -621,7 +614,7 @@ int shim_served_release_crop(struct halide_buffer_t *buf, int backend) {
 }
 
 int shim_served_sync(int backend) {
-    const shim_allocator *a = cropping(backend);
+    const shim_allocator *a = allocator_for(backend);
     if (a == NULL || a->sync() != 0) {
         return SHIM_NOT_SERVED;
     }
