@@ -15,47 +15,12 @@ import numpy as np
 import pytest
 
 import shim
-
-KDL_CPU, KDL_OPENCL = 1, 4
+from support.dlpack_structs import (DELETER, KDL_CPU, KDL_OPENCL, DLManagedTensor,
+                                    DLManagedTensorVersioned, capsule_new, capsule_valid)
 TIMEOUT = 120  # seconds for a subprocess; a few when nothing goes wrong
 
 
 # --- capsules built by hand ------------------------------------------------------------------
-
-class DLDevice(ctypes.Structure):
-    _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
-
-
-class DLDataType(ctypes.Structure):
-    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
-
-
-class DLTensor(ctypes.Structure):
-    _fields_ = [("data", ctypes.c_void_p), ("device", DLDevice), ("ndim", ctypes.c_int32),
-                ("dtype", DLDataType), ("shape", ctypes.POINTER(ctypes.c_int64)),
-                ("strides", ctypes.POINTER(ctypes.c_int64)), ("byte_offset", ctypes.c_uint64)]
-
-
-DELETER = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
-
-
-class DLManagedTensor(ctypes.Structure):
-    _fields_ = [("dl_tensor", DLTensor), ("manager_ctx", ctypes.c_void_p), ("deleter", DELETER)]
-
-
-class DLPackVersion(ctypes.Structure):
-    _fields_ = [("major", ctypes.c_uint32), ("minor", ctypes.c_uint32)]
-
-
-class DLManagedTensorVersioned(ctypes.Structure):
-    _fields_ = [("version", DLPackVersion), ("manager_ctx", ctypes.c_void_p),
-                ("deleter", DELETER), ("flags", ctypes.c_uint64), ("dl_tensor", DLTensor)]
-
-
-_capsule_new = ctypes.PYFUNCTYPE(ctypes.py_object, ctypes.c_void_p, ctypes.c_char_p,
-                                 ctypes.c_void_p)(("PyCapsule_New", ctypes.pythonapi))
-_capsule_valid = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.py_object, ctypes.c_char_p)(
-    ("PyCapsule_IsValid", ctypes.pythonapi))
 
 
 class Hostile:
@@ -87,7 +52,7 @@ class Hostile:
         tensor.byte_offset = byte_offset
         self.managed = managed
         self.name = name or (b"dltensor_versioned" if versioned else b"dltensor")
-        self.capsule = _capsule_new(ctypes.addressof(managed), self.name, None)
+        self.capsule = capsule_new(ctypes.addressof(managed), self.name, None)
 
     def _delete(self, _):
         self.deleted += 1
@@ -100,7 +65,7 @@ class Hostile:
 
     @property
     def consumed(self) -> bool:
-        return not _capsule_valid(self.capsule, self.name)
+        return not capsule_valid(self.capsule, self.name)
 
 
 class Raising:

@@ -25,54 +25,22 @@ back through numpy or the shim), or is dropped unconsumed (its destructor is the
 """
 
 import ctypes
+import os
 import gc
+import sys
 
 import numpy as np
 
-from common import PropertyViolated, Reader, check_error, fuzz, quiet, sample_library
+from common import ROOT, PropertyViolated, Reader, check_error, fuzz, quiet, sample_library
 
 import shim
 
-KDL_CPU, KDL_CUDA, KDL_OPENCL, KDL_VULKAN = 1, 2, 4, 7
+sys.path.insert(0, os.path.join(ROOT, "tests"))
+from support.dlpack_structs import (DELETER, KDL_CPU, KDL_CUDA, KDL_OPENCL,  # noqa: E402
+                                    KDL_VULKAN, DLManagedTensor, DLManagedTensorVersioned,
+                                    capsule_new, capsule_pointer, capsule_valid)
 HOST_TYPES = (KDL_CPU, 3, 13)  # CPU, CUDAHost, CUDAManaged: host memory, as DLPack has it
 
-
-class DLDevice(ctypes.Structure):
-    _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
-
-
-class DLDataType(ctypes.Structure):
-    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
-
-
-class DLTensor(ctypes.Structure):
-    _fields_ = [("data", ctypes.c_void_p), ("device", DLDevice), ("ndim", ctypes.c_int32),
-                ("dtype", DLDataType), ("shape", ctypes.POINTER(ctypes.c_int64)),
-                ("strides", ctypes.POINTER(ctypes.c_int64)), ("byte_offset", ctypes.c_uint64)]
-
-
-DELETER = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
-
-
-class DLManagedTensor(ctypes.Structure):
-    _fields_ = [("dl_tensor", DLTensor), ("manager_ctx", ctypes.c_void_p), ("deleter", DELETER)]
-
-
-class DLPackVersion(ctypes.Structure):
-    _fields_ = [("major", ctypes.c_uint32), ("minor", ctypes.c_uint32)]
-
-
-class DLManagedTensorVersioned(ctypes.Structure):
-    _fields_ = [("version", DLPackVersion), ("manager_ctx", ctypes.c_void_p),
-                ("deleter", DELETER), ("flags", ctypes.c_uint64), ("dl_tensor", DLTensor)]
-
-
-_capsule_new = ctypes.PYFUNCTYPE(ctypes.py_object, ctypes.c_void_p, ctypes.c_char_p,
-                                 ctypes.c_void_p)(("PyCapsule_New", ctypes.pythonapi))
-_capsule_valid = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.py_object, ctypes.c_char_p)(
-    ("PyCapsule_IsValid", ctypes.pythonapi))
-_capsule_pointer = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.py_object, ctypes.c_char_p)(
-    ("PyCapsule_GetPointer", ctypes.pythonapi))
 
 HOST = np.arange(4096, dtype=np.uint8) * np.uint8(7)  # the harness's host memory
 DEVICE_BYTES = np.arange(1024, dtype=np.uint8) * np.uint8(13)  # what device memory holds
@@ -97,7 +65,7 @@ def _device_memory():
         except shim.ShimError:
             continue
         managed = DLManagedTensorVersioned.from_address(
-            _capsule_pointer(capsule, b"dltensor_versioned"))
+            capsule_pointer(capsule, b"dltensor_versioned"))
         assert managed.dl_tensor.byte_offset == 0
         memory[dl_type] = managed.dl_tensor.data
         capsules[dl_type] = (buf, capsule)
@@ -167,7 +135,7 @@ class Producer:
             if r.u8() % 8 else (r.u8(), r.u8(), r.u16())
         tensor.byte_offset = _int(r, (0, 0, 0, 1, 4, 16, 1000, 4096, 2**63))
         self.managed = managed
-        self.capsule = _capsule_new(ctypes.addressof(managed), self.name, None)
+        self.capsule = capsule_new(ctypes.addressof(managed), self.name, None)
 
     def _delete(self, _):
         self.deleted += 1
@@ -195,7 +163,7 @@ class Producer:
 
     @property
     def consumed(self) -> bool:
-        return not _capsule_valid(self.capsule, self.name)
+        return not capsule_valid(self.capsule, self.name)
 
     def expected(self):
         """(shape, element strides, dtype) the tensor says, in numpy's terms, or None."""
