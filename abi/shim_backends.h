@@ -72,7 +72,7 @@ void shim_opencl_handle_release(shim_cl_handle *handle);
  * which must live as long as the process. */
 void shim_opencl_serve_allocations(shim_pool *pool);
 /* The device's base address alignment in bytes (CL_DEVICE_MEM_BASE_ADDR_ALIGN / 8): a crop at
- * a nonzero multiple of it gets a sub-buffer, which only the Python backend makes. */
+ * a nonzero multiple of it gets a sub-buffer. */
 void shim_opencl_set_alignment(uint64_t alignment);
 /* A reference of the caller's own to a cl_mem (clRetainMemObject): what the pool holds. */
 void shim_opencl_retain(uint64_t mem);

@@ -360,3 +360,26 @@ def test_buffer_copy_between_a_device_and_host_memory_of_negative_strides(kind, 
         check(lib.halide_buffer_copy(ffi.NULL, src2.raw, interface, dst2.raw))
     assert dst2.device_dirty()
     np.testing.assert_array_equal(dst2.numpy(), data)
+
+
+def test_compute_capability_is_asked_of_python_once(device):
+    """The interface's compute_capability gives the backend's answer; once it has one, later
+    calls are answered in C (the Python core is not entered) with the same answer, except
+    while profiling, when each call reaches the Python core for the profile to see."""
+    from support.served import python_calls_during
+
+    interface = lib.shim_backend_interface(device.index)
+    major, minor = ffi.new("int *"), ffi.new("int *")
+
+    def ask():
+        major[0] = minor[0] = -1
+        assert interface.compute_capability(ffi.NULL, major, minor) == 0
+        return major[0], minor[0]
+
+    assert ask() == device.compute_capability()
+    ran = python_calls_during(ask, "shim.core.runtime")
+    assert "shim.core.runtime.compute_capability" not in ran
+    assert ask() == device.compute_capability()
+    with shim.profile():
+        ran = python_calls_during(ask, "shim.core.runtime")
+    assert "shim.core.runtime.compute_capability" in ran

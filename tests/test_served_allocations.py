@@ -145,6 +145,47 @@ def test_a_stages_copies_never_reach_python(opencl, serve):
     assert served_live() == 0
 
 
+def test_device_and_host_malloc_and_free_never_reach_python(opencl, serve):
+    """halide_device_and_host_malloc and _free of a bare struct, served in C: host memory from
+    halide_malloc of the struct's span and a device allocation, both usable (bytes through the
+    device and back), then both given back with the dirty bits cleared; switched off, the
+    Python core does the same, with the same flags, bytes and pool."""
+    interface = lib.halide_opencl_device_interface()
+    results = []
+    for on in (False, True):  # (the Python core's first free sets the pool's byte bound,
+        serve(on)             # which served frees need: served.c's serve_free)
+        shape = raw_like(np.empty((6, 7), np.int16), mins=(3, -2))
+        raw = shape.raw
+        raw.host = ffi.NULL
+        before = accounting(opencl)
+        seen = {}
+
+        def work():
+            assert lib.halide_device_and_host_malloc(ffi.NULL, raw, interface) == 0
+            assert raw.host != ffi.NULL and raw.device != 0 and raw.flags & DIRTY == 0
+            seen["served"] = served_live()
+            host = np.frombuffer(ffi.buffer(raw.host, 6 * 7 * 2), np.int16)
+            host[:] = np.arange(host.size, dtype=np.int16) * 3
+            raw.flags = lib.halide_buffer_flag_host_dirty
+            assert lib.halide_copy_to_device(ffi.NULL, raw, interface) == 0
+            host[:] = 0
+            raw.flags = lib.halide_buffer_flag_device_dirty
+            assert lib.halide_copy_to_host(ffi.NULL, raw) == 0
+            seen["bytes"] = host.copy()
+            raw.flags = lib.halide_buffer_flag_device_dirty  # (what is dropped with it)
+            assert lib.halide_device_and_host_free(ffi.NULL, raw) == 0
+
+        ran = core_calls_during(work)
+        assert bool(ran & {"device_and_host_malloc", "device_and_host_free"}) is not on, ran
+        assert seen["served"] == (1 if on else 0)
+        assert raw.host == ffi.NULL and raw.device == 0 and raw.device_interface == ffi.NULL
+        assert raw.flags & DIRTY == 0
+        assert accounting(opencl) == before and served_live() == 0
+        results.append(seen["bytes"])
+    np.testing.assert_array_equal(results[0], results[1])
+    np.testing.assert_array_equal(results[0], np.arange(42, dtype=np.int16) * 3)
+
+
 def test_a_buffer_whose_flags_were_assigned_whole_keeps_its_allocation(opencl, serve):
     """Code that assigns a shim.Buffer's struct flags as a whole (``raw.flags = 1``) drops the
     bit that keeps the native layer from serving it: an allocation served then joins the

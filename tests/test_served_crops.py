@@ -24,7 +24,7 @@ import shim
 from shim.memory import families
 from shim.native import ffi, lib
 
-H, W = 6, 40  # int32 rows: crops at misaligned and at zero offsets (aligned ones: Python)
+H, W = 6, 40  # int32 rows of 160 bytes: crops at misaligned, zero and (x 0, y 4) aligned offsets
 HOST_DIRTY = lib.halide_buffer_flag_host_dirty
 DEVICE_DIRTY = lib.halide_buffer_flag_device_dirty
 BACKENDS = {"opencl": lib.SHIM_BACKEND_OPENCL, "vulkan": lib.SHIM_BACKEND_VULKAN}
@@ -275,3 +275,37 @@ def test_freeing_the_parent_while_crops_live_keeps_their_memory(device):
     expected = np.zeros((H, W), np.int32)
     expected[2:5, 5:14] = np.arange(H * W, dtype=np.int32).reshape(H, W)[2:5, 5:14]
     np.testing.assert_array_equal(np.frombuffer(results[0][2], np.int32).reshape(H, W), expected)
+
+
+def test_an_aligned_crop_gets_a_sub_buffer_of_its_span_in_c(opencl):
+    """On OpenCL a crop at a nonzero offset aligned to the device's base address alignment is
+    made in C with a sub-buffer (what kernels get) starting at the crop and covering its span,
+    whose bytes are the parent's there; releasing it releases the sub-buffer, and the parent
+    then goes back to the pool in C."""
+    import pyopencl as cl
+
+    device = opencl
+    row = next(y for y in range(1, H) if (y * W * 4) % device.alignment == 0)
+    world = World("opencl", False)
+    world.memory[:] = np.arange(H * W, dtype=np.int32).reshape(H, W)
+    world.parent.flags = HOST_DIRTY
+    assert world.malloc() == 0
+    assert lib.halide_copy_to_device(ffi.NULL, world.parent, world.interface) == 0
+    with shim.profile():
+        crops = served_count(lib.SHIM_FN_DEVICE_CROP)
+        assert world.crop(world.parent, ((0, 8), (row, H - row))) == 0
+        assert served_count(lib.SHIM_FN_DEVICE_CROP) == crops + 1
+    crop = world.live[1]
+    handle = ffi.cast("shim_cl_handle *", crop.device)
+    assert handle.offset == row * W * 4 and handle.launch_mem != ffi.NULL
+    assert handle.launch_mem != handle.mem
+    sub = cl.MemoryObject.from_int_ptr(int(ffi.cast("uintptr_t", handle.launch_mem)), retain=True)
+    assert sub.offset == row * W * 4
+    span = ((H - row - 1) * W + 8) * 4
+    assert sub.size == span
+    got = np.empty(span // 4, np.int32)
+    cl.enqueue_copy(device.queue, got, sub)
+    np.testing.assert_array_equal(got, world.memory.ravel()[row * W:row * W + span // 4])
+    sub.release()
+    assert world.release(crop) == 0
+    assert world.free() == 0 and world.parent.device == 0

@@ -53,6 +53,7 @@ typedef struct {
 } cl_image_desc;
 
 #define CL_MEM_READ_WRITE ((cl_mem_flags)1)
+#define CL_BUFFER_CREATE_TYPE_REGION 0x1220
 #define CL_OUT_OF_RESOURCES (-5)
 #define CL_OUT_OF_HOST_MEMORY (-6)
 #define CL_INVALID_VALUE (-30)
@@ -73,6 +74,9 @@ static struct {
     cl_kernel (*create_kernel)(cl_program, const char *, cl_int *);
     cl_int (*release_kernel)(cl_kernel);
     cl_mem (*create_buffer)(cl_context, cl_mem_flags, size_t, void *, cl_int *);
+    /* Optional: without it (an OpenCL 1.0 loader) crops at aligned offsets stay with the
+     * Python backend. */
+    cl_mem (*create_sub_buffer)(cl_mem, cl_mem_flags, cl_uint, const void *, cl_int *);
     cl_int (*release_mem_object)(cl_mem);
     cl_int (*retain_mem_object)(cl_mem);
     cl_int (*enqueue_write_buffer)(cl_command_queue, cl_mem, cl_uint, size_t, size_t, const void *,
@@ -112,6 +116,7 @@ int shim_opencl_bind(const char *loader, void *context, void *queue) {
     cl.create_kernel = dlsym(library, "clCreateKernel");
     cl.release_kernel = dlsym(library, "clReleaseKernel");
     cl.create_buffer = dlsym(library, "clCreateBuffer");
+    cl.create_sub_buffer = dlsym(library, "clCreateSubBuffer");
     cl.release_mem_object = dlsym(library, "clReleaseMemObject");
     cl.retain_mem_object = dlsym(library, "clRetainMemObject");
     cl.enqueue_write_buffer = dlsym(library, "clEnqueueWriteBuffer");
@@ -357,12 +362,18 @@ static void staging_give(shim_cl_handle *handle, shim_cl_staging *staging) {
 
 void shim_opencl_handle_release(shim_cl_handle *handle) {
     shim_cl_staging *staging = __atomic_exchange_n(&handle->staging, NULL, __ATOMIC_ACQ_REL);
-    if (staging != NULL && cl.process != shim_bound_process()) {
+    bool forked = cl.process != shim_bound_process();
+    if (staging != NULL && forked) {
         free(staging); /* a forked child must not call the driver: the cl_mem is the parent's */
     } else {
         staging_free(staging);
     }
     if (handle->native_made) {
+        /* A crop's sub-buffer made here (make_crop_handle); the Python backend's are
+         * pyopencl's, released with their handles there. */
+        if (handle->launch_mem != NULL && handle->launch_mem != handle->mem && !forked) {
+            cl.release_mem_object(handle->launch_mem);
+        }
         free(handle);
     }
 }
@@ -458,13 +469,14 @@ void shim_opencl_set_alignment(uint64_t bytes) {
 }
 
 /* A crop's handle as the Python backend's handle() makes it: at offset 0 the kernels get the
- * allocation itself; at a misaligned offset no launch_mem (the kernel's element offset binds it
- * in place, or the launch stages it). A nonzero aligned offset gets a sub-buffer, which only
- * the Python backend makes (pyopencl keeps it, released with the handle). */
-static uint64_t make_crop_handle(uint64_t native, uint64_t offset) {
+ * allocation itself; at a nonzero offset aligned to the device's base address alignment a
+ * sub-buffer of the crop's span, which every kernel can take; at a misaligned offset no
+ * launch_mem (the kernel's element offset binds it in place, or the launch stages it). */
+static uint64_t make_crop_handle(uint64_t native, uint64_t offset, uint64_t nbytes) {
     uint64_t align = __atomic_load_n(&alignment, __ATOMIC_ACQUIRE);
-    if (offset != 0 && (align == 0 || offset % align == 0)) {
-        return 0;
+    bool sub = offset != 0 && (align == 0 || offset % align == 0);
+    if (sub && (align == 0 || cl.create_sub_buffer == NULL)) {
+        return 0; /* (the Python backend, which knows the alignment, makes it) */
     }
     shim_cl_handle *handle = calloc(1, sizeof *handle);
     if (handle == NULL) {
@@ -474,6 +486,18 @@ static uint64_t make_crop_handle(uint64_t native, uint64_t offset) {
     handle->mem = (cl_mem)(uintptr_t)native;
     handle->launch_mem = offset == 0 ? handle->mem : NULL;
     handle->native_made = 1;
+    if (sub) {
+        struct {
+            size_t origin, size;
+        } region = {(size_t)offset, (size_t)(nbytes ? nbytes : 1)};
+        cl_int error = 0;
+        handle->launch_mem = cl.create_sub_buffer(handle->mem, CL_MEM_READ_WRITE,
+                                                  CL_BUFFER_CREATE_TYPE_REGION, &region, &error);
+        if (error != 0 || handle->launch_mem == NULL) {
+            free(handle); /* (out of the allocation's range: the Python core reports it) */
+            return 0;
+        }
+    }
     return (uint64_t)(uintptr_t)handle;
 }
 

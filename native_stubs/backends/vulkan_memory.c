@@ -717,7 +717,8 @@ static shim_served_link *served_link(uint64_t handle) {
 
 /* A crop's handle as the Python backend's handle() makes it: the allocation's buffer and the
  * crop's offset, which launches bind (or stage) as they do any crop's. */
-static uint64_t make_crop_handle(uint64_t native, uint64_t offset) {
+static uint64_t make_crop_handle(uint64_t native, uint64_t offset, uint64_t nbytes) {
+    (void)nbytes; /* (the launch binds the crop's range from its own layout) */
     shim_vk_handle *handle = calloc(1, sizeof *handle);
     if (handle == NULL) {
         return 0;

@@ -485,6 +485,12 @@ int halide_device_and_host_malloc(void *user_context, struct halide_buffer_t *bu
         return REFUSED(DEVICE_AND_HOST_MALLOC, result);
     }
     if (shim_owns_interface(device_interface)) {
+        result = shim_served_device_and_host_malloc(user_context, buf,
+                                                    shim_backend_of(device_interface),
+                                                    device_interface);
+        if (result != SHIM_NOT_SERVED) {
+            return result;
+        }
         return device_interface->impl->device_and_host_malloc(user_context, buf);
     }
     return FOREIGN_CALL(DEVICE_AND_HOST_MALLOC, device_interface,
@@ -499,6 +505,11 @@ int halide_device_and_host_free(void *user_context, struct halide_buffer_t *buf)
     }
     const struct halide_device_interface_t *interface = interface_of(buf);
     if (interface != NULL && shim_owns_interface(interface)) {
+        result = shim_served_device_and_host_free(user_context, buf, shim_backend_of(interface),
+                                                  interface);
+        if (result != SHIM_NOT_SERVED) {
+            return result;
+        }
         return interface->impl->device_and_host_free(user_context, buf);
     }
     if (interface != NULL) {
@@ -753,8 +764,27 @@ int shim_backend_of(const struct halide_device_interface_t *device_interface) {
     return (int)(device_interface - &interfaces[0]);
 }
 
+/* A backend's answer, once it has given one: it keeps its device for the life of the process
+ * (shim/backends/devices.py), forked children included, so the answer never changes. Asked
+ * again while profiling, so that a profile sees each call. */
+static struct {
+    int major, minor;
+    bool known; /* stored last, with release order */
+} capabilities[SHIM_BACKEND_COUNT];
+
 static int compute_capability(int backend, void *user_context, int *major, int *minor) {
-    return shim_py_compute_capability(user_context, major, minor, &interfaces[backend]);
+    if (!shim_profile_on() && __atomic_load_n(&capabilities[backend].known, __ATOMIC_ACQUIRE)) {
+        *major = __atomic_load_n(&capabilities[backend].major, __ATOMIC_RELAXED);
+        *minor = __atomic_load_n(&capabilities[backend].minor, __ATOMIC_RELAXED);
+        return halide_error_code_success;
+    }
+    int result = shim_py_compute_capability(user_context, major, minor, &interfaces[backend]);
+    if (result == halide_error_code_success) {
+        __atomic_store_n(&capabilities[backend].major, *major, __ATOMIC_RELAXED);
+        __atomic_store_n(&capabilities[backend].minor, *minor, __ATOMIC_RELAXED);
+        __atomic_store_n(&capabilities[backend].known, true, __ATOMIC_RELEASE);
+    }
+    return result;
 }
 
 /* The impl entries. Those whose arguments carry no interface (malloc, release, a global sync)

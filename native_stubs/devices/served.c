@@ -327,6 +327,47 @@ int shim_served_buffer_free(struct halide_buffer_t *buf, int backend,
     return serve_free(&c, SHIM_FAMILY_IDLE);
 }
 
+/* halide_device_and_host_malloc and _free of a bare struct: the host side from halide_malloc,
+ * the device side as halide_device_malloc's, as the Python core's device_and_host_malloc and
+ * device_and_host_free (runtime.py) do; any case the device side declines goes back to the
+ * Python core with the host side undone. */
+int shim_served_device_and_host_malloc(void *user_context, struct halide_buffer_t *buf,
+                                       int backend,
+                                       const struct halide_device_interface_t *interface) {
+    uint64_t nbytes;
+    if (!(shim_flags_load(buf) & (SHIM_BUFFER_FLAG_PYTHON | SHIM_BUFFER_FLAG_REGIONS)) &&
+        serving(backend) != NULL && shim_device_load(buf) == 0 &&
+        shim_buffer_span(buf, &nbytes)) {
+        uint8_t *before = buf->host;
+        void *host = halide_malloc(user_context, nbytes);
+        if (host == NULL) {
+            return SHIM_NOT_SERVED; /* (the Python core reports it) */
+        }
+        buf->host = host;
+        if (shim_served_malloc(user_context, buf, backend, interface) ==
+            halide_error_code_success) {
+            return halide_error_code_success;
+        }
+        buf->host = before;
+        halide_free(user_context, host);
+    }
+    return SHIM_NOT_SERVED;
+}
+
+int shim_served_device_and_host_free(void *user_context, struct halide_buffer_t *buf, int backend,
+                                     const struct halide_device_interface_t *interface) {
+    if ((shim_flags_load(buf) & (SHIM_BUFFER_FLAG_PYTHON | SHIM_BUFFER_FLAG_REGIONS)) ||
+        shim_served_free(user_context, buf, backend, interface) != halide_error_code_success) {
+        return SHIM_NOT_SERVED;
+    }
+    if (buf->host != NULL) {
+        halide_free(user_context, buf->host);
+        buf->host = NULL;
+    }
+    shim_flags_clear(buf, halide_buffer_flag_host_dirty | halide_buffer_flag_device_dirty);
+    return halide_error_code_success;
+}
+
 /* The allocation's own handle that `handle` (live, of this allocator's backend) belongs to,
  * with its stripe taken: `handle` itself unless it is a crop made here. */
 static uint64_t lock_root(const shim_allocator *a, uint64_t handle, uint32_t **stripe) {
@@ -560,7 +601,7 @@ int shim_served_crop(const struct halide_buffer_t *src, struct halide_buffer_t *
     uint64_t native, offset = root == handle ? 0 : a->link(handle)->offset;
     uint64_t crop = 0;
     if (a->served(root, &native) && (within >= 0 || offset >= (uint64_t)-within)) {
-        crop = a->make_crop(native, offset + (uint64_t)within);
+        crop = a->make_crop(native, offset + (uint64_t)within, nbytes);
     }
     if (crop != 0) {
         shim_served_link *l = a->link(crop), *r = a->link(root);

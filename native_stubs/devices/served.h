@@ -32,10 +32,11 @@ typedef struct {
     int (*read)(uint64_t native, void *host, uint64_t nbytes);
     /* The served.c link inside a handle of this backend (any handle of its interface). */
     shim_served_link *(*link)(uint64_t handle);
-    /* A handle whose min element is `offset` bytes into `native`, as the Python backend's
-     * handle() makes one for a crop (never marked served); 0 where only the Python backend can
-     * make it, or out of memory. Freed with release_handle. */
-    uint64_t (*make_crop)(uint64_t native, uint64_t offset);
+    /* A handle whose min element is `offset` bytes into `native` and whose elements span
+     * `nbytes`, as the Python backend's handle() makes one for a crop (never marked served); 0
+     * where only the Python backend can make it, the driver refused, or out of memory. Freed
+     * with release_handle. */
+    uint64_t (*make_crop)(uint64_t native, uint64_t offset, uint64_t nbytes);
     /* halide_device_sync: wait for all the device's queued work, as the Python backend's
      * sync(); 0 once done, else the driver's code (the Python core then tries, and reports). */
     int (*sync)(void);
@@ -82,6 +83,13 @@ int shim_served_crop(const struct halide_buffer_t *src, struct halide_buffer_t *
                      int slice_pos, int backend, const struct halide_device_interface_t *interface);
 int shim_served_release_crop(struct halide_buffer_t *buf, int backend);
 int shim_served_sync(int backend);
+/* halide_device_and_host_malloc and _free of a struct with no shim.Buffer (its host side from
+ * halide_malloc, as the Python core's). */
+int shim_served_device_and_host_malloc(void *user_context, struct halide_buffer_t *buf,
+                                       int backend,
+                                       const struct halide_device_interface_t *interface);
+int shim_served_device_and_host_free(void *user_context, struct halide_buffer_t *buf, int backend,
+                                     const struct halide_device_interface_t *interface);
 /* Buffer.device_malloc and device_free of a shim.Buffer's struct (device_generic.c's
  * shim_buffer_device_malloc and shim_buffer_device_free). */
 int shim_served_buffer_malloc(struct halide_buffer_t *buf, int backend,

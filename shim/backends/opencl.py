@@ -356,8 +356,8 @@ class OpenCLBackend(Backend):
     def adopt_served(self, native: int, nbytes: int, capacity: int, handles: list) -> OpenCLMemory:
         memory = self.out_of_pool(native, capacity)
         memory.nbytes = nbytes
-        # The handles the native layer made (shim_opencl_handle_release frees them; it made
-        # no sub-buffer).
+        # The handles the native layer made (shim_opencl_handle_release frees them, with the
+        # sub-buffers it made for them).
         for handle in handles:
             memory.handles[handle] = (ffi.cast("shim_cl_handle *", handle), None)
         self._live[id(memory)] = memory
