@@ -651,3 +651,110 @@ def test_threads_allocating_freeing_and_adopting_never_share_memory(opencl, serv
     assert accounting(opencl) == start
     made = opencl.allocation_counts()
     assert made["reused"] > 0
+
+
+# --- halide_buffer_copy from a served allocation into host memory -----------------------------
+
+def served_source(opencl, data: np.ndarray, mins, where: str):
+    """A bare struct over ``data`` with a served allocation holding ``data``, where its data
+    is: "device only" (no host memory, as a GPU stage's buffer), "device newer"
+    (device-dirty) or "both" (in sync: the host memory is read)."""
+    src = raw_like(data, mins=mins)
+    interface = lib.halide_opencl_device_interface()
+    src.raw.flags = lib.halide_buffer_flag_host_dirty
+    assert lib.halide_copy_to_device(ffi.NULL, src.raw, interface) == 0
+    assert lib.shim_served_live(OPENCL, ffi.new("int64_t *")) >= 1
+    if where == "device newer":
+        src.raw.flags = lib.halide_buffer_flag_device_dirty
+    elif where == "device only":
+        src.raw.host = ffi.NULL
+    return src
+
+
+@settings(max_examples=scaled(40, 200), deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(src_box=st.tuples(st.integers(-3, 3), st.integers(1, 9), st.integers(-3, 3),
+                         st.integers(1, 7)),
+       dst_box=st.tuples(st.integers(-5, 5), st.integers(1, 9), st.integers(-5, 5),
+                         st.integers(1, 7)),
+       gap=st.integers(0, 3), where=st.sampled_from(["device only", "device newer", "both"]))
+def test_a_copy_from_a_served_allocation_is_the_python_cores(opencl, serve, src_box, dst_box,
+                                                            gap, where):
+    """halide_buffer_copy from a buffer with a served allocation (its data on the device,
+    with or without host memory, or on both) into a host buffer of another box, rows with gaps
+    or not: the bytes and flags the Python core's buffer_copy gives (lib.shim_py_buffer_copy,
+    run on a twin), numpy's over the boxes' overlap, and no Python entered."""
+    sx, sw, sy, sh = src_box
+    dx, dw, dy, dh = dst_box
+    data = (np.arange(sh * sw, dtype=np.int32).reshape(sh, sw) + 1) * 7
+    results = []
+    for python in (False, True):
+        src = served_source(opencl, data.copy(), (sx, sy), where)
+        dst_rows = np.full((dh, dw + gap), -1, np.int32)
+        dst = raw_like(dst_rows[:, :dw], mins=(dx, dy))
+        dst.raw.flags = lib.halide_buffer_flag_device_dirty  # (cleared by the copy)
+        if python:
+            code = lib.shim_py_buffer_copy(ffi.NULL, src.raw, ffi.NULL, dst.raw)
+            ran = set()
+        else:
+            codes = []
+            ran = core_calls_during(
+                lambda: codes.append(lib.halide_buffer_copy(ffi.NULL, src.raw, ffi.NULL, dst.raw)))
+            code = codes[0]
+        results.append((code, int(dst.raw.flags), dst_rows.tobytes(), int(src.raw.flags)))
+        assert not ran, ran
+        assert lib.halide_device_free(ffi.NULL, src.raw) == 0
+    assert results[0] == results[1]
+    expected = np.full((dh, dw + gap), -1, np.int32)
+    x0, x1 = max(sx, dx), min(sx + sw, dx + dw)
+    y0, y1 = max(sy, dy), min(sy + sh, dy + dh)
+    if x0 < x1 and y0 < y1:
+        expected[y0 - dy:y1 - dy, x0 - dx:x1 - dx] = data[y0 - sy:y1 - sy, x0 - sx:x1 - sx]
+    assert results[0][0] == 0
+    np.testing.assert_array_equal(np.frombuffer(results[0][2], np.int32).reshape(dh, dw + gap),
+                                  expected)
+    assert results[0][1] & DIRTY == lib.halide_buffer_flag_host_dirty
+    assert served_live() == 0
+
+
+@pytest.fixture(scope="module")
+def gpu_copy_to_host(tmp_path_factory):
+    """a(x, y) = x + y on the GPU (compute_root, gpu_tile'd), its wrapper copy_to_host() (one
+    halide_buffer_copy from the stage's device buffer into the wrapper's host buffer a call),
+    out = wrapper * 2 on the CPU: OpenCL, no_runtime."""
+    import subprocess
+
+    import halide as hl
+
+    from shim.pipelines.build import TARGETS
+
+    x, y, xo, yo, xi, yi = hl.vars("x y xo yo xi yi")
+    # (names no other test's Funcs have: Halide renames a Func whose name the process used)
+    a, out = hl.Func("gpu_copy_a"), hl.Func("gpu_copy_out")
+    a[x, y] = x + y
+    wrapper = a.in_()
+    out[x, y] = wrapper[x, y] * 2
+    a.compute_root().gpu_tile(x, y, xo, yo, xi, yi, 16, 16)
+    wrapper.compute_root().copy_to_host()
+    work = tmp_path_factory.mktemp("gpu_copy")
+    obj, library = work / "gpu_copy.o", work / "gpu_copy.so"
+    out.compile_to({hl.OutputFileType.object: str(obj)}, [], "gpu_copy",
+                   hl.Target(f"{TARGETS['opencl']}-no_runtime"))
+    subprocess.run(["cc", "-shared", "-o", str(library), str(obj)], check=True)
+    return shim.load(library)
+
+
+def test_a_gpu_stages_copy_to_host_never_reaches_python(opencl, serve, gpu_copy_to_host):
+    """The copy stage of a GPU producer (Func::copy_to_host) is served in C with the stage's
+    malloc and free: no Python operation of the core runs a call; switched off, the Python
+    core copies. The output is numpy's either way."""
+    out = np.empty((40, 70), np.int32)
+    expected = 2 * np.add.outer(np.arange(40), np.arange(70)).astype(np.int32)
+    gpu_copy_to_host(out)  # compiles, and pools the stage's memory
+    for on in (True, False, True):
+        serve(on)
+        out.fill(-1)
+        ran = core_calls_during(lambda: gpu_copy_to_host(out))
+        assert ("buffer_copy" in ran) is not on, ran
+        np.testing.assert_array_equal(out, expected)
+    assert served_live() == 0

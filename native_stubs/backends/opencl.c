@@ -429,12 +429,13 @@ static void release_served_handle(uint64_t handle) {
     shim_opencl_handle_release((shim_cl_handle *)(uintptr_t)handle);
 }
 
-static bool served_native(uint64_t value, uint64_t *native) {
+static bool served_native(uint64_t value, uint64_t *native, uint64_t *nbytes) {
     const shim_cl_handle *handle = (const shim_cl_handle *)(uintptr_t)value;
     if (!shim_served_marked(&handle->served)) {
         return false;
     }
     *native = (uint64_t)(uintptr_t)handle->mem;
+    *nbytes = handle->nbytes;
     return true;
 }
 
@@ -442,18 +443,18 @@ static bool served_native(uint64_t value, uint64_t *native) {
  * and read: the bytes are where they go (shim/backends/base.py's contract). Enqueued without
  * blocking, then clFinish, as Halide's runtime copies: PoCL's blocking transfer waits on an
  * event of its own, which costs it tens of microseconds more per copy. */
-static int write_allocation(uint64_t native, const void *host, uint64_t nbytes) {
+static int write_allocation(uint64_t native, uint64_t offset, const void *host, uint64_t nbytes) {
     cl_command_queue queue = __atomic_load_n(&cl.queue, __ATOMIC_ACQUIRE);
-    cl_int err = cl.enqueue_write_buffer(queue, (cl_mem)(uintptr_t)native, 0, 0, nbytes, host, 0,
-                                         NULL, NULL);
+    cl_int err = cl.enqueue_write_buffer(queue, (cl_mem)(uintptr_t)native, 0, offset, nbytes,
+                                         host, 0, NULL, NULL);
     cl_int finished = cl.finish(queue);
     return err != 0 ? err : finished;
 }
 
-static int read_allocation(uint64_t native, void *host, uint64_t nbytes) {
+static int read_allocation(uint64_t native, uint64_t offset, void *host, uint64_t nbytes) {
     cl_command_queue queue = __atomic_load_n(&cl.queue, __ATOMIC_ACQUIRE);
-    cl_int err = cl.enqueue_read_buffer(queue, (cl_mem)(uintptr_t)native, 0, 0, nbytes, host, 0,
-                                        NULL, NULL);
+    cl_int err = cl.enqueue_read_buffer(queue, (cl_mem)(uintptr_t)native, 0, offset, nbytes,
+                                        host, 0, NULL, NULL);
     cl_int finished = cl.finish(queue);
     return err != 0 ? err : finished;
 }

@@ -688,27 +688,28 @@ static void release_served_handle(uint64_t handle) {
     shim_vk_handle_release((shim_vk_handle *)(uintptr_t)handle);
 }
 
-static bool served_native(uint64_t value, uint64_t *native) {
+static bool served_native(uint64_t value, uint64_t *native, uint64_t *nbytes) {
     const shim_vk_handle *handle = (const shim_vk_handle *)(uintptr_t)value;
     if (!shim_served_marked(&handle->served)) {
         return false;
     }
     *native = (uint64_t)(uintptr_t)handle->memory;
+    *nbytes = handle->nbytes;
     return true;
 }
 
 /* The first `nbytes` of an allocation, complete when they return, as the Python backend's
  * write and read. */
-static int write_allocation(uint64_t native, const void *host, uint64_t nbytes) {
+static int write_allocation(uint64_t native, uint64_t offset, const void *host, uint64_t nbytes) {
     int64_t shape[1] = {(int64_t)nbytes}, none[1] = {0};
     return transfer(0, NULL, (shim_vk_memory *)(uintptr_t)native, (uint8_t *)host, shape, none,
-                    none, 0, 0, 0, NULL, 0);
+                    none, 0, 0, (int64_t)offset, NULL, 0);
 }
 
-static int read_allocation(uint64_t native, void *host, uint64_t nbytes) {
+static int read_allocation(uint64_t native, uint64_t offset, void *host, uint64_t nbytes) {
     int64_t shape[1] = {(int64_t)nbytes}, none[1] = {0};
-    return transfer(1, (shim_vk_memory *)(uintptr_t)native, NULL, host, shape, none, none, 0, 0,
-                    0, NULL, 0);
+    return transfer(1, (shim_vk_memory *)(uintptr_t)native, NULL, host, shape, none, none, 0,
+                    (int64_t)offset, 0, NULL, 0);
 }
 
 static shim_served_link *served_link(uint64_t handle) {

@@ -685,7 +685,13 @@ int halide_buffer_copy(void *user_context, struct halide_buffer_t *src,
     if (shim_or_none(interface_of(src)) && shim_or_none(dst_device_interface) &&
         shim_or_none(interface_of(dst))) {
         if (dst_device_interface == NULL) {
-            int result = shim_host_copy(src, dst); /* between hosts: in C where it can be */
+            /* Into host memory, in C where it can be: from the source's host memory, or from
+             * its served device allocation. */
+            int result = shim_host_copy(src, dst);
+            const struct halide_device_interface_t *from = interface_of(src);
+            if (result == SHIM_NOT_SERVED && from != NULL) {
+                result = shim_served_buffer_copy_to_host(src, dst, shim_backend_of(from));
+            }
             if (result != SHIM_NOT_SERVED) {
                 return result;
             }

@@ -1,13 +1,18 @@
-/* halide_buffer_copy between host memories, in C (host_copy.h).
+/* halide_buffer_copy into host memory, in C (host_copy.h).
  *
  * A pipeline's copy stages (Func::copy_to_host(), one copy a row in a folded async schedule)
  * are such copies between its own buffers; through Python each cost tens of microseconds where
  * Halide's runtime does a memcpy. Served here, with no lock and no Python, are the copies whose
  * outcome this file can prove equal to the Python core's (shim/core/runtime.py buffer_copy,
  * its host-to-host branch), everything else declined:
- *  - no device allocation on either side, nor a crop's proxy (device and device_interface
- *    read with acquire, as the no-op paths read them: device_generic.c), so that the hosts
- *    hold the only copies;
+ *  - no device allocation on the destination, nor a crop's proxy (device and device_interface
+ *    read with acquire, as the no-op paths read them: device_generic.c), so that its host
+ *    holds its only copy; the source's data in its host memory (no device allocation, or one
+ *    of the shim's that is not device-dirty: the Python core's from_host_valid), or, for
+ *    shim_copy_from_device, in a device allocation the native layer served (served.c), whose
+ *    bytes mirror the source's host layout from its min element: the overlap is read in one
+ *    read (straight into the destination where it is one run), as the Python core's _read
+ *    of it does;
  *  - neither is a shim.Buffer's struct (SHIM_BUFFER_FLAG_PYTHON) nor a member of a shared
  *    family (SHIM_BUFFER_FLAG_REGIONS), nor a struct generated code copied from one (Halide's
  *    _halide_buffer_crop copies the flags). A shim.Buffer belongs to a family in Python, whose
@@ -34,13 +39,26 @@
 #include "devices/served.h"
 #include "profiling/profile.h"
 
-/* A buffer the Python core would copy without a family lock, and with its host memory the only
- * copy of its data (a snapshot with acquire loads). */
+/* A buffer the Python core would copy without a family lock (a snapshot with acquire loads),
+ * with host memory. */
+static bool bare_with_host(const halide_buffer_t *buf) {
+    return !(shim_flags_load(buf) & (SHIM_BUFFER_FLAG_PYTHON | SHIM_BUFFER_FLAG_REGIONS)) &&
+           buf->host != NULL && buf->dimensions >= 0 && (buf->dimensions == 0 || buf->dim != NULL);
+}
+
+/* Such a buffer whose host memory is the only copy of its data. */
 static bool host_only(const halide_buffer_t *buf) {
     return shim_device_load(buf) == 0 &&
            __atomic_load_n(&buf->device_interface, __ATOMIC_ACQUIRE) == NULL &&
-           !(shim_flags_load(buf) & (SHIM_BUFFER_FLAG_PYTHON | SHIM_BUFFER_FLAG_REGIONS)) &&
-           buf->host != NULL && buf->dimensions >= 0 && (buf->dimensions == 0 || buf->dim != NULL);
+           bare_with_host(buf);
+}
+
+/* Such a buffer whose host memory holds its data (the Python core's from_host_valid): host
+ * only, or with a device allocation of the shim's (halide_buffer_copy asks for no other) that
+ * holds no newer data. */
+static bool host_valid(const halide_buffer_t *buf) {
+    return host_only(buf) ||
+           (bare_with_host(buf) && !(shim_flags_load(buf) & halide_buffer_flag_device_dirty));
 }
 
 static int64_t magnitude(int64_t v) {
@@ -102,21 +120,44 @@ static bool scatter_run(int64_t at, int64_t to, void *context) {
     return true;
 }
 
-int shim_host_copy(struct halide_buffer_t *src, struct halide_buffer_t *dst) {
-    if (!host_only(src) || !host_only(dst)) {
-        return SHIM_NOT_SERVED;
-    }
+/* The copy's layout (shim_copy_layout_of) where both sides' elements are of one size and the
+ * destination's each at their own address; false (freed) where not. */
+static bool planned(const halide_buffer_t *src, const halide_buffer_t *dst, shim_layout *l,
+                    int64_t *src_start, int64_t *dst_start) {
     int64_t element = (src->type.bits + 7) / 8;
     if (element != (dst->type.bits + 7) / 8) {
-        return SHIM_NOT_SERVED; /* (the Python core's failure, with its message) */
+        l->dims = NULL;
+        l->index = NULL;
+        return false; /* (the Python core's failure, with its message) */
+    }
+    if (shim_copy_layout_of(src, dst, element, l, src_start, dst_start) == SHIM_LAYOUT_MADE &&
+        writes_apart(l)) {
+        return true;
+    }
+    shim_layout_free(l);
+    return false;
+}
+
+/* After a copy into dst's host memory: as flags.put_dirty(dst, HOST_DIRTY), set before
+ * clearing; counted as served in C. */
+static int copied_to_host(struct halide_buffer_t *src, struct halide_buffer_t *dst) {
+    if (src != dst) {
+        shim_flags_set(dst, halide_buffer_flag_host_dirty);
+        shim_flags_clear(dst, halide_buffer_flag_device_dirty);
+    }
+    return shim_decided(SHIM_FN_BUFFER_COPY, SHIM_OUTCOME_SERVED, halide_error_code_success);
+}
+
+int shim_host_copy(struct halide_buffer_t *src, struct halide_buffer_t *dst) {
+    if (!host_valid(src) || !host_only(dst)) {
+        return SHIM_NOT_SERVED;
     }
     shim_layout l;
     int64_t src_start, dst_start;
-    shim_layout_outcome made = shim_copy_layout_of(src, dst, element, &l, &src_start, &dst_start);
-    int result = SHIM_NOT_SERVED;
-    if (made != SHIM_LAYOUT_MADE || !writes_apart(&l)) {
-        goto done;
+    if (!planned(src, dst, &l, &src_start, &dst_start)) {
+        return SHIM_NOT_SERVED;
     }
+    int result = SHIM_NOT_SERVED;
     if (l.span != 0) {
         int64_t src_lo, src_hi, dst_lo, dst_hi;
         bounds(&l, src_start, false, &src_lo, &src_hi);
@@ -141,12 +182,45 @@ int shim_host_copy(struct halide_buffer_t *src, struct halide_buffer_t *dst) {
             free(staging);
         }
     }
-    if (src != dst) {
-        /* As flags.put_dirty(dst, HOST_DIRTY): set before clearing. */
-        shim_flags_set(dst, halide_buffer_flag_host_dirty);
-        shim_flags_clear(dst, halide_buffer_flag_device_dirty);
+    result = copied_to_host(src, dst);
+done:
+    shim_layout_free(&l);
+    return result;
+}
+
+int shim_copy_from_device(struct halide_buffer_t *src, struct halide_buffer_t *dst,
+                          int64_t allocated, shim_device_reader read, void *context) {
+    if (!host_only(dst)) {
+        return SHIM_NOT_SERVED;
     }
-    result = shim_decided(SHIM_FN_BUFFER_COPY, SHIM_OUTCOME_SERVED, halide_error_code_success);
+    shim_layout l;
+    int64_t src_start, dst_start;
+    if (!planned(src, dst, &l, &src_start, &dst_start)) {
+        return SHIM_NOT_SERVED;
+    }
+    int result = SHIM_NOT_SERVED;
+    if (l.span != 0) {
+        int64_t lo, hi;
+        bounds(&l, src_start, false, &lo, &hi);
+        if (lo < 0 || hi > allocated) {
+            goto done; /* (a layout the allocation was not made for: the Python core reports) */
+        }
+        if (l.count == 0) { /* one run: straight into the destination */
+            if (read(context, lo, dst->host + dst_start, hi - lo) != 0) {
+                goto done;
+            }
+        } else { /* the source's reach in one read, then its runs out of it */
+            uint8_t *staging = malloc((size_t)(hi - lo));
+            if (staging == NULL || read(context, lo, staging, hi - lo) != 0) {
+                free(staging);
+                goto done;
+            }
+            copying c = {staging + (src_start - lo), dst->host + dst_start, l.run};
+            shim_layout_walk(&l, 0, copy_run, &c);
+            free(staging);
+        }
+    }
+    result = copied_to_host(src, dst);
 done:
     shim_layout_free(&l);
     return result;

@@ -11,4 +11,14 @@
  * the Python core takes the call. For a copy with no destination interface only. */
 int shim_host_copy(struct halide_buffer_t *src, struct halide_buffer_t *dst);
 
+/* Reads `nbytes` of a source's device allocation from byte `offset` (from its min element) into
+ * `host`: 0 once they are there. */
+typedef int (*shim_device_reader)(void *context, int64_t offset, void *host, int64_t nbytes);
+
+/* The same copy with the source's elements read from its device allocation, laid out as its
+ * host memory would be from its min element over `allocated` bytes (a served allocation: the
+ * caller has checked that this is where the source's data is), by `read`, one read. */
+int shim_copy_from_device(struct halide_buffer_t *src, struct halide_buffer_t *dst,
+                          int64_t allocated, shim_device_reader read, void *context);
+
 #endif

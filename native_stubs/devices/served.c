@@ -44,6 +44,7 @@
 
 #include "shim_native.h"
 #include "devices/device_store.h"
+#include "devices/host_copy.h"
 #include "devices/served.h"
 #include "profiling/profile.h"
 
@@ -140,6 +141,11 @@ static const shim_allocator *allocator_for(int backend) {
  * sees each allocation and copy. */
 static const shim_allocator *serving(int backend) {
     return shim_profile_on() ? NULL : allocator_for(backend);
+}
+
+/* A struct with no shim.Buffer and in no shared family: no family in Python. */
+static bool bare(const halide_buffer_t *buf) {
+    return !(shim_flags_load(buf) & (SHIM_BUFFER_FLAG_PYTHON | SHIM_BUFFER_FLAG_REGIONS));
 }
 
 bool shim_buffer_span(const struct halide_buffer_t *buf, uint64_t *span) {
@@ -335,8 +341,7 @@ int shim_served_device_and_host_malloc(void *user_context, struct halide_buffer_
                                        int backend,
                                        const struct halide_device_interface_t *interface) {
     uint64_t nbytes;
-    if (!(shim_flags_load(buf) & (SHIM_BUFFER_FLAG_PYTHON | SHIM_BUFFER_FLAG_REGIONS)) &&
-        serving(backend) != NULL && shim_device_load(buf) == 0 &&
+    if (bare(buf) && serving(backend) != NULL && shim_device_load(buf) == 0 &&
         shim_buffer_span(buf, &nbytes)) {
         uint8_t *before = buf->host;
         void *host = halide_malloc(user_context, nbytes);
@@ -356,7 +361,7 @@ int shim_served_device_and_host_malloc(void *user_context, struct halide_buffer_
 
 int shim_served_device_and_host_free(void *user_context, struct halide_buffer_t *buf, int backend,
                                      const struct halide_device_interface_t *interface) {
-    if ((shim_flags_load(buf) & (SHIM_BUFFER_FLAG_PYTHON | SHIM_BUFFER_FLAG_REGIONS)) ||
+    if (!bare(buf) ||
         shim_served_free(user_context, buf, backend, interface) != halide_error_code_success) {
         return SHIM_NOT_SERVED;
     }
@@ -469,9 +474,9 @@ static bool dense(const halide_buffer_t *buf) {
  * it may be served. */
 static bool copyable(const shim_allocator *a, const halide_buffer_t *buf, uint64_t *native,
                      uint64_t *nbytes) {
-    uint64_t device = shim_device_load(buf);
-    return buf->host != NULL && device != 0 && a->served(device, native) &&
-           shim_buffer_span(buf, nbytes) && dense(buf);
+    uint64_t device = shim_device_load(buf), allocated;
+    return buf->host != NULL && device != 0 && a->served(device, native, &allocated) &&
+           shim_buffer_span(buf, nbytes) && *nbytes <= allocated && dense(buf);
 }
 
 /* The copy itself, once the struct's family (if it has one) is held: `c->mark_host` says which
@@ -492,8 +497,8 @@ static int copy_step(void *context) {
     if (flags & (halide_buffer_flag_host_dirty | halide_buffer_flag_device_dirty) & ~newer) {
         return SHIM_NOT_SERVED; /* both sides changed: the Python core reports it */
     }
-    int failed = up ? c->allocator->write(native, buf->host, nbytes)
-                    : c->allocator->read(native, buf->host, nbytes);
+    int failed = up ? c->allocator->write(native, 0, buf->host, nbytes)
+                    : c->allocator->read(native, 0, buf->host, nbytes);
     if (failed) {
         return SHIM_NOT_SERVED; /* the Python core reports it (or tries again, and reports) */
     }
@@ -541,6 +546,38 @@ int shim_served_copy_to_host(void *user_context, struct halide_buffer_t *buf, in
 }
 
 
+/* halide_buffer_copy from a served allocation into host memory: where the Python core's
+ * buffer_copy reads the source's device (from_device_valid and not from_host_valid), a bare
+ * source whose allocation is a served one, not adopted. */
+typedef struct {
+    const shim_allocator *allocator;
+    uint64_t native;
+    served_backend *backend;
+} device_reading;
+
+static int read_served(void *context, int64_t offset, void *host, int64_t nbytes) {
+    device_reading *r = context;
+    int failed = r->allocator->read(r->native, (uint64_t)offset, host, (uint64_t)nbytes);
+    if (!failed) {
+        __atomic_add_fetch(&r->backend->downloaded, (uint64_t)nbytes, __ATOMIC_RELAXED);
+    }
+    return failed;
+}
+
+int shim_served_buffer_copy_to_host(struct halide_buffer_t *src, struct halide_buffer_t *dst,
+                                    int backend) {
+    const shim_allocator *a = serving(backend);
+    uint64_t device = shim_device_load(src), flags = shim_flags_load(src), native, allocated;
+    bool host_valid = src->host != NULL && !(flags & halide_buffer_flag_device_dirty);
+    bool device_valid = src->host == NULL || !(flags & halide_buffer_flag_host_dirty);
+    if (a == NULL || device == 0 || !bare(src) || host_valid || !device_valid ||
+        !a->served(device, &native, &allocated) || allocated > INT64_MAX) {
+        return SHIM_NOT_SERVED;
+    }
+    device_reading r = {a, native, &backends[backend]};
+    return shim_copy_from_device(src, dst, (int64_t)allocated, read_served, &r);
+}
+
 /* --- crops and slices -------------------------------------------------------------------------
  *
  * halide_device_crop and halide_device_slice of a served allocation (or of a crop of one made
@@ -558,10 +595,6 @@ int shim_served_copy_to_host(void *user_context, struct halide_buffer_t *buf, in
  * marked served). A shim.Buffer's struct and a shared family's member stay with the Python
  * core, whose family lock they need. Crops change no memory: they are served while profiling
  * too (counted as served; served.c's allocations are not, as a profile sees each one). */
-
-static bool bare(const halide_buffer_t *buf) {
-    return !(shim_flags_load(buf) & (SHIM_BUFFER_FLAG_PYTHON | SHIM_BUFFER_FLAG_REGIONS));
-}
 
 /* Byte offset of the element at `coords` from the min element of `buf` (Layout.offset_of);
  * false where it overflows. */
@@ -598,9 +631,9 @@ int shim_served_crop(const struct halide_buffer_t *src, struct halide_buffer_t *
     }
     uint32_t *stripe;
     uint64_t root = lock_root(a, handle, &stripe);
-    uint64_t native, offset = root == handle ? 0 : a->link(handle)->offset;
+    uint64_t native, allocated, offset = root == handle ? 0 : a->link(handle)->offset;
     uint64_t crop = 0;
-    if (a->served(root, &native) && (within >= 0 || offset >= (uint64_t)-within)) {
+    if (a->served(root, &native, &allocated) && (within >= 0 || offset >= (uint64_t)-within)) {
         crop = a->make_crop(native, offset + (uint64_t)within, nbytes);
     }
     if (crop != 0) {

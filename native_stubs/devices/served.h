@@ -23,13 +23,14 @@ typedef struct {
     bool (*claim)(uint64_t handle, uint64_t *native, uint64_t *nbytes, uint64_t *capacity);
     /* Free a claimed handle made by make_handle. */
     void (*release_handle)(uint64_t handle);
-    /* Whether `handle` is a served one not yet claimed, and its native value (a look, not a
-     * claim: the caller is the struct's user, whom generated code orders with its free). */
-    bool (*served)(uint64_t handle, uint64_t *native);
-    /* Blocking copies between host memory and the first `nbytes` of an allocation: 0 once
-     * the bytes are there, else the driver's code. */
-    int (*write)(uint64_t native, const void *host, uint64_t nbytes);
-    int (*read)(uint64_t native, void *host, uint64_t nbytes);
+    /* Whether `handle` is a served one not yet claimed, and its native value and the bytes
+     * make_handle was given (a look, not a claim: the caller is the struct's user, whom
+     * generated code orders with its free). */
+    bool (*served)(uint64_t handle, uint64_t *native, uint64_t *nbytes);
+    /* Blocking copies between host memory and the `nbytes` of an allocation from byte
+     * `offset`: 0 once the bytes are there, else the driver's code. */
+    int (*write)(uint64_t native, uint64_t offset, const void *host, uint64_t nbytes);
+    int (*read)(uint64_t native, uint64_t offset, void *host, uint64_t nbytes);
     /* The served.c link inside a handle of this backend (any handle of its interface). */
     shim_served_link *(*link)(uint64_t handle);
     /* A handle whose min element is `offset` bytes into `native` and whose elements span
@@ -76,6 +77,10 @@ int shim_served_free(void *user_context, struct halide_buffer_t *buf, int backen
 int shim_served_copy_to_device(void *user_context, struct halide_buffer_t *buf, int backend,
                                const struct halide_device_interface_t *interface);
 int shim_served_copy_to_host(void *user_context, struct halide_buffer_t *buf, int backend);
+/* halide_buffer_copy into dst's host memory (no destination interface) from `src`'s served
+ * allocation, where that is where src's data is (host_copy.c's shim_copy_from_device). */
+int shim_served_buffer_copy_to_host(struct halide_buffer_t *src, struct halide_buffer_t *dst,
+                                    int backend);
 /* halide_device_crop (slice_dim -1) and halide_device_slice (slice_dim a dimension of `src`)
  * of a served allocation, or of a crop of one made here, into `dst` (checked by the caller: no
  * device memory, dimensions that fit); halide_device_release_crop of such a crop; halide_device_sync. */
