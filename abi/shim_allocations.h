@@ -55,7 +55,8 @@ bool shim_serves_allocations(int backend);
 /* Served allocations alive now, and the capacity they hold. */
 int64_t shim_served_live(int backend, int64_t *bytes);
 /* Bytes the served copies moved so far, each way. */
-void shim_served_transferred(int backend, uint64_t *uploaded, uint64_t *downloaded);
+void shim_served_transferred(int backend, uint64_t *uploaded, uint64_t *downloaded,
+                             uint64_t *device_copied);
 /* Buffer.device_malloc and Buffer.device_free (shim/core/buffer_operations.py) of a shim.Buffer's
  * struct `buf`, served as halide_device_malloc and halide_device_free serve one: 0 once done,
  * anything else (nothing done) where the Python core decides. The malloc marks host memory

@@ -658,8 +658,10 @@ def test_threads_allocating_freeing_and_adopting_never_share_memory(opencl, serv
 def served_source(opencl, data: np.ndarray, mins, where: str):
     """A bare struct over ``data`` with a served allocation holding ``data``, where its data
     is: "device only" (no host memory, as a GPU stage's buffer), "device newer"
-    (device-dirty) or "both" (in sync: the host memory is read)."""
+    (device-dirty) or "both" (in sync); or "host only", with no device allocation."""
     src = raw_like(data, mins=mins)
+    if where == "host only":
+        return src
     interface = lib.halide_opencl_device_interface()
     src.raw.flags = lib.halide_buffer_flag_host_dirty
     assert lib.halide_copy_to_device(ffi.NULL, src.raw, interface) == 0
@@ -671,49 +673,87 @@ def served_source(opencl, data: np.ndarray, mins, where: str):
     return src
 
 
-@settings(max_examples=scaled(40, 200), deadline=None,
+def served_destination(opencl, dh: int, dw: int, mins) -> tuple:
+    """A dense bare struct (its host rows, the struct) whose served allocation holds -1s."""
+    rows = np.full((dh, dw), -1, np.int32)
+    dst = raw_like(rows, mins=mins)
+    dst.raw.flags = lib.halide_buffer_flag_host_dirty
+    assert lib.halide_copy_to_device(ffi.NULL, dst.raw, lib.halide_opencl_device_interface()) == 0
+    rows.fill(-9)  # (what only a download can bring back)
+    return rows, dst
+
+
+def one_run(box, width, height) -> bool:
+    """Whether the part ``box`` ((x0, x1), (y0, y1)) of a dense width x height int32 buffer is
+    one run of bytes."""
+    (x0, x1), (y0, y1) = box
+    return x0 >= x1 or y0 >= y1 or y1 - y0 == 1 or x1 - x0 == width
+
+
+@settings(max_examples=scaled(60, 300), deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(src_box=st.tuples(st.integers(-3, 3), st.integers(1, 9), st.integers(-3, 3),
                          st.integers(1, 7)),
        dst_box=st.tuples(st.integers(-5, 5), st.integers(1, 9), st.integers(-5, 5),
                          st.integers(1, 7)),
-       gap=st.integers(0, 3), where=st.sampled_from(["device only", "device newer", "both"]))
-def test_a_copy_from_a_served_allocation_is_the_python_cores(opencl, serve, src_box, dst_box,
-                                                            gap, where):
-    """halide_buffer_copy from a buffer with a served allocation (its data on the device,
-    with or without host memory, or on both) into a host buffer of another box, rows with gaps
-    or not: the bytes and flags the Python core's buffer_copy gives (lib.shim_py_buffer_copy,
-    run on a twin), numpy's over the boxes' overlap, and no Python entered."""
+       gap=st.integers(0, 3),
+       where=st.sampled_from(["device only", "device newer", "both", "host only"]),
+       to_device=st.booleans())
+def test_a_copy_with_a_served_allocation_is_the_python_cores(opencl, serve, src_box, dst_box,
+                                                            gap, where, to_device):
+    """halide_buffer_copy from a buffer with a served allocation (its data on the device, with
+    or without host memory, or on both) or from host memory alone, into a host buffer of another
+    box (rows with gaps or not) or into another served allocation (the device's bytes around
+    the overlap kept, its data from the source's device where that holds it): the
+    codes, bytes and flags the Python core's buffer_copy gives (lib.shim_py_buffer_copy, run on
+    a twin), numpy's over the boxes' overlap, and no Python entered where the native layer can
+    prove the copy the same (a copy between two devices: where the overlap is one run of bytes
+    on both)."""
     sx, sw, sy, sh = src_box
     dx, dw, dy, dh = dst_box
+    gap = 0 if to_device else gap
     data = (np.arange(sh * sw, dtype=np.int32).reshape(sh, sw) + 1) * 7
+    interface = lib.halide_opencl_device_interface()
+    overlap = ((max(sx, dx), min(sx + sw, dx + dw)), (max(sy, dy), min(sy + sh, dy + dh)))
+    (x0, x1), (y0, y1) = overlap
+    between_devices = to_device and where != "host only"
+    in_c = not between_devices or (
+        one_run(((x0 - sx, x1 - sx), (y0 - sy, y1 - sy)), sw, sh)
+        and one_run(((x0 - dx, x1 - dx), (y0 - dy, y1 - dy)), dw, dh))
     results = []
     for python in (False, True):
         src = served_source(opencl, data.copy(), (sx, sy), where)
-        dst_rows = np.full((dh, dw + gap), -1, np.int32)
-        dst = raw_like(dst_rows[:, :dw], mins=(dx, dy))
-        dst.raw.flags = lib.halide_buffer_flag_device_dirty  # (cleared by the copy)
+        if to_device:
+            dst_rows, dst = served_destination(opencl, dh, dw, (dx, dy))
+        else:
+            dst_rows = np.full((dh, dw + gap), -1, np.int32)
+            dst = raw_like(dst_rows[:, :dw], mins=(dx, dy))
+            dst.raw.flags = lib.halide_buffer_flag_device_dirty  # (cleared by the copy)
+        target = interface if to_device else ffi.NULL
+        codes = []
         if python:
-            code = lib.shim_py_buffer_copy(ffi.NULL, src.raw, ffi.NULL, dst.raw)
+            codes.append(lib.shim_py_buffer_copy(ffi.NULL, src.raw, target, dst.raw))
             ran = set()
         else:
-            codes = []
             ran = core_calls_during(
-                lambda: codes.append(lib.halide_buffer_copy(ffi.NULL, src.raw, ffi.NULL, dst.raw)))
-            code = codes[0]
-        results.append((code, int(dst.raw.flags), dst_rows.tobytes(), int(src.raw.flags)))
-        assert not ran, ran
-        assert lib.halide_device_free(ffi.NULL, src.raw) == 0
+                lambda: codes.append(lib.halide_buffer_copy(ffi.NULL, src.raw, target, dst.raw)))
+        flags_after = int(dst.raw.flags) & DIRTY
+        if to_device:
+            assert lib.halide_copy_to_host(ffi.NULL, dst.raw) == 0
+            assert lib.halide_device_free(ffi.NULL, dst.raw) == 0
+        results.append((codes[0], flags_after, dst_rows.tobytes(), int(src.raw.flags)))
+        assert not ran if in_c else True, ran
+        if src.raw.device:
+            assert lib.halide_device_free(ffi.NULL, src.raw) == 0
     assert results[0] == results[1]
     expected = np.full((dh, dw + gap), -1, np.int32)
-    x0, x1 = max(sx, dx), min(sx + sw, dx + dw)
-    y0, y1 = max(sy, dy), min(sy + sh, dy + dh)
     if x0 < x1 and y0 < y1:
         expected[y0 - dy:y1 - dy, x0 - dx:x1 - dx] = data[y0 - sy:y1 - sy, x0 - sx:x1 - sx]
     assert results[0][0] == 0
     np.testing.assert_array_equal(np.frombuffer(results[0][2], np.int32).reshape(dh, dw + gap),
                                   expected)
-    assert results[0][1] & DIRTY == lib.halide_buffer_flag_host_dirty
+    newer = lib.halide_buffer_flag_device_dirty if to_device else lib.halide_buffer_flag_host_dirty
+    assert results[0][1] == newer
     assert served_live() == 0
 
 

@@ -459,6 +459,15 @@ static int read_allocation(uint64_t native, uint64_t offset, void *host, uint64_
     return err != 0 ? err : finished;
 }
 
+static int copy_allocation(uint64_t src, uint64_t src_offset, uint64_t dst, uint64_t dst_offset,
+                           uint64_t nbytes) {
+    cl_command_queue queue = __atomic_load_n(&cl.queue, __ATOMIC_ACQUIRE);
+    cl_int err = cl.enqueue_copy_buffer(queue, (cl_mem)(uintptr_t)src, (cl_mem)(uintptr_t)dst,
+                                        src_offset, dst_offset, nbytes, 0, NULL, NULL);
+    cl_int finished = cl.finish(queue);
+    return err != 0 ? err : finished;
+}
+
 static shim_served_link *served_link(uint64_t handle) {
     return &((shim_cl_handle *)(uintptr_t)handle)->link;
 }
@@ -508,7 +517,8 @@ static int sync_queue(void) {
 
 static const shim_allocator allocator = {
     driver_usable, create_allocation, shim_opencl_release, make_served_handle, claim_served,
-    release_served_handle, served_native, write_allocation, read_allocation, served_link,
+    release_served_handle, served_native, write_allocation, read_allocation, copy_allocation,
+    served_link,
     make_crop_handle, sync_queue,
 };
 

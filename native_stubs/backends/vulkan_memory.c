@@ -712,6 +712,13 @@ static int read_allocation(uint64_t native, uint64_t offset, void *host, uint64_
                     (int64_t)offset, 0, NULL, 0);
 }
 
+static int copy_allocation(uint64_t src, uint64_t src_offset, uint64_t dst, uint64_t dst_offset,
+                           uint64_t nbytes) {
+    int64_t shape[1] = {(int64_t)nbytes}, none[1] = {0};
+    return transfer(2, (shim_vk_memory *)(uintptr_t)src, (shim_vk_memory *)(uintptr_t)dst, NULL,
+                    shape, none, none, 0, (int64_t)src_offset, (int64_t)dst_offset, NULL, 0);
+}
+
 static shim_served_link *served_link(uint64_t handle) {
     return &((shim_vk_handle *)(uintptr_t)handle)->link;
 }
@@ -733,7 +740,8 @@ static uint64_t make_crop_handle(uint64_t native, uint64_t offset, uint64_t nbyt
 
 static const shim_allocator allocator = {
     driver_usable, create_allocation, release_allocation, make_served_handle, claim_served,
-    release_served_handle, served_native, write_allocation, read_allocation, served_link,
+    release_served_handle, served_native, write_allocation, read_allocation, copy_allocation,
+    served_link,
     make_crop_handle, shim_vk_sync,
 };
 

@@ -684,17 +684,14 @@ int halide_buffer_copy(void *user_context, struct halide_buffer_t *src,
     }
     if (shim_or_none(interface_of(src)) && shim_or_none(dst_device_interface) &&
         shim_or_none(interface_of(dst))) {
-        if (dst_device_interface == NULL) {
-            /* Into host memory, in C where it can be: from the source's host memory, or from
-             * its served device allocation. */
-            int result = shim_host_copy(src, dst);
-            const struct halide_device_interface_t *from = interface_of(src);
-            if (result == SHIM_NOT_SERVED && from != NULL) {
-                result = shim_served_buffer_copy_to_host(src, dst, shim_backend_of(from));
-            }
-            if (result != SHIM_NOT_SERVED) {
-                return result;
-            }
+        /* In C where it can be: between host memories, or with a served allocation on
+         * either side. */
+        int result = dst_device_interface == NULL ? shim_host_copy(src, dst) : SHIM_NOT_SERVED;
+        if (result == SHIM_NOT_SERVED) {
+            result = shim_served_buffer_copy(user_context, src, dst_device_interface, dst);
+        }
+        if (result != SHIM_NOT_SERVED) {
+            return result;
         }
         return shim_py_buffer_copy(user_context, src, dst_device_interface, dst);
     }

@@ -188,30 +188,33 @@ done:
     return result;
 }
 
+/* The reach of the copy's side (false: the source) within its device allocation, if it lies
+ * inside it. */
+static bool inside(const shim_layout *l, int64_t start, bool to, const shim_device_memory *m,
+                   int64_t *lo, int64_t *hi) {
+    bounds(l, start, to, lo, hi);
+    return *lo >= 0 && *hi <= m->allocated;
+}
+
 int shim_copy_from_device(struct halide_buffer_t *src, struct halide_buffer_t *dst,
-                          int64_t allocated, shim_device_reader read, void *context) {
-    if (!host_only(dst)) {
-        return SHIM_NOT_SERVED;
-    }
+                          const shim_device_memory *from) {
     shim_layout l;
-    int64_t src_start, dst_start;
-    if (!planned(src, dst, &l, &src_start, &dst_start)) {
+    int64_t src_start, dst_start, lo, hi;
+    if (!host_only(dst) || !planned(src, dst, &l, &src_start, &dst_start)) {
         return SHIM_NOT_SERVED;
     }
     int result = SHIM_NOT_SERVED;
     if (l.span != 0) {
-        int64_t lo, hi;
-        bounds(&l, src_start, false, &lo, &hi);
-        if (lo < 0 || hi > allocated) {
+        if (!inside(&l, src_start, false, from, &lo, &hi)) {
             goto done; /* (a layout the allocation was not made for: the Python core reports) */
         }
         if (l.count == 0) { /* one run: straight into the destination */
-            if (read(context, lo, dst->host + dst_start, hi - lo) != 0) {
+            if (from->read(from->context, lo, dst->host + dst_start, hi - lo) != 0) {
                 goto done;
             }
         } else { /* the source's reach in one read, then its runs out of it */
             uint8_t *staging = malloc((size_t)(hi - lo));
-            if (staging == NULL || read(context, lo, staging, hi - lo) != 0) {
+            if (staging == NULL || from->read(from->context, lo, staging, hi - lo) != 0) {
                 free(staging);
                 goto done;
             }
@@ -221,6 +224,77 @@ int shim_copy_from_device(struct halide_buffer_t *src, struct halide_buffer_t *d
         }
     }
     result = copied_to_host(src, dst);
+done:
+    shim_layout_free(&l);
+    return result;
+}
+
+/* After a copy into dst's device allocation: as flags.put_dirty(dst, DEVICE_DIRTY). */
+static int copied_to_device(struct halide_buffer_t *dst) {
+    shim_flags_set(dst, halide_buffer_flag_device_dirty);
+    shim_flags_clear(dst, halide_buffer_flag_host_dirty);
+    return shim_decided(SHIM_FN_BUFFER_COPY, SHIM_OUTCOME_SERVED, halide_error_code_success);
+}
+
+int shim_copy_to_device(struct halide_buffer_t *src, struct halide_buffer_t *dst,
+                        const shim_device_memory *to) {
+    shim_layout l;
+    int64_t src_start, dst_start, lo, hi;
+    if (src == dst || !host_valid(src) || !planned(src, dst, &l, &src_start, &dst_start)) {
+        return SHIM_NOT_SERVED;
+    }
+    int result = SHIM_NOT_SERVED;
+    if (l.span != 0) {
+        if (!inside(&l, dst_start, true, to, &lo, &hi)) {
+            goto done;
+        }
+        if (l.count == 0) { /* one run: straight from the source */
+            if (to->write(to->context, lo, src->host + src_start, hi - lo) != 0) {
+                goto done;
+            }
+        } else {
+            /* The destination's reach read, its runs written into it, and written back: the
+             * bytes between the runs go back as they were (the one in-order queue orders the
+             * read after the work before it). */
+            uint8_t *staging = malloc((size_t)(hi - lo));
+            if (staging == NULL || to->read(to->context, lo, staging, hi - lo) != 0) {
+                free(staging);
+                goto done;
+            }
+            copying c = {src->host + src_start, staging + (dst_start - lo), l.run};
+            shim_layout_walk(&l, 0, copy_run, &c);
+            int failed = to->write(to->context, lo, staging, hi - lo);
+            free(staging);
+            if (failed) {
+                goto done;
+            }
+        }
+    }
+    result = copied_to_device(dst);
+done:
+    shim_layout_free(&l);
+    return result;
+}
+
+int shim_copy_between_devices(struct halide_buffer_t *src, struct halide_buffer_t *dst,
+                              const shim_device_memory *from, const shim_device_memory *to,
+                              int (*copy)(void *context, int64_t src_offset, int64_t dst_offset,
+                                          int64_t nbytes),
+                              void *context) {
+    shim_layout l;
+    int64_t src_start, dst_start, src_lo, src_hi, dst_lo, dst_hi;
+    if (src == dst || !planned(src, dst, &l, &src_start, &dst_start)) {
+        return SHIM_NOT_SERVED;
+    }
+    int result = SHIM_NOT_SERVED;
+    if (l.span != 0) {
+        if (l.count != 0 || !inside(&l, src_start, false, from, &src_lo, &src_hi) ||
+            !inside(&l, dst_start, true, to, &dst_lo, &dst_hi) ||
+            copy(context, src_lo, dst_lo, src_hi - src_lo) != 0) {
+            goto done; /* (runs apart: the Python core's rectangle copies) */
+        }
+    }
+    result = copied_to_device(dst);
 done:
     shim_layout_free(&l);
     return result;

@@ -11,14 +11,31 @@
  * the Python core takes the call. For a copy with no destination interface only. */
 int shim_host_copy(struct halide_buffer_t *src, struct halide_buffer_t *dst);
 
-/* Reads `nbytes` of a source's device allocation from byte `offset` (from its min element) into
- * `host`: 0 once they are there. */
-typedef int (*shim_device_reader)(void *context, int64_t offset, void *host, int64_t nbytes);
+/* A buffer's device allocation, laid out as its host memory would be from its min element over
+ * `allocated` bytes (a served allocation, devices/served.c): blocking reads and writes at
+ * offsets from the min element, 0 once done. */
+typedef struct {
+    int (*read)(void *context, int64_t offset, void *host, int64_t nbytes);
+    int (*write)(void *context, int64_t offset, const void *host, int64_t nbytes);
+    void *context;
+    int64_t allocated;
+} shim_device_memory;
 
-/* The same copy with the source's elements read from its device allocation, laid out as its
- * host memory would be from its min element over `allocated` bytes (a served allocation: the
- * caller has checked that this is where the source's data is), by `read`, one read. */
+/* The same copy with the source's data in its device allocation `from` (the caller has checked
+ * that this is where it is), read in one read; dst's host memory as shim_host_copy's. */
 int shim_copy_from_device(struct halide_buffer_t *src, struct halide_buffer_t *dst,
-                          int64_t allocated, shim_device_reader read, void *context);
+                          const shim_device_memory *from);
+/* The copy of a source whose host memory holds its data into dst's device allocation `to`, and
+ * dst marked device-dirty: one write where the destination's part is one run, else its reach
+ * read, filled and written back. */
+int shim_copy_to_device(struct halide_buffer_t *src, struct halide_buffer_t *dst,
+                        const shim_device_memory *to);
+/* The copy from the device allocation `from` into `to` on one device, by `copy` (offsets from
+ * each one's start), where the overlap is one run on both sides; dst marked device-dirty. */
+int shim_copy_between_devices(struct halide_buffer_t *src, struct halide_buffer_t *dst,
+                              const shim_device_memory *from, const shim_device_memory *to,
+                              int (*copy)(void *context, int64_t src_offset, int64_t dst_offset,
+                                          int64_t nbytes),
+                              void *context);
 
 #endif

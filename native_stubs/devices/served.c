@@ -53,7 +53,7 @@ typedef struct {
     shim_pool *pool;
     bool off;   /* switched off by Python (shim_serve_allocations) */
     int64_t live, live_bytes;
-    uint64_t uploaded, downloaded; /* bytes the served copies moved */
+    uint64_t uploaded, downloaded, device_copied; /* bytes the served copies moved */
 } served_backend;
 
 static served_backend backends[SHIM_BACKEND_COUNT];
@@ -92,10 +92,13 @@ int64_t shim_served_live(int backend, int64_t *bytes) {
     return __atomic_load_n(&backends[backend].live, __ATOMIC_RELAXED);
 }
 
-void shim_served_transferred(int backend, uint64_t *uploaded, uint64_t *downloaded) {
+void shim_served_transferred(int backend, uint64_t *uploaded, uint64_t *downloaded,
+                             uint64_t *device_copied) {
     bool known = backend >= 0 && backend < SHIM_BACKEND_COUNT;
     *uploaded = known ? __atomic_load_n(&backends[backend].uploaded, __ATOMIC_RELAXED) : 0;
     *downloaded = known ? __atomic_load_n(&backends[backend].downloaded, __ATOMIC_RELAXED) : 0;
+    *device_copied =
+        known ? __atomic_load_n(&backends[backend].device_copied, __ATOMIC_RELAXED) : 0;
 }
 
 /* The locks of the served allocations' lists of crops (see "crops and slices" below): one of
@@ -546,36 +549,108 @@ int shim_served_copy_to_host(void *user_context, struct halide_buffer_t *buf, in
 }
 
 
-/* halide_buffer_copy from a served allocation into host memory: where the Python core's
- * buffer_copy reads the source's device (from_device_valid and not from_host_valid), a bare
- * source whose allocation is a served one, not adopted. */
+/* --- halide_buffer_copy ----------------------------------------------------------------------
+ *
+ * Copies to or from a bare struct's served allocation (not adopted), in the Python core's
+ * buffer_copy's order of paths (runtime.py): into host memory, from the source's device where
+ * its host memory does not hold its data; into a device allocation (made here first where the
+ * destination has none, as the Python core's allocate), from the source's allocation on the same
+ * device where that holds its data, else from its host memory. host_copy.c plans and moves
+ * the bytes; anything it cannot prove the same is left to the Python core. */
+
 typedef struct {
     const shim_allocator *allocator;
     uint64_t native;
     served_backend *backend;
-} device_reading;
+} served_memory;
 
 static int read_served(void *context, int64_t offset, void *host, int64_t nbytes) {
-    device_reading *r = context;
-    int failed = r->allocator->read(r->native, (uint64_t)offset, host, (uint64_t)nbytes);
+    served_memory *m = context;
+    int failed = m->allocator->read(m->native, (uint64_t)offset, host, (uint64_t)nbytes);
     if (!failed) {
-        __atomic_add_fetch(&r->backend->downloaded, (uint64_t)nbytes, __ATOMIC_RELAXED);
+        __atomic_add_fetch(&m->backend->downloaded, (uint64_t)nbytes, __ATOMIC_RELAXED);
     }
     return failed;
 }
 
-int shim_served_buffer_copy_to_host(struct halide_buffer_t *src, struct halide_buffer_t *dst,
-                                    int backend) {
+static int write_served(void *context, int64_t offset, const void *host, int64_t nbytes) {
+    served_memory *m = context;
+    int failed = m->allocator->write(m->native, (uint64_t)offset, host, (uint64_t)nbytes);
+    if (!failed) {
+        __atomic_add_fetch(&m->backend->uploaded, (uint64_t)nbytes, __ATOMIC_RELAXED);
+    }
+    return failed;
+}
+
+/* `buf`'s device allocation, if it is a served one this copy may use. */
+static bool served_memory_of(const shim_allocator *a, int backend, const halide_buffer_t *buf,
+                             served_memory *m, shim_device_memory *memory) {
+    uint64_t device = shim_device_load(buf), allocated;
+    if (device == 0 || !bare(buf) || !a->served(device, &m->native, &allocated) ||
+        allocated > INT64_MAX) {
+        return false;
+    }
+    m->allocator = a;
+    m->backend = &backends[backend];
+    *memory = (shim_device_memory){read_served, write_served, m, (int64_t)allocated};
+    return true;
+}
+
+typedef struct {
+    served_memory *from, *to;
+} served_pair;
+
+static int copy_served(void *context, int64_t src_offset, int64_t dst_offset, int64_t nbytes) {
+    served_pair *p = context;
+    int failed = p->to->allocator->copy(p->from->native, (uint64_t)src_offset, p->to->native,
+                                        (uint64_t)dst_offset, (uint64_t)nbytes);
+    if (!failed) {
+        __atomic_add_fetch(&p->to->backend->device_copied, (uint64_t)nbytes, __ATOMIC_RELAXED);
+    }
+    return failed;
+}
+
+int shim_served_buffer_copy(void *user_context, struct halide_buffer_t *src,
+                            const struct halide_device_interface_t *dst_interface,
+                            struct halide_buffer_t *dst) {
+    const struct halide_device_interface_t *src_interface =
+        __atomic_load_n(&src->device_interface, __ATOMIC_ACQUIRE);
+    uint64_t flags = shim_flags_load(src);
+    bool has_device = shim_device_load(src) != 0;
+    bool host_valid = src->host != NULL && (!(flags & halide_buffer_flag_device_dirty) || !has_device);
+    bool device_valid = has_device && (src->host == NULL || !(flags & halide_buffer_flag_host_dirty));
+    served_memory from, to;
+    shim_device_memory from_memory, to_memory;
+    if (dst_interface == NULL) {
+        const shim_allocator *a = src_interface == NULL ? NULL : serving(shim_backend_of(src_interface));
+        if (a == NULL || host_valid || !device_valid ||
+            !served_memory_of(a, shim_backend_of(src_interface), src, &from, &from_memory)) {
+            return SHIM_NOT_SERVED;
+        }
+        return shim_copy_from_device(src, dst, &from_memory);
+    }
+    int backend = shim_backend_of(dst_interface);
     const shim_allocator *a = serving(backend);
-    uint64_t device = shim_device_load(src), flags = shim_flags_load(src), native, allocated;
-    bool host_valid = src->host != NULL && !(flags & halide_buffer_flag_device_dirty);
-    bool device_valid = src->host == NULL || !(flags & halide_buffer_flag_host_dirty);
-    if (a == NULL || device == 0 || !bare(src) || host_valid || !device_valid ||
-        !a->served(device, &native, &allocated) || allocated > INT64_MAX) {
+    const struct halide_device_interface_t *dst_now =
+        __atomic_load_n(&dst->device_interface, __ATOMIC_ACQUIRE);
+    bool on_device = device_valid && src_interface == dst_interface;
+    if (a == NULL || src == dst || !bare(src) || !bare(dst) ||
+        (dst_now != NULL && dst_now != dst_interface) || (!on_device && !host_valid) ||
+        (on_device && !served_memory_of(a, backend, src, &from, &from_memory))) {
         return SHIM_NOT_SERVED;
     }
-    device_reading r = {a, native, &backends[backend]};
-    return shim_copy_from_device(src, dst, (int64_t)allocated, read_served, &r);
+    if (shim_device_load(dst) == 0 &&
+        shim_served_malloc(user_context, dst, backend, dst_interface) != halide_error_code_success) {
+        return SHIM_NOT_SERVED;
+    }
+    if (!served_memory_of(a, backend, dst, &to, &to_memory)) {
+        return SHIM_NOT_SERVED;
+    }
+    if (on_device) {
+        served_pair pair = {&from, &to};
+        return shim_copy_between_devices(src, dst, &from_memory, &to_memory, copy_served, &pair);
+    }
+    return shim_copy_to_device(src, dst, &to_memory);
 }
 
 /* --- crops and slices -------------------------------------------------------------------------

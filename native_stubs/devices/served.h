@@ -31,6 +31,9 @@ typedef struct {
      * `offset`: 0 once the bytes are there, else the driver's code. */
     int (*write)(uint64_t native, uint64_t offset, const void *host, uint64_t nbytes);
     int (*read)(uint64_t native, uint64_t offset, void *host, uint64_t nbytes);
+    /* A blocking copy of `nbytes` between two allocations, at byte offsets in each. */
+    int (*copy)(uint64_t src, uint64_t src_offset, uint64_t dst, uint64_t dst_offset,
+                uint64_t nbytes);
     /* The served.c link inside a handle of this backend (any handle of its interface). */
     shim_served_link *(*link)(uint64_t handle);
     /* A handle whose min element is `offset` bytes into `native` and whose elements span
@@ -77,10 +80,11 @@ int shim_served_free(void *user_context, struct halide_buffer_t *buf, int backen
 int shim_served_copy_to_device(void *user_context, struct halide_buffer_t *buf, int backend,
                                const struct halide_device_interface_t *interface);
 int shim_served_copy_to_host(void *user_context, struct halide_buffer_t *buf, int backend);
-/* halide_buffer_copy into dst's host memory (no destination interface) from `src`'s served
- * allocation, where that is where src's data is (host_copy.c's shim_copy_from_device). */
-int shim_served_buffer_copy_to_host(struct halide_buffer_t *src, struct halide_buffer_t *dst,
-                                    int backend);
+/* halide_buffer_copy where a served allocation is the source or the destination, as the Python
+ * core's buffer_copy copies (see served.c). */
+int shim_served_buffer_copy(void *user_context, struct halide_buffer_t *src,
+                            const struct halide_device_interface_t *dst_interface,
+                            struct halide_buffer_t *dst);
 /* halide_device_crop (slice_dim -1) and halide_device_slice (slice_dim a dimension of `src`)
  * of a served allocation, or of a crop of one made here, into `dst` (checked by the caller: no
  * device memory, dimensions that fit); halide_device_release_crop of such a crop; halide_device_sync. */

@@ -69,12 +69,12 @@ class Transfers:
         with self._lock:
             self._moved[direction] += nbytes
 
-    def _served(self) -> tuple[int, int]:
+    def _served(self) -> tuple[int, int, int]:
         if self.served is None:
-            return 0, 0
-        moved = ffi.new("uint64_t[2]")
-        lib.shim_served_transferred(self.served, moved, moved + 1)
-        return moved[0], moved[1]
+            return 0, 0, 0
+        moved = ffi.new("uint64_t[3]")
+        lib.shim_served_transferred(self.served, moved, moved + 1, moved + 2)
+        return moved[0], moved[1], moved[2]
 
     @property
     def uploaded(self) -> int:
@@ -86,7 +86,7 @@ class Transfers:
 
     @property
     def device_copied(self) -> int:
-        return self._moved["device_copied"]
+        return self._moved["device_copied"] + self._served()[2]
 
     def forget_after_fork(self) -> None:
         """In a forked child: a new lock, since another thread of the parent may have held
