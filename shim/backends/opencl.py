@@ -26,7 +26,7 @@ from shim.base.progress import if_slow
 from shim.backends.base import Backend, BackendError, Memory, fork_guard
 from shim.base.errors import DeviceUnavailable
 from shim.native import ffi, lib
-from shim.native.regions import CopyPlan, rectangles
+from shim.native.regions import CopyPlan, rectangles, runs
 
 
 def _cl():
@@ -452,10 +452,20 @@ class OpenCLBackend(Backend):
     def _copy_device(self, src, dst, plan: CopyPlan) -> None:
         cl = _cl()
         try:
-            for src_offset, dst_offset, region, src_pitches, dst_pitches in _rectangles(plan):
-                cl.enqueue_copy(self.queue, dst, src, src_origin=(src_offset, 0, 0),
-                                dst_origin=(dst_offset, 0, 0), region=region,
-                                src_pitches=src_pitches, dst_pitches=dst_pitches)
+            try:
+                for src_offset, dst_offset, region, src_pitches, dst_pitches in _rectangles(plan):
+                    cl.enqueue_copy(self.queue, dst, src, src_origin=(src_offset, 0, 0),
+                                    dst_origin=(dst_offset, 0, 0), region=region,
+                                    src_pitches=src_pitches, dst_pitches=dst_pitches)
+            except cl.Error as e:
+                if e.code != cl.status_code.MEM_COPY_OVERLAP:
+                    raise
+                # Within one allocation a driver may refuse rectangles whose bytes do not
+                # overlap (PoCL: a crop's element copied to its neighbour's); run by run, as
+                # Halide's own OpenCL runtime copies, each is checked exactly.
+                for src_offset, dst_offset in runs(plan):
+                    cl.enqueue_copy(self.queue, dst, src, byte_count=plan.chunk,
+                                    src_offset=src_offset, dst_offset=dst_offset)
         except cl.Error as e:
             raise BackendError(f"OpenCL device copy failed: {e}") from None
 

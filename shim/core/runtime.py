@@ -160,6 +160,8 @@ def buffer_copy(uc, src, dst_interface, dst):
                           "buffer_copy does not switch a buffer's device interface")
         if dst_interface != ffi.NULL and not dst.device:
             dst_family = allocate(dst, dst_interface, dst_family)
+            if families.address_of(src) == families.address_of(dst):
+                src_family = dst_family  # (a copy onto itself: the source has it now too)
         src_layout, dst_layout = Layout.of(src), Layout.of(dst)
         if src_layout.elem_size != dst_layout.elem_size:
             raise Failure(E.halide_error_code_device_buffer_copy_failed,

@@ -225,6 +225,17 @@ def rectangles(copy: CopyPlan, *, whole_rows: bool = False, max_pitch: int | Non
         yield Rectangle(src, dst, region, src_pitches, dst_pitches)
 
 
+def runs(copy: CopyPlan):
+    """(source offset, destination offset) of each of the plan's contiguous chunks, in order:
+    for drivers that copy one range at a time."""
+    if copy.nbytes == 0:
+        return
+    outer = list(zip(copy.shape[:-1], copy.src_strides, copy.dst_strides))
+    for index in np.ndindex(*(e for e, _, _ in outer)):
+        yield (copy.src_offset + sum(i * s for i, (_, s, _) in zip(index, outer)),
+               copy.dst_offset + sum(i * d for i, (_, _, d) in zip(index, outer)))
+
+
 def _pitches(chunk, dims):
     """(row pitch, slice pitch) for a rectangle of ``dims`` = [(extent, stride), ...]."""
     if not dims:
