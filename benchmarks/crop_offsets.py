@@ -7,7 +7,9 @@ The parent goes to the device before it is cropped, so its allocation is placed 
 not for the crop: a crop at x (y = 0) starts 4x bytes into it, which a sub-buffer can take only
 at multiples of the device's CL_DEVICE_MEM_BASE_ADDR_ALIGN / 8 (the last offset of each kernel,
 "aligned"). The crops' mins are set to 0, so that every call reads the same input. Sizes: small
-64x64, large 1024 wide by 1000 high (Halide order: x, y). Two kernels:
+64x64, large 1024 wide by 1000 high (Halide order: x, y). The parents are as wide as the crop
+plus the aligned offset, so their rows lie further apart than the whole buffer's (at the large
+size 4224 bytes against 4096, a stride the whole buffer's traffic may pay for). Two kernels:
 
   - times_k (pipelines/generators/times_k.py: output = input * k, float32, gpu_tile'd 16 x 16),
     a kernel that makes no assumption about its buffers' base (every access indexed by element):
@@ -32,8 +34,8 @@ against numpy.
 from __future__ import annotations
 
 import argparse
-import time
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
