@@ -599,6 +599,30 @@ def test_crops_dropped_while_the_family_allocates_leak_nothing(host_device, monk
         assert host_device.live_allocations == before
 
 
+def test_many_buffers_dropped_inside_a_section_are_all_freed_as_it_ends(host_device):
+    """Finalizers that find their thread inside one of the device layer's critical sections
+    leave their work until it leaves the outermost (shim/base/sections.py). That work takes
+    the layer's locks too, so leaving their sections once ran the next queued release inside the
+    one before: a thread that had a few hundred Buffers dropped there (a benchmark's fixture
+    torn down inside a call) hit Python's recursion limit, and the rest kept their memory."""
+    from shim.base import sections
+
+    gc.collect()
+    before = host_device.live_allocations
+    bufs = [shim.Buffer(np.zeros(4, np.float32)) for _ in range(500)]
+    for buf in bufs:
+        buf.copy_to_device(host_device)
+    del buf
+    assert host_device.live_allocations == before + len(bufs)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with sections.Lock():
+            bufs.clear()  # (each finalizer finds the thread inside: its release waits)
+            assert host_device.live_allocations == before + 500
+    assert [str(w.message) for w in caught] == []
+    assert host_device.live_allocations == before
+
+
 def test_a_dropped_buffer_whose_copy_back_fails_still_frees_its_memory(host_device):
     gc.collect()
     before = host_device.live_allocations

@@ -25,6 +25,7 @@ class _Thread(threading.local):
     def __init__(self):
         self.depth = 0  # sections the thread is inside
         self.later: list = []  # work waiting for the thread to leave them
+        self.draining = False  # the thread is doing that work (one piece of it at a time)
 
 
 _thread = _Thread()
@@ -52,9 +53,16 @@ def leave() -> None:
     outermost does the work finalizers left."""
     state = _thread
     state.depth -= 1
-    if not state.depth:
-        while state.later and not state.depth:
-            state.later.pop(0)()  # (what one queues as it runs is done as it leaves)
+    if not state.depth and not state.draining:
+        # The work takes the layer's locks, so it leaves sections too: the loop here does the
+        # next piece, not that piece's leave() (which would nest one call per piece queued,
+        # until Python's recursion limit failed the rest).
+        state.draining = True
+        try:
+            while state.later and not state.depth:
+                state.later.pop(0)()  # (what one queues as it runs is done as it leaves)
+        finally:
+            state.draining = False
 
 
 class Lock:
