@@ -78,6 +78,12 @@ void shim_opencl_set_alignment(uint64_t alignment);
 void shim_opencl_retain(uint64_t mem);
 /* Give one reference back (clReleaseMemObject). */
 void shim_opencl_release(uint64_t mem);
+/* One contiguous copy on the backend's queue, complete when it returns (enqueued without
+ * blocking, then clFinish, as Halide's runtime copies): `direction` 0 writes `nbytes` from
+ * `host` into `mem` at `offset`, 1 reads them into `host`, 2 copies them from `mem` at `offset`
+ * into `to` at `to_offset`. 0, or the OpenCL error (CL_INVALID_OPERATION in a forked child). */
+int shim_opencl_transfer(int direction, uint64_t mem, uint64_t offset, void *host, uint64_t to,
+                         uint64_t to_offset, uint64_t nbytes);
 /* Halide's OpenCL preferences (halide_opencl_set_*), NULL if unset. */
 const char *halide_opencl_get_platform_name(void *user_context);
 const char *halide_opencl_get_device_type(void *user_context);

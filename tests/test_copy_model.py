@@ -604,7 +604,9 @@ def test_random_copies_in_c_and_python_match_the_model(backend):
     assert families.live_counts() == handles
     missing = SERVED_KINDS[kind] - {k for k, n in evidence[kind].items() if n}
     assert not missing, f"never served in C on {kind}: {sorted(missing)} ({dict(evidence[kind])})"
-    profiled = {k for k in SERVED_KINDS[kind] if k in COUNTED}
+    # (A copy to or from a served allocation is not served while profiling, as served.c's
+    # copies are not: only a buffer_copy from a source's host memory may be counted then.)
+    profiled = {k for k in SERVED_KINDS[kind] if k in COUNTED} - {"buffer_copy"}
     assert profiled <= set(counted[kind]), (dict(counted[kind]), profiled)
 
 

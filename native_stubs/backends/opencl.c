@@ -468,6 +468,23 @@ static int copy_allocation(uint64_t src, uint64_t src_offset, uint64_t dst, uint
     return err != 0 ? err : finished;
 }
 
+int shim_opencl_transfer(int direction, uint64_t mem, uint64_t offset, void *host, uint64_t to,
+                         uint64_t to_offset, uint64_t nbytes) {
+    if (!driver_usable()) {
+        return CL_INVALID_OPERATION;
+    }
+    switch (direction) {
+    case 0:
+        return write_allocation(mem, offset, host, nbytes);
+    case 1:
+        return read_allocation(mem, offset, host, nbytes);
+    case 2:
+        return copy_allocation(mem, offset, to, to_offset, nbytes);
+    default:
+        return CL_INVALID_VALUE;
+    }
+}
+
 static shim_served_link *served_link(uint64_t handle) {
     return &((shim_cl_handle *)(uintptr_t)handle)->link;
 }
