@@ -701,6 +701,9 @@ static int launch(SHIM_RUN_PARAMS) {
         give_staging(staged[k].copy); /* (its submission has finished or was never made) */
         shim_layout_free(&staged[k].layout);
     }
+    if (shim_profile_on()) {
+        shim_profile_launch_staged(staged_count); /* (a profile says which launches staged) */
+    }
     return code;
 }
 

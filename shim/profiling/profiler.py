@@ -65,8 +65,8 @@ class Record:
     Other fields: ``backend`` (a device kind), ``buffer`` (a BufferInfo), ``bytes`` moved,
     ``result`` (Halide's return code), ``parent`` (the id of the record it ran inside),
     ``call`` (the id of the pipeline call it belongs to), ``launch`` (a kernel's launch
-    geometry; on OpenCL also "staged", the number of buffers staged around the kernel: crops it
-    could take neither in place nor at an offset), ``device_track``, ``device_start_ns`` and
+    geometry; on OpenCL and Vulkan also "staged", the number of buffers staged around the
+    kernel: crops it could take neither in place nor at an offset), ``device_track``, ``device_start_ns`` and
     ``device_ns`` (device timing).
 
     - ``stages``: a pipeline call of a build with Halide's profiler (``-profile``): that call's
@@ -588,7 +588,7 @@ def shim_py_profile_launch_end(token, result, staged):
     if entry is None:
         return
     profile, record = entry
-    if staged >= 0:  # (a backend that reports it: OpenCL)
+    if staged >= 0:  # (a backend that reports it: OpenCL, Vulkan)
         record.launch["staged"] = staged
     _mark_after(profile, record)
     profile._end(record, result)
