@@ -47,7 +47,9 @@ typedef struct shim_cl_handle {
      * (native_stubs/devices/served.c); 0 for the Python core's, and once claimed. */
     uint32_t served;
     uint32_t native_made;  /* made by the native layer: shim_opencl_handle_release frees it */
-    uint64_t nbytes, capacity;  /* a served allocation's: asked for, and held */
+    /* The bytes the buffer spans from its min element (a served allocation's: asked for), and
+     * a served allocation's capacity. */
+    uint64_t nbytes, capacity;
     /* A handle of the image interface: the image's dimensions (1-3), and launch_mem is the
      * image where the buffer is the image's own (offset 0, as many dimensions); any other crop
      * or slice is staged into an image of its own around each launch. 0 for a buffer. */
@@ -112,7 +114,9 @@ typedef struct shim_vk_handle {
      * (native_stubs/devices/served.c); 0 for the Python core's, and once claimed. */
     uint32_t served;
     uint32_t native_made;  /* made by the native layer: shim_vk_handle_release frees it */
-    uint64_t nbytes, capacity;  /* a served allocation's: asked for, and held */
+    /* The bytes the buffer spans from its min element (a served allocation's: asked for), and
+     * a served allocation's capacity. */
+    uint64_t nbytes, capacity;
     shim_served_link link;
 } shim_vk_handle;
 /* Names of the machine's Vulkan devices, each ending in a newline, into `names` (a probe that

@@ -88,6 +88,77 @@ def test_a_buffers_allocation_and_copies_never_reach_python(opencl, serve):
     assert served_live() == 0
 
 
+def test_copies_of_the_python_cores_allocation_never_reach_python(opencl, serve):
+    """A Buffer whose allocation the Python core made (Buffer.copy_to_device, a crop taken
+    meanwhile and dropped): its copies both ways, through the C entry points and the Buffer's
+    methods, move the bytes in C, with no Python core operation, into the memory the family
+    holds; switched off, the Python core moves the same bytes. Its crops' copies, and the copies
+    while another thread holds the family's lock, stay with the Python core."""
+    data = np.arange(24 * 16, dtype=np.int32).reshape(24, 16)
+    for on in (True, False):
+        serve(on)
+        buf = shim.Buffer(data.copy())
+        buf.copy_to_device(opencl)  # (the Python core's allocation)
+        family = buf.family
+        assert family.memory is not None and buf.raw.device in family.handles
+        native = lib.halide_opencl_get_cl_mem(ffi.NULL, buf.raw)
+        uploaded, downloaded = opencl.transfers.uploaded, opencl.transfers.downloaded
+
+        def round_trip():
+            buf.numpy()[:] = data * 3
+            buf.set_host_dirty()
+            assert lib.halide_copy_to_device(ffi.NULL, buf.raw, interface()) == 0
+            buf.numpy()[:] = -1
+            buf.raw.flags = (buf.raw.flags & ~DIRTY) | DEVICE_DIRTY
+            assert lib.halide_copy_to_host(ffi.NULL, buf.raw) == 0
+            np.testing.assert_array_equal(buf.numpy(), data * 3)
+            buf.numpy()[:] = data
+            buf.set_host_dirty()
+            buf.copy_to_device(opencl)
+            buf.numpy()[:] = -1
+            buf.raw.flags = (buf.raw.flags & ~DIRTY) | DEVICE_DIRTY
+            buf.copy_to_host()
+            np.testing.assert_array_equal(buf.numpy(), data)
+
+        ran = core_calls_during(round_trip)
+        assert bool(ran & {"copy_to_host", "copy_to_device"}) is not on, ran
+        assert opencl.transfers.uploaded - uploaded == 2 * data.nbytes
+        assert opencl.transfers.downloaded - downloaded == 2 * data.nbytes
+        assert lib.halide_opencl_get_cl_mem(ffi.NULL, buf.raw) == native
+        assert family.memory is not None and buf.raw.device in family.handles
+        crop = buf.cropped([(2, 4), (8, 8)])  # (a shared family from now on: Python's)
+        crop.set_device_dirty()
+        assert "copy_to_host" in core_calls_during(crop.copy_to_host)
+        np.testing.assert_array_equal(crop.numpy(), data[8:16, 2:6])
+        del crop
+        other = shim.Buffer(data.copy())
+        other.copy_to_device(opencl)
+        other.set_device_dirty()
+        holding, done = threading.Event(), threading.Event()
+
+        def hold():
+            with other.family.lock:
+                holding.set()
+                done.wait()
+
+        holder = threading.Thread(target=hold)
+        holder.start()
+        holding.wait()
+        ran = []
+        copier = threading.Thread(
+            target=lambda: ran.append(core_calls_during(other.copy_to_host)))
+        copier.start()
+        copier.join(0.2)
+        assert copier.is_alive()  # waiting for the lock, in Python: not served meanwhile
+        done.set()
+        holder.join()
+        copier.join()
+        assert "copy_to_host" in ran[0]
+        np.testing.assert_array_equal(other.numpy(), data)
+        del buf, other
+        gc.collect()
+
+
 def test_python_adopts_a_served_allocation_the_first_time_it_needs_it(opencl, serve):
     """Each Python operation that needs a Buffer's served allocation finds it in the Buffer's
     family: the upload goes to the memory generated code got, a crop aliases it, a DLPack-style

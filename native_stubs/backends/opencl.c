@@ -485,6 +485,17 @@ int shim_opencl_transfer(int direction, uint64_t mem, uint64_t offset, void *hos
     }
 }
 
+static bool locate_handle(uint64_t value, uint64_t *native, uint64_t *offset, uint64_t *nbytes) {
+    const shim_cl_handle *handle = (const shim_cl_handle *)(uintptr_t)value;
+    if (handle->image_dims != 0) {
+        return false; /* (an image's: the image interface has no allocator) */
+    }
+    *native = (uint64_t)(uintptr_t)handle->mem;
+    *offset = handle->offset;
+    *nbytes = handle->nbytes;
+    return true;
+}
+
 static shim_served_link *served_link(uint64_t handle) {
     return &((shim_cl_handle *)(uintptr_t)handle)->link;
 }
@@ -534,8 +545,8 @@ static int sync_queue(void) {
 
 static const shim_allocator allocator = {
     driver_usable, create_allocation, shim_opencl_release, make_served_handle, claim_served,
-    release_served_handle, served_native, write_allocation, read_allocation, copy_allocation,
-    served_link,
+    release_served_handle, served_native, locate_handle, write_allocation, read_allocation,
+    copy_allocation, served_link,
     make_crop_handle, sync_queue,
 };
 

@@ -719,6 +719,14 @@ static int copy_allocation(uint64_t src, uint64_t src_offset, uint64_t dst, uint
                     shape, none, none, 0, (int64_t)src_offset, (int64_t)dst_offset, NULL, 0);
 }
 
+static bool locate_handle(uint64_t value, uint64_t *native, uint64_t *offset, uint64_t *nbytes) {
+    const shim_vk_handle *handle = (const shim_vk_handle *)(uintptr_t)value;
+    *native = (uint64_t)(uintptr_t)handle->memory;
+    *offset = handle->offset;
+    *nbytes = handle->nbytes;
+    return true;
+}
+
 static shim_served_link *served_link(uint64_t handle) {
     return &((shim_vk_handle *)(uintptr_t)handle)->link;
 }
@@ -740,8 +748,8 @@ static uint64_t make_crop_handle(uint64_t native, uint64_t offset, uint64_t nbyt
 
 static const shim_allocator allocator = {
     driver_usable, create_allocation, release_allocation, make_served_handle, claim_served,
-    release_served_handle, served_native, write_allocation, read_allocation, copy_allocation,
-    served_link,
+    release_served_handle, served_native, locate_handle, write_allocation, read_allocation,
+    copy_allocation, served_link,
     make_crop_handle, shim_vk_sync,
 };
 

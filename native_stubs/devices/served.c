@@ -473,13 +473,23 @@ static bool dense(const halide_buffer_t *buf) {
     return true;
 }
 
-/* The native value of the served allocation `buf` holds and the bytes it spans, if a copy of
- * it may be served. */
+/* The native value of the allocation `buf` holds, where in it `buf` starts and the bytes it
+ * spans, if a copy of it may be served: a served allocation, or the Python core's allocation of
+ * a shim.Buffer's struct, which only reaches here through the family server, once that found
+ * the handle its family's, into the family's memory (fast/buffer_families.c). */
 static bool copyable(const shim_allocator *a, const halide_buffer_t *buf, uint64_t *native,
-                     uint64_t *nbytes) {
+                     uint64_t *offset, uint64_t *nbytes) {
     uint64_t device = shim_device_load(buf), allocated;
-    return buf->host != NULL && device != 0 && a->served(device, native, &allocated) &&
-           shim_buffer_span(buf, nbytes) && *nbytes <= allocated && dense(buf);
+    if (buf->host == NULL || device == 0) {
+        return false;
+    }
+    *offset = 0;
+    if (!a->served(device, native, &allocated) &&
+        !((shim_flags_load(buf) & SHIM_BUFFER_FLAG_PYTHON) &&
+          a->locate(device, native, offset, &allocated))) {
+        return false;
+    }
+    return shim_buffer_span(buf, nbytes) && *nbytes <= allocated && dense(buf);
 }
 
 /* The copy itself, once the struct's family (if it has one) is held: `c->mark_host` says which
@@ -488,8 +498,8 @@ static int copy_step(void *context) {
     served_call *c = context;
     struct halide_buffer_t *buf = c->buf;
     bool up = c->to_device;
-    uint64_t native, nbytes;
-    if (!copyable(c->allocator, buf, &native, &nbytes)) {
+    uint64_t native, offset, nbytes;
+    if (!copyable(c->allocator, buf, &native, &offset, &nbytes)) {
         return SHIM_NOT_SERVED;
     }
     uint64_t flags = shim_flags_load(buf);
@@ -500,8 +510,8 @@ static int copy_step(void *context) {
     if (flags & (halide_buffer_flag_host_dirty | halide_buffer_flag_device_dirty) & ~newer) {
         return SHIM_NOT_SERVED; /* both sides changed: the Python core reports it */
     }
-    int failed = up ? c->allocator->write(native, 0, buf->host, nbytes)
-                    : c->allocator->read(native, 0, buf->host, nbytes);
+    int failed = up ? c->allocator->write(native, offset, buf->host, nbytes)
+                    : c->allocator->read(native, offset, buf->host, nbytes);
     if (failed) {
         return SHIM_NOT_SERVED; /* the Python core reports it (or tries again, and reports) */
     }

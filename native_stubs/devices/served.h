@@ -27,6 +27,10 @@ typedef struct {
      * make_handle was given (a look, not a claim: the caller is the struct's user, whom
      * generated code orders with its free). */
     bool (*served)(uint64_t handle, uint64_t *native, uint64_t *nbytes);
+    /* Any handle of this backend's interface: the native value of its allocation, the byte
+     * offset of its min element there and the bytes it spans from it (the Python core's
+     * handles say them too); false where it cannot say. */
+    bool (*locate)(uint64_t handle, uint64_t *native, uint64_t *offset, uint64_t *nbytes);
     /* Blocking copies between host memory and the `nbytes` of an allocation from byte
      * `offset`: 0 once the bytes are there, else the driver's code. */
     int (*write)(uint64_t native, uint64_t offset, const void *host, uint64_t nbytes);

@@ -13,6 +13,10 @@
  *  - for a free: no pipeline call of another thread uses it (family.uses empty, or this thread
  *    works for a running pipeline call, whose own device calls never wait: families.await_calls);
  *    for a Buffer's own methods: no call uses it at all.
+ * A copy (copy_to_host, copy_to_device) is served on the same terms, and also where the
+ * allocation is the Python core's: the struct's handle one of the family's, into its current
+ * memory; the copy moves what the Python core's _download or upload would (a dense buffer's
+ * span, from the handle's offset), with the family's lock taken as below.
  * The served allocation is then recorded in its handle only, as a pipeline buffer's is, and the
  * first Python operation on the Buffer that needs it adopts it into the Buffer's family
  * (families.family_of, which every operation reaches through ``locked``); from then on it is an
@@ -116,10 +120,34 @@ static bool lock_idle(PyObject *family) {
     return idle;
 }
 
-/* Whether the family is idle for `operation`, apart from its lock. */
-static bool unused(PyObject *family, int operation) {
-    if (Py_TYPE(family) != s_family_type || !attribute_is(family, s_members, Py_None) ||
-        !attribute_is(family, s_memory, Py_None) || !attribute_empty(family, s_handles)) {
+/* Whether `buf`'s handle is one of the family's, into the family's memory: handles[handle]
+ * is [offset, count, memory, backend] (families.Family.add_handle). */
+static bool handle_into_memory(PyObject *family, const struct halide_buffer_t *buf) {
+    PyObject *memory = PyObject_GetAttr(family, s_memory);
+    PyObject *handles = PyObject_GetAttr(family, s_handles);
+    PyObject *key = PyLong_FromUnsignedLongLong(shim_device_load(buf));
+    PyObject *entry = memory != NULL && memory != Py_None && handles != NULL &&
+                              PyDict_Check(handles) && key != NULL
+                          ? PyDict_GetItemWithError(handles, key) /* (borrowed) */
+                          : NULL;
+    bool into = entry != NULL && PyList_Check(entry) && PyList_Size(entry) >= 3 &&
+                PyList_GetItem(entry, 2) == memory;
+    Py_XDECREF(key);
+    Py_XDECREF(handles);
+    Py_XDECREF(memory);
+    return into;
+}
+
+/* Whether the family is idle for `operation` on `buf`, apart from its lock: no allocation of
+ * Python's (its allocation, if any, is one the native layer served and Python never adopted);
+ * or, for a copy, the Python core's allocation, with `buf`'s handle into it (the copy then
+ * moves the bytes the Python core's would: served.c's copyable). */
+static bool unused(PyObject *family, const struct halide_buffer_t *buf, int operation) {
+    if (Py_TYPE(family) != s_family_type || !attribute_is(family, s_members, Py_None)) {
+        return false;
+    }
+    bool pythons = !attribute_is(family, s_memory, Py_None) || !attribute_empty(family, s_handles);
+    if (pythons && !(operation == SHIM_FAMILY_COPY && handle_into_memory(family, buf))) {
         return false;
     }
     if (operation == SHIM_FAMILY_MALLOC) {
@@ -134,15 +162,16 @@ static bool unused(PyObject *family, int operation) {
     return attribute_empty(family, s_uses);
 }
 
-static bool servable(PyObject *family, int operation) {
-    return unused(family, operation) && lock_idle(family);
+static bool servable(PyObject *family, const struct halide_buffer_t *buf, int operation) {
+    return unused(family, buf, operation) && lock_idle(family);
 }
 
 /* `step(context)` with the family's lock taken as FamilyLock.acquire takes it (its mutex, then
  * owner: this thread), and the GIL released: a Python thread that wants the family waits for
  * the lock, and the fast paths, which read owner, leave the family to Python meanwhile. With
  * the GIL held. */
-static int step_holding_lock(PyObject *family, shim_served_step step, void *context) {
+static int step_holding_lock(PyObject *family, const struct halide_buffer_t *buf,
+                             shim_served_step step, void *context) {
     int result = SHIM_NOT_SERVED;
     PyObject *lock = PyObject_GetAttr(family, s_lock);
     PyObject *mutex = lock == NULL ? NULL : PyObject_GetAttr(lock, s_mutex);
@@ -151,7 +180,7 @@ static int step_holding_lock(PyObject *family, shim_served_step step, void *cont
     if (me != NULL && PyObject_SetAttr(lock, s_owner, me) == 0) {
         /* Checked again now that it is held: making the argument tuple above may have run the
          * collector, and a finalizer may have let another thread in after the first check. */
-        if (unused(family, SHIM_FAMILY_COPY)) {
+        if (unused(family, buf, SHIM_FAMILY_COPY)) {
             PyThreadState *state = PyEval_SaveThread();
             result = step(context);
             PyEval_RestoreThread(state);
@@ -184,8 +213,8 @@ static int serve(const struct halide_buffer_t *buf, int operation, shim_served_s
     int result = SHIM_NOT_SERVED;
     PyObject *address = PyLong_FromVoidPtr((void *)buf);
     PyObject *family = address == NULL ? NULL : PyDict_GetItemWithError(owned, address);
-    if (family != NULL && servable(family, operation)) {
-        result = operation == SHIM_FAMILY_COPY ? step_holding_lock(family, step, context)
+    if (family != NULL && servable(family, buf, operation)) {
+        result = operation == SHIM_FAMILY_COPY ? step_holding_lock(family, buf, step, context)
                                                : step(context);
     }
     Py_XDECREF(address);

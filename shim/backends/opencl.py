@@ -377,7 +377,7 @@ class OpenCLBackend(Backend):
 
     def handle(self, memory: OpenCLMemory, offset: int, nbytes: int) -> int:
         struct = ffi.new("shim_cl_handle *")
-        struct.offset = offset
+        struct.offset, struct.nbytes = offset, nbytes
         struct.mem = ffi.cast("void *", memory.buffer.int_ptr)
         sub = None
         if offset == 0:

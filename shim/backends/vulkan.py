@@ -176,7 +176,7 @@ class VulkanBackend(Backend):
     def handle(self, memory: VulkanMemory, offset: int, nbytes: int) -> int:
         struct = ffi.new("shim_vk_handle *")
         struct.buffer = lib.shim_vk_buffer_of(memory.native_memory)
-        struct.offset = offset
+        struct.offset, struct.nbytes = offset, nbytes
         struct.memory = memory.native_memory
         value = int(ffi.cast("uintptr_t", struct))
         memory.handles[value] = struct
