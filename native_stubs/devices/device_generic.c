@@ -687,8 +687,12 @@ int halide_buffer_copy(void *user_context, struct halide_buffer_t *src,
         /* In C where it can be: between host memories, or with a served allocation on
          * either side. */
         int result = dst_device_interface == NULL ? shim_host_copy(src, dst) : SHIM_NOT_SERVED;
+        const struct halide_device_interface_t *from = interface_of(src);
         if (result == SHIM_NOT_SERVED) {
-            result = shim_served_buffer_copy(user_context, src, dst_device_interface, dst);
+            result = shim_served_buffer_copy(
+                user_context, src, from, from == NULL ? -1 : shim_backend_of(from),
+                dst_device_interface,
+                dst_device_interface == NULL ? -1 : shim_backend_of(dst_device_interface), dst);
         }
         if (result != SHIM_NOT_SERVED) {
             return result;

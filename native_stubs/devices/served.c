@@ -621,39 +621,43 @@ static int copy_served(void *context, int64_t src_offset, int64_t dst_offset, in
 }
 
 int shim_served_buffer_copy(void *user_context, struct halide_buffer_t *src,
-                            const struct halide_device_interface_t *dst_interface,
+                            const struct halide_device_interface_t *src_interface, int src_backend,
+                            const struct halide_device_interface_t *dst_interface, int dst_backend,
                             struct halide_buffer_t *dst) {
-    const struct halide_device_interface_t *src_interface =
-        __atomic_load_n(&src->device_interface, __ATOMIC_ACQUIRE);
+    if (__atomic_load_n(&src->device_interface, __ATOMIC_ACQUIRE) != src_interface) {
+        return SHIM_NOT_SERVED; /* (moved meanwhile: its handle may be another backend's) */
+    }
     uint64_t flags = shim_flags_load(src);
     bool has_device = shim_device_load(src) != 0;
-    bool host_valid = src->host != NULL && (!(flags & halide_buffer_flag_device_dirty) || !has_device);
-    bool device_valid = has_device && (src->host == NULL || !(flags & halide_buffer_flag_host_dirty));
+    bool host_valid =
+        src->host != NULL && (!(flags & halide_buffer_flag_device_dirty) || !has_device);
+    bool device_valid =
+        has_device && (src->host == NULL || !(flags & halide_buffer_flag_host_dirty));
     served_memory from, to;
     shim_device_memory from_memory, to_memory;
     if (dst_interface == NULL) {
-        const shim_allocator *a = src_interface == NULL ? NULL : serving(shim_backend_of(src_interface));
+        const shim_allocator *a = src_interface == NULL ? NULL : serving(src_backend);
         if (a == NULL || host_valid || !device_valid ||
-            !served_memory_of(a, shim_backend_of(src_interface), src, &from, &from_memory)) {
+            !served_memory_of(a, src_backend, src, &from, &from_memory)) {
             return SHIM_NOT_SERVED;
         }
         return shim_copy_from_device(src, dst, &from_memory);
     }
-    int backend = shim_backend_of(dst_interface);
-    const shim_allocator *a = serving(backend);
+    const shim_allocator *a = serving(dst_backend);
     const struct halide_device_interface_t *dst_now =
         __atomic_load_n(&dst->device_interface, __ATOMIC_ACQUIRE);
     bool on_device = device_valid && src_interface == dst_interface;
     if (a == NULL || src == dst || !bare(src) || !bare(dst) ||
         (dst_now != NULL && dst_now != dst_interface) || (!on_device && !host_valid) ||
-        (on_device && !served_memory_of(a, backend, src, &from, &from_memory))) {
+        (on_device && !served_memory_of(a, dst_backend, src, &from, &from_memory))) {
         return SHIM_NOT_SERVED;
     }
     if (shim_device_load(dst) == 0 &&
-        shim_served_malloc(user_context, dst, backend, dst_interface) != halide_error_code_success) {
+        shim_served_malloc(user_context, dst, dst_backend, dst_interface) !=
+            halide_error_code_success) {
         return SHIM_NOT_SERVED;
     }
-    if (!served_memory_of(a, backend, dst, &to, &to_memory)) {
+    if (!served_memory_of(a, dst_backend, dst, &to, &to_memory)) {
         return SHIM_NOT_SERVED;
     }
     if (on_device) {

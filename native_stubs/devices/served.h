@@ -85,9 +85,11 @@ int shim_served_copy_to_device(void *user_context, struct halide_buffer_t *buf, 
                                const struct halide_device_interface_t *interface);
 int shim_served_copy_to_host(void *user_context, struct halide_buffer_t *buf, int backend);
 /* halide_buffer_copy where a served allocation is the source or the destination, as the Python
- * core's buffer_copy copies (see served.c). */
+ * core's buffer_copy copies (see served.c); `src_interface` is src's (NULL: none) and each
+ * backend that of its interface (-1: none). */
 int shim_served_buffer_copy(void *user_context, struct halide_buffer_t *src,
-                            const struct halide_device_interface_t *dst_interface,
+                            const struct halide_device_interface_t *src_interface, int src_backend,
+                            const struct halide_device_interface_t *dst_interface, int dst_backend,
                             struct halide_buffer_t *dst);
 /* halide_device_crop (slice_dim -1) and halide_device_slice (slice_dim a dimension of `src`)
  * of a served allocation, or of a crop of one made here, into `dst` (checked by the caller: no
