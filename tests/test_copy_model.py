@@ -638,6 +638,34 @@ def test_a_copy_to_the_device_onto_itself_allocates_and_succeeds(python):
     np.testing.assert_array_equal(values, np.arange(3))
 
 
+def test_an_opencl_copy_from_a_row_into_a_column_of_one_allocation(opencl):
+    """A device copy from a 2 x 3 buffer into its slice at x = 0 (a column, elements two apart),
+    over the dimension both have: its first row's two elements into the column's first two
+    (found by the model): OpenCL refuses a rectangle copy within one buffer whose two sides'
+    pitches differ (CL_INVALID_VALUE); run by run, the shim copies it."""
+    values = np.arange(6, dtype=np.int32)
+    root, dims = ffi.new("halide_buffer_t *"), ffi.new("halide_dimension_t[2]")
+    (dims[0].min, dims[0].extent, dims[0].stride), (dims[1].min, dims[1].extent, dims[1].stride) = \
+        (0, 2, 1), (-1, 3, 2)
+    root.host = ffi.cast("uint8_t *", values.ctypes.data)
+    root.type.code, root.type.bits, root.type.lanes = lib.halide_type_int, 32, 1
+    root.dimensions, root.dim = 2, dims
+    interface = lib.shim_backend_interface(lib.SHIM_BACKEND_OPENCL)
+    root.flags = HOST_DIRTY
+    assert lib.halide_copy_to_device(ffi.NULL, root, interface) == 0
+    column, column_dim = ffi.new("halide_buffer_t *"), ffi.new("halide_dimension_t[1]")
+    column_dim[0].min, column_dim[0].extent, column_dim[0].stride = -1, 3, 2
+    column.host, column.type, column.dimensions, column.dim = root.host, root.type, 1, column_dim
+    assert lib.halide_device_slice(ffi.NULL, root, 0, 0, column) == 0
+    assert lib.halide_buffer_copy(ffi.NULL, root, interface, column) == 0
+    assert column.flags & DIRTY == DEVICE_DIRTY
+    assert lib.halide_copy_to_host(ffi.NULL, column) == 0
+    # column coordinates 0 and 1 (elements 2 and 4) get the row's x = 0 and 1 (elements 0, 1)
+    np.testing.assert_array_equal(values, [0, 1, 0, 3, 1, 5])
+    assert lib.halide_device_release_crop(ffi.NULL, column) == 0
+    assert lib.halide_device_free(ffi.NULL, root) == 0
+
+
 def test_an_opencl_copy_between_neighbouring_ranges_of_one_allocation(opencl):
     """A device copy from one element of an allocation to the next (a buffer to its slice):
     PoCL refuses the rectangle copy (MEM_COPY_OVERLAP) though no byte is shared; Halide's

@@ -478,11 +478,14 @@ class OpenCLBackend(Backend):
                                     dst_origin=(dst_offset, 0, 0), region=region,
                                     src_pitches=src_pitches, dst_pitches=dst_pitches)
             except cl.Error as e:
-                if e.code != cl.status_code.MEM_COPY_OVERLAP:
+                refused = (cl.status_code.MEM_COPY_OVERLAP, cl.status_code.INVALID_VALUE)
+                if e.code not in refused or src.int_ptr != dst.int_ptr:
                     raise
                 # Within one allocation a driver may refuse rectangles whose bytes do not
-                # overlap (PoCL: a crop's element copied to its neighbour's); run by run, as
-                # Halide's own OpenCL runtime copies, each is checked exactly.
+                # overlap (PoCL: a crop's element copied to its neighbour's), and OpenCL
+                # refuses any whose two sides' pitches differ (CL_INVALID_VALUE: a slice's
+                # elements from a row of its parent); run by run, as Halide's own OpenCL
+                # runtime copies, each is checked exactly.
                 for src_offset, dst_offset in runs(plan):
                     cl.enqueue_copy(self.queue, dst, src, byte_count=plan.chunk,
                                     src_offset=src_offset, dst_offset=dst_offset)
