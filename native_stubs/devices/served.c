@@ -1,5 +1,7 @@
 /* Device allocations served by the native layer, with no Python: device_malloc and
- * device_free of a pipeline's own buffers, and of a shim.Buffer's struct whose family is idle.
+ * device_free of a pipeline's own buffers, and of a shim.Buffer's struct whose family is idle;
+ * with them (sections below) device-and-host malloc and free, copies, halide_buffer_copy,
+ * crops, slices and syncs.
  *
  * Generated code allocates and frees its intermediate GPU buffers on every call (Halide's
  * interpolate app: 13 pairs a call, local_laplacian: 22). Through the Python core each pair
