@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import logging
 import os
-import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -113,29 +112,73 @@ def read(path: str, argument: str, npy_order: str = "numpy") -> np.ndarray:
     return np.ascontiguousarray(pixels)
 
 
+# A .npy header longer than this is refused, as numpy's np.load refuses one by default.
+_NPY_HEADER_LIMIT = 10000
+
+
 def _read_npy(path: str, argument: str) -> np.ndarray:
-    magic = np.lib.format.MAGIC_PREFIX
+    """The array in a .npy file: numpy's format, read here rather than by np.load, whose header
+    parser (Python's tokenizer from 3.12 on) refuses the headers halide_image_io writes, with
+    the newline before the padding ("IndentationError: unexpected indent")."""
     try:
         with open(path, "rb") as f:
-            is_npy = f.read(len(magic)) == magic
-            f.seek(0)
-            with warnings.catch_warnings():
-                # (halide_image_io writes headers numpy calls old-fashioned: nothing to act on.)
-                warnings.filterwarnings("ignore", "Reading `.npy` or `.npz` file required "
-                                                  "additional header parsing")
-                array = np.load(f, allow_pickle=False) if is_npy else None
-    except (OSError, ValueError, MemoryError) as e:  # (the header's shape is allocated first)
+            dtype, fortran_order, shape = _npy_header(f, path, argument)
+            if dtype.kind not in "biuf":  # structured, complex, text, dates: no conversion holds
+                raise ArgumentError(argument, f"cannot read {path}: its elements are {dtype}, "
+                                              f"not numbers (bool, integers or floats)")
+            count = int(np.prod(shape, dtype=object))
+            size = os.fstat(f.fileno()).st_size - f.tell()
+            if size != count * dtype.itemsize:
+                raise ArgumentError(argument, f"cannot read {path}: its header says {count} "
+                                              f"elements of {dtype.itemsize} bytes, and "
+                                              f"{size} bytes follow it")
+            data = np.frombuffer(f.read(size), dtype, count)
+    except OSError as e:
         raise ArgumentError(argument, f"cannot read {path}: {e}") from None
-    except Exception as e:  # np.load's header parser raises what it meets (tokenize's errors)
-        raise ArgumentError(argument, f"cannot read {path}: a damaged .npy header "
-                                      f"({type(e).__name__}: {e})") from None
-    if array is None:  # (np.load would take it for a pickle, and say to trust it)
-        raise ArgumentError(argument, f"{path} is not a .npy file")
-    if array.dtype.kind not in "biuf":  # structured, complex, text, dates: no conversion holds
-        raise ArgumentError(argument, f"cannot read {path}: its elements are {array.dtype}, not "
-                                      f"numbers (bool, integers or floats)")
+    array = data.reshape(shape[::-1]).T if fortran_order else data.reshape(shape)
     # Halide reads this machine's byte order, and x along rows: not a Fortran-ordered array's.
-    return np.asarray(array, array.dtype.newbyteorder("="), order="C")
+    return np.asarray(array, dtype.newbyteorder("="), order="C")
+
+
+def _npy_header(f, path: str, argument: str) -> tuple[np.dtype, bool, tuple[int, ...]]:
+    """(element type, Fortran order, shape) from a .npy file's header, leaving ``f`` at the
+    data. The header is a Python dict literal of exactly those three keys, whatever whitespace
+    surrounds it."""
+    import ast  # (here: only a .npy read needs it)
+
+    def damaged(what: str) -> ArgumentError:
+        return ArgumentError(argument, f"cannot read {path}: a damaged .npy header ({what})")
+
+    magic = np.lib.format.MAGIC_PREFIX
+    lead = f.read(len(magic) + 2)
+    if len(lead) < len(magic) + 2 or not lead.startswith(magic):
+        raise ArgumentError(argument, f"{path} is not a .npy file")
+    major = lead[len(magic)]
+    if major not in (1, 2, 3):
+        raise damaged(f"format version {major}")
+    width = 2 if major == 1 else 4
+    length = int.from_bytes(f.read(width), "little")
+    if length > _NPY_HEADER_LIMIT:
+        raise damaged(f"{length} bytes long; at most {_NPY_HEADER_LIMIT} are read")
+    raw = f.read(length)
+    if len(raw) != length:
+        raise damaged("the file ends inside it")
+    try:
+        header = ast.literal_eval(raw.decode("utf8" if major == 3 else "latin1").strip())
+    except (ValueError, SyntaxError, MemoryError, RecursionError, UnicodeDecodeError) as e:
+        raise damaged(f"{type(e).__name__}: {e}") from None
+    if not isinstance(header, dict) or set(header) != {"descr", "fortran_order", "shape"}:
+        raise damaged("not a dict of descr, fortran_order and shape")
+    shape, fortran_order = header["shape"], header["fortran_order"]
+    if not isinstance(shape, tuple) or not all(type(n) is int and n >= 0 for n in shape):
+        raise damaged(f"shape {shape!r}")
+    if not isinstance(fortran_order, bool):
+        raise damaged(f"fortran_order {fortran_order!r}")
+    try:
+        dtype = np.lib.format.descr_to_dtype(header["descr"])
+    except Exception as e:  # (numpy raises what it meets in a descr it cannot take)
+        raise damaged(f"descr {header['descr']!r}: {e}") from None
+    return dtype, fortran_order, shape
 
 
 def conform(array: np.ndarray, dimensions: int, dtype: np.dtype, what: str, warn) -> np.ndarray:
