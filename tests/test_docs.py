@@ -27,3 +27,22 @@ def test_the_manual_builds_without_a_warning(tmp_path):
     for page in ("using", "devices", "crops", "threads", "interop", "dask", "profiling", "cli",
                  "security", "cuda"):
         assert (tmp_path / "html" / f"{page}.html").exists(), page
+
+
+def test_the_errors_page_names_every_exception_and_warning_class():
+    """docs/errors.md names every exception and warning class the shim exports, and those its
+    conventions and pickles raise."""
+    import inspect
+
+    import shim
+    from shim.calls.extension import HalideRuntimeError
+    from shim.calls.pipeline_pickle import PickledPipelineError
+
+    page = (DOCS / "errors.md").read_text()
+    classes = [getattr(shim, name) for name in shim.__all__
+               if inspect.isclass(getattr(shim, name))
+               and issubclass(getattr(shim, name), BaseException)]
+    classes += [HalideRuntimeError, PickledPipelineError]
+    missing = [cls.__name__ for cls in classes if f"{cls.__name__}`" not in page]
+    assert not missing, f"docs/errors.md does not name {missing}"
+    assert len(classes) >= 13
