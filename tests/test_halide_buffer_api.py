@@ -127,6 +127,25 @@ def test_elements_are_read_and_written_at_halide_coordinates():
     assert floats[0] == 3.0 and floats[1] == 0.5 and floats.type().bits() == 16
 
 
+@pytest.mark.parametrize("value", [300, -1, 1.5, "7", None])
+def test_a_value_an_element_cannot_hold_raises_what_halide_buffer_raises(value):
+    """halide.Buffer raises RuntimeError for a value its element cannot hold; the shim's
+    ElementValueError is that RuntimeError and an ArgumentError naming the value, in element
+    assignment, fill and all_equal alike, and nothing is written."""
+    hl = pytest.importorskip("halide")
+    theirs = hl.Buffer(hl.UInt(8), [4, 3])
+    with pytest.raises(RuntimeError):
+        theirs[1, 1] = value
+    ours = shim.Buffer(np.zeros((3, 4), np.uint8))
+    for operation in (lambda: ours.__setitem__((1, 1), value), lambda: ours.fill(value),
+                      lambda: ours.all_equal(value)):
+        with pytest.raises(RuntimeError) as e:
+            operation()
+        assert isinstance(e.value, shim.ElementValueError)
+        assert isinstance(e.value, shim.ArgumentError) and e.value.argument == "value"
+    assert not np.asarray(ours).any()
+
+
 def test_zero_dimensional_buffers():
     element = shim.Buffer(np.array(7, np.int32))
     assert element.dimensions() == 0 and element[()] == 7 and dims(element) == []

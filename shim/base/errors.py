@@ -55,6 +55,11 @@ class CoordinateError(ArgumentError, IndexError):
     halide.Buffer and numpy raise there."""
 
 
+class ElementValueError(ArgumentError, RuntimeError):
+    """A value a Buffer's element cannot hold (``buf[x, y] = v``, ``fill``, ``all_equal``):
+    an ArgumentError, and the RuntimeError halide.Buffer raises there."""
+
+
 class HalideCodeError(ShimError, RuntimeError):
     """An error that carries one of Halide's error codes (halide_error_code_t) and its text."""
 

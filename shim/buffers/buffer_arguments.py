@@ -12,7 +12,7 @@ import os
 
 import numpy as np
 
-from shim.base.errors import ArgumentError
+from shim.base.errors import ArgumentError, ElementValueError
 from shim.base.types import INT32_MAX, HalideType, Type, is_halide
 from shim.native.regions import dimension_label
 
@@ -193,11 +193,11 @@ def element_value(value, dtype: np.dtype, argument: str):
     elif isinstance(value, numbers.Integral):
         info = np.iinfo(dtype)
         if not info.min <= value <= info.max:
-            raise ArgumentError(argument, f"{value} is out of range for {dtype} elements "
-                                          f"[{info.min}, {info.max}]")
+            raise ElementValueError(argument, f"{value} is out of range for {dtype} elements "
+                                              f"[{info.min}, {info.max}]")
         return dtype.type(value)
-    raise ArgumentError(argument, f"expected a {HalideType.from_dtype(dtype)} value, got "
-                                  f"{value!r} ({type(value).__name__})")
+    raise ElementValueError(argument, f"expected a {HalideType.from_dtype(dtype)} value, got "
+                                      f"{value!r} ({type(value).__name__})")
 
 
 def check_memory(shape, dtype: np.dtype, argument: str) -> None:
