@@ -60,6 +60,7 @@ from shim.memory import families
 from shim.native import ffi, lib
 from support.budget import scaled
 from support.served import python_calls_during
+from test_host_copy import overlap
 
 EXAMPLES = scaled(300, 1000, "HALIDE_SHIM_COPY_MODEL_EXAMPLES")
 STEPS = 40
@@ -101,36 +102,38 @@ class Driver:
 
     def read(self, raw, nbytes: int) -> np.ndarray:
         out = np.zeros(nbytes, np.uint8)
-        if self.kind == "host":
-            out[:] = np.frombuffer(ffi.buffer(ffi.cast("uint8_t *", raw.device), nbytes), np.uint8)
-        elif self.kind == "opencl":
-            import pyopencl as cl
-
-            handle = ffi.cast("shim_cl_handle *", raw.device)
-            mem = cl.Buffer.from_int_ptr(int(ffi.cast("uintptr_t", handle.mem)), retain=True)
-            cl.enqueue_copy(self.device.queue, out, mem, src_offset=int(handle.offset),
-                            is_blocking=True)
-            mem.release()
-        else:
-            handle = ffi.cast("shim_vk_handle *", raw.device)
-            self._vulkan(1, handle.memory, ffi.NULL, out, int(handle.offset), 0)
+        self._move(raw, out, to_device=False)
         return out
 
     def write(self, raw, data: np.ndarray) -> None:
-        data = np.ascontiguousarray(data, np.uint8)
+        self._move(raw, np.ascontiguousarray(data, np.uint8), to_device=True)
+
+    def _move(self, raw, host: np.ndarray, to_device: bool) -> None:
+        """``host``'s bytes to the device from the handle on, or the device's into ``host``."""
         if self.kind == "host":
-            ffi.memmove(ffi.cast("uint8_t *", raw.device), data.tobytes(), data.size)
+            device = ffi.buffer(ffi.cast("uint8_t *", raw.device), host.size)
+            if to_device:
+                device[:] = host.tobytes()
+            else:
+                host[:] = np.frombuffer(device, np.uint8)
         elif self.kind == "opencl":
             import pyopencl as cl
 
             handle = ffi.cast("shim_cl_handle *", raw.device)
             mem = cl.Buffer.from_int_ptr(int(ffi.cast("uintptr_t", handle.mem)), retain=True)
-            cl.enqueue_copy(self.device.queue, mem, data, dst_offset=int(handle.offset),
-                            is_blocking=True)
+            offset = int(handle.offset)
+            if to_device:
+                cl.enqueue_copy(self.device.queue, mem, host, dst_offset=offset, is_blocking=True)
+            else:
+                cl.enqueue_copy(self.device.queue, host, mem, src_offset=offset, is_blocking=True)
             mem.release()
         else:
             handle = ffi.cast("shim_vk_handle *", raw.device)
-            self._vulkan(0, ffi.NULL, handle.memory, data, 0, int(handle.offset))
+            offset = int(handle.offset)
+            if to_device:
+                self._vulkan(0, ffi.NULL, handle.memory, host, 0, offset)
+            else:
+                self._vulkan(1, handle.memory, ffi.NULL, host, offset, 0)
 
     @staticmethod
     def _vulkan(direction, src, dst, host: np.ndarray, src_offset, dst_offset) -> None:
@@ -172,17 +175,6 @@ def element_bytes(dims, box) -> np.ndarray:
 
 def own_box(dims):
     return tuple((lo, extent) for lo, extent, _ in dims)
-
-
-def overlap(src_dims, dst_dims):
-    """regions.intersect over the dimensions both have, or None."""
-    box = []
-    for (s_min, s_ext, _), (d_min, d_ext, _) in zip(src_dims, dst_dims):
-        lo, hi = max(s_min, d_min), min(s_min + s_ext, d_min + d_ext)
-        if hi <= lo:
-            return None
-        box.append((lo, hi - lo))
-    return tuple(box)
 
 
 class Entry:
