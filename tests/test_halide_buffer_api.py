@@ -545,3 +545,31 @@ def test_halide_texts_for_printing_out_of_bounds_and_overflow():
     huge = np.ndarray(dtype=np.uint8, shape=(2**31,))  # (never touched: no memory used)
     with pytest.raises(ValueError, match="Out of range dimensions in buffer conversion"):
         shim.Buffer(huge)
+
+
+def test_the_construction_rows_of_the_differences_table_side_by_side():
+    """docs/using.md's table of differences, its rows on constructors, checked against
+    halide.Buffer in this process: what is the same is the same, what differs differs as the
+    table says."""
+    hl = pytest.importorskip("halide", reason="the comparison is with halide.Buffer")
+    array = np.arange(12, dtype=np.float32).reshape(3, 4)
+    for make in (hl.Buffer, shim.Buffer):
+        # The same: an array's Buffer is host-dirty, a new one is not.
+        assert make(array.copy()).host_dirty() and not make(hl.Float(32), [4, 3]).host_dirty()
+    assert shim.Buffer(hl.Float(32), [4, 3]).all_equal(0)
+    # Buffer(other_buffer): both a view of the memory with mins 0; the shim's shares the device
+    # state too (the one flag a host-only Buffer has to show it: dirty set through the view).
+    for make in (hl.Buffer, shim.Buffer):
+        first = make(array.copy())
+        first.set_min([5, 6])
+        view = make(first)
+        view[0, 0] = 7.0
+        assert first[5, 6] == 7.0 and view.dim(0).min() == 0
+        first.set_host_dirty(False)
+        view.set_host_dirty(True)
+        assert first.host_dirty() == (make is shim.Buffer)
+    read_only = array.copy()
+    read_only.flags.writeable = False
+    with pytest.raises(ValueError, match="read-only"):
+        hl.Buffer(read_only)
+    assert shim.Buffer(read_only)[3, 2] == 11
