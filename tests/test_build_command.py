@@ -118,9 +118,13 @@ def test_without_a_c_compiler_it_says_which_could_not_start(two):
     (["gens.py", "host"], "host: expected target=TARGET or a generator parameter as NAME=VALUE"),
     (["gens.py", "=3"], "=3: expected target=TARGET"),
     (["gens.py", "-e", "object"], "unrecognized arguments: -e"),
+    (["gens.py", "-o", "notes.txt"], "-o: cannot build in notes.txt: [Errno 17] File exists"),
+    (["gens.py", "-g", "twice"], "-o: cannot put the library at twice.so: [Errno 21] Is a "
+                                 "directory"),
 ])
-def test_what_it_refuses_before_building(two, args, says):
+def test_bad_arguments_exit_with_2_naming_the_argument(two, args, says):
     (two / "notes.txt").write_text("not a generator")
+    (two / "twice.so").mkdir()  # (where the library would go: a folder)
     code, out, err = shim_build(*args, cwd=two)
     assert code == 2 and out == "" and says in err, err
 

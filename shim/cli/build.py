@@ -93,18 +93,24 @@ def build(generator: str, target: str, out: Path, name: str | None = None,
 
     command = [*_program(generator), *(["-g", name] if name else []),
                *(["-f", function] if function else []), *parameters]
-    out.mkdir(mode=0o700, parents=True, exist_ok=True)
-    # Built in a private folder of its own inside ``out``, named by mkdtemp, then renamed into
-    # place: the library appears whole or not at all, and the tools' own temporary files
-    # ($TMPDIR) are there too, out of others' reach.
-    work = tempfile.mkdtemp(prefix=".shim-build-", dir=out.absolute())
+    try:
+        out.mkdir(mode=0o700, parents=True, exist_ok=True)
+        # Built in a private folder of its own inside ``out``, named by mkdtemp, then renamed
+        # into place: the library appears whole or not at all, and the tools' own temporary
+        # files ($TMPDIR) are there too, out of others' reach.
+        work = tempfile.mkdtemp(prefix=".shim-build-", dir=out.absolute())
+    except OSError as e:
+        raise ArgumentError("-o", f"cannot build in {out}: {e}") from None
     try:
         try:
             library = compile_library(command, target, work, dict(os.environ, TMPDIR=work))
         except BuildFailed as e:
             raise BuildError(f"building {generator} for target {target} failed: {e}") from None
         final = out / library.name
-        os.replace(library, final)
+        try:
+            os.replace(library, final)
+        except OSError as e:
+            raise ArgumentError("-o", f"cannot put the library at {final}: {e}") from None
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return final
