@@ -1,6 +1,7 @@
-"""The examples of the README and of the manual (docs/, its pages in the index's order) run,
-so that none can rot: their ```python blocks in order, in one namespace (the manual reads top
-to bottom: a name defined in one page is used in later ones), in a fresh interpreter whose
+"""The examples of the README and of the manual (docs/, its pages in the index's order, but
+those a test of their own runs: OWN_TESTS) run, so that none can rot: their ```python blocks
+in order, in one namespace (the manual reads top to bottom: a name defined in one page is used
+in later ones), in a fresh interpreter whose
 working directory holds the sample pipelines under the names the examples load
 (``blur3x3.so``, ``crop_fill-opencl.so``, ``P.so``, ...); their shell blocks'
 ``python -m shim ...`` commands there too. A block or command skips only for a reason
