@@ -9,17 +9,18 @@ pyopencl, no halide).
 does not carry: the CUDA builds (bundled and no_runtime) of every sample pipeline and the
 host builds the tests load, with the halide version that made them (pipelines/HALIDE_VERSION,
 so they are found without halide), the native module shim._native (abi3: it loads on 3.12),
-the benchmark's compiled C loop, and the wheels the image lacks (cffi, pycparser: the
+docs/own-pipeline.md's CUDA libraries (made by the page's own commands), the benchmark's
+compiled C loop, and the wheels the image lacks (cffi, pycparser: the
 versions installed here, for CPython 3.12 manylinux x86_64). It checks the native module and
 the wheels with a Python 3.12 interpreter where it finds one, writes manifest.json and fails
 if the folder is over its budget.
 
 ``run`` installs the carried wheels into a private folder (only those the interpreter lacks),
 makes halide and pyopencl unimportable (the kit must not need them: --block ''
-lifts that), points the shim at the carried native module ($HALIDE_SHIM_NATIVE) and pipelines
-($HALIDE_SHIM_PIPELINES), then runs each step with its own time limit, printing as it goes:
-the devices, the CUDA tests, the DLPack round trips with torch and CuPy, the seed-001 crop
-repro on CUDA, the tests of the default device and of running without pyopencl/halide, and
+lifts that), points the shim at the carried native module ($HALIDE_SHIM_NATIVE), pipelines
+($HALIDE_SHIM_PIPELINES) and the page's builds ($HALIDE_SHIM_OWN_PIPELINE), then runs each step
+with its own time limit, printing as it goes: the devices, the CUDA tests, the DLPack round
+trips with torch and CuPy, the seed-001 crop repro on CUDA, the page's CUDA examples, the tests of the default device and of running without pyopencl/halide, and
 the launch and no-op copy benchmarks against Halide's stock runtime. Logs and summary.txt
 (every figure and pass/fail count) go to $OUT (default build/gpu-kit). The exit status is
 1 if a step failed (every step runs anyway), and 3 where there is no CUDA device, so nothing
@@ -211,6 +212,26 @@ def prepare_pipelines(kit: Path, names=None, jobs=None) -> list[dict]:
     return entries
 
 
+def prepare_own_pipeline(kit: Path) -> dict:
+    """docs/own-pipeline.md's CUDA libraries, made by the page's own commands (its generator and
+    its CUDA shell blocks, tests/support/own_pipeline.py) in kit/own-pipeline, with the kit's
+    native module: run's own-pipeline step runs the page's CUDA examples on them."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    from support import own_pipeline
+
+    out = kit / "own-pipeline"
+    out.mkdir()
+    failed = {key: outcome for key, outcome in
+              own_pipeline.build(out, own_pipeline.uses_cuda,
+                                 HALIDE_SHIM_NATIVE=str(kit / "native" / "_native.abi3.so")).items()
+              if outcome is not None}
+    if failed:
+        raise RuntimeError(f"docs/own-pipeline.md's CUDA commands failed: {failed}")
+    files = sorted(p for p in out.rglob("*") if p.is_file())
+    return {"page_sha256": sha256(own_pipeline.PAGE),
+            "files": [{"file": str(p.relative_to(kit)), "bytes": p.stat().st_size} for p in files]}
+
+
 def prepare_native(kit: Path, how: str) -> dict:
     """shim._native for the kit: built from this tree's sources ("build", into a temporary
     folder: the tree's own shim/_native*.so is left alone) or copied from shim/ ("copy"). Its
@@ -347,6 +368,11 @@ def prepare(kit: Path, names=None, native="build", wheels_from=None, python_vers
     timings["native"] = time.monotonic() - started
 
     started = time.monotonic()
+    log("== docs/own-pipeline.md's CUDA builds, by its commands")
+    own = prepare_own_pipeline(kit)
+    timings["own-pipeline"] = time.monotonic() - started
+
+    started = time.monotonic()
     log("== benchmark harness")
     harness = build_harness(kit / "benchmarks")
     timings["harness"] = time.monotonic() - started
@@ -387,6 +413,7 @@ def prepare(kit: Path, names=None, native="build", wheels_from=None, python_vers
         "harness": {"file": f"benchmarks/{harness.name}", "bytes": harness.stat().st_size},
         "wheels": [{"file": f"wheels/{w.name}", "bytes": w.stat().st_size, "sha256": sha256(w)} for w in wheels],
         "pipelines": pipelines,
+        "own_pipeline": own,
         "bytes": size,
         "budget_bytes": budget_mib * 2**20,
         "travel_bytes": travel,
@@ -509,6 +536,10 @@ def make_steps(work: Path) -> list[Step]:
              [pytest_command(work / "vulkan-tests.xml", "tests/test_gpu_backends.py",
                              "tests/test_vulkan.py", "tests/test_device_conformance.py",
                              "-k", "vulkan or test_vulkan")], 240, "tests.log"),
+        Step("own-pipeline", "docs/own-pipeline.md's CUDA examples, on the libraries its "
+             "commands built (tests/test_own_pipeline.py)",
+             [pytest_command(work / "own-pipeline.xml", "tests/test_own_pipeline.py")], 90,
+             "tests.log"),
         Step("host-side", "the default device; prebuilt pipelines without pyopencl or halide",
              [pytest_command(work / "host-side.xml", "tests/test_default_device.py",
                              "tests/test_light_install.py")], 90, "tests.log"),
@@ -576,6 +607,13 @@ def kit_warnings(kit: Path, manifest: dict) -> list[str]:
             stale.append(f"{entry['name']}/{entry['target']}/{entry['runtime']}")
     if stale:
         warnings.append(f"generator source changed since prepare, these cannot be used: {', '.join(stale)}")
+    own = manifest.get("own_pipeline")
+    if own is None:
+        warnings.append("the kit has no builds of docs/own-pipeline.md (a kit from before "
+                        "them): run prepare again")
+    elif own["page_sha256"] != sha256(ROOT / "docs" / "own-pipeline.md"):
+        warnings.append("docs/own-pipeline.md changed since prepare: its CUDA examples run on "
+                        "the builds of the page as it was then (run prepare again)")
     return warnings
 
 
@@ -618,6 +656,7 @@ def run(kit: Path, out: Path, steps: list[str] | None = None, block=("halide", "
     env["PYTHONPATH"] = os.pathsep.join(p for p in env["PYTHONPATH"].split(os.pathsep) if p)
     env.update(PYTHONUNBUFFERED="1", HALIDE_SHIM_NATIVE=str(kit / "native" / "_native.abi3.so"),
                HALIDE_SHIM_PIPELINES=str(kit / "pipelines"),
+               HALIDE_SHIM_OWN_PIPELINE=str(kit / "own-pipeline"),
                HALIDE_SHIM_BENCHMARK_BUILD=str(kit / "benchmarks"))
     shutil.copyfile(manifest_path, out / "manifest.json")
 

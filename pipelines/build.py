@@ -361,22 +361,52 @@ def build(spec: Build, directory: Path | None = None) -> Path:
             # The tools' own temporary files too (gcc's collect2 and LTO resolution files, which
             # a link reads back): in $TMPDIR, they could be swapped for others' as the library is.
             env["TMPDIR"] = tmp
-            _run([sys.executable, "-m", f"generators.{spec.module}", "-g", spec.name,
-                  "-o", tmp, "-e", "object", "-f", spec.name, f"target={spec.halide_target}"], env, tmp)
-            library = Path(tmp) / f"{spec.name}.so"
-            compiler = os.environ.get("CC", "cc")
-            _run([compiler, "-shared", "-o", str(library), str(Path(tmp) / f"{spec.name}.o"),
-                  "-lpthread", "-ldl", "-lm"], env, tmp)
+            library = compile_library(
+                [sys.executable, "-m", f"generators.{spec.module}", "-g", spec.name,
+                 "-f", spec.name], spec.halide_target, tmp, env)
             # Renamed into place: a concurrent reader never sees a half-written library.
             folder.write(out.name, library.read_bytes())
     record_halide_version(out.parent, installed)
     return out
 
 
+class BuildFailed(RuntimeError):
+    """A generator or the linker failed, or could not be started (the message has what it
+    printed)."""
+
+
+def compile_library(generator: list, target: str, folder, env: dict | None = None) -> Path:
+    """A shared library of a Halide generator's pipeline, made in ``folder`` (empty) as users
+    make one: ``generator`` (Halide's generator command line: the program, the flags choosing
+    the generator and naming its pipeline, and its parameters as NAME=VALUE; not -o, -e or
+    target=) run there for ``target``, and what it wrote linked by ``cc -shared`` ($CC). One
+    target: Halide's object file (-e object). Several, comma-separated (a multitarget
+    library: one object per target and the dispatcher that picks one at the first call): its
+    static library (-e static_library), linked whole. Returns the library, named like the
+    generator's output (FUNCTION.so); BuildFailed where the generator or the linker fails."""
+    folder = Path(folder).absolute()  # (the tools run in it)
+    several = "," in target
+    _run([*map(str, generator), "-o", str(folder), "-e",
+          "static_library" if several else "object", f"target={target}"], env, folder)
+    written = sorted(folder.glob("*.a" if several else "*.o"))
+    if len(written) != 1:
+        raise BuildFailed(f"the generator wrote {', '.join(p.name for p in written) or 'nothing'} "
+                          f"in {folder}: expected one {'static library' if several else 'object file'}")
+    inputs = (["-Wl,--whole-archive", str(written[0]), "-Wl,--no-whole-archive"] if several
+              else [str(written[0])])
+    library = written[0].with_suffix(".so")
+    compiler = (os.environ if env is None else env).get("CC", "cc")
+    _run([compiler, "-shared", "-o", str(library), *inputs, "-lpthread", "-ldl", "-lm"], env, folder)
+    return library
+
+
 def _run(command, env, cwd):
-    done = subprocess.run(command, env=env, cwd=cwd, capture_output=True, text=True)
+    try:
+        done = subprocess.run(command, env=env, cwd=cwd, capture_output=True, text=True)
+    except OSError as e:  # (no such program: no compiler, or a generator that is not one)
+        raise BuildFailed(f"{' '.join(command)} could not start: {e}") from None
     if done.returncode != 0:
-        raise RuntimeError(f"{' '.join(command)} failed ({done.returncode}):\n{done.stdout}{done.stderr}")
+        raise BuildFailed(f"{' '.join(command)} failed ({done.returncode}):\n{done.stdout}{done.stderr}")
 
 
 def build_all(specs, directory=None, jobs=None, progress=print) -> dict[Build, Path]:

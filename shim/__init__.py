@@ -23,6 +23,7 @@ from shim.interop.dlpack import from_dlpack
 from shim.base.errors import (
     ArgumentError,
     BoundsError,
+    BuildError,
     CoordinateError,
     DeviceError,
     DeviceUnavailable,
@@ -57,6 +58,7 @@ __all__ = [
     "ArgumentKind",
     "BoundsError",
     "Buffer",
+    "BuildError",
     "CoordinateError",
     "DeviceError",
     "DeviceUnavailable",

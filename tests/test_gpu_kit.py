@@ -84,7 +84,14 @@ def test_prepare_lays_out_what_run_needs_within_the_budget(kit):
     size = sum(p.stat().st_size for p in kit.rglob("*") if p.is_file())
     assert size < gpu_kit.BUDGET_MIB * 2**20 and manifest["bytes"] == size
     assert manifest["travel_bytes"] < gpu_kit.TRAVEL_LIMIT_MIB * 2**20
-    assert set(manifest["seconds"]) == {"pipelines", "native", "harness", "wheels", "verify"}
+    assert set(manifest["seconds"]) == {"pipelines", "native", "own-pipeline", "harness",
+                                        "wheels", "verify"}
+    # docs/own-pipeline.md's CUDA library, made by the page's commands, and its generator.
+    own = {entry["file"]: entry["bytes"] for entry in manifest["own_pipeline"]["files"]}
+    assert {"own-pipeline/my_generator.py", "own-pipeline/build/cuda/my_pipeline.so"} <= set(own)
+    assert not any("/build/" in name and "/cuda/" not in name for name in own), own
+    for name, size in own.items():
+        assert (kit / name).stat().st_size == size > 0
 
 
 def test_prepare_fails_loudly_over_budget(tmp_path):
@@ -125,13 +132,30 @@ def test_the_kit_records_the_native_stamp_and_names_the_sources_changed_since_it
     changed = "native_stubs/fast/fastcall.c changed, native_stubs/forks/fork.c added"
     assert (f"was built from other sources than this tree's ({changed}): the kit carries a stale "
             "native module") in capsys.readouterr().out
-    [warning] = gpu_kit.kit_warnings(tmp_path, {"native": entry, "pipelines": []})
+    page = {"page_sha256": gpu_kit.sha256(ROOT / "docs" / "own-pipeline.md")}
+    [warning] = gpu_kit.kit_warnings(tmp_path, {"native": entry, "pipelines": [],
+                                                "own_pipeline": page})
     assert warning.startswith("the kit's native module was built from other native_stubs/abi "
                               f"sources than this tree's ({changed}")
     del entry["sources"]
-    assert gpu_kit.kit_warnings(tmp_path, {"native": entry, "pipelines": []}) == [
+    assert gpu_kit.kit_warnings(tmp_path, {"native": entry, "pipelines": [],
+                                           "own_pipeline": page}) == [
         "the manifest does not say what the kit's native module was built from (a kit from "
         "before native stamps): run prepare again"]
+
+
+def test_a_kit_made_from_another_own_pipeline_page_says_so(tmp_path):
+    native = {"sources": gpu_kit.native_stamp.digests(ROOT)}
+    page = {"page_sha256": gpu_kit.sha256(ROOT / "docs" / "own-pipeline.md")}
+    assert gpu_kit.kit_warnings(tmp_path, {"native": native, "pipelines": [],
+                                           "own_pipeline": page}) == []
+    assert gpu_kit.kit_warnings(tmp_path, {"native": native, "pipelines": [],
+                                           "own_pipeline": {"page_sha256": "0" * 64}}) == [
+        "docs/own-pipeline.md changed since prepare: its CUDA examples run on the builds of "
+        "the page as it was then (run prepare again)"]
+    assert gpu_kit.kit_warnings(tmp_path, {"native": native, "pipelines": []}) == [
+        "the kit has no builds of docs/own-pipeline.md (a kit from before them): run prepare "
+        "again"]
 
 
 @pytest.mark.parametrize("version", ["this", gpu_kit.TARGET_PYTHON])
@@ -168,7 +192,8 @@ def test_the_cuda_suite_runs_from_the_kit_without_halide_or_pyopencl(kit, tmp_pa
         pytest.skip(f"cuda-python is not installed: the CUDA tests cannot reach the driver ({reason})")
     out = tmp_path / "out"
     done = subprocess.run([sys.executable, str(KIT_SCRIPT), "run", "--kit", str(kit), "--out", str(out),
-                           "--steps", "env,cuda-tests,interop,seed-crop,host-side,bench-gpu",
+                           "--steps", "env,cuda-tests,interop,seed-crop,own-pipeline,host-side,"
+                                      "bench-gpu",
                            "--dry-run"],
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
@@ -186,6 +211,12 @@ def test_the_cuda_suite_runs_from_the_kit_without_halide_or_pyopencl(kit, tmp_pa
             assert skip_reason.lower().startswith("no cuda device on this machine"), skip_reason
             assert "driver" in skip_reason.lower(), skip_reason
     assert steps["host-side"]["passed"] >= 5 and steps["host-side"]["failed"] == 0
+    # The page's example that loads nothing ran; its CUDA example skipped for the driver, the
+    # others for the builds the kit does not carry.
+    own = steps["own-pipeline"]
+    assert own["status"] == "passed" and own["passed"] >= 2 and own["failed"] == 0, own
+    assert any(r.startswith("needs a cuda device: no CUDA driver") for r in own["skip_reasons"]), own
+    assert any(r.startswith("the GPU kit carries the page's CUDA builds only") for r in own["skip_reasons"]), own
     assert steps["bench-gpu"]["status"] == "skipped"
     assert sorted(p.name for p in out.iterdir()) == ["benchmarks.log", "env.log", "manifest.json",
                                                      "summary.json", "summary.txt", "tests.log"]

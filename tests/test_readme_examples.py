@@ -1,6 +1,7 @@
-"""The examples of the README and of the manual (docs/, its pages in the index's order) run,
-so that none can rot: their ```python blocks in order, in one namespace (the manual reads top
-to bottom: a name defined in one page is used in later ones), in a fresh interpreter whose
+"""The examples of the README and of the manual (docs/, its pages in the index's order, but
+those a test of their own runs: OWN_TESTS) run, so that none can rot: their ```python blocks
+in order, in one namespace (the manual reads top to bottom: a name defined in one page is used
+in later ones), in a fresh interpreter whose
 working directory holds the sample pipelines under the names the examples load
 (``blur3x3.so``, ``crop_fill-opencl.so``, ``P.so``, ...); their shell blocks'
 ``python -m shim ...`` commands there too. A block or command skips only for a reason
@@ -11,13 +12,10 @@ tested where a GPU backend runs it."""
 from __future__ import annotations
 
 import importlib.util
-import json
 import os
 import re
 import subprocess
 import sys
-import textwrap
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -25,6 +23,7 @@ import pytest
 
 import shim
 from shim.pipelines.build import RUNTIMES, Build, build_all, generator_names
+from support.doc_blocks import readme_blocks, run_in_one_namespace
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
@@ -32,57 +31,22 @@ DOCS = ROOT / "docs"
 SHELLS = ("sh", "bash", "shell", "console")
 
 
+# The manual's pages whose examples a test of their own runs (each builds what its page loads).
+OWN_TESTS = {"own-pipeline": "tests/test_own_pipeline.py"}
+
+
 def manual_pages() -> list[Path]:
-    """The README, then the manual's pages in the order of docs/index.md's toctree."""
+    """The README, then the manual's pages in the order of docs/index.md's toctree, but those
+    of OWN_TESTS."""
     index = (DOCS / "index.md").read_text()
     toctree = index.split("```{toctree}", 1)[1].split("```", 1)[0]
     names = [line.strip() for line in toctree.splitlines()
              if line.strip() and not line.strip().startswith(":")]
-    return [README] + [DOCS / f"{name}.md" for name in names]
+    return [README] + [DOCS / f"{name}.md" for name in names if name not in OWN_TESTS]
 
 
 PAGES = manual_pages()
 TEXT = "\n".join(page.read_text() for page in PAGES)
-
-
-@dataclass(frozen=True)
-class Block:
-    page: str  # relative to the repository's root
-    line: int  # of the opening fence, 1-based
-    section: str
-    language: str
-    code: str
-
-    @property
-    def id(self) -> str:
-        return f"{self.page}:{self.line} ({self.section})"
-
-    @property
-    def key(self) -> str:
-        return f"{self.page}:{self.line}"
-
-
-def readme_blocks(text: str, page: str = "README.md") -> list[Block]:
-    """The fenced blocks that have a language, dedented (a block inside a list item is
-    indented), with the heading they are under."""
-    blocks, section, fence = [], "", None
-    for number, line in enumerate(text.splitlines(), 1):
-        stripped = line.lstrip()
-        if fence is None:
-            if stripped.startswith("#"):
-                section = stripped.lstrip("#").strip()
-            elif stripped.startswith("```"):
-                fence = (number, stripped[3:].strip(), len(line) - len(stripped), [])
-        elif stripped.startswith("```"):
-            start, language, indent, lines = fence
-            if language and not language.startswith("{"):  # ({toctree}, {eval-rst}: Sphinx's)
-                code = textwrap.dedent("\n".join(lines)) + "\n"
-                blocks.append(Block(page, start, section, language, code))
-            fence = None
-        else:
-            fence[3].append(line)
-    assert fence is None, f"{page}:{fence[0]}: a code block is never closed"
-    return blocks
 
 
 BLOCKS = [block for page in PAGES
@@ -192,31 +156,10 @@ def workdir(tmp_path_factory, host_pipelines):
     return work
 
 
-# Runs the blocks in one namespace, each whatever came before it failed, and writes each one's
-# outcome (None, or the traceback) to the results file.
-RUNNER = textwrap.dedent("""
-    import json, sys, traceback
-    blocks, results = json.load(open(sys.argv[1])), {}
-    namespace = {"__name__": "__main__"}  # (as a script pasted from the manual runs)
-    for key, code in blocks:
-        try:
-            exec(compile(code, key, "exec"), namespace)
-            results[key] = None
-        except BaseException:
-            results[key] = traceback.format_exc()
-    json.dump(results, open(sys.argv[2], "w"))
-    """)
-
-
 @pytest.fixture(scope="module")
 def python_results(workdir):
     """{block key: None or the traceback} for every python block this machine can run."""
-    runnable = [(b.key, b.code) for b in PYTHON if needs(b.code) is None]
-    (workdir / "blocks.json").write_text(json.dumps(runnable))
-    done = subprocess.run([sys.executable, "-c", RUNNER, "blocks.json", "results.json"],
-                          cwd=workdir, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads((workdir / "results.json").read_text())
+    return run_in_one_namespace([b for b in PYTHON if needs(b.code) is None], workdir)
 
 
 @pytest.mark.parametrize("block", PYTHON, ids=[b.id for b in PYTHON])

@@ -94,6 +94,12 @@ class DeviceUnavailable(ShimError):
     """The requested device does not exist on this machine, or its driver cannot be loaded."""
 
 
+class BuildError(ShimError):
+    """A pipeline's library could not be built (``python -m shim build``): what it needs is
+    missing (halide, for a Python generator; a C compiler), or the generator or the linker
+    failed; the message says which, with what they printed."""
+
+
 class LayoutWarning(UserWarning):
     """An array whose memory order makes the shim's axes differ from those of the Python
     extension Halide generates for a pipeline: an F-contiguous array (numpy's ``order="F"``)

@@ -3,6 +3,7 @@
     python -m shim info P.so
     python -m shim run P.so input=in.png scale=0.5 output=out.png [--benchmarks=all]
     python -m shim profile P.so --input=random:0:[640,480] [--profile trace.json]
+    python -m shim build my_generator.py target=host-opencl [-o DIR]
     python -m shim demo
 
 ``run`` and ``profile`` take Halide's RunGen command line: the pipeline's arguments as
@@ -21,6 +22,7 @@ import sys
 
 import shim
 from shim.profiling import halide_profiler
+from shim.cli import build
 from shim.cli import images
 from shim.cli import runner
 from shim.cli import timing
@@ -329,6 +331,8 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
             options = {key: value for key, value in options.items() if key != "implied"}
             rungen.add_argument(f"--{name}", **options)
         run.set_defaults(handler=_run, command_parser=run)
+
+    build.add_parser(commands, prog)
 
     demo = commands.add_parser("demo", help="build the sample pipelines and run them")
     demo.set_defaults(handler=_demo)

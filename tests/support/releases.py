@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from shim.pipelines.build import compile_library
+
 # The Python of each release that builds pipelines: this one's for 21.
 PYTHONS = {"21": sys.executable}
 if os.environ.get("HALIDE_SHIM_HALIDE19"):
@@ -34,24 +36,17 @@ def build(release: str, source: str, generator: str, targets: list[str], work: P
           stem: str | None = None) -> Path:
     """The shared library of ``generator`` (defined in the Python ``source``) built by halide
     ``release`` for ``targets`` (several: a multitarget library, linked whole from the static
-    library Halide writes for them), in ``work``."""
+    library Halide writes for them), in ``work``: shim.pipelines.build's recipe
+    (compile_library), the generator run by that release's Python."""
     python = python_of(release)
     stem = stem or generator
     out = work / f"{stem}-{release}"
     out.mkdir(parents=True, exist_ok=True)
-    script = out / "generator.py"
+    script = work / f"{stem}-{release}.py"
     script.write_text(source)
-    kind = "static_library" if len(targets) > 1 else "object"
-    done = subprocess.run([python, str(script), "-g", generator, "-o", str(out), "-e", kind,
-                           f"target={','.join(targets)}"], capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr
+    built = compile_library([python, str(script), "-g", generator], ",".join(targets), out)
     library = work / f"{stem}-{release}.so"
-    if kind == "static_library":
-        inputs = ["-Wl,--whole-archive", str(out / f"{generator}.a"), "-Wl,--no-whole-archive"]
-    else:
-        inputs = [str(out / f"{generator}.o")]
-    subprocess.run(["cc", "-shared", "-o", str(library), *inputs, "-lpthread", "-ldl", "-lm"],
-                   check=True)
+    built.replace(library)
     return library
 
 
