@@ -152,6 +152,9 @@ def test_info_names_the_release_and_the_sub_targets(libraries, lacking):
     for target in targets(lacking, "bundled"):
         assert target in done.stdout
     assert f"this CPU lacks {lacking}" in done.stdout
+    # Listed in name order, which is not the order the dispatcher tries them in: said so.
+    listed = [line.split()[0] for line in done.stdout.splitlines() if line.startswith("  ")]
+    assert listed == sorted(listed) and "in name order" in done.stdout
 
 
 def test_a_library_of_two_pipelines_still_asks_which(tmp_path, libraries):

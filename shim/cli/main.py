@@ -54,8 +54,8 @@ def _info(args, parser) -> int:
     print(f"target: {pipeline.target}")
     print(f"built by: {pipeline.release_description()}")
     if pipeline.subtargets:
-        print("sub-targets (the dispatcher runs the first this CPU can, in the order they were "
-              "built with; the last in any case):")
+        print("sub-targets, in name order (the dispatcher runs the first this CPU can in the order "
+              "they were built with, the last of that order in any case):")
         for name, target, missing in pipeline.subtarget_status():
             where = ("features unknown" if missing is None else
                      f"this CPU lacks {', '.join(missing)}" if missing else "this CPU has it all")
