@@ -7,7 +7,7 @@ shim.Buffer (shim/buffers/buffer.py) is halide.Buffer's API over it; every Buffe
 from __future__ import annotations
 
 import warnings
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -184,14 +184,16 @@ class ManagedBuffer(HostExporter):
             return None
         return devices.backend_for_interface(interface)
 
-    def device_malloc(self, device=None, target=None) -> int:
+    # ``device``: a kind ("opencl"), a device (shim.device()) or a halide.DeviceAPI; ``target``:
+    # a halide.Target (halide has no types: any of its values passes a type check).
+    def device_malloc(self, device: str | Backend | None = None, target: Any = None) -> int:
         """Allocate device memory (default: on the shim's default device). Does nothing if
         already allocated. Unlike halide.Buffer's, it makes the host memory the newer copy:
         the next copy_to_device uploads it (new device memory holds nothing)."""
         buffer_operations.malloc_device(self._raw, interface_of(_device(device, target)))
         return 0
 
-    def copy_to_device(self, device=None, target=None) -> int:
+    def copy_to_device(self, device: str | Backend | None = None, target: Any = None) -> int:
         """Make the device allocation current: allocate it if needed, upload if host-dirty.
         A Buffer on another device moves: its data comes home, that allocation is freed, and
         the data goes up to ``device`` (Halide refuses with error -42 instead)."""

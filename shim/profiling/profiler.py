@@ -93,8 +93,10 @@ class Record:
                  buffer: BufferInfo | None = None, bytes: int = 0, result: int = 0,
                  parent: int | None = None, call: int | None = None, launch: dict | None = None,
                  device_track: str | None = None, device_start_ns: int | None = None,
-                 device_ns: int | None = None, markers=None, stages=None,
-                 box: tuple | None = None, stage: str | None = None, _snapshot=None):
+                 device_ns: int | None = None, markers=None,
+                 stages: halide_profiler.CallStages | None = None,
+                 box: tuple[tuple[int, int], ...] | None = None, stage: str | None = None,
+                 _snapshot=None):
         self.id, self.kind, self.name, self.thread = id, kind, name, thread
         self.start_ns, self.duration_ns, self.backend, self.buffer = start_ns, duration_ns, backend, buffer
         self.bytes, self.result, self.parent, self.call = bytes, result, parent, call
@@ -235,7 +237,7 @@ class Profile(HeldContext):
 
         return summary(self)
 
-    def save_trace(self, path) -> str:
+    def save_trace(self, path: str | os.PathLike[str]) -> str:
         """Write a Chrome trace (JSON) that Perfetto and chrome://tracing open; returns the
         path."""
         from shim.profiling.report import save_trace
@@ -247,7 +249,7 @@ class Profile(HeldContext):
         return [r for r in self.records if r.name == name]
 
     @property
-    def stages(self) -> list:
+    def stages(self) -> list[tuple[Record, halide_profiler.CallStages]]:
         """[(pipeline call Record, CallStages)] for the calls of pipelines built with Halide's
         profiler, in call order."""
         return [(r, r.stages) for r in self.records if r.kind == "pipeline" and r.stages is not None]
