@@ -91,14 +91,20 @@ class Pipeline(CallPlan):
             # library: the Python side must not change to another.
             raise TypeError("a Pipeline is made once")
         self._library = Library(path, name)
-        self.path, self.name, self.target = self._library.path, self._library.name, self._library.target
-        # The device APIs the pipeline's code uses (none: it computes on the CPU only).
+        #: The path of the library it was loaded from.
+        self.path: str = self._library.path
+        #: Its name: the function the generator made, which the library exports.
+        self.name: str = self._library.name
+        #: The Halide target it was built for ("x86-64-linux-opencl").
+        self.target: str = self._library.target
+        #: The device APIs the pipeline's code uses (none: it computes on the CPU only).
         self.device_kinds = frozenset(f for f in self.target.split("-") if f in DEVICE_FEATURES)
         self._signature = Signature(self.name, self.target, self._library.arguments,
                                     self.device_kinds)
+        #: The arguments a call gives, in the order of its positions: the generator's parameters.
         self.arguments: list[Argument] = self._signature.arguments
-        # Every argument in the order the pipeline's own function takes them, __user_context
-        # included where it takes one.
+        #: Every argument in the order the pipeline's own function takes them, __user_context
+        #: included where it takes one.
         self.argv_arguments: list[Argument] = self._signature.all_arguments
         self._runner = Runner(self.name, self._library.argv_fn, self.device_kinds,
                               self._library.release.profiler_abi
