@@ -40,7 +40,7 @@ if TYPE_CHECKING:
 # (Typed Any: it returns a dask Array, or a tuple of them for a pipeline of several outputs,
 # which only the loaded pipeline tells; ``chunks`` takes any of dask's forms.)
 def map_pipeline(pipeline: Pipeline, *arrays: ArrayLike,
-                 output_dtype: DTypeLike | Sequence[DTypeLike] = None, chunks: Any = None,
+                 output_dtype: DTypeLike | Sequence[DTypeLike] | None = None, chunks: Any = None,
                  shape: Sequence[int] | None = None, device: str | None = None,
                  **scalars: object) -> Any:
     """Run ``pipeline`` over dask arrays, chunk by chunk; returns its output as a dask array

@@ -54,7 +54,7 @@ if TYPE_CHECKING:  # (for type checkers only: an import of numpy.typing costs ev
     Rect: TypeAlias = Sequence[Sequence[SupportsIndex]]
     ElementType: TypeAlias = HalideType | Type | DTypeLike
     Element: TypeAlias = float | np.number | np.bool_
-    HostArray: TypeAlias = np.ndarray | Buffer | DLPackProducer | BufferProtocol
+    HostArray: TypeAlias = "np.ndarray | Buffer | DLPackProducer | BufferProtocol"
 
 
 def as_host_array(value: HostArray, argument: str) -> np.ndarray:
@@ -562,7 +562,7 @@ class Buffer(ManagedBuffer):
     # (native_stubs/calls/host_export.c), exports this.
     _host_export = numpy
 
-    def __array__(self, dtype: DTypeLike = None, copy: bool | None = None) -> np.ndarray:
+    def __array__(self, dtype: DTypeLike | None = None, copy: bool | None = None) -> np.ndarray:
         array = self.numpy()
         if copy:
             array = array.copy()
