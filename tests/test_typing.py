@@ -38,6 +38,7 @@ WRONG = [
     ("shim.Buffer(np.zeros(3)).cropped(0, 1.5, 1)", r'Argument 2 to "cropped" of "Buffer" has '
                                                     r'incompatible type "float"'),
     ("shim.device('host').queue", r'"HostBackend" has no attribute "queue"'),
+    ("shim.Buffer(np.float32, 640, 480)", r'No overload variant of "Buffer" matches'),
     ("shim.set_num_threads('4')", r'Argument 1 to "set_num_threads" has incompatible type "str"'),
 ]
 

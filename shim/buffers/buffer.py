@@ -12,7 +12,7 @@ import inspect
 import itertools
 import sys
 import math
-from typing import TYPE_CHECKING, Any, SupportsIndex
+from typing import TYPE_CHECKING, Any, SupportsIndex, overload
 
 import numpy as np
 
@@ -39,7 +39,7 @@ from shim.buffers.buffer_arguments import (
 from shim.buffers.managed import ManagedBuffer
 
 if TYPE_CHECKING:  # (for type checkers only: an import of numpy.typing costs every import of shim)
-    from collections.abc import Callable, Sequence
+    from collections.abc import Callable, Iterable, Sequence
 
     from numpy.typing import DTypeLike
     from typing_extensions import Buffer as BufferProtocol, CapsuleType, TypeAlias
@@ -48,11 +48,12 @@ if TYPE_CHECKING:  # (for type checkers only: an import of numpy.typing costs ev
 
     # What the methods take (buffer_arguments.py checks the values themselves): integers x
     # first (mins, sizes, coordinates, offsets, orders: lists or tuples); (min, extent) pairs;
-    # an element type (a halide.Type too: halide has no types, so any of its values passes);
-    # an element's value; memory to wrap (a CPU array-like).
+    # an element type (buffer_arguments.is_element_type's; a halide.Type too: halide has no
+    # types, so any of its values passes); an element's value; memory to wrap (a CPU
+    # array-like).
     Ints: TypeAlias = Sequence[SupportsIndex]
     Rect: TypeAlias = Sequence[Sequence[SupportsIndex]]
-    ElementType: TypeAlias = HalideType | Type | DTypeLike
+    ElementType: TypeAlias = HalideType | Type | np.dtype | type[np.generic]
     Element: TypeAlias = float | np.number | np.bool_
     HostArray: TypeAlias = "np.ndarray | Buffer | DLPackProducer | BufferProtocol"
 
@@ -125,7 +126,23 @@ class Buffer(ManagedBuffer):
 
     __slots__ = ()  # (ManagedBuffer's)
 
-    def __init__(self, *args: Any, **kwargs: Any):
+    # The forms __init__ takes, for type checkers.
+    @overload
+    def __init__(self) -> None: ...
+    @overload
+    def __init__(self, buffer: HostArray, name: str = "", reverse_axes: bool | np.bool_ = True,
+                 *, mins: Ints | None = None) -> None: ...
+    @overload
+    def __init__(self, type: ElementType, sizes: Ints, name: str, *,
+                 mins: Ints | None = None) -> None: ...
+    @overload
+    def __init__(self, type: ElementType, sizes: Ints, storage_order: Ints | None = None,
+                 name: str = "", *, mins: Ints | None = None) -> None: ...
+    @overload
+    def __init__(self, *, shape: Iterable[SupportsIndex], dtype: ElementType | DTypeLike,
+                 name: str = "", mins: Ints | None = None) -> None: ...
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         """halide.Buffer's constructors, by position or by name:
 
         - ``Buffer(buffer, name="", reverse_axes=True)``: over an array (numpy's, or anything
