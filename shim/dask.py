@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import itertools
 import operator
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 import dask
 import dask.array as da
@@ -29,10 +31,18 @@ from shim.buffers.buffer import Buffer
 from shim.backends.devices import device as shim_device
 from shim.base.errors import ArgumentError, BoundsError, HalideCodeError, SizeWarning, warn_caller
 from shim.calls import output_sizes
+from shim.calls.pipeline import Pipeline
+
+if TYPE_CHECKING:
+    from numpy.typing import ArrayLike, DTypeLike
 
 
-def map_pipeline(pipeline, *arrays, output_dtype=None, chunks=None, shape=None, device=None,
-                 **scalars):
+# (Typed Any: it returns a dask Array, or a tuple of them for a pipeline of several outputs,
+# which only the loaded pipeline tells; ``chunks`` takes any of dask's forms.)
+def map_pipeline(pipeline: Pipeline, *arrays: ArrayLike,
+                 output_dtype: DTypeLike | Sequence[DTypeLike] | None = None, chunks: Any = None,
+                 shape: Sequence[int] | None = None, device: str | None = None,
+                 **scalars: object) -> Any:
     """Run ``pipeline`` over dask arrays, chunk by chunk; returns its output as a dask array
     (a tuple of them for several outputs), computed when dask computes it.
 

@@ -56,6 +56,7 @@ def test_the_wheel_is_abi3_and_manylinux(repaired):
         names = wheel.namelist()
         metadata = wheel.read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
     assert "shim/_native.abi3.so" in names
+    assert {"shim/py.typed", "shim/native/native_types.pyi"} <= set(names)  # (type information)
     assert any(n.startswith("shim/pipelines/generators/") for n in names)
     assert "Requires-Python: >=3.11" in metadata
     requires = [line for line in metadata.splitlines() if line.startswith("Requires-Dist:")

@@ -4,6 +4,7 @@ device interfaces to the backends behind them."""
 from __future__ import annotations
 
 import os
+from typing import Any, Literal, TypeVar, overload
 
 from shim.base import sections
 from shim.backends.base import Backend
@@ -60,7 +61,27 @@ def kind_of_index(index: int) -> str | None:
     return cls.kind if cls is not None else None
 
 
-def device(kind: str = HostBackend.kind, **options) -> Backend:
+_B = TypeVar("_B", bound=Backend)
+
+
+# Each kind's own class, for type checkers (a kind's members: set_faults, queue, ...).
+@overload
+def device(kind: Literal["host"] = ..., **options: Any) -> HostBackend: ...
+@overload
+def device(kind: Literal["opencl"], **options: Any) -> OpenCLBackend: ...
+@overload
+def device(kind: Literal["cuda"], **options: Any) -> CUDABackend: ...
+@overload
+def device(kind: Literal["vulkan"], **options: Any) -> VulkanBackend: ...
+@overload
+def device(kind: Literal["opencl_image"], **options: Any) -> OpenCLImageBackend: ...
+@overload
+def device(kind: _B, **options: Any) -> _B: ...
+@overload
+def device(kind: str, **options: Any) -> Backend: ...
+
+
+def device(kind: str | Backend = HostBackend.kind, **options: Any) -> Backend:
     """The device of a backend kind: "opencl", "cuda", "vulkan" or "host" (the simulated
     device), created on first use with ``options`` (see each backend). A backend keeps its device for
     the life of the process: Halide's handles do not say which device they belong to."""

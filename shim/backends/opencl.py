@@ -19,6 +19,7 @@ import re
 import threading
 import time
 from collections import Counter, OrderedDict
+from typing import TYPE_CHECKING
 
 from shim.base import private_files
 from shim.base import sections
@@ -27,6 +28,9 @@ from shim.backends.base import Backend, BackendError, Memory, fork_guard
 from shim.base.errors import DeviceUnavailable
 from shim.native import ffi, lib
 from shim.native.regions import CopyPlan, rectangles, runs
+
+if TYPE_CHECKING:
+    import pyopencl
 
 
 def _cl():
@@ -219,12 +223,12 @@ class OpenCLBackend(Backend):
     # refused before it reaches the driver (kernel launches, in C, refuse on their own).
 
     @property
-    def context(self):
+    def context(self) -> pyopencl.Context:
         self._usable()
         return self._context
 
     @property
-    def queue(self):
+    def queue(self) -> pyopencl.CommandQueue:
         self._usable()
         return self._queue
 

@@ -6,8 +6,12 @@ import enum
 import functools
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from numpy.typing import DTypeLike
 
 INT, UINT, FLOAT, HANDLE, BFLOAT = 0, 1, 2, 3, 4
 _CODE_NAMES = {INT: "int", UINT: "uint", FLOAT: "float", HANDLE: "handle", BFLOAT: "bfloat"}
@@ -59,7 +63,7 @@ class HalideType:
         return name if self.lanes == 1 else f"{name}x{self.lanes}"
 
     @classmethod
-    def from_dtype(cls, dtype) -> HalideType:
+    def from_dtype(cls, dtype: DTypeLike) -> HalideType:
         """The Halide type stored like numpy's ``dtype``; raises TypeError for the others,
         among them dtypes in the other byte order, whose elements Halide would misread."""
         known = _BY_DTYPE.get(dtype) if isinstance(dtype, np.dtype) else None
@@ -157,7 +161,7 @@ class Type:
 
     __slots__ = ("_t",)
 
-    def __init__(self, code, bits: int, lanes: int = 1):
+    def __init__(self, code: int, bits: int, lanes: int = 1):
         object.__setattr__(self, "_t", HalideType(int(code), int(bits), int(lanes)))
 
     @classmethod
@@ -217,28 +221,28 @@ class Type:
     def with_lanes(self, lanes: int) -> Type:
         return Type(self._t.code, self._t.bits, lanes)
 
-    def with_code(self, code) -> Type:
+    def with_code(self, code: int) -> Type:
         return Type(int(code), self._t.bits, self._t.lanes)
 
     def element_of(self) -> Type:
         return self.with_lanes(1)
 
-    def max(self):
+    def max(self) -> int | float:
         """The largest value of the type: an int (True for bool), or inf for floats (as
         halide's Float(32).max())."""
         return self._limit(True)
 
-    def min(self):
+    def min(self) -> int | float:
         """The smallest value: an int (False for bool), or -inf for floats."""
         return self._limit(False)
 
-    def is_max(self, value) -> bool:
+    def is_max(self, value: float) -> bool:
         return value == self.max()
 
-    def is_min(self, value) -> bool:
+    def is_min(self, value: float) -> bool:
         return value == self.min()
 
-    def _limit(self, largest: bool):
+    def _limit(self, largest: bool) -> int | float:
         code, bits = self._t.code, self._t.bits
         if code in (FLOAT, BFLOAT):
             return math.inf if largest else -math.inf
@@ -250,7 +254,7 @@ class Type:
             return (1 << (bits - 1)) - 1 if largest else -(1 << (bits - 1))
         raise ValueError(f"{self} has no {'max' if largest else 'min'}")
 
-    def can_represent(self, other) -> bool:
+    def can_represent(self, other: Type | HalideType | float) -> bool:
         """Whether every value of the Type ``other`` (or the number ``other``) is one of this
         type's, as halide.Type.can_represent answers it."""
         if isinstance(other, (Type, HalideType)) or is_halide(other, "Type"):

@@ -12,6 +12,7 @@ import inspect
 import itertools
 import sys
 import math
+from typing import TYPE_CHECKING, Any, SupportsIndex, overload
 
 import numpy as np
 
@@ -37,8 +38,27 @@ from shim.buffers.buffer_arguments import (
 )
 from shim.buffers.managed import ManagedBuffer
 
+if TYPE_CHECKING:  # (for type checkers only: an import of numpy.typing costs every import of shim)
+    from collections.abc import Callable, Iterable, Sequence
 
-def as_host_array(value, argument: str) -> np.ndarray:
+    from numpy.typing import DTypeLike
+    from typing_extensions import Buffer as BufferProtocol, CapsuleType, TypeAlias
+
+    from shim.exchange.dlpack_capsules import DLPackProducer
+
+    # What the methods take (buffer_arguments.py checks the values themselves): integers x
+    # first (mins, sizes, coordinates, offsets, orders: lists or tuples); (min, extent) pairs;
+    # an element type (buffer_arguments.is_element_type's; a halide.Type too: halide has no
+    # types, so any of its values passes); an element's value; memory to wrap (a CPU
+    # array-like).
+    Ints: TypeAlias = Sequence[SupportsIndex]
+    Rect: TypeAlias = Sequence[Sequence[SupportsIndex]]
+    ElementType: TypeAlias = HalideType | Type | np.dtype | type[np.generic]
+    Element: TypeAlias = float | np.number | np.bool_
+    HostArray: TypeAlias = "np.ndarray | Buffer | DLPackProducer | BufferProtocol"
+
+
+def as_host_array(value: HostArray, argument: str) -> np.ndarray:
     """A zero-copy numpy view of a CPU array-like: numpy arrays, objects with ``__dlpack__``
     on the CPU, or anything with the buffer protocol."""
     if isinstance(value, np.ndarray):
@@ -67,7 +87,7 @@ class Dimension(tuple):
 
     __slots__ = ()
 
-    def __new__(cls, min: int, extent: int, stride: int):
+    def __new__(cls, min: int, extent: int, stride: int) -> Dimension:
         return super().__new__(cls, (min, extent, stride))
 
     def min(self) -> int:
@@ -106,7 +126,23 @@ class Buffer(ManagedBuffer):
 
     __slots__ = ()  # (ManagedBuffer's)
 
-    def __init__(self, *args, **kwargs):
+    # The forms __init__ takes, for type checkers.
+    @overload
+    def __init__(self) -> None: ...
+    @overload
+    def __init__(self, buffer: HostArray, name: str = "", reverse_axes: bool | np.bool_ = True,
+                 *, mins: Ints | None = None) -> None: ...
+    @overload
+    def __init__(self, type: ElementType, sizes: Ints, name: str, *,
+                 mins: Ints | None = None) -> None: ...
+    @overload
+    def __init__(self, type: ElementType, sizes: Ints, storage_order: Ints | None = None,
+                 name: str = "", *, mins: Ints | None = None) -> None: ...
+    @overload
+    def __init__(self, *, shape: Iterable[SupportsIndex], dtype: ElementType | DTypeLike,
+                 name: str = "", mins: Ints | None = None) -> None: ...
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         """halide.Buffer's constructors, by position or by name:
 
         - ``Buffer(buffer, name="", reverse_axes=True)``: over an array (numpy's, or anything
@@ -172,12 +208,12 @@ class Buffer(ManagedBuffer):
             self.set_host_dirty(True)
 
     @classmethod
-    def make_scalar(cls, type, name: str = "") -> Buffer:
+    def make_scalar(cls, type: ElementType, name: str = "") -> Buffer:
         """A 0-D Buffer of one element of ``type`` (halide.Buffer.make_scalar)."""
         return cls(type, [], name=name)
 
     @classmethod
-    def make_interleaved(cls, type, width: int, height: int, channels: int,
+    def make_interleaved(cls, type: ElementType, width: int, height: int, channels: int,
                          name: str = "") -> Buffer:
         """A width x height x channels Buffer whose channels are innermost in memory
         (halide.Buffer.make_interleaved)."""
@@ -196,7 +232,7 @@ class Buffer(ManagedBuffer):
 
     # --- shape ---------------------------------------------------------------------------
 
-    def type(self):
+    def type(self) -> Type | Any:  # (halide's Type, where halide is imported)
         """The element type, as halide.Buffer.type() gives it: halide's own Type where halide
         is imported (so that ``buf.type() == hl.UInt(8)`` holds both ways), else a shim.Type,
         which answers the same queries with the same spelling (``bits()``, ``is_float()``,
@@ -230,7 +266,7 @@ class Buffer(ManagedBuffer):
         a read-only mmap): such a Buffer is no pipeline output and never device-dirty."""
         return bool(self._array.flags.writeable)
 
-    def dim(self, dimension: int) -> Dimension:
+    def dim(self, dimension: SupportsIndex) -> Dimension:
         """Halide's dimension ``dimension`` (0 is x, the innermost; numpy's last axis)."""
         d = integer(dimension, "dimension")
         if not 0 <= d < self.dimensions():
@@ -276,7 +312,7 @@ class Buffer(ManagedBuffer):
                           [abs(self._dims[d].stride) for d in range(len(self._box))],
                           self.dtype.itemsize)
 
-    def contains(self, coords) -> bool:
+    def contains(self, coords: Ints) -> bool:
         """Whether ``coords`` (x first; the dimensions it leaves out are not checked) lie in
         this Buffer."""
         coords = integer_list(coords, "coords")
@@ -300,7 +336,7 @@ class Buffer(ManagedBuffer):
         (halide.Buffer's undefined Buffer)."""
         return True
 
-    def same_as(self, other) -> bool:
+    def same_as(self, other: object) -> bool:
         """Whether ``other`` is this Buffer (a crop or a copy is another)."""
         return other is self
 
@@ -308,7 +344,9 @@ class Buffer(ManagedBuffer):
     # Each makes a Buffer over the same memory, as halide.Buffer's; the in-place forms (crop,
     # slice, translate, set_min, transpose, embed, add_dimension) change this one.
 
-    def cropped(self, dimension=None, min=None, extent=None, *, rect=None) -> Buffer:
+    def cropped(self, dimension: SupportsIndex | Rect | None = None,
+                min: SupportsIndex | None = None, extent: SupportsIndex | None = None, *,
+                rect: Rect | None = None) -> Buffer:
         """A Buffer over part of this one, in this one's coordinates: ``cropped(d, min,
         extent)`` crops dimension ``d``; ``cropped(rect)``, a list of (min, extent), crops
         dimensions 0, 1, ... in order (x first). The crop shares this Buffer's host memory
@@ -346,7 +384,7 @@ class Buffer(ManagedBuffer):
                                               f"[{have_lo}, {have_lo + have_n})")
         return ranges
 
-    def sliced(self, dimension, pos=None) -> Buffer:
+    def sliced(self, dimension: SupportsIndex, pos: SupportsIndex | None = None) -> Buffer:
         """The (dimensions - 1)-D Buffer at coordinate ``pos`` (default: the dimension's min)
         of dimension ``dimension``; shares memory like a crop. Slicing a 1-D Buffer gives a
         0-D one, a single element."""
@@ -365,14 +403,16 @@ class Buffer(ManagedBuffer):
         root_dims = self._root_dims[:d] + self._root_dims[d + 1:]
         return self._view(self._array[tuple(index)], mins, root_box, root_dims)
 
-    def translated(self, dimension=None, dx=None, *, delta=None) -> Buffer:
+    def translated(self, dimension: SupportsIndex | Ints | None = None,
+                   dx: SupportsIndex | None = None, *, delta: Ints | None = None) -> Buffer:
         """A Buffer over the same elements at other coordinates: ``translated(d, dx)`` adds
         ``dx`` to dimension ``d``'s min, ``translated(delta)`` adds ``delta[i]`` to dimension
         ``i``'s (x first; dimensions it leaves out keep theirs)."""
         return self._view(self._array, self._translation(dimension, dx, delta), self._root_box,
                           self._root_dims, "delta" if dx is None else "dx")
 
-    def transposed(self, d1=None, d2=None, *, order=None) -> Buffer:
+    def transposed(self, d1: SupportsIndex | Ints | None = None, d2: SupportsIndex | None = None, *,
+                   order: Ints | None = None) -> Buffer:
         """A Buffer over the same elements with its dimensions reordered, as halide.Buffer's:
         ``transposed(d1, d2)`` swaps two; ``transposed(order)`` makes dimension ``i`` of this
         Buffer dimension ``order[i]`` of the result."""
@@ -383,36 +423,40 @@ class Buffer(ManagedBuffer):
         """transposed() with the dimensions in reverse order: numpy's axis order."""
         return self.transposed(order=list(reversed(range(self.dimensions()))))
 
-    def embedded(self, dimension, pos: int = 0) -> Buffer:
+    def embedded(self, dimension: SupportsIndex, pos: SupportsIndex = 0) -> Buffer:
         """A Buffer with one more dimension, of extent 1 at coordinate ``pos``, inserted as
         dimension ``dimension`` (0 to dimensions()), over the same elements."""
         array, mins, root_dims = self._embedding(dimension, pos)
         return self._view(array, mins, self._root_box, root_dims, "pos")
 
-    def crop(self, dimension=None, min=None, extent=None, *, rect=None) -> None:
+    def crop(self, dimension: SupportsIndex | Rect | None = None,
+             min: SupportsIndex | None = None, extent: SupportsIndex | None = None, *,
+             rect: Rect | None = None) -> None:
         """cropped(), in place: this Buffer becomes the crop."""
         self._replace(self.cropped(dimension, min, extent, rect=rect))
 
-    def slice(self, dimension, pos=None) -> None:
+    def slice(self, dimension: SupportsIndex, pos: SupportsIndex | None = None) -> None:
         """sliced(), in place."""
         self._replace(self.sliced(dimension, pos))
 
-    def translate(self, dimension=None, dx=None, *, delta=None) -> None:
+    def translate(self, dimension: SupportsIndex | Ints | None = None,
+                  dx: SupportsIndex | None = None, *, delta: Ints | None = None) -> None:
         """translated(), in place."""
         self._reshape(self._array, self._translation(dimension, dx, delta), self._root_dims,
                       "delta" if dx is None else "dx")
 
-    def set_min(self, mins) -> None:
+    def set_min(self, mins: Ints) -> None:
         """Place this Buffer's first element at ``mins`` (x first; dimensions it leaves out
         keep their min), as halide.Buffer's set_min."""
         self._reshape(self._array, with_mins([lo for lo, _ in self._box], mins, "mins"),
                       self._root_dims, "mins")
 
-    def transpose(self, d1=None, d2=None, *, order=None) -> None:
+    def transpose(self, d1: SupportsIndex | Ints | None = None, d2: SupportsIndex | None = None, *,
+                  order: Ints | None = None) -> None:
         """transposed(), in place."""
         self._reshape(*self._transposition(d1, d2, order), "order")
 
-    def embed(self, dimension, pos: int = 0) -> None:
+    def embed(self, dimension: SupportsIndex, pos: SupportsIndex = 0) -> None:
         """embedded(), in place."""
         self._reshape(*self._embedding(dimension, pos), "dimension")
 
@@ -535,7 +579,7 @@ class Buffer(ManagedBuffer):
     # (native_stubs/calls/host_export.c), exports this.
     _host_export = numpy
 
-    def __array__(self, dtype=None, copy=None):
+    def __array__(self, dtype: DTypeLike | None = None, copy: bool | None = None) -> np.ndarray:
         array = self.numpy()
         if copy:
             array = array.copy()
@@ -545,31 +589,31 @@ class Buffer(ManagedBuffer):
             array = array.astype(dtype)
         return array
 
-    def __getitem__(self, pos):
+    def __getitem__(self, pos: SupportsIndex | Ints) -> int | float:
         """The element at ``pos``, Halide coordinates with x first (``buf[x, y]``; ``buf[()]``
         for a 0-D Buffer), as a Python number. Device results are copied back first (unlike
         halide.Buffer's, which reads stale host memory, and marks it host-dirty)."""
         return self.numpy()[self._element_index(pos)].item()
 
-    def __setitem__(self, pos, value) -> None:
+    def __setitem__(self, pos: SupportsIndex | Ints, value: Element) -> None:
         """Write the element at ``pos`` (see __getitem__) and mark the Buffer host-dirty.
         ``value`` must fit the element type: floats are refused for integers, not truncated."""
         index = self._element_index(pos)
         self._host_for_writing("value")[index] = element_value(value, self.dtype, "value")
         self.set_host_dirty(True)
 
-    def fill(self, value) -> None:
+    def fill(self, value: Element) -> None:
         """Set every element to ``value`` (which must fit the element type) and mark the Buffer
         host-dirty."""
         element = element_value(value, self.dtype, "value")
         self._host_for_writing("value")[...] = element
         self.set_host_dirty(True)
 
-    def all_equal(self, value) -> bool:
+    def all_equal(self, value: Element) -> bool:
         """Whether every element equals ``value`` (True for an empty Buffer)."""
         return bool(np.all(self.numpy() == element_value(value, self.dtype, "value")))
 
-    def for_each_element(self, f) -> None:
+    def for_each_element(self, f: Callable[[list[int]], object]) -> None:
         """Call ``f(pos)`` for the coordinates of every element, ``pos`` a list, x first and
         varying fastest, as halide.Buffer's."""
         for coords in itertools.product(*(range(lo, lo + n) for lo, n in reversed(self._box))):
@@ -633,20 +677,22 @@ class Buffer(ManagedBuffer):
     # --- DLPack (shim/exchange/dlpack_export.py; shim.from_dlpack is shim/interop/dlpack.py) and the CUDA
     # Array Interface (shim/exchange/cuda_array_interface.py) ----------------------------------------
 
-    def __dlpack__(self, *, stream=None, max_version=None, dl_device=None, copy=None):
+    def __dlpack__(self, *, stream: object = None, max_version: tuple[int, int] | None = None,
+                   dl_device: tuple[int, int] | None = None,
+                   copy: bool | None = None) -> CapsuleType:
         """A DLPack capsule of this Buffer's data, as the Python array API standard specifies:
         CUDA memory stays on the device, ordered before ``stream``'s later work; OpenCL
         results are downloaded into host memory unless ``dl_device`` asks for the device."""
         return dlpack_export.export(self, stream=stream, max_version=max_version,
                                     dl_device=dl_device, copy=copy)
 
-    def __dlpack_device__(self) -> tuple:
+    def __dlpack_device__(self) -> tuple[int, int]:
         """(DLPack device type, device id) that ``__dlpack__()`` exports to by default (the
         rule: shim/exchange/dlpack_export.py)."""
         return dlpack_export.device_of(self)
 
     @property
-    def __cuda_array_interface__(self) -> dict:
+    def __cuda_array_interface__(self) -> dict[str, Any]:
         """The CUDA Array Interface (version 3) of this Buffer's CUDA memory, for Numba and
         CuPy; AttributeError on a Buffer without a CUDA allocation."""
         return cuda_array_interface.describe(self)

@@ -7,7 +7,7 @@ shim.Buffer (shim/buffers/buffer.py) is halide.Buffer's API over it; every Buffe
 from __future__ import annotations
 
 import warnings
-from typing import NamedTuple
+from typing import Any, NamedTuple, Self
 
 import numpy as np
 
@@ -85,7 +85,7 @@ class ManagedBuffer(HostExporter):
         self._box = tuple((lo, n) for lo, n, _ in dims)
 
     def _view(self, array: np.ndarray, mins, root_box, root_dims,
-              mins_argument: str = "mins") -> ManagedBuffer:
+              mins_argument: str = "mins") -> Self:
         """A Buffer over ``array`` (a view of this one's memory) that joins this Buffer's
         family: it aliases the family's device allocation, or carries the proxy interface
         until there is one (shim/memory/aliasing.py). ``mins_argument`` names what gave ``mins``,
@@ -184,14 +184,16 @@ class ManagedBuffer(HostExporter):
             return None
         return devices.backend_for_interface(interface)
 
-    def device_malloc(self, device=None, target=None) -> int:
+    # ``device``: a kind ("opencl"), a device (shim.device()) or a halide.DeviceAPI; ``target``:
+    # a halide.Target (halide has no types: any of its values passes a type check).
+    def device_malloc(self, device: str | Backend | None = None, target: Any = None) -> int:
         """Allocate device memory (default: on the shim's default device). Does nothing if
         already allocated. Unlike halide.Buffer's, it makes the host memory the newer copy:
         the next copy_to_device uploads it (new device memory holds nothing)."""
         buffer_operations.malloc_device(self._raw, interface_of(_device(device, target)))
         return 0
 
-    def copy_to_device(self, device=None, target=None) -> int:
+    def copy_to_device(self, device: str | Backend | None = None, target: Any = None) -> int:
         """Make the device allocation current: allocate it if needed, upload if host-dirty.
         A Buffer on another device moves: its data comes home, that allocation is freed, and
         the data goes up to ``device`` (Halide refuses with error -42 instead)."""
@@ -267,7 +269,7 @@ class ManagedBuffer(HostExporter):
 
     @classmethod
     def over_array(cls, array: np.ndarray, argument: str, *, exposed: bool = True, mins=None,
-                   keepalive=None) -> ManagedBuffer:
+                   keepalive=None) -> Self:
         """A Buffer over ``array`` with clean flags, for memory the shim passes to pipelines
         (``argument`` names it in errors). ``exposed=False`` when the shim allocated the array
         and nobody else holds it yet; ``mins``: the Halide coordinates of its first element
@@ -312,7 +314,7 @@ class ManagedBuffer(HostExporter):
         """The results here have been read (or handed to someone who will)."""
         self._unread = False
 
-    def copy_on_device(self, backend: Backend) -> ManagedBuffer:
+    def copy_on_device(self, backend: Backend) -> Self:
         """A new, dense Buffer on ``backend`` holding a copy of this one's data, made on the
         device: DLPack's ``copy=True``, both ways."""
         copy = type(self).over_array(np.empty_like(self._array, order="C"), "copy", exposed=False,

@@ -10,6 +10,10 @@ shim/calls/library.py's.
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping, Sequence
+from typing import Literal, Union, overload
+
 import numpy as np
 
 from shim.core import call_uses
@@ -33,8 +37,25 @@ from shim.calls.scalars import MISSING, ScalarArgument
 # Target features that make a pipeline run code on a device.
 DEVICE_FEATURES = {"opencl", "cuda", "metal", "vulkan", "d3d12compute", "webgpu"}
 
+# What load() takes as the library's path (os.fsdecode's).
+LibraryPath = Union[str, bytes, "os.PathLike[str]", "os.PathLike[bytes]"]
+# A region: (min, extent) per dimension, x first.
+Box = Sequence[tuple[int, int]]
 
-def load(path, name: str | None = None, *, convention: str = "numpy"):
+
+@overload
+def load(path: LibraryPath, name: str | None = None, *,
+         convention: Literal["numpy"] = "numpy") -> Pipeline: ...
+@overload
+def load(path: LibraryPath, name: str | None = None, *,
+         convention: Literal["extension"]) -> ExtensionFunction: ...
+@overload
+def load(path: LibraryPath, name: str | None = None, *,
+         convention: str) -> Pipeline | ExtensionFunction: ...
+
+
+def load(path: LibraryPath, name: str | None = None, *,
+         convention: str = "numpy") -> Pipeline | ExtensionFunction:
     """Load the Halide pipeline in the shared library at ``path``.
 
     Works for any AOT pipeline of Halide 19 or 21 (and 22, prepared: docs/releases.md), built
@@ -64,21 +85,27 @@ class Pipeline(CallPlan):
     output, or a tuple of outputs in metadata order. Releases the GIL while the pipeline runs.
     """
 
-    def __init__(self, path, name: str | None = None):
+    def __init__(self, path: LibraryPath, name: str | None = None):
         if "_library" in self.__dict__:
             # The CallPlan (the fast path, the bounds cache) is made once, for the first
             # library: the Python side must not change to another.
             raise TypeError("a Pipeline is made once")
         self._library = Library(path, name)
-        self.path, self.name, self.target = self._library.path, self._library.name, self._library.target
-        # The device APIs the pipeline's code uses (none: it computes on the CPU only).
+        #: The path of the library it was loaded from.
+        self.path: str = self._library.path
+        #: Its name: the function the generator made, which the library exports.
+        self.name: str = self._library.name
+        #: The Halide target it was built for ("x86-64-linux-opencl").
+        self.target: str = self._library.target
+        #: The device APIs the pipeline's code uses (none: it computes on the CPU only).
         self.device_kinds = frozenset(f for f in self.target.split("-") if f in DEVICE_FEATURES)
         self._signature = Signature(self.name, self.target, self._library.arguments,
                                     self.device_kinds)
-        self.arguments = self._signature.arguments
-        # Every argument in the order the pipeline's own function takes them, __user_context
-        # included where it takes one.
-        self.argv_arguments = self._signature.all_arguments
+        #: The arguments a call gives, in the order of its positions: the generator's parameters.
+        self.arguments: list[Argument] = self._signature.arguments
+        #: Every argument in the order the pipeline's own function takes them, __user_context
+        #: included where it takes one.
+        self.argv_arguments: list[Argument] = self._signature.all_arguments
         self._runner = Runner(self.name, self._library.argv_fn, self.device_kinds,
                               self._library.release.profiler_abi
                               if halide_profiler.builds_profile(self.target) else None)
@@ -110,7 +137,7 @@ class Pipeline(CallPlan):
                      f"dispatcher's first question tells)")
         return text
 
-    def subtarget_status(self) -> list:
+    def subtarget_status(self) -> list[tuple[str, str, list[str] | None]]:
         """(name, target, the CPU features this CPU lacks for it: None where its name spells no
         target) of each sub-target."""
         release = self._library.release
@@ -118,7 +145,7 @@ class Pipeline(CallPlan):
                 for sub in self._library.subtargets]
 
     @property
-    def subtargets(self) -> list:
+    def subtargets(self) -> list[multitarget.Subtarget]:
         """A multitarget library's dispatcher: its sub-targets, (name, target) each, of which
         it runs the first this CPU can (by Halide's rule: in the order it was built with, the
         last whatever the CPU). Empty for any other pipeline."""
@@ -153,7 +180,7 @@ class Pipeline(CallPlan):
         with self.prepare(*args, **kwargs) as call:
             return call()
 
-    def prepare(self, *args, **kwargs) -> PreparedCall:
+    def prepare(self, *args: object, **kwargs: object) -> PreparedCall:
         """Marshal the arguments once and check them with the pipeline's bounds query; the
         returned PreparedCall runs the pipeline with them as often as it is called, for loops
         where the per-call argument handling would cost more than the pipeline."""
@@ -180,8 +207,8 @@ class Pipeline(CallPlan):
 
     # --- the bounds query, as a question: what does computing these regions read? ---
 
-    def required_regions(self, outputs: dict, inputs: dict | None = None, /,
-                         **scalars) -> dict[str, tuple]:
+    def required_regions(self, outputs: Mapping[str, Box], inputs: Mapping[str, Box] | None = None,
+                         /, **scalars: object) -> dict[str, tuple[tuple[int, int], ...]]:
         """Ask the pipeline's bounds query which regions computing ``outputs`` takes:
         {buffer name: ((min, extent) per dimension, x first)} for every input buffer (the
         region it reads) and output (the region it writes: the one given, unless the pipeline

@@ -8,6 +8,7 @@ the same switch native code and pipelines see, served by native_stubs/devices/al
 from __future__ import annotations
 
 from shim.backends import devices
+from shim.backends.base import Backend
 from shim.core import runtime
 from shim.core.bridge import runtime_call
 from shim.native import ffi, lib
@@ -26,7 +27,7 @@ def can_reuse_device_allocations() -> bool:
     return bool(lib.halide_can_reuse_device_allocations(ffi.NULL))
 
 
-def release_unused_device_allocations(device=None) -> int:
+def release_unused_device_allocations(device: str | Backend | None = None) -> int:
     """Give the device memory kept for reuse back to the driver (Halide's
     halide_cuda_release_unused_device_allocations, for any backend): that of ``device`` (a
     kind or a backend), or of every device made so far. Returns how many allocations went."""

@@ -15,7 +15,7 @@ import math
 import operator
 import reprlib
 import warnings
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 import numpy as np
 
@@ -39,6 +39,16 @@ class DLDeviceType(enum.IntEnum):
     ExtDev = 12
     CUDAManaged = 13
     OneAPI = 14
+
+
+class DLPackProducer(Protocol):
+    """What the shim takes as a DLPack producer (the Python array API's protocol): a tensor
+    with ``__dlpack__`` (called with keywords its version of the protocol has) and
+    ``__dlpack_device__``, a (device type, device id) pair."""
+
+    def __dlpack__(self) -> object: ...
+
+    def __dlpack_device__(self) -> tuple[int, int]: ...
 
 
 READ_ONLY, IS_COPIED = 1, 2

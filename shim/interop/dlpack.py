@@ -9,6 +9,8 @@ The capsules themselves, read and checked, are shim/exchange/dlpack_capsules.py;
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from shim.core import buffer_operations
@@ -26,8 +28,11 @@ from shim.exchange.dlpack_capsules import (
 )
 from shim.base.errors import ArgumentError
 
+if TYPE_CHECKING:
+    from shim.exchange.dlpack_capsules import DLPackProducer
 
-def from_dlpack(obj, *, copy=None) -> Buffer:
+
+def from_dlpack(obj: DLPackProducer, *, copy: bool | None = None) -> Buffer:
     """A Buffer over the data of any object with ``__dlpack__``: CPU memory zero-copy, CUDA
     and OpenCL memory wrapped as the Buffer's device allocation (zero-copy, the producer kept
     alive). ``copy=True`` copies, ``copy=False`` refuses to. Anything wrong with what the

@@ -19,6 +19,7 @@ made by ``from_pyopencl`` is device-dirty, its data living in the Array's memory
 from __future__ import annotations
 
 import sys
+from typing import TYPE_CHECKING
 
 from shim.exchange import device_export
 from shim.core import shutdown
@@ -30,6 +31,9 @@ from shim.base.errors import ArgumentError
 from shim.native import Finalized
 from shim.base.types import HalideType
 
+if TYPE_CHECKING:
+    import pyopencl.array
+
 
 def is_array(value) -> bool:
     """Whether ``value`` is a pyopencl Array (never imports pyopencl: if pyopencl.array has not
@@ -40,7 +44,7 @@ def is_array(value) -> bool:
     return isinstance(array_type, type) and isinstance(value, array_type)
 
 
-def to_pyopencl(buf: Buffer):
+def to_pyopencl(buf: Buffer) -> pyopencl.array.Array:
     """A ``pyopencl.array.Array`` over the Buffer ``buf``'s OpenCL memory, without copying, on
     the shim's queue: the Buffer goes to the OpenCL device first if needed (what the host
     holds newer is uploaded; a Buffer on another device moves). A crop is a view at its offset
@@ -73,7 +77,7 @@ def to_pyopencl(buf: Buffer):
     return device_export.share(buf, backend, backend.queue, array, what="to_pyopencl(buf)")
 
 
-def from_pyopencl(array, argument: str = "array") -> Buffer:
+def from_pyopencl(array: pyopencl.array.Array, argument: str = "array") -> Buffer:
     """A Buffer over a ``pyopencl.array.Array``'s memory, without copying: its device
     allocation is the Array's (which the Buffer and its crops keep alive; the shim never frees
     it). The Array must be in the shim's OpenCL context; ``argument`` names it in errors."""

@@ -24,6 +24,7 @@ import sys
 import threading
 import time
 import weakref
+from typing import TYPE_CHECKING
 
 from shim.native import stamp as native_stamp  # (the stamp imports nothing of shim)
 from shim._version import __version__
@@ -134,14 +135,18 @@ def finalized_skip_when_alone(cls: type, slot: str) -> None:
         raise ImportError("shim._native: Finalized could not take the class")
 
 
-CallPlan = _native_type("shim_fastcall_plan_type")
-PreparedRun = _native_type("shim_prepared_run_type")
-FamilyState = _native_type("shim_family_state_type")
-LockState = _native_type("shim_lock_state_type")
-MemberPlans = _native_type("shim_member_plans_type")
-Finalized = _native_type("shim_finalized_type")
-HostExporter = _native_type("shim_host_exporter_type")
-HeldContext = _native_type("shim_held_context_type")
+if TYPE_CHECKING:  # (their members, for type checkers: what the C code defines)
+    from shim.native.native_types import (CallPlan, FamilyState, Finalized, HeldContext,
+                                          HostExporter, LockState, MemberPlans, PreparedRun)
+else:
+    CallPlan = _native_type("shim_fastcall_plan_type")
+    PreparedRun = _native_type("shim_prepared_run_type")
+    FamilyState = _native_type("shim_family_state_type")
+    LockState = _native_type("shim_lock_state_type")
+    MemberPlans = _native_type("shim_member_plans_type")
+    Finalized = _native_type("shim_finalized_type")
+    HostExporter = _native_type("shim_host_exporter_type")
+    HeldContext = _native_type("shim_held_context_type")
 
 _per_thread = threading.local()
 # Every context ever made (a few per thread), to see at exit which calls are still running.

@@ -53,7 +53,7 @@ class stream(HeldContext):
 
     __slots__ = ("handle", "previous")
 
-    def __init__(self, handle):
+    def __init__(self, handle: object):
         self.handle = ffi.cast("void *", as_handle(handle))
         self.previous = None
 

@@ -27,7 +27,7 @@ import itertools
 import os
 import threading
 import time
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from shim.profiling import halide_profiler
 from shim.native import interrupts
@@ -36,6 +36,9 @@ from shim.backends.devices import backend_for_interface, kind_of_index
 from shim.base.errors import ArgumentError, ShimError
 from shim.native import HeldContext, ffi, lib
 from shim.base.types import HalideType
+
+if TYPE_CHECKING:  # (imported at the first profile: see _halide_trace)
+    from shim.profiling import halide_trace
 
 # Names of the functions the native library counts, by enum shim_function value.
 C_FUNCTIONS = {value: name.removeprefix("SHIM_FN_").lower()
@@ -93,8 +96,10 @@ class Record:
                  buffer: BufferInfo | None = None, bytes: int = 0, result: int = 0,
                  parent: int | None = None, call: int | None = None, launch: dict | None = None,
                  device_track: str | None = None, device_start_ns: int | None = None,
-                 device_ns: int | None = None, markers=None, stages=None,
-                 box: tuple | None = None, stage: str | None = None, _snapshot=None):
+                 device_ns: int | None = None, markers=None,
+                 stages: halide_profiler.CallStages | None = None,
+                 box: tuple[tuple[int, int], ...] | None = None, stage: str | None = None,
+                 _snapshot=None):
         self.id, self.kind, self.name, self.thread = id, kind, name, thread
         self.start_ns, self.duration_ns, self.backend, self.buffer = start_ns, duration_ns, backend, buffer
         self.bytes, self.result, self.parent, self.call = bytes, result, parent, call
@@ -142,6 +147,8 @@ class Profile(HeldContext):
             trace_limit = _halide_trace().DEFAULT_LIMIT
         self.trace_limit = _event_count("trace_limit", trace_limit)
         self.sample_accesses = _event_count("sample_accesses", sample_accesses)
+        #: What was recorded, a Record each: pipeline and runtime calls, launches, copies, and
+        #: the spans of Halide's tracing.
         self.records: list[Record] = []
         #: {function: {"noop": n, "foreign": n, "refused": n, "served": n}}: calls decided in
         #: C ("served": done there, data moved: halide_buffer_copy between hosts).
@@ -149,12 +156,15 @@ class Profile(HeldContext):
         #: [(ns, backend kind, live bytes, pooled bytes)]: the backends' device memory after
         #: each change: held by Buffers, and kept idle for reuse (shim/backends/pool.py).
         self.memory: list[tuple[int, str, int, int]] = []
+        #: {native thread id: name} of the threads that recorded.
         self.thread_names: dict[int, str] = {}
-        #: Halide's tracing: {Func: halide_trace.AccessCounts}, the sampled loads and stores
-        #: (halide_trace.Access), and how many events the trace limit left out.
-        self.accesses: dict = {}
-        self.samples: list = []
+        #: Halide's tracing: {Func: the loads and stores counted}.
+        self.accesses: dict[str, halide_trace.AccessCounts] = {}
+        #: Halide's tracing: the sampled loads and stores (``sample_accesses``).
+        self.samples: list[halide_trace.Access] = []
+        #: Halide's tracing: how many begin/end events ``trace_limit`` left out.
         self.trace_dropped = 0
+        #: Nanoseconds from start() to stop().
         self.duration_ns = 0
         self._origin = 0
         self._ids = 0
@@ -235,7 +245,7 @@ class Profile(HeldContext):
 
         return summary(self)
 
-    def save_trace(self, path) -> str:
+    def save_trace(self, path: str | os.PathLike[str]) -> str:
         """Write a Chrome trace (JSON) that Perfetto and chrome://tracing open; returns the
         path."""
         from shim.profiling.report import save_trace
@@ -247,7 +257,7 @@ class Profile(HeldContext):
         return [r for r in self.records if r.name == name]
 
     @property
-    def stages(self) -> list:
+    def stages(self) -> list[tuple[Record, halide_profiler.CallStages]]:
         """[(pipeline call Record, CallStages)] for the calls of pipelines built with Halide's
         profiler, in call order."""
         return [(r, r.stages) for r in self.records if r.kind == "pipeline" and r.stages is not None]
