@@ -94,8 +94,8 @@ HALIDE21_RENAMED = {
 # on 2.34 or later needs 2.34 to load. These are the functions the library calls (ours and the
 # standalone runtime's) whose default version is newer than 2.28, each bound to the version it
 # had in 2.28, which newer glibc still exports as an alias of the same function (the same
-# address: tests/test_glibc_floor.py). x86-64's names: another architecture's glibc has other
-# versions, and there the library links the defaults (we ship no wheel for it).
+# address: tests/test_glibc_floor.py). These are x86-64's versions: another architecture's glibc
+# has other ones, and there the library links the defaults (we ship no wheel for it).
 # tests/test_glibc_floor.py fails naming a function that needs a newer version, added here.
 GLIBC_PINS = {
     "dlopen": "GLIBC_2.2.5", "dlsym": "GLIBC_2.2.5", "dlerror": "GLIBC_2.2.5",

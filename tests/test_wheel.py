@@ -76,7 +76,7 @@ def test_the_wheels_library_needs_nothing_newer_than_glibc_2_28(repaired, tmp_pa
     with zipfile.ZipFile(repaired) as wheel:
         library = Path(wheel.extract("shim/_native.abi3.so", tmp_path))
     needs = glibc.needs(library)
-    assert needs["pthread_create"] == "GLIBC_2.2.5"  # (pinned: 2.34 is the default here)
+    assert needs["pthread_create"] == "GLIBC_2.2.5"  # (pinned: its default is GLIBC_2.34 from 2.34)
     assert max(map(glibc.version, needs.values())) <= glibc.FLOOR
     # the libraries that held the pinned functions before glibc 2.34 are named, and nothing
     # outside glibc (auditwheel would have copied it into the wheel)
