@@ -2,7 +2,6 @@
 $HALIDE_SHIM_SANITIZE, and how tests tell the runtime they run under (tests/support/sanitizers.py),
 which decides what they skip there. .ci/sanitizers runs the builds themselves."""
 
-import importlib.util
 import os
 import shutil
 import subprocess
@@ -11,20 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from support import sanitizers
+from support import build_script, sanitizers
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def load_build_script():
-    spec = importlib.util.spec_from_file_location("native_build", ROOT / "native_stubs" / "build.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_the_variable_chooses_the_flags_and_a_wrong_value_is_named(monkeypatch):
-    build = load_build_script()
+    build = build_script.load()
     monkeypatch.delenv("HALIDE_SHIM_SANITIZE", raising=False)
     assert build.sanitize_flags() == ([], [])
     monkeypatch.setenv("HALIDE_SHIM_SANITIZE", "thread")
