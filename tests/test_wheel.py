@@ -85,9 +85,28 @@ def test_the_wheels_library_needs_nothing_newer_than_glibc_2_28(repaired, tmp_pa
         "libdl.so.2", "libpthread.so.0", "libc.so.6", "ld-linux-x86-64.so.2"}
 
 
-def test_the_wheel_runs_a_pipeline_in_a_fresh_venv(repaired, host_pipelines, tmp_path):
+def interpreter(version: str) -> str | None:
+    """A CPython ``version`` ("3.12") on this machine: this one, one pyenv has, or one on PATH."""
+    if f"{sys.version_info.major}.{sys.version_info.minor}" == version:
+        return sys.executable
+    root = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv")) / "versions"
+    found = sorted(root.glob(f"{version}.*/bin/python"),
+                   key=lambda p: [int(n) for n in re.findall(r"\d+", p.parent.parent.name)])
+    return str(found[-1]) if found else shutil.which(f"python{version}")
+
+
+# One abi3 wheel for every CPython setup.cfg's classifiers name.
+VERSIONS = re.findall(r"Programming Language :: Python :: (3\.\d+)\s",
+                      (ROOT / "setup.cfg").read_text())
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_the_wheel_runs_a_pipeline_in_a_fresh_venv(version, repaired, host_pipelines, tmp_path):
+    python = interpreter(version)
+    if python is None:
+        pytest.skip(f"this machine has no CPython {version} (no registry supplies CPython)")
     venv = tmp_path / "venv"
-    _run(sys.executable, "-m", "venv", venv)
+    _run(python, "-m", "venv", venv)
     python = venv / "bin" / "python"
     # (Nothing of this environment's: a PYTHONPATH would put a checkout before the wheel.)
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
@@ -96,10 +115,12 @@ def test_the_wheel_runs_a_pipeline_in_a_fresh_venv(repaired, host_pipelines, tmp
             "p = shim.load(sys.argv[1])\n"
             "out = p(np.arange(12, dtype=np.float32).reshape(3, 4), scale=2.0, offset=1.0)\n"
             "print(shim.__file__); print(out.numpy().tolist())\n"
-            "import importlib.util; print(importlib.util.find_spec('halide') is None)\n")
+            "import importlib.util; print(importlib.util.find_spec('halide') is None)\n"
+            "print('%d.%d' % sys.version_info[:2])\n")
     done = _run(python, "-c", code, host_pipelines["brighten", "no_runtime"], cwd=tmp_path,
                 env=env)
-    where, values, no_halide = done.stdout.splitlines()
+    where, values, no_halide, running = done.stdout.splitlines()
+    assert running == version
     assert where.startswith(str(venv))  # the installed wheel, not this checkout
     expected = np.arange(12, dtype=np.float32).reshape(3, 4) * 2 + 1
     assert values == str(expected.tolist())
