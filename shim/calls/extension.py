@@ -197,14 +197,15 @@ class ExtensionFunction:
                     f"{_role(arg)} buffer {arg.name} has type {_spelled(arg.type)} but type of "
                     f"the buffer passed in is {_spelled(unpacked.type)}")
         for i, arg, _ in sorted(self._scalars, key=lambda s: s[1].name):
+            shown = _printed(arg.type, values[i])
             if arg.min is not None and values[i] < arg.min:
                 raise HalideRuntimeError(lib.halide_error_code_param_too_small,
-                                         f"Parameter {arg.name} is {values[i]} but must be at "
-                                         f"least {arg.min}")
+                                         f"Parameter {arg.name} is {shown} but must be at "
+                                         f"least {_printed(arg.type, arg.min)}")
             if arg.max is not None and values[i] > arg.max:
                 raise HalideRuntimeError(lib.halide_error_code_param_too_large,
-                                         f"Parameter {arg.name} is {values[i]} but must be at "
-                                         f"most {arg.max}")
+                                         f"Parameter {arg.name} is {shown} but must be at "
+                                         f"most {_printed(arg.type, arg.max)}")
         try:
             self.pipeline(*self._numpy_arguments(values, buffers))
         except BoundsError as e:
@@ -361,6 +362,11 @@ def _spelled(htype: HalideType) -> str:
     name = f"handle{htype.bits}" if htype.code == HANDLE else \
         "uint1" if (htype.code, htype.bits) == (UINT, 1) else str(HalideType(htype.code, htype.bits))
     return name if htype.lanes == 1 else f"{name}x{htype.lanes}"
+
+
+def _printed(htype: HalideType, number) -> str:
+    """A scalar as Halide's runtime prints it in messages: a float in C's %e form."""
+    return f"{number:e}" if htype.code == FLOAT else str(int(number))
 
 
 def _in_halide_words(error: BoundsError, arg) -> HalideRuntimeError:
