@@ -180,6 +180,40 @@ def test_a_halide_buffer_keeps_its_mins(host_pipelines):
     assert out.host_dirty()
 
 
+def test_a_shim_buffer_is_its_struct_as_a_halide_buffer_is(host_pipelines):
+    """The extension takes any Buffer's struct, mins included: a shim.Buffer's gives what a
+    halide.Buffer's gives (the cases compare those with the generated extension), and an
+    output's device copy is stale afterwards, marked so (the run wrote its host memory)."""
+    blur = shim.load(host_pipelines["blur3x3", "no_runtime"], convention="extension")
+    data = np.random.default_rng(5).integers(0, 65536, (10, 12), dtype=np.uint16)
+    stock_in, stock_out = halide.Buffer(data.copy()), halide.Buffer(halide.UInt(16), [8, 6])
+    stock_in.set_min([10, 20])
+    stock_out.set_min([11, 21])
+    blur(stock_in, stock_out)
+    inp = shim.Buffer(data.copy(), mins=[10, 20])
+    out = shim.Buffer(np.zeros((6, 8), np.uint16), mins=[11, 21])
+    out.copy_to_device(shim.device("host"))
+    assert not out.host_dirty()
+    assert blur(inp, out) is None
+    np.testing.assert_array_equal(np.asarray(out), np.asarray(stock_out))
+    assert out.host_dirty() and not out.device_dirty()
+    # Beyond the input, as Halide's checks report it: dimension 0 is x.
+    with pytest.raises(RuntimeError, match=r"^Halide Runtime Error: -4$") as e:
+        blur(inp, shim.Buffer(np.zeros((6, 8), np.uint16), mins=[13, 21]))
+    assert e.value.message == ("Input buffer input is accessed at 22, which is beyond the max "
+                               "(21) in dimension 0")
+
+
+def test_extents_beyond_32_bits_are_refused(host_pipelines):
+    """The extension truncates extents and strides to C ints, making its struct describe other
+    memory: the shim refuses them instead."""
+    histogram = shim.load(host_pipelines["histogram", "no_runtime"], convention="extension")
+    huge = np.ndarray(dtype=np.uint8, shape=(1, 2**31))  # (never touched: no memory used)
+    with pytest.raises(shim.ArgumentError, match="dimension 0 has extent 1 and stride 2147483648; Halide.s are 32-bit") as e:
+        histogram(huge, np.zeros(256, np.uint32))
+    assert e.value.argument == "input"
+
+
 def test_sanitized_names_follow_the_generator():
     assert sanitized("input") == "input"
     assert sanitized("a.b_c") == "a_b_c"
