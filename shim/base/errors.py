@@ -50,6 +50,12 @@ class ArgumentError(ShimError, ValueError):
         self.argument = argument
 
 
+class ArgumentTypeError(ArgumentError, TypeError):
+    """An argument of the wrong kind, or one missing (a float where an integer goes, an int
+    for a list, an unknown keyword): an ArgumentError, and the TypeError Python functions, and
+    halide.Buffer's bindings, raise there."""
+
+
 class CoordinateError(ArgumentError, IndexError):
     """Coordinates outside a Buffer (``buf[x, y]``): an ArgumentError, and the IndexError
     halide.Buffer and numpy raise there."""
