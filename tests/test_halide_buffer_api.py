@@ -228,6 +228,12 @@ def test_zero_dimensional_buffers():
     assert (element.width(), element.height(), element.channels()) == (1, 1, 1)
     assert element.number_of_elements() == 1 and element.size_in_bytes() == 4
     assert element.contains([])
+    # make_scalar takes an element type as Buffer(type=...) does (numpy's names too), by name:
+    # a bad one is the type's error.
+    assert shim.Buffer.make_scalar("uint16").dtype == np.uint16
+    with pytest.raises(shim.ArgumentError, match="has no Halide equivalent") as e:
+        shim.Buffer.make_scalar(np.complex64)
+    assert e.value.argument == "type"
     seen = []
     element.for_each_element(seen.append)
     assert seen == [[]]
