@@ -24,6 +24,7 @@ import pytest
 
 import shim
 from shim.calls.extension import sanitized
+from shim.native import ffi, lib
 from shim.pipelines.build import GENERATORS_DIR, Build, build_all
 from support import extension_cases
 
@@ -202,6 +203,35 @@ def test_a_shim_buffer_is_its_struct_as_a_halide_buffer_is(host_pipelines):
         blur(inp, shim.Buffer(np.zeros((6, 8), np.uint16), mins=[13, 21]))
     assert e.value.message == ("Input buffer input is accessed at 22, which is beyond the max "
                                "(21) in dimension 0")
+
+
+def _blurred(data):
+    wide = data.astype(np.uint32)
+    rows = ((wide[:, :-2] + wide[:, 1:-1] + wide[:, 2:]) // 3).astype(np.uint16).astype(np.uint32)
+    return ((rows[:-2] + rows[1:-1] + rows[2:]) // 3).astype(np.uint16)
+
+
+@pytest.mark.parametrize("runtime", ["bundled", "no_runtime"])
+def test_the_extensions_structs_on_a_gpu(gpu, runtime):
+    """Calls the numpy convention would make with other structs (Buffers with mins), or would
+    refuse itself, run on the extension's, on a GPU as on the CPU: the inputs go up, the
+    outputs come back to the host, every struct's device memory is freed (none left live, in
+    Python or served in C), a failure is Halide's check's; and they show in a profile."""
+    [path] = build_all([Build("blur3x3", gpu.kind, runtime)], progress=None).values()
+    blur = shim.load(path, convention="extension")
+    data = np.random.default_rng(6).integers(0, 65536, (40, 30), dtype=np.uint16)
+    live = gpu.live_allocations, lib.shim_served_live(gpu.index, ffi.new("int64_t *"))
+    inp = shim.Buffer(data.copy(), mins=[10, 20])
+    out = shim.Buffer(np.zeros((6, 8), np.uint16), mins=[11, 21])
+    with shim.profile() as prof:
+        blur(inp, out)
+    np.testing.assert_array_equal(np.asarray(out), _blurred(data)[1:7, 1:9])
+    assert prof.records and out.host_dirty()
+    with pytest.raises(RuntimeError, match=r"^Halide Runtime Error: -4$") as e:
+        blur(data[:5, :5].copy(), np.zeros((38, 28), np.uint16))
+    assert e.value.message == ("Input buffer input is accessed at 29, which is beyond the max "
+                               "(4) in dimension 0")
+    assert (gpu.live_allocations, lib.shim_served_live(gpu.index, ffi.new("int64_t *"))) == live
 
 
 def test_extents_beyond_32_bits_are_refused(host_pipelines):
