@@ -22,6 +22,7 @@ from shim.backends.devices import default_device, device, devices
 from shim.interop.dlpack import from_dlpack
 from shim.base.errors import (
     ArgumentError,
+    ArgumentTypeError,
     BoundsError,
     BuildError,
     CoordinateError,
@@ -56,6 +57,7 @@ __all__ = [
     "Argument",
     "ArgumentError",
     "ArgumentKind",
+    "ArgumentTypeError",
     "BoundsError",
     "Buffer",
     "BuildError",

@@ -100,14 +100,14 @@ def test_the_reference_has_every_public_name_and_member(html):
 def test_the_errors_page_names_every_exception_and_warning_class():
     """docs/errors.md names every exception and warning class the shim exports, and those its
     conventions and pickles raise."""
-    from shim.calls.extension import HalideRuntimeError
+    from shim.calls.extension import ExtensionValueError, HalideRuntimeError
     from shim.calls.pipeline_pickle import PickledPipelineError
 
     page = (DOCS / "errors.md").read_text()
     classes = [getattr(shim, name) for name in shim.__all__
                if inspect.isclass(getattr(shim, name))
                and issubclass(getattr(shim, name), BaseException)]
-    classes += [HalideRuntimeError, PickledPipelineError]
+    classes += [HalideRuntimeError, ExtensionValueError, PickledPipelineError]
     missing = [cls.__name__ for cls in classes if f"{cls.__name__}`" not in page]
     assert not missing, f"docs/errors.md does not name {missing}"
     assert len(classes) >= 13

@@ -146,12 +146,94 @@ def test_a_value_an_element_cannot_hold_raises_what_halide_buffer_raises(value):
     assert not np.asarray(ours).any()
 
 
+# Calls halide.Buffer refuses with an exception (its bindings' TypeError for an argument of
+# the wrong kind or a missing one, ValueError, IndexError, RuntimeError), made the same way on
+# both: (label, call(Buffer class, make(type name, sizes)), what shim.Buffer raises). Where
+# halide.Buffer checks nothing (a crop outside the buffer, a dimension out of range...), the
+# shim's ArgumentError is a deliberate difference, pinned in test_bad_arguments_name_the_argument.
+REFUSED_BY_BOTH = [
+    ("Buffer(type) with no sizes", lambda B, new: B(new.type("Int", 32)), shim.ArgumentTypeError),
+    ("a float extent", lambda B, new: B(new.type("Int", 32), [2, 2.0]), shim.ArgumentTypeError),
+    ("a name not a str", lambda B, new: B(new.type("Int", 32), [2], name=3),
+     shim.ArgumentTypeError),
+    ("reverse_axes not a bool", lambda B, new: B(np.zeros(2), reverse_axes="no"),
+     shim.ArgumentTypeError),
+    ("an unknown keyword", lambda B, new: B(np.zeros(2), colour=1), shim.ArgumentTypeError),
+    ("an object with no memory", lambda B, new: B(object()), shim.ArgumentTypeError),
+    ("a complex array", lambda B, new: B(np.zeros(2, np.complex64)), shim.ArgumentError),
+    ("set_min of an int", lambda B, new: new("Int", 32, [4, 3]).set_min(1),
+     shim.ArgumentTypeError),
+    ("set_min of too many", lambda B, new: new("Int", 32, [4, 3]).set_min([1, 2, 3]),
+     shim.ArgumentError),
+    ("translated without dx", lambda B, new: new("Int", 32, [4, 3]).translated(0),
+     shim.ArgumentTypeError),
+    ("transposed of one dimension", lambda B, new: new("Int", 32, [4, 3]).transposed(0),
+     shim.ArgumentTypeError),
+    ("embedded at a float", lambda B, new: new("Int", 32, [4, 3]).embedded(0, 1.5),
+     shim.ArgumentTypeError),
+    ("cropped without extent", lambda B, new: new("Int", 32, [4, 3]).cropped(0, 1),
+     shim.ArgumentTypeError),
+    ("cropped with nothing", lambda B, new: new("Int", 32, [4, 3]).cropped(),
+     shim.ArgumentTypeError),
+    ("contains an int", lambda B, new: new("Int", 32, [4, 3]).contains(0),
+     shim.ArgumentTypeError),
+    ("contains too many", lambda B, new: new("Int", 32, [4, 3]).contains([0, 0, 0]),
+     shim.ArgumentError),
+    ("make_with_shape_of an array", lambda B, new: B.make_with_shape_of(np.zeros(3)),
+     shim.ArgumentTypeError),
+    ("set_name of an int", lambda B, new: new("Int", 32, [4, 3]).set_name(3),
+     shim.ArgumentTypeError),
+    ("an element outside", lambda B, new: new("Int", 32, [4, 3])[4, 0], shim.CoordinateError),
+    ("an element at -1", lambda B, new: new("Int", 32, [4, 3])[-1, 0], shim.CoordinateError),
+    ("three coordinates", lambda B, new: new("Int", 32, [4, 3])[0, 0, 0], shim.ArgumentError),
+    ("one coordinate", lambda B, new: new("Int", 32, [4, 3])[0], shim.ArgumentError),
+    ("writing outside", lambda B, new: new("Int", 32, [4, 3]).__setitem__((4, 0), 1),
+     shim.CoordinateError),
+    ("writing 300 to uint8", lambda B, new: new("UInt", 8, [2]).__setitem__((0,), 300),
+     shim.ElementValueError),
+    ("filling with a str", lambda B, new: new("Int", 32, [2]).fill("x"), shim.ElementValueError),
+]
+
+
+@pytest.mark.parametrize("label, call, ours", REFUSED_BY_BOTH, ids=[c[0] for c in REFUSED_BY_BOTH])
+def test_what_halide_buffer_refuses_raises_its_exception_class(label, call, ours):
+    """shim.Buffer raises an instance of the class halide.Buffer raises for the same call (a
+    shim.ArgumentTypeError is the TypeError of halide's bindings), naming the argument."""
+    hl = pytest.importorskip("halide")
+
+    class Made:
+        """new(code, bits, sizes): a Buffer of that element type; new.type(code, bits) the type,
+        as each side names it."""
+
+        def __init__(self, cls, typed):
+            self.cls, self.type = cls, typed
+
+        def __call__(self, code, bits, sizes):
+            return self.cls(self.type(code, bits), sizes)
+
+    theirs = Made(hl.Buffer, lambda code, bits: getattr(hl, code)(bits))
+    with pytest.raises(Exception) as stock:
+        call(hl.Buffer, theirs)
+    mine = Made(shim.Buffer, lambda code, bits: np.dtype(f"{code.lower()}{bits}"))
+    with pytest.raises(ours) as e:
+        call(shim.Buffer, mine)
+    assert type(stock.value) in (TypeError, ValueError, IndexError, RuntimeError), stock.value
+    assert isinstance(e.value, type(stock.value)), (e.value, stock.value)
+    assert e.value.argument
+
+
 def test_zero_dimensional_buffers():
     element = shim.Buffer(np.array(7, np.int32))
     assert element.dimensions() == 0 and element[()] == 7 and dims(element) == []
     assert (element.width(), element.height(), element.channels()) == (1, 1, 1)
     assert element.number_of_elements() == 1 and element.size_in_bytes() == 4
     assert element.contains([])
+    # make_scalar takes an element type as Buffer(type=...) does (numpy's names too), by name:
+    # a bad one is the type's error.
+    assert shim.Buffer.make_scalar("uint16").dtype == np.uint16
+    with pytest.raises(shim.ArgumentError, match="has no Halide equivalent") as e:
+        shim.Buffer.make_scalar(np.complex64)
+    assert e.value.argument == "type"
     seen = []
     element.for_each_element(seen.append)
     assert seen == [[]]

@@ -50,6 +50,12 @@ class ArgumentError(ShimError, ValueError):
         self.argument = argument
 
 
+class ArgumentTypeError(ArgumentError, TypeError):
+    """An argument of the wrong kind, or one missing (a float where an integer goes, an int
+    for a list, an unknown keyword): an ArgumentError, and the TypeError Python functions, and
+    halide.Buffer's bindings, raise there."""
+
+
 class CoordinateError(ArgumentError, IndexError):
     """Coordinates outside a Buffer (``buf[x, y]``): an ArgumentError, and the IndexError
     halide.Buffer and numpy raise there."""
@@ -79,11 +85,14 @@ class BoundsError(ArgumentError, PipelineError):
     """A buffer does not cover what the pipeline's bounds query asks for: an input too small
     for what the pipeline reads, or an output whose shape the pipeline constrains otherwise.
     Caught before the pipeline runs; it is both an ArgumentError (it names the argument) and a
-    PipelineError (it carries the Halide error code the pipeline would have returned)."""
+    PipelineError (it carries the Halide error code the pipeline would have returned).
+    ``region``: (Halide dimension, (min, extent) the pipeline reads or writes, (min, extent)
+    the buffer covers) where one dimension's region was refused, else None."""
 
-    def __init__(self, argument: str, code: int, message: str):
+    def __init__(self, argument: str, code: int, message: str, *, region: tuple | None = None):
         PipelineError.__init__(self, code, f"{argument}: {message}")
         self.argument = argument
+        self.region = region
 
 
 class DeviceError(HalideCodeError):

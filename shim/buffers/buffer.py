@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, SupportsIndex, overload
 
 import numpy as np
 
-from shim.base.errors import ArgumentError, CoordinateError
+from shim.base.errors import ArgumentError, ArgumentTypeError, CoordinateError
 from shim.base.types import HalideType, Type
 from shim.native import ffi
 from shim.native.regions import dimension_label
@@ -70,7 +70,8 @@ def as_host_array(value: HostArray, argument: str) -> np.ndarray:
     try:
         view = memoryview(value)
     except TypeError:
-        raise ArgumentError(argument, "expected a numpy array, a shim.Buffer, or an object with "
+        raise ArgumentTypeError(argument, "expected a numpy array, a shim.Buffer, or an object "
+                                          "with "
                                       f"the buffer protocol or __dlpack__; got {type(value).__name__}"
                             ) from None
     try:
@@ -171,7 +172,7 @@ class Buffer(ManagedBuffer):
             check_form(given, "type", ("type", "sizes", "storage_order", "name", "mins"))
             htype = element_type(given.get("type"), "type")
             if "sizes" not in given:
-                raise ArgumentError("sizes", "Buffer(type, sizes) needs the extents, x first")
+                raise ArgumentTypeError("sizes", "Buffer(type, sizes) needs the extents, x first")
             array = allocate(htype.dtype, given["sizes"], given.get("storage_order"))
             argument, dirty = "sizes", False
         elif "buffer" in given:
@@ -179,7 +180,7 @@ class Buffer(ManagedBuffer):
             source, argument = given["buffer"], "buffer"
             reverse = given.get("reverse_axes", True)
             if not isinstance(reverse, (bool, np.bool_)):
-                raise ArgumentError("reverse_axes", f"expected True or False, got {reverse!r}")
+                raise ArgumentTypeError("reverse_axes", f"expected True or False, got {reverse!r}")
             if isinstance(source, Buffer):
                 array = source._array if reverse else source._array.T
                 root_dims = source._root_dims if reverse else source._root_dims[::-1]
@@ -193,14 +194,14 @@ class Buffer(ManagedBuffer):
         elif given.keys() & {"shape", "dtype"}:
             check_form(given, "shape", ("shape", "dtype", "name", "mins"))
             if "shape" not in given or "dtype" not in given:
-                raise ArgumentError("shape", "Buffer(shape=..., dtype=...) needs both")
+                raise ArgumentTypeError("shape", "Buffer(shape=..., dtype=...) needs both")
             array = zeroed(shape_tuple(given["shape"], "shape"),
                            element_type(given["dtype"], "dtype").dtype, "shape")
             argument = "shape"
         else:
-            raise ArgumentError("buffer", "Buffer() needs an array, an element type and sizes "
-                                          "(Buffer(hl.UInt(8), [width, height])), or shape= and "
-                                          "dtype=")
+            raise ArgumentTypeError("buffer", "Buffer() needs an array, an element type and "
+                                              "sizes (Buffer(hl.UInt(8), [width, height])), or "
+                                              "shape= and dtype=")
         mins = with_mins([0] * array.ndim, given.get("mins"), "mins")
         self._init_from_array(array, argument, mins=mins)
         self._name = name
@@ -210,21 +211,22 @@ class Buffer(ManagedBuffer):
     @classmethod
     def make_scalar(cls, type: ElementType, name: str = "") -> Buffer:
         """A 0-D Buffer of one element of ``type`` (halide.Buffer.make_scalar)."""
-        return cls(type, [], name=name)
+        return cls(type=type, sizes=[], name=name)
 
     @classmethod
     def make_interleaved(cls, type: ElementType, width: int, height: int, channels: int,
                          name: str = "") -> Buffer:
         """A width x height x channels Buffer whose channels are innermost in memory
         (halide.Buffer.make_interleaved)."""
-        return cls(type, [width, height, channels], [2, 0, 1], name=name)
+        return cls(type=type, sizes=[width, height, channels], storage_order=[2, 0, 1],
+                   name=name)
 
     @classmethod
     def make_with_shape_of(cls, src: Buffer, name: str = "") -> Buffer:
         """A new Buffer with ``src``'s mins, extents, type and order of dimensions in memory,
         dense (halide.Buffer.make_with_shape_of). Zeroed, and not host-dirty."""
         if not isinstance(src, Buffer):
-            raise ArgumentError("src", f"expected a shim.Buffer, got {type(src).__name__}")
+            raise ArgumentTypeError("src", f"expected a shim.Buffer, got {type(src).__name__}")
         made = cls.over_array(src._dense_like(), "src", mins=[lo for lo, _ in src._box])
         made._name = buffer_name(name)
         return made
@@ -362,9 +364,12 @@ class Buffer(ManagedBuffer):
             dimension, rect = None, dimension  # cropped(rect), by position
         if rect is not None:
             if dimension is not None or min is not None or extent is not None:
-                raise ArgumentError("rect", "give either rect, a list of (min, extent), or "
-                                            "dimension, min and extent")
-            if not isinstance(rect, (list, tuple)) or len(rect) > self.dimensions():
+                raise ArgumentTypeError("rect", "give either rect, a list of (min, extent), or "
+                                                "dimension, min and extent")
+            if not isinstance(rect, (list, tuple)):
+                raise ArgumentTypeError("rect", f"expected a list of (min, extent) pairs, got "
+                                                f"{rect!r}")
+            if len(rect) > self.dimensions():
                 raise ArgumentError("rect", f"expected up to {self.dimensions()} (min, extent) "
                                             f"pairs, got {rect!r}")
             ranges = [_range(r) for r in rect] + list(self._box[len(rect):])
@@ -372,8 +377,8 @@ class Buffer(ManagedBuffer):
         else:
             d = self._dimension_index(dimension)
             if min is None or extent is None:
-                raise ArgumentError("extent", "cropped(dimension, min, extent) needs min and "
-                                              "extent")
+                raise ArgumentTypeError("extent", "cropped(dimension, min, extent) needs min "
+                                                  "and extent")
             ranges = list(self._box)
             ranges[d] = (integer(min, "min"), integer(extent, "extent"))
             argument = "min"
@@ -495,8 +500,8 @@ class Buffer(ManagedBuffer):
             dimension, delta = None, dimension  # translated(delta), by position
         if delta is not None:
             if dimension is not None or dx is not None:
-                raise ArgumentError("delta", "give either delta, a list of offsets, or "
-                                             "dimension and dx")
+                raise ArgumentTypeError("delta", "give either delta, a list of offsets, or "
+                                                 "dimension and dx")
             offsets = integer_list(delta, "delta")
             if len(offsets) > len(mins):
                 raise ArgumentError("delta", f"expected at most {len(mins)} offsets (x first), "
@@ -504,7 +509,7 @@ class Buffer(ManagedBuffer):
             return [lo + (offsets[d] if d < len(offsets) else 0) for d, lo in enumerate(mins)]
         d = self._dimension_index(dimension)
         if dx is None:
-            raise ArgumentError("dx", "translated(dimension, dx) needs dx")
+            raise ArgumentTypeError("dx", "translated(dimension, dx) needs dx")
         mins[d] += integer(dx, "dx")
         return mins
 
@@ -515,8 +520,8 @@ class Buffer(ManagedBuffer):
             d1, order = None, d1  # transposed(order), by position
         if order is not None:
             if d1 is not None or d2 is not None:
-                raise ArgumentError("order", "give either order, a permutation of the "
-                                             "dimensions, or d1 and d2")
+                raise ArgumentTypeError("order", "give either order, a permutation of the "
+                                                 "dimensions, or d1 and d2")
             order = integer_list(order, "order")
             if sorted(order) != list(range(n)):
                 raise ArgumentError("order", f"expected a permutation of 0..{n - 1}, got {order}")
@@ -527,7 +532,7 @@ class Buffer(ManagedBuffer):
                 source[j] = i
         else:
             if d1 is None or d2 is None:
-                raise ArgumentError("d2", "transposed(d1, d2) needs both dimensions")
+                raise ArgumentTypeError("d2", "transposed(d1, d2) needs both dimensions")
             first, second = self._dimension_index(d1), self._dimension_index(d2)
             source = list(range(n))
             source[first], source[second] = second, first
@@ -633,7 +638,8 @@ class Buffer(ManagedBuffer):
         """Copy the elements of ``other`` at the coordinates both Buffers have into this one,
         and mark it host-dirty. ``other`` has the same element type and dimensions."""
         if not isinstance(other, Buffer):
-            raise ArgumentError("other", f"expected a shim.Buffer, got {type(other).__name__}")
+            raise ArgumentTypeError("other", f"expected a shim.Buffer, got "
+                                             f"{type(other).__name__}")
         if other.element_type != self._type or other.dimensions() != self.dimensions():
             raise ArgumentError("other", f"expected a {self.dimensions()}-D buffer of "
                                          f"{self._type}, got a {other.dimensions()}-D one of "
@@ -743,7 +749,7 @@ def _range(pair) -> tuple[int, int]:
     try:
         lo, extent = pair
     except (TypeError, ValueError):
-        raise ArgumentError("rect", f"expected (min, extent) pairs, got {pair!r}") from None
+        raise ArgumentTypeError("rect", f"expected (min, extent) pairs, got {pair!r}") from None
     return integer(lo, "min"), integer(extent, "extent")
 
 

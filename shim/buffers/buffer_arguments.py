@@ -12,7 +12,7 @@ import os
 
 import numpy as np
 
-from shim.base.errors import ArgumentError, ElementValueError
+from shim.base.errors import ArgumentError, ArgumentTypeError, ElementValueError
 from shim.base.types import INT32_MAX, HalideType, Type, is_halide
 from shim.native.regions import dimension_label
 
@@ -27,8 +27,8 @@ def shape_tuple(shape, argument: str) -> tuple[int, ...]:
     try:
         dims = tuple(operator.index(s) for s in shape)
     except TypeError:
-        raise ArgumentError(argument, f"expected a shape: a sequence of integers (numpy order), "
-                                      f"got {shape!r}") from None
+        raise ArgumentTypeError(argument, f"expected a shape: a sequence of integers (numpy "
+                                          f"order), got {shape!r}") from None
     if any(s < 0 for s in dims):
         raise ArgumentError(argument, f"extents must be non-negative, got {dims}")
     return dims
@@ -39,15 +39,15 @@ def integer(value, argument: str) -> int:
     try:
         return operator.index(value)
     except TypeError:
-        raise ArgumentError(argument, f"expected an integer, got {value!r} "
-                                      f"({type(value).__name__})") from None
+        raise ArgumentTypeError(argument, f"expected an integer, got {value!r} "
+                                          f"({type(value).__name__})") from None
 
 
 def integer_list(values, argument: str) -> list[int]:
     """A list or tuple of integers (``integer``'s), as halide.Buffer's methods take them."""
     if not isinstance(values, (list, tuple)):
-        raise ArgumentError(argument, f"expected a list of integers, got {values!r} "
-                                      f"({type(values).__name__})")
+        raise ArgumentTypeError(argument, f"expected a list of integers, got {values!r} "
+                                          f"({type(values).__name__})")
     return [integer(value, argument) for value in values]
 
 
@@ -105,15 +105,15 @@ def constructor_arguments(args: tuple, kwargs: dict) -> dict:
     if typed and len(args) == 3 and isinstance(args[2], str):
         names = ("type", "sizes", "name")  # Buffer(type, sizes, name)
     if len(args) > len(names):
-        raise ArgumentError("args", f"expected at most {len(names)} positional arguments "
+        raise ArgumentTypeError("args", f"expected at most {len(names)} positional arguments "
                                     f"({', '.join(names)}), got {len(args)}")
     given = dict(zip(names, args))
     for key, value in kwargs.items():
         if key not in _KEYWORDS:
-            raise ArgumentError(key, f"unknown argument; Buffer takes "
+            raise ArgumentTypeError(key, f"unknown argument; Buffer takes "
                                      f"{', '.join(sorted(_KEYWORDS))}")
         if key in given:
-            raise ArgumentError(key, "given both by position and by name")
+            raise ArgumentTypeError(key, "given both by position and by name")
         given[key] = value
     return given
 
@@ -122,12 +122,13 @@ def check_form(given: dict, form: str, allowed: tuple) -> None:
     """Refuse arguments of another constructor form than the one ``form`` chose."""
     extra = sorted(given.keys() - set(allowed))
     if extra:
-        raise ArgumentError(extra[0], f"does not go with {form}=: Buffer({', '.join(allowed)})")
+        raise ArgumentTypeError(extra[0], f"does not go with {form}=: "
+                                          f"Buffer({', '.join(allowed)})")
 
 
 def buffer_name(name) -> str:
     if not isinstance(name, str):
-        raise ArgumentError("name", f"expected a str, got {type(name).__name__}")
+        raise ArgumentTypeError("name", f"expected a str, got {type(name).__name__}")
     return name
 
 
@@ -142,8 +143,8 @@ def element_type(value, argument: str) -> HalideType:
     """An element type given as halide.Buffer takes it (a halide.Type, or the shim's Type), as
     numpy does, or as a HalideType; one that has a numpy dtype."""
     if value is None:
-        raise ArgumentError(argument, "expected an element type: a halide.Type such as "
-                                      "hl.UInt(8), or a numpy dtype")
+        raise ArgumentTypeError(argument, "expected an element type: a halide.Type such as "
+                                          "hl.UInt(8), or a numpy dtype")
     if is_halide(value, "Type"):
         htype = HalideType(int(value.code()), value.bits(), value.lanes())
     elif isinstance(value, HalideType):

@@ -401,8 +401,8 @@ def _check_region(arg: Argument, d: int, want: tuple, have: tuple) -> None:
         if want != have:
             raise BoundsError(arg.name, lib.halide_error_code_constraint_violated,
                               f"the pipeline writes {dimension_label(d, arg.dimensions)} over "
-                              f"{wanted} but the output covers {covered}")
+                              f"{wanted} but the output covers {covered}", region=(d, want, have))
     elif want_extent > 0 and (want_min < have_min or want_min + want_extent > have_min + have_extent):
         raise BoundsError(arg.name, lib.halide_error_code_access_out_of_bounds,
                           f"too small: the pipeline reads {dimension_label(d, arg.dimensions)} "
-                          f"over {wanted} but the input covers {covered}")
+                          f"over {wanted} but the input covers {covered}", region=(d, want, have))

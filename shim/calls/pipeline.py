@@ -192,6 +192,14 @@ class Pipeline(CallPlan):
             raise
         return PreparedCall(self._runner, call)
 
+    def run_structs(self, argv, structs: list, outputs: list) -> None:
+        """Run the pipeline once on an argv made outside the shim's Buffers, with no check of
+        the shim's: its buffers' halide_buffer_t structs (``structs``, host memory only;
+        ``outputs`` among them are written) and scalars' C values, as Halide's generated
+        Python extension makes them (shim/calls/extension.py, for pipelines whose generated
+        code checks its arguments itself). Raises the pipeline's error as a call does."""
+        self._runner.run_structs(argv, structs, outputs)
+
     def _check_bounds(self, call) -> None:
         """Run the pipeline's bounds query and refuse inputs that are too small and outputs
         whose shape the pipeline constrains otherwise, before the real call can fail halfway.

@@ -65,10 +65,43 @@ class Runner:
             finally:
                 context.end()
 
+    def run_structs(self, argv, structs: list, outputs: list) -> None:
+        """One run on halide_buffer_t structs that are no Buffer's, with nothing of the shim's
+        checks or bookkeeping: as the Python extension Halide generates runs its pipeline
+        (shim/calls/extension.py). ``structs``: every buffer argument's, host memory only;
+        ``outputs``: those the run writes. Then, as the extension: each output copied to the
+        host if the run succeeded, and every struct's device memory freed whatever happened;
+        a failure of either is the call's, unless the run failed first. Raises as a call does."""
+        pointers = ffi.new("halide_buffer_t *[]", structs or 1)
+        with interrupts.deferred():
+            context = CallContext.begin(reset=False)
+            try:
+                profiled = profiler.begin_pipeline(self.name, context.id, self.halide_profiler_abi)
+                result = -1
+                try:
+                    result = lib.shim_call_run(context.pointer, context.id,
+                                               ffi.cast("void *", streams.current()), self.argv_fn,
+                                               argv, pointers, len(structs), self.backend_mask)
+                    previous = lib.shim_call_enter(context.pointer)
+                    try:
+                        for raw in outputs:
+                            if result == 0:
+                                result = lib.halide_copy_to_host(ffi.NULL, raw)
+                        for raw in structs:
+                            freed = lib.halide_device_free(ffi.NULL, raw)
+                            result = result or freed
+                    finally:
+                        lib.shim_call_leave(previous)
+                    self.finish(context, result)
+                finally:
+                    profiler.end(profiled, result)
+            finally:
+                context.end()
+
     def finish(self, context: CallContext, result: int) -> None:
         """Hand on what the call printed; raise for a failed call."""
-        self._report(result, context.errors(), context.prints() if context.printed() else "",
-                     context.id)
+        self._report(result, context.errors() if result else "",
+                     context.prints() if context.printed() else "", context.id)
 
     def finish_fast(self, result: int, errors: bytes, prints: bytes, call_id: int,
                     prints_dropped: int = 0) -> None:

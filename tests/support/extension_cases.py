@@ -2,10 +2,14 @@
 (``-e python_extension``) and through ``shim.load(path, convention="extension")``, for
 tests/test_generated_extension.py. ``run(functions)`` makes every case's arguments afresh
 from fixed seeds, calls ``functions[pipeline]`` with them, and says what came of it: the
-return value and the outputs' bytes, or the exception's type and text. The generated side
-runs in a child process that never imports the shim (``python extension_cases.py DIR OUT``).
+return value and the outputs' bytes, or the exception's type, text and Halide's message (the
+generated extension, built with HALIDE_PYTHON_EXTENSION_LOG_ERRORS_TO_STDERR, prints it to
+sys.stderr; the shim's exception carries it as ``message``). The generated side runs in a
+child process that never imports the shim (``python extension_cases.py DIR OUT``).
 """
 
+import contextlib
+import io
 import pickle
 import sys
 
@@ -40,6 +44,110 @@ def _cases():
         ("blur, an output both C- and F-contiguous", "blur3x3", blur((3, 40), "C", out=(1, 38))),
         ("blur, output too large", "blur3x3", blur((20, 20), "C", out=(20, 20))),
     ]
+
+    # Inputs too small, per dimension and memory order: Halide's access_out_of_bounds (-4),
+    # naming its dimension (0 is x: numpy's last axis in C order, its first in F order).
+    cases += [
+        ("blur, input too small in x, C", "blur3x3", blur((40, 29), "C", out=(38, 28))),
+        ("blur, input too small in y, C", "blur3x3", blur((39, 30), "C", out=(38, 28))),
+        ("blur, input too small in x, F", "blur3x3", blur((29, 40), "F", out=(28, 38))),
+        ("blur, input too small in y, F", "blur3x3", blur((30, 39), "F", out=(28, 38))),
+        # An output whose every axis but one has extent 1 counts as F-contiguous: its strides
+        # then fail the extension's length check (ValueError) or Halide's stride constraint.
+        ("blur, an output of one column", "blur3x3", blur((12, 10), "C", out=(10, 1))),
+        ("blur, an output of one row, C", "blur3x3", blur((3, 12), "C", out=(1, 10))),
+        # Empty arrays: passed on (Halide decides), or the extension's length check.
+        ("blur, an output of no columns", "blur3x3", blur((12, 10), "C", out=(10, 0))),
+        ("blur, an input of no rows", "blur3x3", blur((0, 10), "C", out=(10, 8))),
+    ]
+
+    def arrays(*made, outputs=1):
+        """The arguments ``made`` (a function of the random generator each, or the value),
+        the last ``outputs`` of them watched."""
+        def make(rng):
+            values = tuple(m(rng) if callable(m) else m for m in made)
+            return values, {}, [v for v in values[-outputs:] if isinstance(v, np.ndarray)]
+        return make
+
+    def u16(shape, order="C", dtype=np.uint16):
+        return lambda rng: _u16(rng, shape, order).astype(dtype, order=order)
+
+    def zeros(shape, dtype, order="C"):
+        return lambda rng: np.zeros(shape, dtype, order=order)
+
+    # What Halide checks first: every buffer's type before any buffer's region; the extension's
+    # own unpacking of every buffer before either.
+    cases += [
+        ("blur, wrong output type", "blur3x3", arrays(u16((12, 10)), zeros((10, 8), np.float32))),
+        ("blur, a bool input", "blur3x3", arrays(zeros((12, 10), np.bool_), zeros((10, 8), np.uint16))),
+        ("blur, wrong type and too small", "blur3x3",
+         arrays(u16((5, 5), dtype=np.float32), zeros((10, 8), np.uint16))),
+        ("blur, too small and a wrong output type", "blur3x3",
+         arrays(u16((5, 5)), zeros((10, 8), np.int16))),
+        ("blur, wrong type and a 3-D output", "blur3x3",
+         arrays(u16((12, 10), dtype=np.float32), zeros((1, 10, 8), np.uint16))),
+        ("blur, a 1-D input", "blur3x3", arrays(u16((120,)), zeros((10, 8), np.uint16))),
+        ("blur, a big-endian input", "blur3x3",
+         arrays(u16((12, 10), dtype=">u2"), zeros((10, 8), np.uint16))),
+        ("blur, a read-only input", "blur3x3", arrays(lambda rng: _frozen(_u16(rng, (12, 10))),
+                                                      zeros((10, 8), np.uint16))),
+        ("blur, a strided output", "blur3x3",
+         arrays(u16((12, 10)), lambda rng: np.zeros((10, 16), np.uint16)[:, ::2])),
+        ("blur, a bytearray input", "blur3x3", arrays(bytearray(240), zeros((10, 8), np.uint16))),
+        ("blur, an object that is no buffer", "blur3x3", arrays(object(), zeros((10, 8), np.uint16))),
+    ]
+
+    def f32(shape, order="C"):
+        return lambda rng: np.asarray(rng.random(shape, dtype=np.float32), order=order)
+
+    def u8(shape, order="C"):
+        return lambda rng: np.asarray(rng.integers(0, 256, shape, dtype=np.uint8), order=order)
+
+    # The scalars' declared ranges are checked after the buffers (param_too_small -9, _large
+    # -10, with Halide's %e for floats).
+    cases += [
+        ("mix, a too small and offset out of range", "mix",
+         arrays(u8((4, 4)), f32((9, 7)), 0.5, 5000, zeros((9, 7), np.float32))),
+        ("mix, b of the wrong type and alpha out of range", "mix",
+         arrays(u8((9, 7)), u8((9, 7)), 2.0, 0, zeros((9, 7), np.float32))),
+        ("mix, alpha and offset out of range", "mix",
+         arrays(u8((9, 7)), f32((9, 7)), 2.0, -5000, zeros((9, 7), np.float32))),
+        ("mix, alpha below its minimum", "mix",
+         arrays(u8((9, 7)), f32((9, 7)), -0.25, 0, zeros((9, 7), np.float32))),
+        ("mix, one-row C arrays", "mix",
+         arrays(u8((1, 7)), f32((1, 7)), 0.5, 0, zeros((1, 7), np.float32))),
+        ("mix, one-column arrays", "mix",
+         arrays(u8((9, 1)), f32((9, 1)), 0.5, 0, zeros((9, 1), np.float32))),
+        ("sum_diff, b narrower, C", "sum_diff",
+         arrays(lambda rng: np.ones((6, 5), np.int32), lambda rng: np.ones((6, 4), np.int32),
+                zeros((6, 5), np.int32), zeros((6, 5), np.int32), outputs=2)),
+        ("sum_diff, a shorter, F", "sum_diff",
+         arrays(lambda rng: np.ones((6, 4), np.int32, order="F"),
+                lambda rng: np.ones((6, 5), np.int32, order="F"),
+                zeros((6, 5), np.int32, "F"), zeros((6, 5), np.int32, "F"), outputs=2)),
+        ("sum_diff, diff wider than the inputs", "sum_diff",
+         arrays(lambda rng: np.ones((6, 5), np.int32), lambda rng: np.ones((6, 5), np.int32),
+                zeros((6, 5), np.int32), zeros((6, 6), np.int32), outputs=2)),
+        # The output's constraints (256 bins from 0): too few is the output read out of
+        # bounds (-4), too many a violated constraint (-8).
+        ("histogram, 100 bins", "histogram", arrays(u8((8, 8)), zeros(100, np.uint32))),
+        ("histogram, 300 bins", "histogram", arrays(u8((8, 8)), zeros(300, np.uint32))),
+        ("histogram, a float input", "histogram", arrays(f32((8, 8)), zeros(256, np.uint32))),
+    ]
+
+    def halide_output(type_name, sizes, mins):
+        def make(rng):
+            import halide as hl
+            o = hl.Buffer(getattr(hl, type_name)(32), sizes)
+            o.set_min(mins)
+            return (_u8_image(rng), o), {}, [np.asarray(o)]
+        return make
+
+    cases += [("histogram, a halide.Buffer output from 1", "histogram",
+               halide_output("UInt", [256], [1])),
+              ("histogram, a halide.Buffer output of floats", "histogram",
+               halide_output("Float", [256], [0])),
+              ("histogram, a halide.Buffer output", "histogram", halide_output("UInt", [256], [0]))]
 
     def by_keyword(rng):
         a = _u16(rng, (12, 10))
@@ -159,18 +267,32 @@ def _cases():
     return cases
 
 
+def _frozen(array):
+    array.flags.writeable = False
+    return array
+
+
+def _u8_image(rng):
+    return rng.integers(0, 256, (8, 8), dtype=np.uint8)
+
+
 def run(functions: dict) -> dict:
     """{label: ("ok", return value's repr, [output bytes...]) or ("error", exception type's
-    names along its MRO, text)} for the cases of the pipelines in ``functions``."""
+    names along its MRO, text, Halide's message or None, the exception's ``code`` or None)}
+    for the cases of the pipelines in ``functions``."""
     seen = {}
     for i, (label, pipeline, make) in enumerate(_cases()):
         if pipeline not in functions:
             continue
         args, kwargs, watched = make(np.random.default_rng(i))
+        printed = io.StringIO()
         try:
-            returned = functions[pipeline](*args, **kwargs)
+            with contextlib.redirect_stderr(printed):
+                returned = functions[pipeline](*args, **kwargs)
         except Exception as e:  # noqa: BLE001 (what is raised is the observation)
-            seen[label] = ("error", [c.__name__ for c in type(e).__mro__], str(e))
+            message = getattr(e, "message", None) or printed.getvalue().strip() or None
+            seen[label] = ("error", [c.__name__ for c in type(e).__mro__], str(e), message,
+                           getattr(e, "code", None))
         else:
             seen[label] = ("ok", repr(returned),
                            [(w.shape, w.flags.f_contiguous, w.tobytes(order="A")) for w in watched])
