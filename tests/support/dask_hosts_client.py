@@ -40,9 +40,9 @@ def hear(word: str) -> None:
 
 
 def names(client) -> dict:
-    """{address: name} of the workers the scheduler has now."""
+    """{address: name} of the workers the scheduler has now (a few: all of them)."""
     return {address: worker["name"]
-            for address, worker in client.scheduler_info(n_workers=-1)["workers"].items()}
+            for address, worker in client.scheduler_info()["workers"].items()}
 
 
 def chunk_runs(stream, *layers: str) -> Counter:

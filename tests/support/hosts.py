@@ -90,7 +90,10 @@ class Network:
             _ip("-n", self.switch, "link", "add", "name", "probe0", "type", "veth",
                 "peer", "name", "probe1")
             _ip("-n", self.switch, "link", "del", "probe0")
-        except (OSError, RuntimeError) as e:  # (OSError: no ip command)
+        except FileNotFoundError:
+            raise NamespacesUnavailable("no ip command (iproute2) to make network namespaces "
+                                        "with") from None
+        except RuntimeError as e:
             self.close()
             raise NamespacesUnavailable(f"cannot make network namespaces, a bridge and veth "
                                         f"pairs here: {e}") from None
