@@ -51,38 +51,43 @@ def chunk_runs(stream, *layers: str) -> Counter:
                    if task["status"] == "OK" and task["key"][0] in layers)
 
 
-def held_until(block, event: str):
-    """``block``, once the named distributed.Event is set."""
-    distributed.Event(event).wait()
+def held_until(block, release: str, started: str, block_info=None):
+    """``block``, once the distributed.Event named ``release`` is set; says on the
+    distributed.Queue named ``started`` where it runs, and which block it holds."""
+    distributed.Queue(started).put([distributed.get_worker().address,
+                                    block_info[0]["chunk-location"]])
+    distributed.Event(release).wait()
     return block
 
 
 def host_dies_mid_graph(client, pipeline, workers):
-    """Two pipelines, the second over the first's chunks, between them a task per chunk that
-    waits for an event: the graph cannot end before the test has killed a host, which is then
-    one that holds chunks of the first pipeline no other host has, and runs held tasks. The
-    graph is computed unfused, so that those chunks are results of their own on their hosts."""
+    """Two pipelines, the second over the first's chunks, and between them a task per chunk
+    that waits for an event: the graph cannot end before the test has killed a host. The host
+    is one running such a task over a chunk of the first pipeline that no other host has,
+    which must then be computed again. (Running, not just given the task: a task still
+    queued on a worker may be stolen by another, which would fetch the chunk.) The graph is
+    computed unfused, so that the first pipeline's chunks are results of their own."""
     first = map_pipeline(pipeline, da.from_array(image(), chunks=64))
-    release = distributed.Event()
-    held = first.map_blocks(held_until, release.name, meta=np.empty((0, 0), first.dtype))
+    release, started = distributed.Event(), distributed.Queue()
+    held = first.map_blocks(held_until, release.name, started.name,
+                            meta=np.empty((0, 0), first.dtype))
     result = map_pipeline(pipeline, held)
+    running = set()
     with distributed.get_task_stream(client) as stream:
         future = client.compute(result, optimize_graph=False)
         while True:
+            running.update((address, (first.name, *location))
+                           for address, location in started.get(batch=True))
             holders = {}
             for address, keys in client.has_what().items():
                 for key in keys:
-                    if key[0] == first.name:
-                        holders.setdefault(key, set()).add(address)
-            processing = client.processing()
-            candidates = {address: [key for key, where in holders.items() if where == {address}]
-                          for address, tasks in processing.items()
-                          if any(task[0] == held.name for task in tasks)}
-            victim = max(candidates, key=lambda address: len(candidates[address]), default=None)
-            if victim is not None and candidates[victim]:
+                    holders.setdefault(key, set()).add(address)
+            lost = [(address, key) for address, key in running if holders.get(key) == {address}]
+            if lost:
                 break
             time.sleep(0.02)
-        say(kill=workers[victim], lost=len(candidates[victim]))
+        victim = lost[0][0]
+        say(kill=workers[victim], lost=sum(address == victim for address, _ in lost))
         hear("killed")
         release.set()
         np.save("result.npy", future.result())
