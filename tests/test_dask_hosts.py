@@ -2,8 +2,9 @@
 the workers and the client each on a host of its own (a network namespace cabled to a bridge:
 tests/support/hosts.py), talking TCP across it. The client loads the pipeline and deletes its
 file before anything is sent (tests/support/dask_hosts_client.py), so the hosts run the bytes
-the pickle carries, loaded from memory; a host killed mid-graph, one killed while the pipeline
-is on its way to it, and one that cannot load the library are each survived or reported.
+the pickle carries, loaded from memory. A host that vanishes mid-graph and a worker killed while
+the pipeline is on its way to it are survived, with the results of one call; a worker that
+cannot load the library fails the compute saying so.
 
 Skipped, saying why, where namespaces cannot be made (not root, no iproute2)."""
 
