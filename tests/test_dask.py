@@ -319,5 +319,5 @@ def test_tasks_in_this_process_run_the_pipeline_they_were_given(compiled, tmp_pa
     result = map_pipeline(shim.load(path), da.from_array(src, chunks=10))
     gc.collect()
     got = result.compute(scheduler="threads")
-    assert not any(digest in line for line in open("/proc/self/maps"))
+    assert digest not in Path("/proc/self/maps").read_text()
     np.testing.assert_array_equal(got, np.asarray(shim.load(compiled("edge_blur"))(src)))

@@ -67,40 +67,31 @@ class Cluster:
         scheduler = self.scheduler.start(
             [sys.executable, "-m", "distributed.cli.dask_scheduler", "--host",
              self.scheduler.address, "--port", str(PORT), "--no-dashboard"],
-            env={**ENVIRONMENT, **env.get("scheduler", {})}, stderr=self._log(self.scheduler))
+            env={**ENVIRONMENT, **env.get("scheduler", {})})
         for name, host in self.workers.items():
             # (A worker keeps trying to reach the scheduler until it is up.)
             host.start([sys.executable, "-m", "distributed.cli.dask_worker", self.address,
                         "--host", host.address, "--name", name, "--nthreads", "2",
                         "--no-nanny", "--no-dashboard", "--local-directory", str(host.home)],
-                       env={**ENVIRONMENT, **env.get(name, {})}, stderr=self._log(host))
+                       env={**ENVIRONMENT, **env.get(name, {})})
         self.client_env = {**ENVIRONMENT, **env.get("client", {})}
         # The client gives up a scheduler it cannot reach in 30 s: it starts once this one
         # listens, however long a busy machine takes to start it.
-        while not re.search(rf"Scheduler at: +{self.address}\n", self.log(self.scheduler)):
+        while not re.search(rf"Scheduler at: +{self.address}\n", self.scheduler.log.read_text()):
             if scheduler.poll() is not None:
                 pytest.fail(f"the scheduler ended ({scheduler.returncode}):\n{self.logs()}")
             time.sleep(0.05)
 
-    @staticmethod
-    def _log(host):
-        return open(host.home / "log", "w")
-
-    @staticmethod
-    def log(host) -> str:
-        """What ``host``'s process has written to stderr (dask logs there)."""
-        return (host.home / "log").read_text()
-
     def logs(self) -> str:
-        """The end of every host's log, for a failure's message."""
-        return "\n".join(f"--- {host.role}:\n{self.log(host)[-4000:]}"
+        """The end of every host's log (dask logs to stderr), for a failure's message."""
+        return "\n".join(f"--- {host.role}:\n{host.log.read_text()[-4000:]}"
                          for host in [self.scheduler, *self.workers.values(), self.client])
 
     def run_client(self, library: Path, scenario: str, *arguments: str):
         return Client(self, self.client.start(
             [sys.executable, str(CLIENT), self.address, str(library), str(len(self.workers)),
              scenario, *arguments], env=self.client_env, stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE, stderr=self._log(self.client), text=True))
+            stdout=subprocess.PIPE, text=True))
 
 
 class Client:

@@ -50,14 +50,22 @@ class Host:
     cable: str
     processes: list = field(default_factory=list)
 
+    @property
+    def log(self) -> Path:
+        """Where its processes' stderr goes."""
+        return self.home / "log"
+
     def start(self, argv: list[str], env: dict | None = None, **popen) -> subprocess.Popen:
         """Runs ``argv`` on this host, in a session of its own (so that a kill reaches what it
-        starts too), in its home folder, with $HOME there and ``env`` over this process's."""
+        starts too), in its home folder, with $HOME there and ``env`` over this process's, its
+        stderr to ``log``."""
         environment = {**os.environ, "HOME": str(self.home),
                        "XDG_CACHE_HOME": str(self.home / "cache"), **(env or {})}
-        # (ip netns exec enters the namespace and then executes argv: the same process.)
-        process = subprocess.Popen(["ip", "netns", "exec", self.namespace, *argv], cwd=self.home,
-                                   env=environment, start_new_session=True, **popen)
+        with open(self.log, "a") as log:
+            # (ip netns exec enters the namespace and then executes argv: the same process.)
+            process = subprocess.Popen(["ip", "netns", "exec", self.namespace, *argv],
+                                       cwd=self.home, env=environment, start_new_session=True,
+                                       stderr=log, **popen)
         self.processes.append(process)
         return process
 
@@ -146,6 +154,9 @@ class Network:
             except ProcessLookupError:
                 pass  # (it had ended, and its session with it)
             process.wait()
+            for pipe in (process.stdin, process.stdout):
+                if pipe is not None:
+                    pipe.close()
 
     def close(self) -> None:
         """Kills every process started here and deletes every namespace made here (their
