@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import itertools
 import operator
+import os
+import socket
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -29,7 +31,8 @@ from dask.highlevelgraph import HighLevelGraph
 from shim.calls.binding import size_guesses
 from shim.buffers.buffer import Buffer
 from shim.backends.devices import device as shim_device
-from shim.base.errors import ArgumentError, BoundsError, HalideCodeError, SizeWarning, warn_caller
+from shim.base.errors import (ArgumentError, BoundsError, HalideCodeError, ShimError, SizeWarning,
+                              warn_caller)
 from shim.calls import output_sizes
 from shim.calls.pipeline import Pipeline
 
@@ -82,7 +85,7 @@ def map_pipeline(pipeline: Pipeline, *arrays: ArrayLike,
     # then go into one layer of the output: one layer per chunk (da.from_delayed and da.block)
     # makes every compute's graph culling quadratic in the chunks (11 s for 4096 of them).
     name = f"shim-{pipeline.name}-{token}"
-    runner = dask.delayed(pipeline, name=f"shim-pipeline-{token}")
+    runner = dask.delayed(_Shipped.of(pipeline), name=f"shim-pipeline-{token}")
     run_chunk, pick = dask.delayed(_run_chunk), dask.delayed(operator.getitem)
     blocks_of = {arg: array.to_delayed(optimize_graph=False) for arg, array in inputs.items()}
     whole = {arg: _box_of(array.shape) for arg, array in inputs.items()}
@@ -282,9 +285,46 @@ def _source(name: str, array, box) -> tuple:
     return box, indices, starts
 
 
-def _run_chunk(pipeline, plan, *blocks):
+class _Shipped:
+    """A pipeline as its graph carries it: what it pickles as (its library's bytes, their
+    sha256 and its name), loaded by the tasks that run it (each process loads it once: the
+    same fields unpickle as the same Pipeline). Unpickling this loads nothing and cannot fail,
+    so that a host that cannot load the library (one that lacks a library it links) fails the
+    tasks that need it, and the compute with their error: a distributed worker that cannot
+    unpickle data it fetched from another worker tries again forever, the graph hanging with
+    the error in that worker's log alone (dask/distributed issues 3558 and 6705). Nor does the
+    scheduler, which unpickles every graph it is sent, load the pipelines it schedules (and
+    keep them loaded for the rest of its life: their code cannot be unloaded)."""
+
+    def __init__(self, name: str, restore, fields: tuple, pipeline=None):
+        self.name, self._restore, self._fields, self._pipeline = name, restore, fields, pipeline
+
+    @classmethod
+    def of(cls, pipeline) -> _Shipped:
+        restore, fields = pipeline.__reduce__()
+        # (It keeps the pipeline, as the graph did, for the tasks that run in this process.)
+        return cls(pipeline.name, restore, fields, pipeline)
+
+    def __reduce__(self):
+        return _Shipped, (self.name, self._restore, self._fields)
+
+    def load(self):
+        """The Pipeline (loaded once per process: restoring again would give the same)."""
+        if self._pipeline is None:
+            try:
+                self._pipeline = self._restore(*self._fields)
+            except ShimError as e:
+                raise ArgumentError("pipeline", f"{self.name} cannot be loaded on this worker "
+                                                f"(host {socket.gethostname()}, process "
+                                                f"{os.getpid()}) from the library bytes it was "
+                                                f"sent: {e}") from e
+        return self._pipeline
+
+
+def _run_chunk(shipped, plan, *blocks):
     """One task: the output chunk over the plan's box from its inputs' regions (``blocks``:
     those of every input in turn, as many as the plan's ``starts`` of each)."""
+    pipeline = shipped.load()
     box, sources, scalars, device, output_names, dtypes = plan
     kind = shim_device(device) if device else None
     arguments = {}

@@ -2,7 +2,12 @@
 to one call over the whole array, whatever the chunking (chunks smaller than the halo too),
 because every chunk gets exactly the region the bounds query asks for, at its true mins."""
 
+import gc
+import hashlib
+import pickle
 import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -279,3 +284,40 @@ def test_a_pickled_pipeline_runs_on_workers_that_never_saw_its_file(client, comp
     path.unlink()  # no worker can load it from there now
     result = map_pipeline(pipeline, da.from_array(src, chunks=25))
     np.testing.assert_array_equal(result.compute(), expected)
+
+
+def test_the_graph_carries_the_pipeline_for_its_tasks_to_load(compiled, tmp_path):
+    """Unpickling a graph (as distributed's scheduler does with every graph it is sent) loads
+    no library; its tasks load the pipeline from the bytes it carries. (Where the graph carried
+    the Pipeline, unpickling loaded it, and a worker that could not load it, fetching it from
+    another worker, tried again forever: tests/test_dask_hosts.py.)"""
+    pipeline = shim.load(compiled("edge_blur"))
+    src = image((20, 30))
+    result = map_pipeline(pipeline, da.from_array(src, chunks=10))
+    graph = pickle.dumps((dict(result.__dask_graph__()), result.__dask_keys__()))
+    code = ("import pickle, sys\n"
+            "import dask, numpy as np\n"
+            "graph, keys = pickle.load(sys.stdin.buffer)\n"
+            "def loaded(): return any('/memfd:halide-shim' in l for l in open('/proc/self/maps'))\n"
+            "print(loaded())\n"
+            "np.save(sys.argv[1], np.block([list(row) for row in dask.get(graph, keys)]))\n"
+            "print(loaded())\n")
+    out = tmp_path / "result.npy"
+    done = subprocess.run([sys.executable, "-c", code, str(out)], input=graph,
+                          capture_output=True)
+    assert done.returncode == 0, done.stderr.decode()
+    assert done.stdout.split() == [b"False", b"True"]
+    np.testing.assert_array_equal(np.load(out), np.asarray(pipeline(src)))
+
+
+def test_tasks_in_this_process_run_the_pipeline_they_were_given(compiled, tmp_path):
+    """Not a second copy loaded from its bytes, though no one else holds the Pipeline."""
+    path = tmp_path / "unique.so"
+    path.write_bytes(Path(compiled("edge_blur")).read_bytes() + b"\0unique to this test")
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    src = image((20, 30))
+    result = map_pipeline(shim.load(path), da.from_array(src, chunks=10))
+    gc.collect()
+    got = result.compute(scheduler="threads")
+    assert digest not in Path("/proc/self/maps").read_text()
+    np.testing.assert_array_equal(got, np.asarray(shim.load(compiled("edge_blur"))(src)))

@@ -80,6 +80,9 @@ NOT_EXAMPLES = [
     (r"^python3? benchmarks/[a-z_]+\.py", "a benchmark run: minutes, and machine-dependent figures"),
     (r"^python3? fuzz/run\.py", "a fuzz run: minutes (.ci/run runs it; tests/test_fuzz_regressions.py "
                                  "replays what fuzzing found)"),
+    (r"^dask (scheduler|worker)( |$)", "starts a cluster's processes, which run until stopped "
+                                       "(tests/test_dask_hosts.py starts them, each on a host "
+                                       "of its own)"),
 ]
 
 
