@@ -211,9 +211,10 @@ class Flags:
     parsable_output: bool = False
     describe: bool = False
     track_memory: bool = False
-    # --benchmarks: the value given ("" for none; RunGen checks it is "all" only after the
-    # inputs are loaded), or None where the flag was not given.
-    benchmarks: str | None = None
+    benchmarks: bool = False
+    # --benchmarks' value ("" for none: "all"; RunGen checks it only after the inputs are
+    # loaded)
+    benchmarks_value: str = ""
     benchmark_min_time: float = 0.1  # (halide_benchmark.h's BenchmarkConfig default)
     default_input_buffers: str = ""
     default_input_scalars: str = ""
@@ -289,7 +290,7 @@ def read(tokens: list[str], names) -> CommandLine:
                 raise Failure(f"Invalid value for flag: {flag}")
             setattr(flags, flag, setting)
         elif flag == "benchmarks":
-            flags.benchmarks = value
+            flags.benchmarks, flags.benchmarks_value = True, value
         elif flag == "benchmark_min_time":
             seconds = parse_float(value, 64, words=False)
             if seconds is None:
@@ -341,7 +342,7 @@ def parse_int(text: str, bits: int = 32, signed: bool = True) -> int | None:
     if match is None:
         return None
     sign, digits = match.groups()
-    base = 16 if digits[1:2] in ("x", "X") else 8 if len(digits) > 1 else 10
+    base = 16 if digits[1:2] in ("x", "X") else 8 if digits.startswith("0") else 10
     magnitude = int(digits, base)
     if signed:
         value = -magnitude if sign == "-" else magnitude
@@ -401,7 +402,7 @@ NOT_A_VALUE = _NotAValue()
 Box = tuple
 
 _MIN_PLUS_EXTENT = re.compile(r"([+-]?[0-9]+)\+([0-9]+)")
-_W_X_H = re.compile(r"[0-9]+(?:[xX][0-9]+)*")
+_W_X_H = re.compile(r"[0-9]+(?:[xX][0-9]+)+")
 
 
 def parse_extents(text: str, argument: str) -> Box:
