@@ -125,7 +125,7 @@ def read(path: str, argument: str, npy_order: str = "numpy") -> np.ndarray:
                                       f"({type(e).__name__}: {e})") from None
     if suffix in (".pgm", ".ppm") and pixels.dtype == np.int32:
         pixels = pixels.astype(np.uint16)  # Pillow reads 16-bit PNM files as 32-bit integers
-    if pixels.ndim == 3:
+    if pixels.ndim == 3 and suffix not in (".tif", ".tiff"):  # (_tiff_read's are already)
         pixels = np.moveaxis(pixels, 2, 0)  # (y, x, c) -> (c, y, x)
     return np.ascontiguousarray(pixels)
 
@@ -443,7 +443,9 @@ def _imageio(argument: str):
 
 
 def _tiff_read(path: str, argument: str) -> np.ndarray:
-    """A TIFF's first image; a damaged file (tifffile logs it and finds no image) is refused."""
+    """A TIFF's first image in numpy order over Halide's layout, (c, y, x) for several
+    channels: as halide_image_io writes them (planar, one strip per channel), or interleaved
+    as most others do; a damaged file (tifffile logs it and finds no image) is refused."""
     tifffile = _tifffile(argument)
     logger = logging.getLogger("tifffile")
     level = logger.level
@@ -452,7 +454,10 @@ def _tiff_read(path: str, argument: str) -> np.ndarray:
         with tifffile.TiffFile(path) as tif:
             if not tif.pages:
                 raise ValueError("no image in it")
+            page = tif.pages[0]
             pixels = tif.asarray()
+            if page.samplesperpixel > 1 and page.planarconfig == tifffile.PLANARCONFIG.CONTIG:
+                pixels = np.moveaxis(pixels, -1, 0)  # (y, x, c) -> (c, y, x)
     finally:
         logger.setLevel(level)
     if pixels.size == 0:

@@ -439,7 +439,9 @@ def _timed_runs(options: Options, flags, label: str, call, results: list, consol
         try:
             call()
         except PipelineError as e:
-            raise Failure(f"halide_error: {e.message}") from None
+            # RunGen's error handler aborts at the first message (the shim keeps every one the
+            # call's threads reported, a line each)
+            raise Failure(f"halide_error: {e.message.splitlines()[0]}") from None
         for result in results:
             result.device_sync()  # else a GPU run would time only the enqueueing
 
