@@ -12,7 +12,7 @@ refuses them.
   the shim's ``random:EXTENTS`` takes seed 0.
   In place of EXTENTS, ``estimate`` (the pipeline's estimates), ``auto`` (what the bounds
   query asks of the input for the outputs' sizes) or ``estimate_then_auto``;
-- outputs: ``FILE``, or the shim's ``FILE:EXTENTS`` or ``:EXTENTS`` (sized, not saved).
+- outputs: ``FILE``, or the shim's ``FILE:EXTENTS``, ``:EXTENTS`` or ``:`` (sized, not saved).
 """
 
 from __future__ import annotations
@@ -218,18 +218,21 @@ def _random(shape: tuple, dtype: np.dtype, seed: int) -> np.ndarray:
 
 @dataclass(frozen=True)
 class OutputSpec:
-    """Where an output goes (None: nowhere), and its Box if the text gives one."""
+    """Where an output goes (None: nowhere), the Box its text gives if any, and whether it
+    was given without a file (the shim's ``:`` or ``:EXTENTS``: sized, not saved, its values
+    summed up)."""
 
     path: str | None
     box: Box | None
+    summed_up: bool = False
 
 
 def parse_output(arg: Argument, text: str) -> OutputSpec:
     path, separator, extents = text.rpartition(":")
-    if not separator or not re.fullmatch(r"\[.*\]|[0-9]+[xX][0-9xX]*", extents):
+    if not separator or not re.fullmatch(r"|\[.*\]|[0-9]+[xX][0-9xX]*", extents):
         path, extents = text, ""
     if path and not images.is_supported(path):
         raise images.unsupported(arg.name, path)
     box = check_dimensions(arg, rungen.parse_extents(extents, arg.name), repr(text)) \
         if extents else None
-    return OutputSpec(path or None, box)
+    return OutputSpec(path or None, box, summed_up=not path)

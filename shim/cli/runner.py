@@ -7,7 +7,7 @@ benchmark (shim/cli/timing.py), or the shim's ``--iterations`` after a warm-up r
 outputs saved as RunGen saves them (shim/cli/images.py). With ``--verbose``, RunGen's info
 lines, with the shapes the shim uses; on stdout only what RunGen prints there, unless an
 option of the shim's asks for more (``--iterations``, ``--device``, ``--profile``, the
-``profile`` command, an output given as ``:[W,H,...]``).
+``profile`` command, an output given as ``:`` or ``:[W,H,...]``).
 """
 
 from __future__ import annotations
@@ -498,11 +498,11 @@ def _report(options: Options, flags, pipeline, timings, results, device, console
 
 
 def _save(name: str, result: Buffer, spec, plan, console: Console) -> None:
-    """RunGen's saving of an output; the shim's summary of one sized but not saved
-    (``:[W,H,...]``)."""
+    """RunGen's saving of an output; the shim's summary of one sized but not saved (``:`` or
+    ``:[W,H,...]``)."""
     if plan is None:
         console.info(f"(Output {name} was not saved.)")
-        if spec.box is not None:
+        if spec.summed_up:
             array = result.numpy()
             with np.errstate(all="ignore"):  # (the mean of inf and -inf is nan: no warning)
                 mean = array.mean()
