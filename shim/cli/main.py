@@ -84,6 +84,9 @@ def _run(command: str, tokens: list, run_parser: argparse.ArgumentParser, prog: 
         return 0
     name = f"{prog} {command} {path}"  # (RunGen's name for itself in its usage)
     console = Console()
+    ours = runner.Options(command=command, **{
+        key: getattr(options, key) for key in ("iterations", "device", "profile", "npy_order",
+                                               "chunks", "scheduler")})
     if not theirs:
         console.out(rungen.usage(name))  # (RunGen with no arguments)
         return 0
@@ -101,20 +104,16 @@ def _run(command: str, tokens: list, run_parser: argparse.ArgumentParser, prog: 
         if line.flags.benchmarks and options.iterations is not None:
             run_parser.error("--iterations and --benchmarks=all both choose the timed runs: "
                              "give one")
-        if (options.chunks is not None or options.scheduler is not None) \
-                and options.npy_order != "numpy":
+        if ours.chunked and options.npy_order != "numpy":
             run_parser.error("--chunks streams .npy files in numpy's order only: leave out "
                              "--npy_order")
-        return _run_line(runner.Options(command=command, **{
-            key: getattr(options, key) for key in ("iterations", "device", "profile",
-                                                   "npy_order", "chunks", "scheduler")}),
-            line, pipeline, console)
+        return _run_line(ours, line, pipeline, console)
     except rungen.Failure as e:
         if e.usage_first:
             console.out(rungen.usage(name))
         console.fail(e.message)
     except shim.ArgumentError as e:
-        if e.argument in _OWN_ARGUMENTS:
+        if e.argument in _OWN_ARGUMENTS or ours.chunked:  # (a chunked run is the shim's)
             run_parser.exit(2, f"{prog} {command}: error: {e}\n")
         console.fail(f"{prog} {command}: error: {e}")
     except MemoryError as e:  # (the sizes fit the machine, but not what this process may take)
@@ -136,10 +135,9 @@ def _run_line(options: runner.Options, line: rungen.CommandLine, pipeline,
     if flags.describe:
         console.out(runner.describe(pipeline))
         return 0
-    chunked = options.chunks is not None or options.scheduler is not None
     # (RunGen lets a benchmark leave out its outputs; the shim's timed runs too, and a
     # chunked run says itself what it lacks)
-    ok_to_omit = flags.benchmarks or flags.track_memory or options.reports or chunked
+    ok_to_omit = flags.benchmarks or flags.track_memory or options.reports or options.chunked
     if flags.benchmarks and flags.track_memory:
         console.warn("Using --track_memory with --benchmarks will produce inaccurate "
                      "benchmark results.")
@@ -148,14 +146,11 @@ def _run_line(options: runner.Options, line: rungen.CommandLine, pipeline,
         # The summary's Stages tables show Halide's profiler figures: its own report at exit
         # would repeat them (it stays where the program or the environment sends it).
         halide_profiler.silence_exit_report_unless_chosen()
-    if not chunked:
+    if not options.chunked:
         return runner.run(options, line, pipeline, texts, console)
     from shim.cli import run_chunked  # (its dask is an optional extra)
 
-    try:
-        return run_chunked.run(options, line.flags, pipeline, texts, console)
-    except shim.ArgumentError as e:  # (what a chunked run refuses is the shim's option's)
-        raise shim.ArgumentError("--chunks", str(e)) from None
+    return run_chunked.run(options, line.flags, pipeline, texts, console)
 
 
 def _load_named(path: str, name: str):

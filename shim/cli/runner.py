@@ -50,6 +50,10 @@ class Options:
     scheduler: str | None = None
 
     @property
+    def chunked(self) -> bool:
+        return self.chunks is not None or self.scheduler is not None
+
+    @property
     def reports(self) -> bool:
         """Whether the shim's own summary of the runs is printed: an option of the shim's
         asked for it."""
