@@ -11,7 +11,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import shim
 from gpu_cases import blur_reference
 from support.summary_tables import table
 from shim.pipelines.build import Build, build

@@ -437,8 +437,8 @@ def test_an_output_that_cannot_be_written_is_refused_before_any_run(host_pipelin
 
 
 def test_an_upper_case_suffix_is_written_where_it_says(host_pipelines, tmp_path):
-    done = succeeded(run(host_pipelines["brighten", "bundled"], "input=constant:1:[4,3]",
-                         "output=OUT.NPY", cwd=tmp_path))
+    succeeded(run(host_pipelines["brighten", "bundled"], "input=constant:1:[4,3]",
+                  "output=OUT.NPY", cwd=tmp_path))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["OUT.NPY"]
     np.testing.assert_array_equal(np.load(tmp_path / "OUT.NPY"), np.full((3, 4), 3, np.float32))
 

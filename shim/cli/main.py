@@ -1,8 +1,8 @@
 """The command line: ``python -m shim COMMAND`` (or ``halide-shim COMMAND``).
 
     python -m shim info P.so
-    python -m shim run P.so input=in.png scale=0.5 output=out.png [--benchmarks=all]
-    python -m shim profile P.so --input=random:0:[640,480] [--profile trace.json]
+    python -m shim run P.so input=in.png scale=0.5 offset=0 output=out.png [--benchmarks=all]
+    python -m shim profile P.so input=random:0:[640,480] --default_input_scalars [--profile T.json]
     python -m shim demo
 
 ``run`` and ``profile`` take Halide's RunGen command line after the pipeline's path, read as
