@@ -4,6 +4,8 @@ reports (its prints, its failure as the right exception)."""
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import sys
 
 import numpy as np
@@ -22,10 +24,25 @@ from shim.backends.devices import backend_class, classes_for_apis
 from shim.base.errors import DEVICE_ERROR_CODES, DeviceError, PipelineError
 from shim.native import CallContext, HeldContext, PreparedRun, ffi, lib, print_text
 
+# Where what a pipeline prints (halide_print) goes, in this thread: a function of the text (set
+# by ``prints_to``), or None: Python's stderr.
+_prints_to: contextvars.ContextVar = contextvars.ContextVar("prints_to", default=None)
+
 # How often a call prepares buffers another thread keeps moving to a device it does not use.
 _PREPARATION_ATTEMPTS = 100
 # The most buffers a prepared call's C run takes (native_stubs/fast/prepared_call.c, MAX_MEMBERS).
 _NATIVE_RUN_BUFFERS = 64
+
+
+@contextlib.contextmanager
+def prints_to(write):
+    """Within the block, what the pipelines this thread calls print goes to ``write`` (a
+    function of the text) instead of stderr: ``python -m shim run`` prints it as RunGen does."""
+    token = _prints_to.set(write)
+    try:
+        yield
+    finally:
+        _prints_to.reset(token)
 
 
 class Runner:
@@ -112,7 +129,7 @@ class Runner:
 
     def _report(self, result: int, errors: str, prints: str, call_id: int) -> None:
         if prints:
-            sys.stderr.write(prints)
+            (_prints_to.get() or sys.stderr.write)(prints)
         if result != 0:
             message = errors.strip()
             cause = take_exception(call_id)

@@ -1,16 +1,17 @@
 """Buffers to and from files for the command line, as Halide's RunGen and halide_image_io.h
-do: ``.npy`` (any type and dimensionality) and images (PNG, JPEG, PGM, PPM, BMP, TIFF).
+do: ``.npy`` (any number type) and images (PNG, JPEG, PGM, PPM, TIFF; BMP the shim's).
 
-Images are read and written by imageio (its Pillow plugin); 16-bit colour PNGs, which Pillow
-cannot hold (it reads them as 8-bit), by pypng; TIFFs by tifffile, in every type
-halide_image_io writes (16-bit colour, 32- and 64-bit integers, doubles; RunGen itself reads
-no TIFF, the shim does). Arrays here are in numpy order over Halide's
-(x, y, c) layout: a W x H RGB image is a (3, H, W) array, a grayscale one (H, W).
+Files are read by imageio (its Pillow plugin); 16-bit colour PNGs, which Pillow cannot hold
+(it reads them as 8-bit), by pypng; TIFFs (which RunGen cannot read) by tifffile, in every
+type halide_image_io writes. Files are written as halide_image_io writes them, byte for byte
+(shim/cli/image_writers.py), in the types and dimensions its formats take (its save_query),
+the nearest chosen as RunGen chooses. Arrays here are in numpy order over Halide's (x, y, c)
+layout: a W x H RGB image is a (3, H, W) array, a grayscale one (H, W).
 
 A file whose type or dimensionality differs from the buffer's is converted as RunGen
-converts it, with a warning: halide_image_io's ImageTypeConversion for the type (an 8-bit
-image given to a uint16 input is scaled by 257, a float output saved to PNG is scaled by
-65535 and rounded), trailing dimensions of extent 1 added or extra ones sliced at 0.
+converts it, with RunGen's warnings: halide_image_io's ImageTypeConversion for the type (an
+8-bit image given to a uint16 input is scaled by 257, a float output saved to PNG is scaled
+by 65535 and rounded), trailing dimensions of extent 1 added or extra ones sliced at 0.
 """
 
 from __future__ import annotations
@@ -22,36 +23,47 @@ from dataclasses import dataclass
 import numpy as np
 
 from shim.base.errors import ArgumentError
+from shim.cli import image_writers
+from shim.cli.rungen import Failure, dense_shape, shape_text
 
-# Per image suffix: the (numpy dtype, dimensions) it stores, and the channel counts a 3-D
-# buffer may have (a 3-D buffer of one channel is saved as a grayscale image).
-_U8, _U16, _F32 = np.dtype(np.uint8), np.dtype(np.uint16), np.dtype(np.float32)
+
+def _kinds(kinds: str, bits, dimensions) -> tuple:
+    """(dtype, dimensions) of each kind of number ("i", "u", "f") and size, in
+    halide_image_io's order (its FormatInfo's: type code, bits, dimensions)."""
+    return tuple((np.dtype(f"{kind}{size // 8}"), d) for kind in kinds for size in bits
+                 for d in dimensions)
 
 
 @dataclass(frozen=True)
-class _ImageFormat:
-    kinds: frozenset  # {(dtype, dimensions)}
-    channels: tuple
+class _Format:
+    """What halide_image_io saves in a format (its save_query), and the channel counts its
+    writer takes (a 2-D image has 1; None: any), with its words for another count."""
+
+    kinds: tuple  # ((dtype, dimensions), ...)
+    channels: tuple | None = None
+    channels_error: str = "Wrong number of channels"
 
 
-_TIFF = _ImageFormat(frozenset((np.dtype(f"{kind}{size}"), dimensions)
-                                for kind in "iu" for size in (1, 2, 4, 8) for dimensions in (2, 3)
-                                ) | {(np.dtype(f"f{size}"), d) for size in (4, 8) for d in (2, 3)},
-                     (1, 2, 3, 4))
+_TIFF = _Format(_kinds("iu", (8, 16, 32, 64), (1, 2, 3, 4)) + _kinds("f", (32, 64), (1, 2, 3, 4)))
+_JPEG = _Format(_kinds("u", (8,), (2, 3)), (1, 3))
 
-_IMAGE_FORMATS = {
-    ".png": _ImageFormat(frozenset({(_U8, 2), (_U8, 3), (_U16, 2), (_U16, 3)}), (1, 2, 3, 4)),
-    ".jpg": _ImageFormat(frozenset({(_U8, 2), (_U8, 3)}), (1, 3)),
-    ".jpeg": _ImageFormat(frozenset({(_U8, 2), (_U8, 3)}), (1, 3)),
-    ".pgm": _ImageFormat(frozenset({(_U8, 2), (_U16, 2)}), ()),
-    ".ppm": _ImageFormat(frozenset({(_U8, 3)}), (3,)),
-    ".bmp": _ImageFormat(frozenset({(_U8, 2), (_U8, 3)}), (1, 3)),
-    # halide_image_io writes every int, uint and 32/64-bit float type to TIFF (here through
-    # tifffile: Pillow cannot write 16-bit colour).
-    ".tif": _TIFF,
+_FORMATS = {
+    ".npy": _Format(_kinds("iu", (8, 16, 32, 64), (1, 2, 3, 4))
+                    + _kinds("f", (16, 32, 64), (1, 2, 3, 4))),
+    ".png": _Format(_kinds("u", (8, 16), (2, 3)), (1, 2, 3, 4),
+                    "Can't write PNG files that have other than 1, 2, 3, or 4 channels"),
+    ".jpg": _JPEG,
+    ".jpeg": _JPEG,
+    ".pgm": _Format(_kinds("u", (8, 16), (2,))),
+    ".ppm": _Format(_kinds("u", (8, 16), (3,)), (3,)),
     ".tiff": _TIFF,
+    ".tif": _TIFF,  # (the shim's name for it too)
+    ".bmp": _JPEG,  # (the shim's, through Pillow: 8-bit gray or RGB)
 }
-SUFFIXES = (".npy", *_IMAGE_FORMATS)
+SUFFIXES = tuple(_FORMATS)
+# halide_image_io's formats, as its error lists them (built with PNG and JPEG); the shim
+# neither reads nor writes the ImageStack and MATLAB ones (.tmp, .mat).
+_HALIDE_EXTENSIONS = "jpeg jpg mat npy pgm png ppm tiff tmp"
 
 
 def suffix_of(path: str) -> str:
@@ -62,9 +74,15 @@ def is_supported(path: str) -> bool:
     return suffix_of(path) in SUFFIXES
 
 
-def _unsupported(argument: str, path: str) -> ArgumentError:
-    return ArgumentError(argument, f"cannot tell the format of {path!r}: expected a name ending "
-                                   f"in {', '.join(SUFFIXES)}")
+def unsupported(argument: str, path: str) -> Exception:
+    """RunGen's refusal of a file name (from its last "." on, as halide_image_io takes
+    it), or the shim's, of a format RunGen has and the shim lacks."""
+    extension = path.rpartition(".")[2].lower() if "." in path else ""
+    if extension in ("tmp", "mat"):
+        return ArgumentError(argument, f"{path}: the shim reads and writes no .{extension} "
+                                       f"files (RunGen's ImageStack and MATLAB formats)")
+    return Failure(f'Error in I/O: unsupported file extension "{extension}", supported are: '
+                   f"{_HALIDE_EXTENSIONS}\n")
 
 
 # --- reading ------------------------------------------------------------------------------------
@@ -79,9 +97,9 @@ def read(path: str, argument: str, npy_order: str = "numpy") -> np.ndarray:
     """The array a file holds, in numpy order over Halide's layout."""
     suffix = suffix_of(path)
     if suffix not in SUFFIXES:
-        raise _unsupported(argument, path)
-    if not os.path.exists(path):
-        raise ArgumentError(argument, f"no such file: {path!r}")
+        raise unsupported(argument, path)
+    if not os.access(path, os.R_OK):  # (missing, or not the user's to read)
+        raise Failure("Error in I/O: File could not be opened for reading")
     if not os.path.isfile(path):  # (a FIFO would be read until someone writes to it)
         raise ArgumentError(argument, f"{path} is a directory" if os.path.isdir(path) else
                                       f"{path} is not a regular file")
@@ -107,7 +125,7 @@ def read(path: str, argument: str, npy_order: str = "numpy") -> np.ndarray:
                                       f"({type(e).__name__}: {e})") from None
     if suffix in (".pgm", ".ppm") and pixels.dtype == np.int32:
         pixels = pixels.astype(np.uint16)  # Pillow reads 16-bit PNM files as 32-bit integers
-    if pixels.ndim == 3:
+    if pixels.ndim == 3 and suffix not in (".tif", ".tiff"):  # (_tiff_read's are already)
         pixels = np.moveaxis(pixels, 2, 0)  # (y, x, c) -> (c, y, x)
     return np.ascontiguousarray(pixels)
 
@@ -181,32 +199,48 @@ def _npy_header(f, path: str, argument: str) -> tuple[np.dtype, bool, tuple[int,
     return dtype, fortran_order, shape
 
 
-def conform(array: np.ndarray, dimensions: int, dtype: np.dtype, what: str, warn) -> np.ndarray:
-    """``array`` with ``dimensions`` dimensions and element type ``dtype``, changed as RunGen
-    changes a file's contents to fit an argument, saying so through ``warn``."""
-    array = _with_dimensions(array, dimensions, what, warn)
+def conform(array: np.ndarray, dimensions: int, dtype: np.dtype, name: str,
+            console) -> np.ndarray:
+    """``array`` (read for the input ``name``) with ``dimensions`` dimensions and element
+    type ``dtype``, changed as RunGen changes a file's contents to fit an argument, saying so
+    as RunGen says it through ``console`` (its ``warn`` and ``info``)."""
+    array = _with_dimensions(array, dimensions, "Input", name, console)
     if array.dtype != dtype:
-        warn(f"{what} is of type {_type_name(array.dtype)} but is used as {_type_name(dtype)}; "
-             f"data loss may have occurred")
+        console.warn(type_warning(name, array.dtype, dtype))
         array = np.asarray(convert(array, dtype))  # (numpy's arithmetic makes 0-D a scalar)
     return array
 
 
-def _with_dimensions(array: np.ndarray, dimensions: int, what: str, warn) -> np.ndarray:
-    """Halide dimensions are numpy axes from the last: missing ones are added outermost with
-    extent 1, extra ones (the outermost) are sliced at their first coordinate."""
+def type_warning(name: str, loaded: np.dtype, dtype: np.dtype) -> str:
+    """RunGen's warning for a file of type ``loaded`` given to the input ``name``."""
+    return (f'Image loaded for argument "{name}" is type {type_name(loaded)} but this '
+            f"argument expects type {type_name(dtype)}; data loss may have occurred.")
+
+
+def _with_dimensions(array: np.ndarray, dimensions: int, title: str, name: str,
+                     console) -> np.ndarray:
+    """RunGen's adjust_buffer_dims: Halide dimensions are numpy axes from the last; missing
+    ones are added outermost with extent 1, extra ones (the outermost) are sliced at their
+    first coordinate. ``title``: "Input" or "Output"."""
+    if array.ndim == dimensions:
+        return array
+    old = dense_shape(tuple((0, n) for n in reversed(array.shape)))
     if array.ndim < dimensions:
-        warn(f"{what} has {array.ndim} dimensions, but {dimensions} are needed: adding "
-             f"dimensions of extent 1")
+        console.warn(f'Image for {title} "{name}" has {array.ndim} dimensions, but this '
+                     f"argument requires at least {dimensions} dimensions: adding dummy "
+                     f"dimensions of extent 1.")
         # (reshape gives them real strides: np.newaxis's 0 breaks Halide's stride.0 == 1)
-        return array.reshape((1,) * (dimensions - array.ndim) + array.shape)
-    if array.ndim > dimensions:
+        changed = array.reshape((1,) * (dimensions - array.ndim) + array.shape)
+        new = dense_shape(tuple((0, n) for n in reversed(changed.shape)))
+    else:
         extra = array.ndim - dimensions
         if any(extent > 1 for extent in array.shape[:extra]):
-            warn(f"{what} has {array.ndim} dimensions, but only the first {dimensions} are "
-                 f"used; data loss may have occurred")
-        return array[(0,) * extra + (...,)]  # (the ... keeps a 0-D result an array)
-    return array
+            console.warn(f'Image for {title} "{name}" has {array.ndim} dimensions, but only '
+                         f"the first {dimensions} were used; data loss may have occurred.")
+        changed = array[(0,) * extra + (...,)]  # (the ... keeps a 0-D result an array)
+        new = old[:dimensions]  # (a slice keeps the strides it had)
+    console.info(f"Shape for {name} changed: {shape_text(old)} -> {shape_text(new)}")
+    return changed
 
 
 # --- writing ------------------------------------------------------------------------------------
@@ -214,7 +248,8 @@ def _with_dimensions(array: np.ndarray, dimensions: int, what: str, warn) -> np.
 @dataclass(frozen=True)
 class SavePlan:
     """How an output is saved: the file, and the dimensions and element type it is saved
-    with, chosen before any run so that a file that cannot hold it is refused first."""
+    with (RunGen's choice), chosen before any run so that a file that cannot hold it is
+    refused first."""
 
     path: str
     dimensions: int
@@ -222,49 +257,38 @@ class SavePlan:
     npy_order: str = "numpy"  # (for a .npy file: see NPY_ORDERS)
 
 
-def plan_save(argument: str, path: str, shape: tuple, dtype: np.dtype, warn,
-              npy_order: str = "numpy") -> SavePlan:
-    """The SavePlan for an output of numpy ``shape`` and ``dtype`` (RunGen's best format:
-    the fewest dimensions added or dropped, then the nearest bit width, then the same kind of
-    number), after checking that it can be written; conversions are announced through
-    ``warn``. Refuses what cannot be saved there, naming the output."""
+def plan_save(argument: str, path: str, shape: tuple, dtype: np.dtype,
+              npy_order: str = "numpy", console=None) -> SavePlan:
+    """The SavePlan for an output of numpy ``shape`` and ``dtype``: RunGen's best format
+    (RunGen.h's best_save_format: the fewest dimensions added or dropped, then the nearest
+    bit width, then the same kind of number; ties to the first in halide_image_io's order),
+    after checking that it can be written there: RunGen's Failure where halide_image_io
+    refuses it (a name it does not know, a channel count its writer does not take), the
+    shim's ArgumentError where the file cannot be written at all. Before RunGen's failure,
+    what RunGen says before it (it finds it when saving) goes to ``console``."""
     suffix = suffix_of(path)
-    if suffix != ".npy" and suffix not in _IMAGE_FORMATS:
-        raise _unsupported(argument, path)
+    if suffix not in _FORMATS:
+        raise unsupported(argument, path)
     check_writable(argument, path)
-    if suffix == ".npy":
-        return SavePlan(path, len(shape), dtype, npy_order)
-    image_format = _IMAGE_FORMATS[suffix]
+    image_format = _FORMATS[suffix]
     dims = len(shape)
-    # Ties go to the first in halide_image_io's order: by type code, bits, dimensions.
-    candidates = sorted(image_format.kinds, key=lambda kind: ("iuf".index(kind[0].kind),
-                                                              kind[0].itemsize, kind[1]))
-    best_dtype, best_dims = min(candidates, key=lambda kind: (
-        abs(kind[1] - dims) * 128 + abs(kind[0].itemsize - dtype.itemsize) * 8
-        + (kind[0].kind != dtype.kind)))
-    what = f"output {argument!r}"
-    if best_dims != dims:
-        warn(f"{what} has {dims} dimensions but is saved with {best_dims} to {path}")
+    best_dtype, best_dims = min(image_format.kinds, key=lambda kind: (
+        abs(kind[1] - dims) * 128 + abs(_bits(kind[0]) - _bits(dtype))
+        + (_code(kind[0]) != _code(dtype))))
     # (The shape alone, over no memory: the output does not exist yet.)
-    saved_shape = _with_dimensions(np.broadcast_to(np.empty((), np.bool_), shape), best_dims,
-                                   what, lambda _: None).shape
-    if best_dims == 3 and saved_shape[0] not in image_format.channels:
-        *others, last = image_format.channels
-        counts = f"{', '.join(map(str, others))} or {last}" if others else str(last)
-        raise ArgumentError(argument, f"{path}: {suffix} images have {counts} channels; "
-                                      f"{argument} has {saved_shape[0]} (extent of dimension 2); "
-                                      f"use .npy")
-    if best_dtype != dtype:
-        warn(f"{what} is of type {_type_name(dtype)} but is saved as {_type_name(best_dtype)} "
-             f"to {path}; data loss may have occurred")
-    # The libraries are needed now, not after the runs.
-    if suffix == ".png" and best_dtype == _U16 and best_dims == 3 and saved_shape[0] > 1:
-        _pypng(argument)
-    elif suffix in (".tif", ".tiff"):
-        _tifffile(argument)
-    else:
-        _imageio(argument)
-    return SavePlan(path, best_dims, best_dtype)
+    shaped = np.broadcast_to(np.empty((), dtype), shape)
+    saved = _with_dimensions(shaped, best_dims, "", argument, _SILENT).shape
+    channels = saved[0] if best_dims > 2 else 1
+    if image_format.channels is not None and channels not in image_format.channels:
+        if suffix == ".bmp":
+            raise ArgumentError(argument, f"{path}: .bmp images have 1 or 3 channels; "
+                                          f"{argument} has {channels}")
+        if console is not None:
+            _conformed(shaped, SavePlan(path, best_dims, best_dtype), argument, console)
+        raise Failure(f"Error in I/O: {image_format.channels_error}")
+    if suffix in (".jpg", ".jpeg", ".bmp"):
+        _imageio(argument)  # (needed now, not after the runs)
+    return SavePlan(path, best_dims, best_dtype, npy_order)
 
 
 def check_writable(argument: str, path: str) -> None:
@@ -281,34 +305,60 @@ def check_writable(argument: str, path: str) -> None:
     raise ArgumentError(argument, f"cannot write {path}: {problem}")
 
 
-def save(plan: SavePlan, array: np.ndarray, argument: str) -> None:
+def save(plan: SavePlan, array: np.ndarray, argument: str, console) -> None:
+    """Save the output ``argument`` (``array``) as ``plan`` says, changing its dimensions and
+    type as RunGen changes them, with RunGen's words (through ``console``)."""
+    array = _conformed(array, plan, argument, console)
     suffix = suffix_of(plan.path)
-    if suffix != ".npy":
-        array = convert(_with_dimensions(array, plan.dimensions, "", lambda _: None), plan.dtype)
-        if array.ndim == 3:
-            array = np.moveaxis(array, 0, 2)  # (c, y, x) -> (y, x, c)
-            if array.shape[2] == 1:
-                array = array[:, :, 0]
-        array = np.ascontiguousarray(array)
     try:
         # Into a file of our own: np.save would add .npy to a name in .NPY, and imageio's own
         # file, failing to close (a full disk), fails again when collected, with a traceback.
         with open(plan.path, "wb") as f:
-            if suffix == ".npy" and plan.npy_order == "halide":
-                dense = np.ascontiguousarray(array)
-                np.save(f, dense.reshape(dense.shape[::-1]))  # the same bytes, x first
-            elif suffix == ".npy":
+            if suffix == ".npy" and plan.npy_order == "numpy":
                 np.save(f, array)
-            elif array.ndim == 3 and array.dtype == _U16 and suffix == ".png":
-                _pypng_write(f, array, argument)
-            elif suffix in (".tif", ".tiff"):
-                colour = array.ndim == 3 and array.shape[2] in (3, 4)
-                _tifffile(argument).imwrite(f, array, photometric="rgb" if colour else
-                                            "minisblack")
+            elif suffix == ".bmp":
+                pixels = np.moveaxis(array, 0, 2) if array.ndim == 3 else array
+                _imageio(argument).imwrite(f, np.ascontiguousarray(pixels), extension=suffix)
             else:
-                _imageio(argument).imwrite(f, array, extension=suffix)
+                image_writers.write(f, suffix, array)
     except (OSError, ValueError) as e:
         raise ArgumentError(argument, f"cannot write {plan.path}: {e}") from None
+
+
+def _conformed(array: np.ndarray, plan: SavePlan, argument: str, console) -> np.ndarray:
+    """The output ``argument`` in the dimensions and type ``plan`` saves it with, as RunGen
+    changes it and says so."""
+    console.info(f"Saving output {argument} to {plan.path} ...")
+    array = _with_dimensions(array, plan.dimensions, "Output", argument, console)
+    if array.dtype == plan.dtype:
+        return array
+    console.warn(f'Image for argument "{argument}" is of type {type_name(array.dtype)} but is '
+                 f"being saved as type {type_name(plan.dtype)}; data loss may have occurred.")
+    return convert(array, plan.dtype)
+
+
+class _Silent:
+    def warn(self, text: str) -> None:
+        pass
+
+    info = warn
+
+
+_SILENT = _Silent()
+
+
+def _bits(dtype: np.dtype) -> int:
+    return 1 if dtype == np.bool_ else 8 * dtype.itemsize
+
+
+def _code(dtype: np.dtype) -> int:
+    """Halide's type code: int, uint (bool is a 1-bit uint), float."""
+    return {"i": 0, "u": 1, "b": 1, "f": 2}[dtype.kind]
+
+
+def type_name(dtype: np.dtype) -> str:
+    """A numpy type by its Halide name, as RunGen writes it."""
+    return "bool" if dtype == np.bool_ else str(dtype)
 
 
 # --- Halide's type conversion -----------------------------------------------------------------
@@ -317,8 +367,9 @@ def convert(array: np.ndarray, dtype: np.dtype) -> np.ndarray:
     """halide_image_io's ImageTypeConversion: integers are fixed-point fractions of their
     type's range (signed ones read as the unsigned of their width), floats are in [0, 1], and
     bools are 0 or 1. Widening an integer replicates its bits (0xAB -> 0xABAB), narrowing to
-    8 bits rounds, and narrowing to wider types truncates. Floats beyond [0, 1] are clamped
-    (Halide's conversion lets them wrap around)."""
+    8 bits rounds, and narrowing to wider types truncates. A float becomes an integer as
+    Halide's C++ makes it: scaled, rounded half away from zero (lround), then cast, so that
+    beyond [0, 1] it wraps around, and NaN, infinities and values beyond 64 bits become 0."""
     dtype = np.dtype(dtype)
     if array.dtype == dtype:
         return array
@@ -332,17 +383,27 @@ def convert(array: np.ndarray, dtype: np.dtype) -> np.ndarray:
         bits = dtype.itemsize * 8
         if bits == 64:  # through uint32, as Halide does
             return convert(convert(array, np.uint32), dtype)
-        # In Halide's precision: float (float16 widened: its 65535 is infinity), double for a
-        # double or for 32 bits (float's 2^32 - 1 is 2^32, which wraps to 0).
+        # Scaled in Halide's precision: float (float16 widened: its 65535 is infinity), double
+        # for a double or for 32 bits.
         work = np.float64 if bits == 32 or array.dtype.itemsize == 8 else np.float32
-        unit = np.clip(np.nan_to_num(array.astype(work, copy=False), nan=0.0), 0, 1)
-        scaled = np.floor(unit * float(2**bits - 1) + 0.5)  # halves away from 0, as lround
-        return scaled.astype(f"u{dtype.itemsize}").view(_same_width(dtype))
+        with np.errstate(all="ignore"):
+            scaled = (array.astype(work) * work(2**bits - 1)).astype(np.float64)
+            whole = np.trunc(scaled)
+            rounded = whole + np.where(np.abs(scaled - whole) >= 0.5, np.sign(scaled), 0)
+            # (lround's result where it has none: LONG_MIN, whose low bits are 0)
+            rounded[~(np.abs(rounded) < 2.0**63)] = 0
+        wrapped = rounded.astype(np.int64).astype(f"u{dtype.itemsize}")
+        return wrapped.view(_same_width(dtype))
     unsigned = array.view(f"u{array.dtype.itemsize}")
     from_bits = array.dtype.itemsize * 8
+    if array.dtype == np.int32 and (dtype.kind == "f" or dtype.itemsize == 8):
+        # (there Halide takes an int32 as the uint64 it sign-extends to, not as a uint32)
+        unsigned, from_bits = array.astype(np.int64).view(np.uint64), 64
     if dtype.kind == "f":
         if from_bits == 64:
-            unsigned, from_bits = unsigned >> np.uint64(32), 32
+            unsigned, from_bits = (unsigned >> np.uint64(32)).astype(np.uint32), 32
+        if from_bits < 32:  # (in float, for a double too: in / 255.0f)
+            return (unsigned.astype(np.float32) / np.float32(2**from_bits - 1)).astype(dtype)
         return (unsigned / float(2**from_bits - 1)).astype(dtype)
     return _convert_unsigned(unsigned, from_bits, dtype.itemsize * 8).view(_same_width(dtype))
 
@@ -369,10 +430,6 @@ def _same_width(dtype: np.dtype) -> np.dtype:
     return dtype if dtype.kind != "f" else np.dtype(f"u{dtype.itemsize}")
 
 
-def _type_name(dtype: np.dtype) -> str:
-    return "bool" if dtype == np.bool_ else str(dtype)
-
-
 # --- the libraries ----------------------------------------------------------------------------
 
 def _imageio(argument: str):
@@ -386,7 +443,9 @@ def _imageio(argument: str):
 
 
 def _tiff_read(path: str, argument: str) -> np.ndarray:
-    """A TIFF's first image; a damaged file (tifffile logs it and finds no image) is refused."""
+    """A TIFF's first image in numpy order over Halide's layout, (c, y, x) for several
+    channels: as halide_image_io writes them (planar, one strip per channel), or interleaved
+    as most others do; a damaged file (tifffile logs it and finds no image) is refused."""
     tifffile = _tifffile(argument)
     logger = logging.getLogger("tifffile")
     level = logger.level
@@ -395,7 +454,10 @@ def _tiff_read(path: str, argument: str) -> np.ndarray:
         with tifffile.TiffFile(path) as tif:
             if not tif.pages:
                 raise ValueError("no image in it")
+            page = tif.pages[0]
             pixels = tif.asarray()
+            if page.samplesperpixel > 1 and page.planarconfig == tifffile.PLANARCONFIG.CONTIG:
+                pixels = np.moveaxis(pixels, -1, 0)  # (y, x, c) -> (c, y, x)
     finally:
         logger.setLevel(level)
     if pixels.size == 0:
@@ -435,10 +497,3 @@ def _pypng_read(path: str, argument: str) -> np.ndarray:
     width, height, rows, info = _pypng(argument).Reader(filename=path).asDirect()
     pixels = np.vstack([np.asarray(row, np.uint16) for row in rows])
     return pixels.reshape(height, width, info["planes"])
-
-
-def _pypng_write(file, pixels: np.ndarray, argument: str) -> None:
-    height, width, planes = pixels.shape
-    writer = _pypng(argument).Writer(width=width, height=height, bitdepth=16,
-                                     greyscale=planes < 3, alpha=planes in (2, 4))
-    writer.write(file, pixels.reshape(height, width * planes))

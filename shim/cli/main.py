@@ -1,21 +1,21 @@
 """The command line: ``python -m shim COMMAND`` (or ``halide-shim COMMAND``).
 
     python -m shim info P.so
-    python -m shim run P.so input=in.png scale=0.5 output=out.png [--benchmarks=all]
-    python -m shim profile P.so --input=random:0:[640,480] [--profile trace.json]
+    python -m shim run P.so input=in.png scale=0.5 offset=0 output=out.png [--benchmarks=all]
+    python -m shim profile P.so input=random:0:[640,480] --default_input_scalars [--profile T.json]
     python -m shim build my_generator.py target=host-opencl [-o DIR]
     python -m shim demo
 
-``run`` and ``profile`` take Halide's RunGen command line: the pipeline's arguments as
-``NAME=VALUE`` (or ``--NAME=VALUE``) in RunGen's value syntax (shim/cli/run_values.py), and
-RunGen's flags (``--benchmarks=all``, ``--output_extents=[W,H]``, ``--estimate_all``, ...)
-beside the shim's own (``--iterations``, ``--device``, ``--profile``); shim/cli/runner.py runs it.
+``run`` and ``profile`` take Halide's RunGen command line after the pipeline's path, read as
+RunGen reads it (shim/cli/rungen.py: the pipeline's arguments as ``NAME=VALUE``, RunGen's
+flags) beside the shim's own options (``--iterations``, ``--device``, ``--profile``, ...,
+which argparse reads); shim/cli/runner.py runs it, printing what RunGen prints
+(shim/cli/console.py).
 """
 
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import re
 import sys
@@ -25,9 +25,11 @@ from shim.profiling import halide_profiler
 from shim.cli import build
 from shim.cli import images
 from shim.cli import runner
-from shim.cli import timing
+from shim.cli import rungen
 from shim.backends.devices import kinds
 from shim.base.elf import pipeline_names
+from shim.cli.console import Console
+
 
 def program_name() -> str:
     """How the user called us: the console script by its name, else ``python -m shim``."""
@@ -72,123 +74,141 @@ def _demo(args, parser) -> int:
     return demo.run()
 
 
-def _run(args, parser) -> int:
-    if args.pipeline is None:
-        if args.help:
-            parser.print_help()
+def _run(command: str, tokens: list, run_parser: argparse.ArgumentParser, prog: str) -> int:
+    """``run`` and ``profile``: ``tokens`` (what follows the command) split into the
+    pipeline's path, the shim's options (argparse's; their errors exit with status 2) and
+    RunGen's arguments, which are read and run as RunGen reads and runs them: a failure ends
+    as RunGen's do (shim/cli/console.py)."""
+    path, own, theirs = _split(tokens)
+    options = run_parser.parse_args(own)
+    if path is None or options.help:
+        run_parser.print_help()
+        return 0
+    name = f"{prog} {command} {path}"  # (RunGen's name for itself in its usage)
+    console = Console()
+    ours = runner.Options(command=command, **{
+        key: getattr(options, key) for key in ("iterations", "device", "profile", "npy_order",
+                                               "chunks", "scheduler")})
+    if not theirs:
+        console.out(rungen.usage(name))  # (RunGen with no arguments)
+        return 0
+    try:
+        try:
+            pipeline = _load_named(path, rungen.filter_name(theirs))
+        except rungen.Help:
+            console.out(rungen.usage(name))
+            if any(token.lstrip("-").split("=") in (["verbose"], ["verbose", "true"])
+                   for token in theirs if token.startswith("-")):
+                _more_help(run_parser, path, theirs)
             return 0
-        parser.error("the following arguments are required: pipeline")
-    pipeline = _load(args)
-    own = _pipeline_parser(pipeline, parser.prog)
-    if args.help:
-        parser.print_help()
-        print()
-        own.print_help()
-        return 0
-    if args.describe:
-        print(runner.describe(pipeline))
-        return 0
-    if args.skip_bad_environment:
+        line = rungen.read(theirs, {a.name for a in pipeline.arguments})
+        console.verbose = line.flags.verbose
+        if line.flags.benchmarks and options.iterations is not None:
+            run_parser.error("--iterations and --benchmarks=all both choose the timed runs: "
+                             "give one")
+        if ours.chunked and options.npy_order != "numpy":
+            run_parser.error("--chunks streams .npy files in numpy's order only: leave out "
+                             "--npy_order")
+        return _run_line(ours, line, pipeline, console)
+    except rungen.Failure as e:
+        if e.usage_first:
+            console.out(rungen.usage(name))
+        console.fail(e.message)
+    except shim.ArgumentError as e:
+        if e.argument in _OWN_ARGUMENTS or ours.chunked:  # (a chunked run is the shim's)
+            run_parser.exit(2, f"{prog} {command}: error: {e}\n")
+        console.fail(f"{prog} {command}: error: {e}")
+    except MemoryError as e:  # (the sizes fit the machine, but not what this process may take)
+        console.fail(f"{prog} {command}: out of memory: {e}")
+    except shim.ShimError as e:
+        console.fail(f"{prog} {command}: {e}")
+
+
+def _run_line(options: runner.Options, line: rungen.CommandLine, pipeline,
+              console: Console) -> int:
+    """RunGenMain's steps after its command line: the environment check, --describe, the
+    arguments' validation, then the run (or the shim's chunked run)."""
+    flags = line.flags
+    if flags.skip_bad_environment:
         reason = runner.unavailable_device(pipeline)
         if reason is not None:
-            print(f"[SKIP] {reason}")
+            console.out(reason)
             return 0
-    if args.benchmarks and args.iterations is not None:
-        parser.error("--iterations and --benchmarks=all both choose the timed runs: give one")
-    if args.estimate_all:
-        args.default_input_buffers = "random:0:estimate_then_auto"
-        args.default_input_scalars = "estimate"
-        args.output_extents = "estimate"
-    args.iterations = args.iterations or 1
-    pipeline_values = [f"--{text}" if "=" in text and not text.startswith(("-", "=")) else text
-                       for text in args.values]  # RunGen's NAME=VALUE
-    given, unknown = own.parse_known_args(pipeline_values)
-    named = [text for text in unknown if text.startswith("--") and "=" in text[3:]]
-    if named:
-        # RunGen's words for a NAME=VALUE whose NAME the pipeline lacks.
-        name = named[0][2:].partition("=")[0]
-        own.error(f"Unknown argument name: {name} ({pipeline.name} takes "
-                  f"{', '.join(a.name for a in pipeline.arguments)})")
-    if unknown:
-        own.error(f"unrecognized arguments: {' '.join(unknown)}")
-    texts = {name: text for name, text in vars(given).items() if text is not None}
-    console = runner.Console(args.verbose)
-    if args.command == "profile":
+    if flags.describe:
+        console.out(runner.describe(pipeline))
+        return 0
+    # (RunGen lets a benchmark leave out its outputs; the shim's timed runs too, and a
+    # chunked run says itself what it lacks)
+    ok_to_omit = flags.benchmarks or flags.track_memory or options.reports or options.chunked
+    if flags.benchmarks and flags.track_memory:
+        console.warn("Using --track_memory with --benchmarks will produce inaccurate "
+                     "benchmark results.")
+    texts = runner.validate(pipeline, line, ok_to_omit, console)
+    if options.command == "profile":
         # The summary's Stages tables show Halide's profiler figures: its own report at exit
         # would repeat them (it stays where the program or the environment sends it).
         halide_profiler.silence_exit_report_unless_chosen()
-    if (args.chunks is not None or args.scheduler is not None) and args.npy_order != "numpy":
-        parser.error("--chunks streams .npy files in numpy's order only: leave out --npy_order")
-    if args.chunks is not None or args.scheduler is not None:
-        from shim.cli import run_chunked  # (its dask is an optional extra)
+    if not options.chunked:
+        return runner.run(options, line, pipeline, texts, console)
+    from shim.cli import run_chunked  # (its dask is an optional extra)
 
-        run = run_chunked.run
-    else:
-        run = runner.run
-    if args.benchmarks and args.track_memory:
-        console.warn("--track_memory slows every allocation down: the benchmark's times are "
-                     "not representative")
+    return run_chunked.run(options, line.flags, pipeline, texts, console)
+
+
+def _load_named(path: str, name: str):
+    """The pipeline RunGen would run: the one named by --name, else the only one; RunGen's
+    failure otherwise."""
     try:
-        return run(args, pipeline, texts, console)
+        return shim.load(path, name=name or None)
     except shim.ArgumentError as e:
-        own.error(str(e))
+        if e.argument != "name":
+            raise
+    listing = "".join(f"  {found}\n" for found in pipeline_names(path)) + "\n"
+    if name:
+        raise rungen.Failure(f"Filter {name} not found; registered filters are:\n{listing}")
+    raise rungen.Failure("Must specify --name if multiple filters are registered; registered "
+                         f"filters are:\n{listing}")
 
 
-def _pipeline_parser(pipeline, prog: str) -> argparse.ArgumentParser:
-    """The parser of a pipeline's own arguments, made from its metadata."""
-    own = argparse.ArgumentParser(
-        prog=f"{prog} {pipeline.path}", add_help=False, allow_abbrev=False,
-        usage=f"{prog} {pipeline.path} NAME=VALUE ... [options]",
-        description=f"Arguments of {pipeline.name} (target {pipeline.target}), as NAME=VALUE "
-                    f"or --NAME=VALUE. Extents: [W,H,...] (x first); the shim's own (not "
-                    f"RunGen's): MIN+EXTENT per dimension, [3+1530,3+2554], and WxH.")
+def _more_help(run_parser, path: str, tokens: list) -> None:
+    """``--help --verbose``: after RunGen's usage, the shim's options and the pipeline's
+    own arguments (its metadata, as ``info`` shows them)."""
+    print()
+    run_parser.print_help()
+    try:
+        pipeline = _load_named(path, next((t.partition("=")[2] for t in tokens
+                                           if t.lstrip("-").startswith("name=")), ""))
+    except (shim.ShimError, rungen.Failure):
+        return  # (the options alone: the arguments need a pipeline)
+    print(f"\nArguments of {pipeline.name} (target {pipeline.target}), as NAME=VALUE:")
     for argument in pipeline.arguments:
-        own.add_argument(f"--{argument.name}", help=argument.describe(),
-                         metavar=_metavar(argument), action=_GivenOnce)
-    return own
+        print(f"  {argument.describe()}")
 
 
-class _GivenOnce(argparse.Action):
-    """A pipeline's argument: one value, not empty (RunGen refuses both; an empty value is
-    often a shell variable that was not set)."""
-
-    def __call__(self, parser, namespace, value, option_string=None):
-        if getattr(namespace, self.dest) is not None:
-            raise argparse.ArgumentError(self, "given twice")
-        if not value:
-            raise argparse.ArgumentError(self, "expected a value")
-        setattr(namespace, self.dest, value)
+# The shim's options of run and profile (argparse reads them, RunGen the rest), and whether
+# each takes a value; with the pipeline's path, what a refusal of is argparse-style (status 2).
+_OWN_OPTIONS = {"--iterations": True, "--device": True, "--profile": True, "--chunks": True,
+                "--npy_order": True, "--scheduler": True, "-h": False}
+_OWN_ARGUMENTS = {*_OWN_OPTIONS, "path"}
 
 
-def _metavar(argument) -> str:
-    if argument.is_output:
-        return "FILE|FILE:[W,H,...]|:[W,H,...] (the last two the shim's)"
-    if argument.is_buffer:
-        return ("FILE|zero:EXT|constant:V:EXT|identity:EXT|random:SEED:EXT "
-                "(EXT: [W,H,...], estimate, auto or estimate_then_auto)")
-    return "VALUE|default|estimate"
-
-
-def _rungen_style(values: list) -> list:
-    """RunGen's flags in argparse's spelling: ``-flag`` as ``--flag``, ``--switch=true|false``
-    as the switch or nothing, a flag without its optional value with RunGen's implied one."""
-    spelled = []
-    for text in values:
-        name, equals, value = text.lstrip("-").partition("=")
-        if text.startswith("-") and name in _RUNGEN_FLAGS:
-            if name in _SWITCHES and equals:
-                if value.lower() not in ("true", "false"):
-                    raise argparse.ArgumentTypeError(f"--{name}: expected true or false, got "
-                                                     f"{value!r}")
-                if value.lower() == "true":
-                    spelled.append(f"--{name}")
-                continue
-            if name in _IMPLIED_VALUES and not equals:
-                text = f"--{name}={_IMPLIED_VALUES[name]}"
-            spelled.append("--" + text.lstrip("-"))
+def _split(tokens: list) -> tuple:
+    """(the pipeline's path or None, the shim's options, RunGen's arguments) of what follows
+    ``run``: the path is the first word that is no option's."""
+    path, own, theirs = None, [], []
+    tokens = iter(tokens)
+    for token in tokens:
+        option = token.partition("=")[0]
+        if option in _OWN_OPTIONS:
+            own.append(token)
+            value = next(tokens, None) if _OWN_OPTIONS[option] and "=" not in token else None
+            if value is not None:
+                own.append(value)
+        elif path is None and not token.startswith("-"):
+            path = token
         else:
-            spelled.append(text)
-    return spelled
+            theirs.append(token)
+    return path, own, theirs
 
 
 def _positive(text: str) -> int:
@@ -211,60 +231,6 @@ def _chunk_extents(text: str) -> tuple:
     return tuple(int(part) for part in parts)
 
 
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = 0.0
-    if not 0 < value < math.inf:  # (nan is neither; inf would never end)
-        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text!r}")
-    return value
-
-
-# RunGen's flags, in the order --help lists them: argparse's keywords for each. A switch
-# (store_true) is true or false: ``--quiet``, ``--quiet=true``, ``--quiet=false``; ``implied``
-# is the value of a flag given without one.
-_RUNGEN = {
-    "benchmarks": dict(choices=["all"], implied="all",
-                       help="RunGen's adaptive benchmark instead of --iterations: report the "
-                            "best time"),
-    "benchmark_min_time": dict(type=_seconds, metavar="SECONDS",
-                               default=timing.DEFAULT_MIN_TIME,
-                               help="least time the benchmark runs for (default %(default)s)"),
-    "parsable_output": dict(action="store_true",
-                            help="print the timings one 'PIPELINE  KEY  VALUE' per line"),
-    "describe": dict(action="store_true",
-                     help="print the names and types of the arguments and exit"),
-    "output_extents": dict(metavar="[W,H,...]|estimate",
-                           help="the extents of every output (a dimension may be MIN+EXTENT), "
-                                "or their estimates"),
-    "estimate_all": dict(action="store_true",
-                         help="estimates for everything: --default_input_buffers="
-                              "random:0:estimate_then_auto --default_input_scalars=estimate "
-                              "--output_extents=estimate"),
-    "default_input_buffers": dict(metavar="VALUE", implied="zero:auto",
-                                  help="the value of every input buffer not given "
-                                       "(alone: zero:auto)"),
-    "default_input_scalars": dict(metavar="VALUE", implied="estimate,default",
-                                  help="the value of every scalar not given "
-                                       "(alone: estimate,default)"),
-    "track_memory": dict(action="store_true",
-                         help="print the most host memory the pipeline held at once "
-                              "(halide_malloc)"),
-    "quiet": dict(action="store_true", help="drop what the pipeline prints"),
-    "verbose": dict(action="store_true", help="say how sizes were chosen"),
-    "success": dict(action="store_true", help="print 'Success!' after a successful run"),
-    "skip_bad_environment": dict(action="store_true",
-                                 help="print [SKIP] and exit 0 when the pipeline's device API "
-                                      "is not available"),
-}
-_SWITCHES = {name for name, options in _RUNGEN.items() if options.get("action") == "store_true"}
-_IMPLIED_VALUES = {name: options["implied"] for name, options in _RUNGEN.items()
-                   if "implied" in options}
-# (--name and --help are the shim's, spelled as RunGen spells its own)
-_RUNGEN_FLAGS = {*_RUNGEN, "name", "help"}
-
-
 def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     prog = prog or program_name()
     parser = argparse.ArgumentParser(prog=prog, allow_abbrev=False,
@@ -282,32 +248,34 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
                        ("profile", "run, then show what the runtime did (summary table)")):
         run = commands.add_parser(
             name, help=text, add_help=False, allow_abbrev=False,
-            usage=f"{prog} {name} PIPELINE.so NAME=VALUE ... [options]",
-            description=text + ", with Halide's RunGen command line. The pipeline's arguments "
-            "follow as NAME=VALUE (or --NAME=VALUE): inputs as a file (.npy, PNG, JPEG, PGM, "
-            "PPM, BMP, TIFF) or zero:[W,H,...], constant:VALUE:[W,H,...], "
-            "identity:[W,H,...], random:SEED:[W,H,...] (RunGen's values, bit for bit; extents "
-            "x first; estimate, auto or estimate_then_auto in place of the extents); scalars "
-            "by value, default or estimate (the pipeline's default if not given); outputs as "
-            "FILE (default size: the largest the inputs cover, starting like the first input, "
-            "else the estimates, with a warning). The shim's own, which RunGen refuses: "
-            "MIN+EXTENT for a dimension, WxH extents, outputs as FILE:[W,H,...] or :[W,H,...]. "
-            "A file of another type or dimensionality is converted as RunGen does, with a "
-            "warning. `%(prog)s PIPELINE.so --help` lists the pipeline's arguments.")
-        run.add_argument("pipeline", nargs="?", metavar="PIPELINE.so",
-                         help="path of the pipeline's shared library")
-        run.add_argument("-h", "--help", action="store_true",
-                         help="show this help (and the pipeline's arguments, after its path)")
+            usage=f"{prog} {name} PIPELINE.so NAME=VALUE ... [RunGen's flags] [options]",
+            description=text + ", with Halide's RunGen command line, read and answered as "
+            "RunGen reads and answers it: the pipeline's arguments as NAME=VALUE, inputs as a "
+            "file (.npy, PNG, JPEG, PGM, PPM; TIFF and BMP the shim's) or zero:[W,H,...], "
+            "constant:VALUE:[W,H,...], identity:[W,H,...], random:SEED:[W,H,...] (RunGen's "
+            "values, bit for bit; extents x first; estimate, auto or estimate_then_auto in "
+            "place of the extents), scalars by value, default or estimate, outputs as FILE "
+            "(written byte for byte as RunGen writes it); RunGen's flags --describe, "
+            "--benchmarks=all, --benchmark_min_time=SECONDS, --parsable_output, "
+            "--output_extents=[W,H,...]|estimate, --estimate_all, "
+            "--default_input_buffers[=VALUE], --default_input_scalars[=VALUE], "
+            "--track_memory, --quiet, --verbose, --success, --skip_bad_environment, "
+            "--name=NAME. `%(prog)s PIPELINE.so --help` prints RunGen's usage (with --verbose, "
+            "then this and the pipeline's arguments). The shim's own, which RunGen refuses: "
+            "--NAME=VALUE, MIN+EXTENT for a dimension, WxH extents, outputs as FILE:[W,H,...] "
+            "or :[W,H,...] (sized, not saved: its values summed up), and the options below. "
+            "A failure ends as RunGen's do: its message, then SIGABRT (status 134 in a shell).")
+        run.add_argument("-h", dest="help", action="store_true",
+                         help="show this help (`PIPELINE.so --help`: RunGen's usage)")
         shim_options = run.add_argument_group("the shim's options")
-        shim_options.add_argument("--name", help="which pipeline, if the library holds several")
         shim_options.add_argument(
             "--device", choices=kinds(),
             help="put the inputs on this device before the runs (default: the GPU API the "
                  "pipeline runs on, else host memory)")
         shim_options.add_argument(
             "--iterations", type=_positive, metavar="N",
-            help="timed runs after one warm-up run (default 1); the device is synchronized "
-                 "after each")
+            help="timed runs after one warm-up run, and their times (min, median, mean); "
+                 "the device is synchronized after each")
         shim_options.add_argument("--profile", metavar="TRACE.json",
                                   help="save a Chrome trace of the timed runs (Perfetto opens it)")
         shim_options.add_argument(
@@ -324,13 +292,7 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
             "--scheduler", metavar="ADDRESS",
             help="with --chunks: the distributed scheduler to run on (tcp://HOST:PORT; "
                  "default: dask's threads here)")
-        rungen = run.add_argument_group(
-            "RunGen's flags", "as Halide's RunGen takes them (also -flag; switches also "
-                              "=true or =false)")
-        for name, options in _RUNGEN.items():
-            options = {key: value for key, value in options.items() if key != "implied"}
-            rungen.add_argument(f"--{name}", **options)
-        run.set_defaults(handler=_run, command_parser=run)
+        run.set_defaults(command_parser=run)
 
     build.add_parser(commands, prog)
 
@@ -342,31 +304,28 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     parser = build_parser()
     argv = sys.argv[1:] if argv is None else list(argv)
-    command = next((text for text in argv if not text.startswith("-")), None)
-    if command in ("run", "profile"):
-        try:
-            argv = _rungen_style(argv)
-        except argparse.ArgumentTypeError as e:
-            parser.exit(2, f"{parser.prog} {command}: error: {e}\n")
-    args, unknown = parser.parse_known_args(argv)
-    if args.command in ("run", "profile"):
-        args.values = [v for v in unknown if v != "--"]
-    elif unknown:
-        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    index = next((i for i, text in enumerate(argv) if not text.startswith("-")), len(argv))
+    command = argv[index] if index < len(argv) else None
     try:
-        return args.handler(args, getattr(args, "command_parser", parser))
+        if command in ("run", "profile"):
+            # What follows is RunGen's command line and the shim's options (_run reads them);
+            # argparse sees the command alone.
+            run_parser = parser.parse_args(argv[:index + 1]).command_parser
+            return _run(command, argv[index + 1:], run_parser, parser.prog)
+        args = parser.parse_args(argv)
+        return args.handler(args, parser)
     except shim.ArgumentError as e:
-        parser.exit(2, f"{parser.prog} {args.command}: error: {e}\n")
+        parser.exit(2, f"{parser.prog} {command}: error: {e}\n")
     except shim.ShimError as e:
-        print(f"{parser.prog} {args.command}: {e}", file=sys.stderr)
+        print(f"{parser.prog} {command}: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
-        print(f"{parser.prog} {args.command}: interrupted", file=sys.stderr)
+        print(f"{parser.prog} {command}: interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:
         # The reader left (| head): what is left to print goes nowhere, as for other tools.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1
     except MemoryError as e:  # (the sizes fit the machine, but not what this process may take)
-        print(f"{parser.prog} {args.command}: out of memory: {e}", file=sys.stderr)
+        print(f"{parser.prog} {command}: out of memory: {e}", file=sys.stderr)
         return 1

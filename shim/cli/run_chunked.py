@@ -23,21 +23,19 @@ import numpy as np
 from shim.cli import images
 from shim.cli import run_values
 from shim.base.errors import ArgumentError
-from shim.cli.runner import check_distinct, input_scalars, output_sizes
-from shim.calls.scalars import MISSING
+from shim.cli.run_sizes import Sizer
+from shim.cli.runner import check_distinct, output_extents, scalar_values
 
 _EXTRA = "pip install 'halide-shim[dask]'"
 
 
-def run(args, pipeline, texts: dict, console) -> int:
-    """The chunked run of ``pipeline`` (cli.py's ``args``; ``texts``: {argument: text})."""
-    _check_options(args)
-    da, map_pipeline = _dask(args.scheduler)
-    scalars = {name: value for name, value in input_scalars(pipeline, texts,
-                                                            args.default_input_scalars).items()
-               if value is not MISSING}  # (left out, a scalar takes its default)
-    arrays = {a.name: _input(da, a, texts.get(a.name) or args.default_input_buffers,
-                             args.chunks, console)
+def run(options, flags, pipeline, texts: dict, console) -> int:
+    """The chunked run of ``pipeline`` (``options``: the shim's, runner.Options; ``flags``:
+    RunGen's; ``texts``: {argument: text}, validated)."""
+    _check_options(options, flags)
+    da, map_pipeline = _dask(options.scheduler)
+    scalars = scalar_values(pipeline, texts, console)
+    arrays = {a.name: _input(da, a, texts[a.name], options.chunks, console)
               for a in pipeline.inputs if a.is_buffer}
     outputs = {a.name: run_values.parse_output(a, texts[a.name]) if texts.get(a.name)
                else run_values.OutputSpec(None, None) for a in pipeline.outputs}
@@ -46,14 +44,19 @@ def run(args, pipeline, texts: dict, console) -> int:
             raise ArgumentError(a.name, "--chunks saves every output to a file: give "
                                         f"{a.name}=FILE (.npy streams to disk)")
     check_distinct(pipeline, outputs)
-    boxes, _ = output_sizes(pipeline, scalars, arrays, {}, outputs, args.output_extents, console)
+    given = output_extents(pipeline, flags.output_extents, console) \
+        if flags.output_extents else {}
+    given.update((name, spec.box) for name, spec in outputs.items() if spec.box is not None)
+    boxes, _ = Sizer(pipeline, scalars, console.info, console.warn).outputs(
+        given, {name: tuple((0, n) for n in reversed(array.shape))
+                for name, array in arrays.items()})
     box = _output_box(pipeline, boxes)
     shape = run_values.numpy_shape(box)
-    chunks = _chunk_shape(args.chunks, shape, pipeline.outputs[0].dimensions)
+    chunks = _chunk_shape(options.chunks, shape, pipeline.outputs[0].dimensions)
     plans = {a.name: images.plan_save(a.name, outputs[a.name].path, shape,
-                                      run_values.buffer_dtype(a), console.warn)
+                                      run_values.buffer_dtype(a))
              for a in pipeline.outputs}
-    device = None if args.device in (None, "host") else args.device
+    device = None if options.device in (None, "host") else options.device
     try:
         results = map_pipeline(pipeline, *arrays.values(), shape=shape, chunks=chunks,
                                device=device, **scalars)
@@ -64,29 +67,30 @@ def run(args, pipeline, texts: dict, console) -> int:
     results = results if isinstance(results, tuple) else (results,)
     count = int(np.prod(results[0].numblocks))
     started = time.perf_counter()
-    _compute(da, args.scheduler, {name: (plans[name], result)
-                                  for name, result in zip(plans, results)})
+    _compute(da, options.scheduler, {name: (plans[name], result)
+                                     for name, result in zip(plans, results)}, console)
     seconds = time.perf_counter() - started
-    if not args.parsable_output:
+    if not flags.parsable_output:
         pixels = len(results) * int(np.prod(shape[-2:])) / 2**20  # (RunGen's mpix)
-        console.out(f"{pipeline.name}: {count} chunks of {'x'.join(map(str, args.chunks))} in "
-                    f"{seconds:.3g} s ({pixels / seconds:.6g} mpix/sec)")
+        console.out(f"{pipeline.name}: {count} chunks of "
+                    f"{'x'.join(map(str, options.chunks))} in {seconds:.3g} s "
+                    f"({pixels / seconds:.6g} mpix/sec)")
         for a in pipeline.outputs:
             console.out(f"{a.name}: {np.dtype(run_values.buffer_dtype(a))} "
                         f"{'x'.join(str(n) for _, n in box)} -> {plans[a.name].path}")
-    if args.success:
+    if flags.success:
         console.out("Success!")
     return 0
 
 
-def _check_options(args) -> None:
+def _check_options(options, flags) -> None:
     """Refuse what a chunked run cannot do: it runs once, over dask's workers."""
-    if args.chunks is None:
+    if options.chunks is None:
         raise ArgumentError("--scheduler", "is for a chunked run: give --chunks WxH too")
-    refused = [("--benchmarks", args.benchmarks),
-               ("--iterations", args.iterations is not None and args.iterations > 1),
-               ("--profile", args.profile), ("--track_memory", args.track_memory),
-               ("profile", args.command == "profile")]
+    refused = [("--benchmarks", flags.benchmarks),
+               ("--iterations", options.iterations is not None and options.iterations > 1),
+               ("--profile", options.profile), ("--track_memory", flags.track_memory),
+               ("profile", options.command == "profile")]
     for flag, given in refused:
         if given:
             raise ArgumentError("--chunks", f"runs the pipeline once over its chunks, on dask's "
@@ -140,24 +144,20 @@ class NpyFile:
 def _input(da, arg, text, chunks, console):
     """An input buffer as a dask array, chunked like the outputs (the dimensions --chunks
     leaves out whole), converted to the argument as RunGen converts a file."""
-    if text is None:
-        raise ArgumentError(arg.name, f"missing input: give {arg.name}=FILE")
     spec = run_values.parse_input(arg, text)
     if spec.path is None:
         raise ArgumentError(arg.name, f"--chunks runs over input files (.npy streams from "
                                       f"disk); {text!r} is made in memory: run it without "
                                       f"--chunks, or save it to a .npy first")
     dtype = run_values.buffer_dtype(arg)
-    what = f"input {arg.name!r} ({spec.path})"
     if images.suffix_of(spec.path) != ".npy":
-        array = run_values.read_input(arg, spec, console.warn)
+        array = run_values.read_input(arg, spec, console)
         return da.from_array(array, chunks=_file_chunks(chunks, array.shape))
     source = _open_npy(spec.path, arg.name)
     array = da.from_array(source, chunks=_file_chunks(chunks, source.shape), asarray=False)
-    array = images.conform(array, arg.dimensions, array.dtype, what, console.warn)
+    array = images.conform(array, arg.dimensions, array.dtype, arg.name, console)
     if array.dtype != dtype:
-        console.warn(f"{what} is of type {_type_name(array.dtype)} but is used as "
-                     f"{_type_name(dtype)}; data loss may have occurred")
+        console.warn(images.type_warning(arg.name, array.dtype, dtype))
         array = array.map_blocks(images.convert, dtype=dtype)
     return array
 
@@ -185,10 +185,6 @@ def _file_chunks(chunks: tuple, shape: tuple) -> tuple:
     on its last axes, the others whole."""
     given = tuple(reversed(chunks))[-len(shape):] if shape else ()
     return (-1,) * (len(shape) - len(given)) + given
-
-
-def _type_name(dtype) -> str:
-    return "bool" if dtype == np.bool_ else str(dtype)
 
 
 # --- outputs ----------------------------------------------------------------------------------
@@ -221,7 +217,7 @@ def _chunk_shape(chunks: tuple, shape: tuple, dimensions: int) -> tuple:
     return _file_chunks(chunks, shape)
 
 
-def _compute(da, scheduler, saves: dict) -> None:
+def _compute(da, scheduler, saves: dict, console) -> None:
     """Compute the outputs into their files (``saves``: {output: (SavePlan, dask array)}),
     with a progress bar; .npy files are written as temporary files beside them, renamed once
     all are done (a run that fails leaves no half-written output)."""
@@ -241,7 +237,7 @@ def _compute(da, scheduler, saves: dict) -> None:
                          compute=False)] if streamed else []
         computed = _with_progress(scheduler, work + [array for _, array in whole.values()])
         for (name, (plan, _)), array in zip(whole.items(), computed[len(work):]):
-            images.save(plan, np.asarray(array), name)
+            images.save(plan, np.asarray(array), name, console)
         for name, (plan, _) in streamed.items():
             os.replace(partial.pop(name), plan.path)
     finally:

@@ -4,37 +4,40 @@ pipeline's bounds query: outputs, and inputs whose extents are ``auto``
 
 An output without extents of its own (``OUTPUT=FILE:EXTENTS``) or from ``--output_extents``
 is sized by the rule the Python API sizes an omitted output by (shim/calls/output_sizes.py):
-the largest the inputs cover, starting like the first input (the dimensions it lacks from the
-estimates, else RunGen's guesses: 1000 for x and y, 4 beyond), else the estimates (their mins
+the largest the inputs cover, starting like the first input (RunGen's first: the first by
+name; the dimensions it lacks from the estimates, else RunGen's guesses: 1000 for x and y, 4 beyond), else the estimates (their mins
 too: apps/harris's output starts at (3, 3)), with a warning where that is not what the first
 input alone gives. Where the bounds query constrains an output (histogram's 256 bins), that
 is its size. None covered: the first guess stays, and the call's bounds check reports what it
-lacks (runner.py adds how the size was guessed).
+lacks (runner.py adds how the size was guessed). The shapes of RunGen's --verbose lines come
+from here too: ``promised_inputs`` (its bounds_query_input_shapes) and ``shapes``.
 """
 
 from __future__ import annotations
 
 from shim.calls import output_sizes
-from shim.calls.binding import box_query_buffer, query_answer
+from shim.calls.binding import box_query_buffer
 from shim.base.errors import ArgumentError, HalideCodeError
 from shim.calls.library import Library
 from shim.calls.metadata import USER_CONTEXT
 from shim.native import ffi
-from shim.cli.run_values import Box, describe_box, estimated_box
+from shim.cli.rungen import Box
+from shim.cli.run_values import estimated_box
 from shim.calls.running import Runner
 from shim.calls.scalars import ScalarArgument
 
 
 class BoundsQuery:
-    """The bounds query of one pipeline: ``ask(scalars, boxes)`` gives, for every buffer, the
-    Box the pipeline needs (inputs) or writes (outputs) with those scalars and output Boxes
-    (an input of Box with extents 0 has no size yet, as RunGen asks)."""
+    """The bounds query of one pipeline: ``ask_shapes(scalars, boxes)`` gives, for every
+    buffer, the shape (RunGen's: (min, extent, stride) per dimension) the pipeline needs
+    (inputs) or writes (outputs) with those scalars and output Boxes (an input of Box with
+    extents 0 has no size yet, as RunGen asks)."""
 
     def __init__(self, pipeline):
         self._library = Library(pipeline.path, pipeline.name)
         self._runner = Runner(pipeline.name, self._library.argv_fn, pipeline.device_kinds)
 
-    def ask(self, scalars: dict, boxes: dict) -> dict:
+    def ask_shapes(self, scalars: dict, boxes: dict) -> dict:
         arguments = self._library.arguments
         argv = ffi.new("void *[]", max(len(arguments), 1))
         keep = []
@@ -49,7 +52,8 @@ class BoundsQuery:
             else:
                 argv[i] = keep_pointer(keep, ScalarArgument(arg).convert(scalars[arg.name]))
         self._runner.run_query(argv)
-        return {name: query_answer(raw) for name, raw in queried.items()}
+        return {name: tuple((raw.dim[d].min, raw.dim[d].extent, raw.dim[d].stride)
+                            for d in range(raw.dimensions)) for name, raw in queried.items()}
 
 
 def keep_pointer(keep: list, pointer):
@@ -77,7 +81,8 @@ class Sizer:
         if not missing:
             return boxes, how
         known = {name: box for name, box in inputs.items() if box is not None}
-        first = next((a.name for a in self._inputs if a.is_buffer and a.name in known), None)
+        # (RunGen's first input: the first by name, as its std::map holds them)
+        first = min(known, default=None)
         estimated = {a.name: estimated_box(a) for a in missing}
         like = None if first is None else {
             a.name: _like(known[first], a.dimensions, estimated[a.name]) for a in missing}
@@ -94,8 +99,6 @@ class Sizer:
         if choice is not None:
             for a in missing:
                 boxes[a.name], how[a.name] = choice.boxes[a.name], choice.how
-                self._log(f"output {a.name} is sized {choice.how}: "
-                          f"{describe_box(choice.boxes[a.name])}")
             if choice.surprise is not None:
                 self._warn(f"the outputs' size is {choice.surprise}; give --output_extents "
                            f"to choose it")
@@ -103,9 +106,7 @@ class Sizer:
         label, guess = (f"like the first input, {first}", like) if like else \
             ("from its estimates", estimated)
         for a in missing:
-            boxes[a.name], how[a.name] = guess[a.name], label
-            self._log(f"output {a.name} is sized {label}: {describe_box(guess[a.name])}, which "
-                      f"the inputs do not cover")
+            boxes[a.name], how[a.name] = guess[a.name], f"{label}, which the inputs do not cover"
         return boxes, how
 
     def derived_inputs(self, outputs: dict, inputs: dict, names) -> dict:
@@ -115,26 +116,45 @@ class Sizer:
         if needed is None:
             raise ArgumentError(names[0], "the bounds query found no size for it (extents "
                                           "'auto'): give its extents, or --output_extents")
-        for name in names:
-            self._log(f"input {name} is sized by the bounds query: {describe_box(needed[name])}")
         return {name: needed[name] for name in names}
 
-    def _ask(self, outputs: dict, inputs: dict) -> dict | None:
-        """The bounds query's Boxes, or None where it fails for these sizes."""
-        boxes = {}
-        for a in self._buffers:
-            box = outputs.get(a.name) if a.is_output else inputs.get(a.name)
-            boxes[a.name] = box if box is not None else ((0, 0),) * a.dimensions
+    def dimensions(self, name: str) -> int:
+        return next(a.dimensions for a in self._buffers if a.name == name)
+
+    def promised_inputs(self, outputs: dict) -> dict | None:
+        """RunGen's bounds_query_input_shapes: the shape ((min, extent, stride) per
+        dimension) the bounds query asks of each input, none of them sized yet, for the
+        ``outputs`` Boxes; None where the query fails."""
+        inputs = {a.name: ((0, 0),) * a.dimensions for a in self._buffers if not a.is_output}
+        shapes = self.shapes(outputs, inputs)
+        return None if shapes is None else {name: shapes[name] for name in inputs}
+
+    def shapes(self, outputs: dict, inputs: dict) -> dict | None:
+        """RunGen's shapes ((min, extent, stride) per dimension) of every buffer the bounds
+        query answers for these Boxes, or None where it fails."""
+        boxes = {a.name: outputs[a.name] if a.is_output else inputs[a.name]
+                 for a in self._buffers}
         try:
-            needed = self._query.ask(self._scalars, boxes)
-        except HalideCodeError as e:  # (a bad scalar is the caller's error, raised as it is)
+            shapes = self._query.ask_shapes(self._scalars, boxes)
+        except HalideCodeError as e:
             self._log(f"the bounds query failed: {e}")
             return None
-        # Near 2^31 its 32-bit arithmetic overflows (rounding up to whole vectors): no answer.
-        if any(extent < 0 for box in needed.values() for _, extent in box):
+        if any(extent < 0 for shape in shapes.values() for _, extent, _ in shape):
             self._log("the bounds query overflowed Halide's 32-bit coordinates")
             return None
-        return needed
+        return shapes
+
+    def _ask(self, outputs: dict, inputs: dict) -> dict | None:
+        """The bounds query's Boxes, or None where it fails for these sizes (an input without
+        a Box has none yet, as RunGen asks)."""
+        shapes = self.shapes(
+            {a.name: outputs.get(a.name) or ((0, 0),) * a.dimensions for a in self._outputs},
+            {a.name: inputs.get(a.name) or ((0, 0),) * a.dimensions
+             for a in self._buffers if not a.is_output})
+        if shapes is None:
+            return None
+        return {name: tuple((lo, extent) for lo, extent, _ in shape)
+                for name, shape in shapes.items()}
 
 
 def _like(box: Box, dimensions: int, estimated: Box | None) -> Box:

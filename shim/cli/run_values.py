@@ -1,20 +1,18 @@
 """RunGen's syntax for a pipeline's argument values on the command line, and the input
-buffers it names (tools/RunGen.h's meaning; ``python -m shim run``).
+buffers it names (tools/RunGen.h's meaning and words; ``python -m shim run``). Numbers and
+extents are read as RunGen reads them (shim/cli/rungen.py), with its messages where it
+refuses them.
 
-Extents, in Halide's order (x first): ``[W,H,...]`` (RunGen's) or ``WxH...``; an entry may
-be ``MIN+EXTENT`` to give that dimension a min other than 0 (``[3+1530,3+2554]``: x from 3
-to 1532), as ``info`` prints estimates.
-
-- scalars: a value (``true``/``false`` for bools, ``nullptr`` for handles, integers in any
-  base Python reads: ``0x10``), or ``default``, ``estimate``, ``default,estimate``,
+- scalars: a value (``true``/``false`` for bools, ``nullptr`` for handles, integers as C++
+  reads them: ``0x10``, ``010`` octal), or ``default``, ``estimate``, ``default,estimate``,
   ``estimate,default`` for the pipeline's own values, the first that exists;
 - input buffers: a file (shim/cli/images.py: ``.npy``, PNG, JPEG, ...), or ``zero:EXTENTS``,
   ``constant:VALUE:EXTENTS``, ``identity:EXTENTS`` (1 where x == y), ``random:SEED:EXTENTS``
   (uniform: floats in [0, 1), integers over the whole type; SEED a 32-bit int, as RunGen's);
-  ``random:EXTENTS`` takes seed 0.
+  the shim's ``random:EXTENTS`` takes seed 0.
   In place of EXTENTS, ``estimate`` (the pipeline's estimates), ``auto`` (what the bounds
   query asks of the input for the outputs' sizes) or ``estimate_then_auto``;
-- outputs: ``FILE``, ``FILE:EXTENTS`` or ``:EXTENTS`` (sized, not saved).
+- outputs: ``FILE``, or the shim's ``FILE:EXTENTS``, ``:EXTENTS`` or ``:`` (sized, not saved).
 """
 
 from __future__ import annotations
@@ -26,14 +24,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from shim.cli import images
+from shim.cli import rungen
 from shim.buffers.buffer_arguments import check_memory
 from shim.base.errors import ArgumentError
 from shim.calls.metadata import Argument, check_extents
 from shim.calls.scalars import ScalarArgument
-from shim.base.types import INT32_MAX
-
-# Halide coordinates of a buffer: (min, extent) per dimension, x first.
-Box = tuple
+from shim.cli.rungen import Box, Failure
 
 SCALAR_KEYWORDS = {"default": ("default",), "estimate": ("estimate",),
                    "default,estimate": ("default", "estimate"),
@@ -44,31 +40,6 @@ _PSEUDO_FILES = ("zero", "constant", "identity", "random")
 
 
 # --- extents ------------------------------------------------------------------------------
-
-def parse_box(argument: str, text: str) -> Box:
-    """A Box from ``[W,H,...]`` (entries ``EXTENT`` or ``MIN+EXTENT``) or ``WxH...``."""
-    if text.startswith("[") and text.endswith("]"):
-        entries = [e.strip() for e in text[1:-1].split(",")] if text[1:-1].strip() else []
-    else:
-        entries = text.lower().split("x")
-    box = []
-    for entry in entries:
-        match = re.fullmatch(r"(?:([+-]?\d+)\+)?(\d+)", entry)
-        if match is None or int(match.group(2)) < 1:
-            raise ArgumentError(argument, f"expected extents like [640,480] or 640x480 (each "
-                                          f"positive, optionally MIN+EXTENT: [3+634,3+474]), "
-                                          f"got {text!r}")
-        lo, extent = int(match.group(1) or 0), int(match.group(2))
-        # Refused here: halide_dimension_t (the bounds query's too) cannot hold more.
-        if extent > INT32_MAX:
-            raise ArgumentError(argument, f"extent {extent} is beyond Halide's 32-bit "
-                                          f"coordinates (at most {INT32_MAX}), in {text!r}")
-        if not -INT32_MAX - 1 <= lo <= INT32_MAX - extent + 1:
-            raise ArgumentError(argument, f"min {lo} with extent {extent} is beyond Halide's "
-                                          f"32-bit coordinates, in {text!r}")
-        box.append((lo, extent))
-    return tuple(box)
-
 
 def estimated_box(arg: Argument) -> Box | None:
     """The pipeline's estimated (min, extent) of every dimension, or None if any is missing."""
@@ -97,40 +68,24 @@ def check_dimensions(arg: Argument, box: Box, source: str) -> Box:
 
 # --- scalars ------------------------------------------------------------------------------
 
-def scalar_value(arg: Argument, text: str):
-    """The value of a scalar argument's text (see the module's docstring); the range is
-    checked where the value is converted for the call."""
+def scalar_value(arg: Argument, text: str) -> tuple:
+    """(value, where from) of a scalar argument's text: "default" or "estimate" where a
+    keyword took the pipeline's (see the module's docstring), else None; RunGen's Failure
+    where it refuses the text. The range is checked where the value is converted for the
+    call."""
     keywords = SCALAR_KEYWORDS.get(text)
     if keywords is None:
-        return parse_scalar(arg, text)
+        value = rungen.parse_scalar(arg.type, text)
+        if value is rungen.NOT_A_VALUE:
+            raise Failure(f"Argument value for: {arg.name} could not be parsed as type "
+                          f"{rungen.type_name(arg.type)}: {text}")
+        return value, None
     for keyword in keywords:
         value = arg.default if keyword == "default" else arg.estimate
         if value is not None:
-            return value
-    raise ArgumentError(arg.name, f"{text!r} was asked for, but the pipeline gives {arg.name} "
-                                  f"no {' or '.join(keywords)}")
-
-
-def parse_scalar(arg: Argument, text: str):
-    htype = arg.type
-    if htype.is_handle:
-        if text == "nullptr":
-            return None
-        raise ArgumentError(arg.name, f"a handle takes only nullptr, got {text!r}")
-    dtype = htype.dtype
-    if dtype is not None and dtype.kind == "b":
-        lowered = text.lower()
-        if lowered not in ("true", "false", "1", "0"):
-            raise ArgumentError(arg.name, f"expected true or false, got {text!r}")
-        return lowered in ("true", "1")
-    try:
-        value = float(text) if dtype is None or dtype.kind == "f" else int(text, 0)
-    except ValueError:
-        raise ArgumentError(arg.name, f"expected a number of type {htype}, got {text!r}") from None
-    # float() makes a finite number beyond any double infinity: only "inf" asks for that.
-    if isinstance(value, float) and math.isinf(value) and "inf" not in text.lower():
-        raise ArgumentError(arg.name, f"{text!r} does not fit in {htype}")
-    return value
+            return value, keyword
+    raise Failure(f"Argument value for: {arg.name} was specified as '{text}', but no default "
+                  f"and/or estimate was found in the metadata.")
 
 
 # --- input buffers ------------------------------------------------------------------------
@@ -150,37 +105,35 @@ class InputSpec:
 
 
 def parse_input(arg: Argument, text: str) -> InputSpec:
+    """What an input's text asks for, checked in RunGen's order with its words."""
     kind, *parts = text.split(":")
     if kind not in _PSEUDO_FILES:
         return InputSpec(text, path=text)
-    expected = {"zero": "zero:EXTENTS", "identity": "identity:EXTENTS",
-                "constant": "constant:VALUE:EXTENTS", "random": "random:SEED:EXTENTS"}[kind]
-    if len(parts) != (2 if kind == "constant" else 1) and not (kind == "random" and len(parts) == 2):
-        raise ArgumentError(arg.name, f"expected {expected}, got {text!r}")
-    extents = parts[-1] if parts[-1] in DERIVED_EXTENTS else check_dimensions(
-        arg, parse_box(arg.name, parts[-1]), repr(text))
+    if len(parts) != (2 if kind in ("constant", "random") else 1) \
+            and not (kind == "random" and len(parts) == 1):  # (the shim's random:EXTENTS)
+        raise Failure(f"Invalid syntax: {text}")
+    value, seed = None, 0
     if kind == "constant":
-        value = parse_scalar(arg, parts[0])
-        ScalarArgument(arg).convert(value)  # within the element type, as a scalar of it must be
-        return InputSpec(text, kind=kind, extents=extents, value=value)
+        value = rungen.parse_scalar(arg.type, parts[0])
+        if value is rungen.NOT_A_VALUE:
+            raise Failure("Invalid value for constant value")
+        ScalarArgument(arg).convert(value)  # (within a float16, which RunGen cannot read)
     if kind == "random" and len(parts) == 2:
-        try:
-            seed = int(parts[0], 0)
-        except ValueError:
-            seed = None
-        # RunGen's seed is an int, which its std::mt19937 takes as its 32 bits.
-        if seed is None or not -2**31 <= seed < 2**31:
-            raise ArgumentError(arg.name, f"expected an integer seed in {expected} (32-bit, "
-                                          f"as RunGen's), got {parts[0]!r}")
-        return InputSpec(text, kind=kind, extents=extents, seed=seed % 2**32)
-    return InputSpec(text, kind=kind, extents=extents)
+        # (RunGen's seed is an int, whose 32 bits seed its std::mt19937)
+        seed = rungen.parse_int(parts[0])
+        if seed is None:
+            raise Failure("Invalid value for seed")
+    extents = parts[-1] if parts[-1] in DERIVED_EXTENTS else check_dimensions(
+        arg, rungen.parse_extents(parts[-1], arg.name), repr(text))
+    return InputSpec(text, kind=kind, extents=extents, value=value, seed=seed % 2**32)
 
 
-def read_input(arg: Argument, spec: InputSpec, warn, npy_order: str = "numpy") -> np.ndarray:
-    """A file input's array, conformed to the argument as RunGen does (shim/cli/images.py)."""
-    dtype = buffer_dtype(arg)
+def read_input(arg: Argument, spec: InputSpec, console, npy_order: str = "numpy") -> np.ndarray:
+    """A file input's array, conformed to the argument as RunGen does (shim/cli/images.py),
+    saying so as RunGen does through ``console``."""
+    console.info(f"Loading input {arg.name} from {spec.path} ...")
     array = images.read(spec.path, arg.name, npy_order)
-    return images.conform(array, arg.dimensions, dtype, f"input {arg.name!r} ({spec.path})", warn)
+    return images.conform(array, arg.dimensions, buffer_dtype(arg), arg.name, console)
 
 
 def make_input(arg: Argument, spec: InputSpec, box: Box, target: str) -> np.ndarray:
@@ -265,18 +218,21 @@ def _random(shape: tuple, dtype: np.dtype, seed: int) -> np.ndarray:
 
 @dataclass(frozen=True)
 class OutputSpec:
-    """Where an output goes (None: nowhere), and its Box if the text gives one."""
+    """Where an output goes (None: nowhere), the Box its text gives if any, and whether it
+    was given without a file (the shim's ``:`` or ``:EXTENTS``: sized, not saved, its values
+    summed up)."""
 
     path: str | None
     box: Box | None
+    summed_up: bool = False
 
 
 def parse_output(arg: Argument, text: str) -> OutputSpec:
     path, separator, extents = text.rpartition(":")
-    if not separator or not re.fullmatch(r"\[.*\]|[0-9xX]+", extents):
+    if not separator or not re.fullmatch(r"|\[.*\]|[0-9]+[xX][0-9xX]*", extents):
         path, extents = text, ""
     if path and not images.is_supported(path):
-        raise ArgumentError(arg.name, f"expected FILE (ending in {', '.join(images.SUFFIXES)}), "
-                                      f"FILE:EXTENTS or :EXTENTS, got {text!r}")
-    box = check_dimensions(arg, parse_box(arg.name, extents), repr(text)) if extents else None
-    return OutputSpec(path or None, box)
+        raise images.unsupported(arg.name, path)
+    box = check_dimensions(arg, rungen.parse_extents(extents, arg.name), repr(text)) \
+        if extents else None
+    return OutputSpec(path or None, box, summed_up=not path)
