@@ -164,6 +164,32 @@ def test_device_writes_through_crops_reach_the_parent(host_device):
     assert not (parent.device_dirty() or left.device_dirty() or right.device_dirty())
 
 
+def test_a_buffer_copy_into_a_crop_reaches_the_parent(host_device):
+    """halide_buffer_copy into a crop outside any call (Buffer.copy_into, or a program calling
+    the runtime) marks the crop's box newer on that side for the whole family: the parent's
+    host read used to miss the copy, its device-dirty bit never set."""
+    parent = shim.Buffer(np.zeros((6, 8), np.int32))
+    parent.copy_to_device(host_device)
+    crop = parent.cropped([(2, 4), (1, 3)])
+    source = shim.Buffer(np.full((3, 4), 5, np.int32), mins=[2, 1])
+    source.copy_to_device(host_device)
+    copied = host_device.transfers.device_copied
+    source.copy_into(crop, host_device, "a test's copy")
+    assert host_device.transfers.device_copied - copied == 3 * 4 * 4  # device to device
+    assert parent.device_dirty() and crop.device_dirty()
+    expected = np.zeros((6, 8), np.int32)
+    expected[1:4, 2:6] = 5
+    np.testing.assert_array_equal(parent.numpy(), expected)
+    # Into the host memory of a crop while the device holds the family's newest data.
+    other = parent.cropped([(0, 2), (0, 6)])
+    write_on_device(parent, 1)
+    shim.Buffer(np.full((6, 2), 9, np.int32)).copy_into(other, None, "a test's copy")
+    assert other.host_dirty() and not other.device_dirty()
+    expected = np.ones((6, 8), np.int32)
+    expected[:, :2] = 9
+    np.testing.assert_array_equal(parent.numpy(), expected)
+
+
 def test_many_crops_written_in_turn(libraries, host_device):
     """A member remembers what calls do to its family's regions, state by state (Member in
     shim/memory/families.py); writing 80 crops in turn takes the family through more states than a

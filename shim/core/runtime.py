@@ -203,6 +203,12 @@ def buffer_copy(uc, src, dst_interface, dst):
             _write(dst_family, copy_plan(0, dst_offset), _host_address(src))
         if families.address_of(src) != families.address_of(dst):
             flags.put_dirty(dst, DEVICE_DIRTY if to_device else HOST_DIRTY)
+            if dst_family is not None and dst_family.has_member(dst) \
+                    and not dst_family.in_use(families.address_of(dst)):
+                # A crop written outside a call: its box is newer on that side for the whole
+                # family (a parent read after it brings it over), as after a call's output.
+                # (In a call, the call's end takes it in.)
+                on_shared(aliasing.absorb, dst_family, dst, True)
 
 
 # --- allocations ---------------------------------------------------------------------------
