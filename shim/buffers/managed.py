@@ -103,6 +103,8 @@ class ManagedBuffer(HostExporter):
             self._init_from_array(array, "crop", mins=mins, family=parent._family,
                                   keepalive=parent._keepalive, mins_argument=mins_argument)
             self._root_box, self._root_dims = root_box, root_dims
+            # Part of the parent's host memory: seen where the parent's is, or once read.
+            self._exposed = parent._exposed
             buffer_operations.adopt(parent._raw, parent._root_box, self._raw, root_box)
 
     def _reshape(self, array: np.ndarray, mins, root_dims, argument: str) -> None:

@@ -339,9 +339,11 @@ def _drop_device(raw, family: Family | None, *, free: bool = True) -> None:
 def drop_handle(family: Family, handle: int, *, free: bool = True, active=None,
                 force: bool = False) -> None:
     """Give up one handle into the family's memory. Dropping the last one downloads what only
-    the device holds first; if that fails the memory stays (and the error is raised), unless
+    the device holds first, unless no member is left and none had its host memory seen (then
+    nobody can read it); if that fails the memory stays (and the error is raised), unless
     ``force``: a Buffer being dropped gives its memory back whatever happens."""
-    if family.shared and family.device_regions and family.last_handle(handle):
+    if family.shared and family.device_regions and family.last_handle(handle) \
+            and (family.members or family.exposed):
         try:
             on_shared(aliasing.download_all, family, transfer, active)  # never drop device-only data
         except BaseException:
