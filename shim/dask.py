@@ -307,8 +307,8 @@ def _run_chunk(pipeline, plan, *blocks):
         arguments[name] = buf
     shape = tuple(extent for _, extent in reversed(box))
     mins = [lo for lo, _ in box]
-    outs = [chunks.output(shape, dtype, mins) if keep else Buffer(np.empty(shape, dtype), mins=mins)
-            for dtype in dtypes]
+    outs = [chunks.output(shape, dtype, mins) if keep
+            else Buffer(np.empty(shape, dtype), mins=mins) for dtype in dtypes]
     pipeline(**arguments, **dict(zip(output_names, outs)), **scalars)
     # (np.asarray downloads device results; kept ones stay there, as the device's chunks)
     results = tuple(chunks.result(out) if keep else np.asarray(out) for out in outs)

@@ -32,6 +32,7 @@ reads it. Arithmetic on it is a pipeline's job (or pyopencl's: ``shim.to_pyopenc
 from __future__ import annotations
 
 import operator
+from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from typing import Any
 
@@ -231,26 +232,34 @@ def concatenate(arrays: Sequence[Any], axis: int = 0) -> DeviceArray:
 
 # --- the chunk types, and what map_pipeline's tasks ask of them -------------------------------
 
-class DeviceChunks:
+class DeviceChunks(ABC):
     """A chunk type on the shim device ``kind``: what a task asks of chunks."""
 
     def __init__(self, kind: str):
         self.kind = kind
 
+    @abstractmethod
     def is_chunk(self, block) -> bool:
-        raise NotImplementedError
+        """Whether ``block`` is one of these chunks (else a host array)."""
 
-    def source(self, block) -> Buffer:
-        """A Buffer over ``block``'s memory (a chunk's, on the device; a host array's)."""
-        raise NotImplementedError
+    @abstractmethod
+    def memory(self, chunk) -> Buffer:
+        """A Buffer over ``chunk``'s memory, current on the device."""
 
+    @abstractmethod
     def result(self, buffer: Buffer):
         """The chunk over a pipeline's output ``buffer`` (an ``output``)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def meta(self, ndim: int, dtype):
         """An empty chunk: the dask array's ``_meta``."""
-        raise NotImplementedError
+
+    def source(self, block) -> Buffer:
+        """A Buffer over ``block``'s memory: a chunk's, or a host array's (which goes up
+        where it is read on the device)."""
+        if self.is_chunk(block):
+            return self.memory(block)
+        return Buffer(np.ascontiguousarray(block))  # (dense: as pipelines read x)
 
     def output(self, shape, dtype, mins) -> Buffer:
         """A Buffer on the device at ``mins`` (x first) for a pipeline's output chunk."""
@@ -267,8 +276,8 @@ class DeviceChunks:
         sources = [self.source(block) for block in blocks]
         if len(sources) == 1:
             (source,), (start,) = sources, starts
-            view = source.cropped([(lo + low - s, n) for (lo, _), s, low, n in
-                                   zip(source.box, reversed(start), reversed(lows), reversed(shape))])
+            view = source.cropped([(lo + low - s, n) for (lo, _), s, low, n in zip(
+                source.box, reversed(start), reversed(lows), reversed(shape))])
             view.set_min(mins)
             return view
         joined = device_buffer(shape, sources[0].dtype, self.kind, mins)
@@ -283,14 +292,13 @@ class ShimChunks(DeviceChunks):
     def is_chunk(self, block) -> bool:
         return isinstance(block, DeviceArray)
 
-    def source(self, block) -> Buffer:
-        if not isinstance(block, DeviceArray):
-            return DeviceArray.from_host(block, self.kind).buffer
-        if not block.on_device:
-            # Come from another process (pickled): up once, at its first read here, for
-            # every task of this worker that reads it.
-            block.buffer.copy_to_device(self.kind)
-        return block.buffer
+    def memory(self, chunk: DeviceArray) -> Buffer:
+        held = chunk.buffer.device
+        if held is None or held.kind != self.kind:
+            # Come from another process (pickled), or from another device: up once, at its
+            # first read here, for every task of this worker that reads it.
+            chunk.buffer.copy_to_device(self.kind)
+        return chunk.buffer
 
     def result(self, buffer: Buffer) -> DeviceArray:
         buffer.mark_read()  # (the next task reads it: dropping it then warns of nothing)
@@ -312,10 +320,8 @@ class DLPackChunks(DeviceChunks):
     def is_chunk(self, block) -> bool:
         return isinstance(block, self.xp.ndarray)
 
-    def source(self, block) -> Buffer:
-        if not self.is_chunk(block):
-            return Buffer(np.ascontiguousarray(block))
-        return from_dlpack(block)
+    def memory(self, chunk) -> Buffer:
+        return from_dlpack(chunk)
 
     def result(self, buffer: Buffer):
         # The shim as DLPack producer: the consumer's stream waits for the pipeline's work,

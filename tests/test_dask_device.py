@@ -1,8 +1,8 @@
 """Chunks that stay on the device between dask tasks (shim/dask_device.py): a graph of two
-OpenCL pipelines whose intermediate chunks are never downloaded, its halos cut and joined on
-the device, bit-identical to the whole-image calls; the bytes that did not move, counted by
-shim.device("opencl").transfers; what a DeviceArray does as a dask chunk; and what crossing
-processes costs (a download on the sender, an upload on the receiver)."""
+GPU pipelines (OpenCL; Vulkan too) whose intermediate chunks are never downloaded, its halos
+cut and joined on the device, bit-identical to the whole-image calls; the bytes that did not
+move, counted by the device's transfers; what a DeviceArray does as a dask chunk; and what
+crossing processes costs (a download on the sender, an upload on the receiver)."""
 
 import pickle
 import sys
@@ -28,14 +28,17 @@ from shim.dask_device import (  # noqa: E402
 )
 
 
+def blur3x3(target):
+    """blur3x3 built for ``target``: 2 pixels smaller than its input, reading 2 to the right
+    of and below each output pixel (an asymmetric halo)."""
+    (path,) = build_all([Build("blur3x3", target, "no_runtime")], progress=None).values()
+    return shim.load(path)
+
+
 @pytest.fixture(scope="module")
 def blur(opencl):
-    """(blur3x3 built for OpenCL, blur3x3 built for the CPU): 2 pixels smaller than its input,
-    reading 2 to the right of and below each output pixel (an asymmetric halo)."""
-    paths = build_all([Build("blur3x3", target, "no_runtime") for target in ("opencl", "host")],
-                      progress=None)
-    by_target = {spec.target: path for spec, path in paths.items()}
-    return shim.load(by_target["opencl"]), shim.load(by_target["host"])
+    """(blur3x3 built for OpenCL, blur3x3 built for the CPU)."""
+    return blur3x3("opencl"), blur3x3("host")
 
 
 def image(shape, seed=0):
@@ -60,20 +63,22 @@ def region_bytes(pipeline, result, itemsize=2) -> int:
     return total
 
 
-@pytest.mark.parametrize("scheduler, chunks", [("sync", (40, 50)), ("threads", (40, 50)),
-                                               ("sync", (7, 9))], ids=str)
-def test_two_pipelines_keep_the_intermediate_on_the_device(blur, opencl, scheduler, chunks):
-    gpu, cpu = blur
+@pytest.mark.parametrize("kind, scheduler, chunks", [
+    ("opencl", "sync", (40, 50)), ("opencl", "threads", (40, 50)), ("opencl", "sync", (7, 9)),
+    ("vulkan", "threads", (40, 50))], ids=str)
+def test_two_pipelines_keep_the_intermediate_on_the_device(request, kind, scheduler, chunks):
+    device = request.getfixturevalue(kind)  # (skips, saying why, where there is none)
+    gpu, cpu = blur3x3(kind), blur3x3("host")
     src = image((96, 130))
     expected = np.asarray(cpu(np.asarray(cpu(src))))  # the two calls over the whole image
     source = da.from_array(src, chunks=chunks)
     results = {}
     for keep in (True, False):
-        mid = map_pipeline(gpu, source, device="opencl", keep_on_device=keep)
-        out = map_pipeline(gpu, mid, device="opencl")
-        before = moved(opencl)
+        mid = map_pipeline(gpu, source, device=kind, keep_on_device=keep)
+        out = map_pipeline(gpu, mid, device=kind)
+        before = moved(device)
         got = out.compute(scheduler=scheduler)
-        results[keep] = moved(opencl) - before
+        results[keep] = moved(device) - before
         np.testing.assert_array_equal(got, expected)
         assert isinstance(mid._meta, DeviceArray if keep else np.ndarray)
     first, second = region_bytes(gpu, mid), region_bytes(gpu, out)
