@@ -35,6 +35,7 @@ from shim.base.errors import (ArgumentError, BoundsError, HalideCodeError, ShimE
                               warn_caller)
 from shim.calls import output_sizes
 from shim.calls.pipeline import Pipeline
+from shim.dask_device import chunks_for, kept_chunks
 
 if TYPE_CHECKING:
     from numpy.typing import ArrayLike, DTypeLike
@@ -45,7 +46,7 @@ if TYPE_CHECKING:
 def map_pipeline(pipeline: Pipeline, *arrays: ArrayLike,
                  output_dtype: DTypeLike | Sequence[DTypeLike] | None = None, chunks: Any = None,
                  shape: Sequence[int] | None = None, device: str | None = None,
-                 **scalars: object) -> Any:
+                 keep_on_device: bool = False, **scalars: object) -> Any:
     """Run ``pipeline`` over dask arrays, chunk by chunk; returns its output as a dask array
     (a tuple of them for several outputs), computed when dask computes it.
 
@@ -56,7 +57,9 @@ def map_pipeline(pipeline: Pipeline, *arrays: ArrayLike,
     without it, sized as a call sizes an omitted output (like the first input, else from the
     estimates). ``chunks``: the outputs' chunks (dask's forms); by default the first input's.
     ``device``: a device kind (``"opencl"``) the pipeline was built for: each task uploads its
-    inputs to its worker's device and downloads its results.
+    inputs to its worker's device and downloads its results; input chunks already there
+    (another map_pipeline's, kept) are cut and joined there. ``keep_on_device``: the results
+    stay on the device as its chunk type (shim/dask_device.py), for the graph's next pipeline.
 
     Raises, before any task runs, what one call over the whole arrays would raise for
     arguments that do not fit (a BoundsError for an input too small for the outputs).
@@ -72,13 +75,14 @@ def map_pipeline(pipeline: Pipeline, *arrays: ArrayLike,
         raise ArgumentError("pipeline", f"{pipeline.name} has no output to map")
     dtypes = _output_dtypes(outputs, output_dtype)
     device = _checked_device(pipeline, device)
+    kept = kept_chunks(device, keep_on_device)
     box = _output_box(pipeline, inputs, shape, scalars)
     _check_whole_call(pipeline, inputs, box, scalars)
     out_shape = tuple(extent for _, extent in reversed(box))
     out_chunks = _output_chunks(chunks, out_shape, next(iter(inputs.values()), None), dtypes[0])
 
     token = tokenize(str(pipeline.path), pipeline.name, [a.name for a in inputs.values()], box,
-                     out_chunks, sorted(scalars.items()), device)
+                     out_chunks, sorted(scalars.items()), device, keep_on_device)
     # dask's public API only: each chunk's task comes from a delayed call taking the Pipeline
     # (in the graph once) and, as Delayed arguments, the input blocks its region spans, so it
     # depends on those blocks alone and dask's optimizations rename them as they fuse. The tasks
@@ -99,7 +103,7 @@ def map_pipeline(pipeline: Pipeline, *arrays: ArrayLike,
         needed = pipeline.required_regions({n: chunk_box for n in names}, whole, **scalars)
         sources = [_source(arg, inputs[arg], needed[arg]) for arg in inputs]
         plan = (chunk_box, [(region, starts) for region, _, starts in sources], scalars, device,
-                names, dtypes)
+                keep_on_device, names, dtypes)
         blocks = [blocks_of[arg][spanned] for arg, (_, spans, _) in zip(inputs, sources)
                   for spanned in spans]
         calls[index] = run_chunk(runner, plan, *blocks, dask_key_name=(name, *index))
@@ -107,7 +111,8 @@ def map_pipeline(pipeline: Pipeline, *arrays: ArrayLike,
     dependencies = [*inputs.values(), runner]
     if len(outputs) == 1:
         graph = HighLevelGraph.from_collections(name, layer, dependencies=dependencies)
-        return da.Array(graph, name, out_chunks, dtype=dtypes[0])
+        return da.Array(graph, name, out_chunks, dtype=dtypes[0],
+                        meta=kept and kept.meta(len(out_chunks), dtypes[0]))
     results = []
     for k, dtype in enumerate(dtypes):
         part = f"{name}-{k}"
@@ -115,7 +120,8 @@ def map_pipeline(pipeline: Pipeline, *arrays: ArrayLike,
                           for index, call in calls.items())
         graph = HighLevelGraph.from_collections(part, {**layer, **picks},
                                                 dependencies=dependencies)
-        results.append(da.Array(graph, part, out_chunks, dtype=dtype))
+        results.append(da.Array(graph, part, out_chunks, dtype=dtype,
+                                meta=kept and kept.meta(len(out_chunks), dtype)))
     return tuple(results)
 
 
@@ -325,21 +331,27 @@ def _run_chunk(shipped, plan, *blocks):
     """One task: the output chunk over the plan's box from its inputs' regions (``blocks``:
     those of every input in turn, as many as the plan's ``starts`` of each)."""
     pipeline = shipped.load()
-    box, sources, scalars, device, output_names, dtypes = plan
+    box, sources, scalars, device, keep, output_names, dtypes = plan
     kind = shim_device(device) if device else None
+    chunks = chunks_for(device) if device else None
     arguments = {}
     blocks = iter(blocks)
     for name, (region, starts) in zip(_input_names(pipeline), sources):
         spanned = list(itertools.islice(blocks, len(starts)))
+        if chunks is not None and any(chunks.is_chunk(block) for block in spanned):
+            arguments[name] = chunks.assemble(region, spanned, starts)  # (on the device)
+            continue
         buf = Buffer(_assemble(region, spanned, starts), mins=[lo for lo, _ in region])
         if kind is not None:
             buf.copy_to_device(kind)
         arguments[name] = buf
     shape = tuple(extent for _, extent in reversed(box))
     mins = [lo for lo, _ in box]
-    outs = [Buffer(np.empty(shape, dtype), mins=mins) for dtype in dtypes]
+    outs = [chunks.output(shape, dtype, mins) if keep
+            else Buffer(np.empty(shape, dtype), mins=mins) for dtype in dtypes]
     pipeline(**arguments, **dict(zip(output_names, outs)), **scalars)
-    results = tuple(np.asarray(out) for out in outs)  # (downloads device results)
+    # (np.asarray downloads device results; kept ones stay there, as the device's chunks)
+    results = tuple(chunks.result(out) if keep else np.asarray(out) for out in outs)
     return results[0] if len(results) == 1 else results
 
 

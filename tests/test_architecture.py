@@ -15,7 +15,8 @@ PACKAGE = Path(shim.__file__).resolve().parent
 # shim._version is a fact every layer may read; "shim" is the public API (shim/__init__.py).
 LAYERS = ["shim._version", "shim.base", "shim.native", "shim.backends", "shim.memory",
           "shim.profiling", "shim.core", "shim.exchange", "shim.buffers", "shim.interop",
-          "shim.calls", "shim", "shim.dask", "shim.pipelines", "shim.cli", "shim.__main__"]
+          "shim.calls", "shim", "shim.dask_device", "shim.dask", "shim.pipelines", "shim.cli",
+          "shim.__main__"]
 
 # The one module of the core that names backend classes: it registers them.
 BACKEND_REGISTRY = "shim.backends.devices"

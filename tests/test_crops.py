@@ -164,6 +164,63 @@ def test_device_writes_through_crops_reach_the_parent(host_device):
     assert not (parent.device_dirty() or left.device_dirty() or right.device_dirty())
 
 
+def test_a_buffer_copy_into_a_crop_reaches_the_parent(host_device):
+    """halide_buffer_copy into a crop outside any call (Buffer.copy_into, or a program calling
+    the runtime) marks the crop's box newer on that side for the whole family: the parent's
+    host read used to miss the copy, its device-dirty bit never set."""
+    parent = shim.Buffer(np.zeros((6, 8), np.int32))
+    parent.copy_to_device(host_device)
+    crop = parent.cropped([(2, 4), (1, 3)])
+    source = shim.Buffer(np.full((3, 4), 5, np.int32), mins=[2, 1])
+    source.copy_to_device(host_device)
+    copied = host_device.transfers.device_copied
+    source.copy_into(crop, host_device, "a test's copy")
+    assert host_device.transfers.device_copied - copied == 3 * 4 * 4  # device to device
+    assert parent.device_dirty() and crop.device_dirty()
+    expected = np.zeros((6, 8), np.int32)
+    expected[1:4, 2:6] = 5
+    np.testing.assert_array_equal(parent.numpy(), expected)
+    # Into the host memory of a crop while the device holds the family's newest data.
+    other = parent.cropped([(0, 2), (0, 6)])
+    write_on_device(parent, 1)
+    shim.Buffer(np.full((6, 2), 9, np.int32)).copy_into(other, None, "a test's copy")
+    assert other.host_dirty() and not other.device_dirty()
+    expected = np.ones((6, 8), np.int32)
+    expected[:, :2] = 9
+    np.testing.assert_array_equal(parent.numpy(), expected)
+
+
+def test_a_family_nobody_can_see_keeps_its_device_data_on_the_device(opencl):
+    """A Buffer over a pyopencl Array's memory (its host memory the shim's own staging),
+    cropped, and dropped with the crop: the data stays in the Array. The last member's drop
+    used to download the whole family into staging nobody can read."""
+    cla = pytest.importorskip("pyopencl.array")
+    array = cla.to_device(opencl.queue, np.arange(48, dtype=np.int32).reshape(6, 8))
+    parent = shim.from_pyopencl(array)
+    crop = parent.cropped([(2, 4), (1, 3)])
+    assert crop.device_dirty()
+    downloaded = opencl.transfers.downloaded
+    del parent, crop
+    gc.collect()
+    assert opencl.transfers.downloaded == downloaded
+    np.testing.assert_array_equal(array.get(), np.arange(48).reshape(6, 8))
+
+
+def test_a_family_whose_host_memory_was_seen_brings_device_data_home(opencl):
+    """The same family, where a crop's host memory was read (and is still held): device
+    results written after it reach that memory when the last member goes."""
+    cla = pytest.importorskip("pyopencl.array")
+    parent = shim.from_pyopencl(cla.zeros(opencl.queue, (6, 8), np.int32))
+    crop = parent.cropped([(2, 4), (1, 3)])
+    seen = crop.numpy()  # (downloads the crop's zeros; this memory is now the caller's)
+    source = shim.Buffer(np.full((3, 4), 7, np.int32), mins=[2, 1])
+    source.copy_to_device(opencl)
+    source.copy_into(crop, opencl, "a test's copy")
+    del parent, crop
+    gc.collect()
+    np.testing.assert_array_equal(seen, 7)
+
+
 def test_many_crops_written_in_turn(libraries, host_device):
     """A member remembers what calls do to its family's regions, state by state (Member in
     shim/memory/families.py); writing 80 crops in turn takes the family through more states than a

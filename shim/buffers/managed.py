@@ -103,6 +103,8 @@ class ManagedBuffer(HostExporter):
             self._init_from_array(array, "crop", mins=mins, family=parent._family,
                                   keepalive=parent._keepalive, mins_argument=mins_argument)
             self._root_box, self._root_dims = root_box, root_dims
+            # Part of the parent's host memory: seen where the parent's is, or once read.
+            self._exposed = parent._exposed
             buffer_operations.adopt(parent._raw, parent._root_box, self._raw, root_box)
 
     def _reshape(self, array: np.ndarray, mins, root_dims, argument: str) -> None:
@@ -319,9 +321,17 @@ class ManagedBuffer(HostExporter):
         device: DLPack's ``copy=True``, both ways."""
         copy = type(self).over_array(np.empty_like(self._array, order="C"), "copy", exposed=False,
                                  mins=[lo for lo, _ in self._box])
-        with runtime_call("copy for DLPack") as check:
-            check(lib.halide_buffer_copy(ffi.NULL, self._raw, interface_of(backend), copy._raw))
+        self.copy_into(copy, backend, "copy for DLPack")
         return copy
+
+    def copy_into(self, dst: ManagedBuffer, backend: Backend | None, what: str) -> None:
+        """halide_buffer_copy: this Buffer's elements at the coordinates both Buffers have, into
+        ``dst``'s allocation on ``backend`` (made if it has none), or into its host memory
+        (``backend`` None). Halide's paths: device to device where both are on one device,
+        else through host memory; ``what`` names the copy in a DeviceError."""
+        interface = ffi.NULL if backend is None else interface_of(backend)
+        with runtime_call(what) as check:
+            check(lib.halide_buffer_copy(ffi.NULL, self._raw, interface, dst._raw))
 
     # The finalizer (Finalized's, which runs this with Ctrl-C held: a KeyboardInterrupt here
     # would leave the struct registered and its device memory allocated for good).

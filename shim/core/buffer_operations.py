@@ -135,6 +135,8 @@ def release(raw, *, copy_back: bool) -> None:
     download fails; the DeviceError then says what was lost."""
     def device_free(uc, raw):  # (named for profiles)
         with locked(raw) as family:
+            if copy_back and family is not None and family.shared:
+                family.exposed = True  # (the last member's drop brings the data home)
             try:
                 if copy_back:
                     runtime.bring_home(raw, family)

@@ -203,6 +203,12 @@ def buffer_copy(uc, src, dst_interface, dst):
             _write(dst_family, copy_plan(0, dst_offset), _host_address(src))
         if families.address_of(src) != families.address_of(dst):
             flags.put_dirty(dst, DEVICE_DIRTY if to_device else HOST_DIRTY)
+            if dst_family is not None and dst_family.has_member(dst) \
+                    and not dst_family.in_use(families.address_of(dst)):
+                # A crop written outside a call: its box is newer on that side for the whole
+                # family (a parent read after it brings it over), as after a call's output.
+                # (In a call, the call's end takes it in.)
+                on_shared(aliasing.absorb, dst_family, dst, True)
 
 
 # --- allocations ---------------------------------------------------------------------------
@@ -333,9 +339,11 @@ def _drop_device(raw, family: Family | None, *, free: bool = True) -> None:
 def drop_handle(family: Family, handle: int, *, free: bool = True, active=None,
                 force: bool = False) -> None:
     """Give up one handle into the family's memory. Dropping the last one downloads what only
-    the device holds first; if that fails the memory stays (and the error is raised), unless
+    the device holds first, unless no member is left and none had its host memory seen (then
+    nobody can read it); if that fails the memory stays (and the error is raised), unless
     ``force``: a Buffer being dropped gives its memory back whatever happens."""
-    if family.shared and family.device_regions and family.last_handle(handle):
+    if family.shared and family.device_regions and family.last_handle(handle) \
+            and (family.members or family.exposed):
         try:
             on_shared(aliasing.download_all, family, transfer, active)  # never drop device-only data
         except BaseException:

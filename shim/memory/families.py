@@ -207,7 +207,7 @@ class Family(FamilyState):
     """
 
     __slots__ = ("lock", "backend", "memory", "handles", "members", "root_host",
-                 "root_layout", "device_base", "generation", "uses", "__weakref__")
+                 "root_layout", "device_base", "generation", "uses", "exposed", "__weakref__")
 
     def __init__(self, backend=None, lock: FamilyLock | None = None):
         self.lock = lock or FamilyLock()
@@ -228,6 +228,10 @@ class Family(FamilyState):
         # wait for the calls that touch the same elements (await_calls), and derived dirty
         # bits leave their members alone.
         self.uses: list[Use] = []
+        # Shared families: whether a member dropped so far had its host memory seen outside
+        # the shim (ManagedBuffer._exposed). With the last member gone and none seen, nobody
+        # can read the host memory: device-only data then goes with the allocation.
+        self.exposed = False
 
     @property
     def shared(self) -> bool:
