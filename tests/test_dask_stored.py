@@ -142,12 +142,20 @@ def test_a_stack_is_read_page_by_page(dask_pipeline, tmp_path, monkeypatch, layo
     assert [int(np.prod(shape)) for shape in reads] == [120 * 90] * 3  # (a page each)
 
 
-def test_an_unreadable_tiff_is_an_argument_error(tmp_path):
+def test_what_open_tiff_cannot_read_is_an_argument_error(tmp_path):
     (tmp_path / "not.tif").write_bytes(b"not a tiff at all")
-    with pytest.raises(shim.ArgumentError, match="files: cannot read"):
-        open_tiff(tmp_path / "not.tif")
-    with pytest.raises(shim.ArgumentError, match="files: cannot read"):
-        open_tiff(tmp_path / "missing.tif")
+    with tifffile.TiffWriter(tmp_path / "pyramid.tif") as pyramid:  # (a group of 2 levels)
+        pyramid.write(image((128, 128)), subifds=1, tile=(64, 64))
+        pyramid.write(image((64, 64)), subfiletype=1, tile=(64, 64))
+    assert open_tiff(tmp_path / "pyramid.tif", level=1).shape == (64, 64)
+    for files, options in [(tmp_path / "not.tif", {}), (tmp_path / "missing.tif", {}),
+                           (tmp_path / "pyramid.tif", {}),
+                           (tmp_path / "pyramid.tif", {"no_such_option": 1})]:
+        with pytest.raises(shim.ArgumentError, match="files: cannot read"):
+            open_tiff(files, **options)
+    for files in [None, 7, [], [tmp_path / "pyramid.tif", 3]]:
+        with pytest.raises(shim.ArgumentError, match="files: expected a path"):
+            open_tiff(files)
 
 
 def test_a_stored_input_is_checked_as_a_dask_one(dask_pipeline, tmp_path):
@@ -192,10 +200,10 @@ def test_an_image_larger_than_the_workers_memory_streams_from_zarr_to_zarr(host_
                                      memory_limit=LIMIT, dashboard_address=None) as cluster, \
             distributed.Client(cluster) as client:
         started = worker_memory.worker_peaks(client)
-            result = map_pipeline(blur, zarr.open_array(tmp_path / "in.zarr", mode="r"))
+        result = map_pipeline(blur, zarr.open_array(tmp_path / "in.zarr", mode="r"))
         result.to_zarr(str(tmp_path / "out.zarr"))
         peaks = worker_memory.worker_peaks(client)
-            tasks = client.run(lambda dask_worker: dask_worker.state.executed_count)
+        tasks = client.run(lambda dask_worker: dask_worker.state.executed_count)
     print(f"worker peaks (MiB): started {started}, after {peaks}")
     assert len(peaks) == 2 and all(peak * MiB < LIMIT for peak in peaks.values()), peaks
     assert all(count > 0 for count in tasks.values())  # (both did their share)

@@ -32,27 +32,30 @@ class TiffSource:
     chunks, and regions on request (``source[key]``). Pickles without the open store."""
 
     def __init__(self, files, options: dict):
-        self.files = os.fspath(files) if isinstance(files, (str, os.PathLike)) else \
-            [os.fspath(f) for f in files]
+        self.files = _paths(files)
         self.options = dict(options)
         self._lock = threading.Lock()
         self._store = self._array = None
-        array = self._open("files")
+        array = self._open()
         self.shape, self.dtype, self.chunks = array.shape, array.dtype, array.chunks
         self.ndim = len(self.shape)
 
-    def _open(self, argument: str = "files"):
+    def _open(self):
         with self._lock:  # (a worker's threads share one store)
             if self._array is None:
                 import tifffile
                 import zarr
 
+                store = None
                 try:
                     store = tifffile.imread(self.files, aszarr=True, **self.options)
-                except (OSError, ValueError, TypeError) as e:
-                    raise ArgumentError(argument, f"cannot read {self.files!r} as a TIFF "
-                                                  f"image: {e}") from None
-                self._store, self._array = store, zarr.open_array(store, mode="r")
+                    self._array = zarr.open_array(store, mode="r")
+                except (OSError, ValueError, TypeError) as e:  # (zarr's errors are ValueErrors)
+                    if store is not None:
+                        store.close()
+                    raise ArgumentError("files", f"cannot read {self.files!r} as one TIFF image "
+                                                 f"(a pyramid's level: level=N): {e}") from None
+                self._store = store
             return self._array
 
     def __getitem__(self, key):
@@ -79,6 +82,17 @@ class TiffSource:
         self.__dict__.update(state)
         self._lock = threading.Lock()
         self._store = self._array = None
+
+
+def _paths(files):
+    """``files`` as tifffile takes them: a path or pattern, or a list of paths."""
+    if isinstance(files, (str, os.PathLike)):
+        return os.fspath(files)
+    if isinstance(files, (list, tuple)) and files and \
+            all(isinstance(f, (str, os.PathLike)) for f in files):
+        return [os.fspath(f) for f in files]
+    raise ArgumentError("files", f"expected a path, a glob pattern or a sequence of paths, got "
+                                 f"{files!r}")
 
 
 def _stat(path: str):
