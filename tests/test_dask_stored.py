@@ -105,6 +105,10 @@ def test_a_tiled_tiff_on_workers_that_open_it_themselves(client, dask_pipeline, 
     np.testing.assert_array_equal(result.compute(), np.asarray(blur(src)))
     blocks = da.from_array(source, chunks=source.chunks)
     np.testing.assert_array_equal(client.compute(blocks, sync=True), src)
+    # tifffile's own store, as dask reads a Zarr store: on the threaded scheduler only.
+    with tifffile.imread(tmp_path / "image.tif", aszarr=True) as store:
+        own = map_pipeline(blur, da.from_zarr(store), chunks=(100, 100))
+        np.testing.assert_array_equal(own.compute(scheduler="threads"), np.asarray(blur(src)))
 
 
 @pytest.mark.parametrize("layout", ["pages", "files"])

@@ -36,7 +36,8 @@ def map_pipeline(pipeline, *arrays, dims=None, output_dtype=None, chunks=None, s
     pipeline's (a dtype, or one per output). ``shape``: the outputs' shape in numpy order;
     without it, sized as a call sizes an omitted output (like the first input, else from the
     estimates). ``chunks``: the outputs' chunks (dask's forms; with DataArrays, also a dict
-    by dimension name); by default the first input's. ``device``: a device kind
+    by dimension name, a dimension left out in one chunk as in dask's dict by axis); by
+    default the first input's. ``device``: a device kind
     (``"opencl"``) the pipeline was built for: each task uploads its inputs to its worker's
     device and downloads its results.
 
@@ -46,7 +47,9 @@ def map_pipeline(pipeline, *arrays, dims=None, output_dtype=None, chunks=None, s
     order), inputs are aligned as ``xr.apply_ufunc`` aligns them (``join="exact"``), and each
     output is a DataArray with those dimensions, its name, coordinates and attributes those
     ``xr.apply_ufunc`` gives it, along every dimension whose size the output keeps (one whose
-    size it changes loses its coordinates: they no longer label the output's pixels).
+    size it changes loses its coordinates: they no longer label the output's pixels). A
+    DataArray not backed by dask (opened without ``chunks=``) is chunked lazily, in its
+    store's chunks where it has them, rather than read whole.
 
     Raises, before any task runs, what one call over the whole arrays would raise for
     arguments that do not fit (a BoundsError for an input too small for the outputs).
