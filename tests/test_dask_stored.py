@@ -201,7 +201,7 @@ def test_an_image_larger_than_the_workers_memory_streams_from_zarr_to_zarr(host_
              "distributed.worker.memory.pause": False}
     with dask.config.set(quiet), \
             distributed.LocalCluster(processes=True, n_workers=2, threads_per_worker=1,
-                                     memory_limit=LIMIT, dashboard_address=None) as cluster, \
+                                     memory_limit=LIMIT, dashboard_address=":0") as cluster, \
             distributed.Client(cluster) as client:
         started = worker_memory.worker_peaks(client)
         result = map_pipeline(blur, zarr.open_array(tmp_path / "in.zarr", mode="r"))
