@@ -1,5 +1,5 @@
-"""``map_pipeline`` over dask arrays: a dask graph with one task per output chunk, each fed
-exactly the input region the pipeline's bounds query says that chunk reads.
+"""``map_pipeline`` over dask arrays and stored arrays: a dask graph with one task per output
+chunk, each fed exactly the input region the pipeline's bounds query says that chunk reads.
 
 Why not ``da.map_overlap``: its halo is symmetric and the same for every chunk, while a
 pipeline's footprint may be asymmetric, depend on the scalars, or be clamped at the image's
@@ -9,9 +9,11 @@ and each task gets the blocks its region spans, which it cuts and joins into one
 it gives the pipeline as a Buffer at the region's true mins: the pipeline sees Halide's
 coordinates, real neighbours inside the image and the image's real edges at its borders.
 
-Planning reads shapes only: an input read lazily (``da.from_zarr``, ``shim.dask.from_tiff``)
-is read block by block by the tasks that need it, on the workers, and a result stored with
-``to_zarr`` is written chunk by chunk as the tasks finish.
+Planning reads shapes only. A dask array's blocks (``da.from_zarr``'s too) are computed on the
+workers, each once, for the tasks whose regions span them; a stored array (``stored``: a Zarr
+array, ``open_tiff``'s source) is in the graph once, as where its data is, and each task reads
+its own region from it. A result stored with ``to_zarr`` is written chunk by chunk as the
+tasks finish.
 """
 
 from __future__ import annotations
@@ -36,8 +38,8 @@ from shim.dask.tiff import TiffSource
 
 def map_pipeline(pipeline, *arrays, output_dtype=None, chunks=None, shape=None, device=None,
                  **scalars):
-    """``shim.dask.map_pipeline`` over dask arrays (or anything ``da.asarray`` takes), in
-    the pipeline's numpy order: its docstring says what the arguments are."""
+    """``shim.dask.map_pipeline`` over dask arrays, stored arrays (or anything ``da.asarray``
+    takes), in the pipeline's numpy order: its docstring says what the arguments are."""
     inputs, box = _whole_call(pipeline, arrays, shape, scalars)
     outputs = pipeline.outputs
     dtypes = _output_dtypes(outputs, output_dtype)
@@ -48,8 +50,9 @@ def map_pipeline(pipeline, *arrays, output_dtype=None, chunks=None, shape=None, 
     token = tokenize(str(pipeline.path), pipeline.name, [_token_of(a) for a in inputs.values()],
                      box, out_chunks, sorted(scalars.items()), device)
     # dask's public API only: each chunk's task comes from a delayed call taking the Pipeline
-    # (in the graph once) and, as Delayed arguments, the input blocks its region spans, so it
-    # depends on those blocks alone and dask's optimizations rename them as they fuse. The tasks
+    # (in the graph once) and, as Delayed arguments, the input blocks its region spans (or the
+    # stored array), so it depends on those alone and dask's optimizations rename them as they
+    # fuse. The tasks
     # then go into one layer of the output: one layer per chunk (da.from_delayed and da.block)
     # makes every compute's graph culling quadratic in the chunks (11 s for 4096 of them).
     name = f"shim-{pipeline.name}-{token}"
@@ -96,8 +99,8 @@ def output_shape(pipeline, *arrays, shape=None, **scalars) -> tuple:
 
 
 def _whole_call(pipeline, arrays, shape, scalars) -> tuple:
-    """({input name: dask array}, the outputs' box, x first) of the call over the whole arrays,
-    checked as the pipeline checks that call."""
+    """({input name: dask or stored array}, the outputs' box, x first) of the call over the
+    whole arrays, checked as the pipeline checks that call."""
     buffer_inputs = [a for a in pipeline.inputs if a.is_buffer]
     if len(arrays) != len(buffer_inputs):
         raise ArgumentError("arrays", f"{pipeline.name} takes {len(buffer_inputs)} input "
