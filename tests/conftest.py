@@ -46,6 +46,24 @@ def host_pipelines():
     return {(spec.name, spec.runtime): path for spec, path in paths.items()}
 
 
+@pytest.fixture(scope="session")
+def dask_pipeline(tmp_path_factory):
+    """dask_pipeline(name, target="host") -> path of one of shim.dask's test pipelines
+    (tests/support/dask_pipelines.py), built once a session."""
+    from support.dask_pipelines import compile_pipeline
+
+    hl = pytest.importorskip("halide", reason="compiling test pipelines needs halide")
+    work = tmp_path_factory.mktemp("dask_pipelines")
+    built = {}
+
+    def get(name, target="host"):
+        if (name, target) not in built:
+            built[name, target] = compile_pipeline(hl, name, target, work)
+        return built[name, target]
+
+    return get
+
+
 @pytest.fixture(params=RUNTIMES)
 def runtime(request):
     """Run the test once with each pipeline built with its runtime bundled, once no_runtime."""

@@ -121,6 +121,7 @@ def test_the_layers_tell_apart_a_folder_and_the_public_api():
     assert layer_of("shim.base.errors") == LAYERS.index("shim.base")
     assert layer_of("shim") == LAYERS.index("shim")
     assert layer_of("shim.dask") == LAYERS.index("shim.dask")
+    assert layer_of("shim.dask.labelled") == layer_of("shim.dask.chunked") == layer_of("shim.dask")
     assert layer_of("shim.backends.devices") < layer_of("shim.memory.families")
 
 

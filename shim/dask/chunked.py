@@ -1,6 +1,5 @@
-"""A pipeline over chunked dask arrays: ``map_pipeline`` builds a dask graph with one task per
-output chunk, each fed exactly the input region the pipeline's bounds query says that chunk
-reads.
+"""``map_pipeline`` over dask arrays and stored arrays: a dask graph with one task per output
+chunk, each fed exactly the input region the pipeline's bounds query says that chunk reads.
 
 Why not ``da.map_overlap``: its halo is symmetric and the same for every chunk, while a
 pipeline's footprint may be asymmetric, depend on the scalars, or be clamped at the image's
@@ -10,7 +9,11 @@ and each task gets the blocks its region spans, which it cuts and joins into one
 it gives the pipeline as a Buffer at the region's true mins: the pipeline sees Halide's
 coordinates, real neighbours inside the image and the image's real edges at its borders.
 
-Needs the ``dask`` extra (``dask[array]``, ``distributed``); ``import shim`` does not import it.
+Planning reads shapes only. A dask array's blocks (``da.from_zarr``'s too) are computed on the
+workers, each once, for the tasks whose regions span them; a stored array (``stored``: a Zarr
+array, ``open_tiff``'s source) is in the graph once, as where its data is, and each task reads
+its own region from it. A result stored with ``to_zarr`` is written chunk by chunk as the
+tasks finish.
 """
 
 from __future__ import annotations
@@ -19,8 +22,7 @@ import itertools
 import operator
 import os
 import socket
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+import sys
 
 import dask
 import dask.array as da
@@ -34,64 +36,34 @@ from shim.backends.devices import device as shim_device
 from shim.base.errors import (ArgumentError, BoundsError, HalideCodeError, ShimError, SizeWarning,
                               warn_caller)
 from shim.calls import output_sizes
-from shim.calls.pipeline import Pipeline
+from shim.dask.tiff import TiffSource
 from shim.dask_device import chunks_for, kept_chunks
 
-if TYPE_CHECKING:
-    from numpy.typing import ArrayLike, DTypeLike
 
-
-# (Typed Any: it returns a dask Array, or a tuple of them for a pipeline of several outputs,
-# which only the loaded pipeline tells; ``chunks`` takes any of dask's forms.)
-def map_pipeline(pipeline: Pipeline, *arrays: ArrayLike,
-                 output_dtype: DTypeLike | Sequence[DTypeLike] | None = None, chunks: Any = None,
-                 shape: Sequence[int] | None = None, device: str | None = None,
-                 keep_on_device: bool = False, **scalars: object) -> Any:
-    """Run ``pipeline`` over dask arrays, chunk by chunk; returns its output as a dask array
-    (a tuple of them for several outputs), computed when dask computes it.
-
-    ``arrays``: the pipeline's input buffers in order (dask arrays, or anything
-    ``da.asarray`` takes), numpy order (x last), at mins 0 as numpy arrays given to a call are.
-    ``scalars``: by name, the same for every chunk. ``output_dtype``: checked against the
-    pipeline's (a dtype, or one per output). ``shape``: the outputs' shape in numpy order;
-    without it, sized as a call sizes an omitted output (like the first input, else from the
-    estimates). ``chunks``: the outputs' chunks (dask's forms); by default the first input's.
-    ``device``: a device kind (``"opencl"``) the pipeline was built for: each task uploads its
-    inputs to its worker's device and downloads its results; input chunks already there
-    (another map_pipeline's, kept) are cut and joined there. ``keep_on_device``: the results
-    stay on the device as its chunk type (shim/dask_device.py), for the graph's next pipeline.
-
-    Raises, before any task runs, what one call over the whole arrays would raise for
-    arguments that do not fit (a BoundsError for an input too small for the outputs).
-    """
-    buffer_inputs = [a for a in pipeline.inputs if a.is_buffer]
-    if len(arrays) != len(buffer_inputs):
-        raise ArgumentError("arrays", f"{pipeline.name} takes {len(buffer_inputs)} input "
-                                      f"buffers ({', '.join(a.name for a in buffer_inputs)}), "
-                                      f"got {len(arrays)} arrays")
-    inputs = {arg.name: _dask_input(arg, array) for arg, array in zip(buffer_inputs, arrays)}
+def map_pipeline(pipeline, *arrays, output_dtype=None, chunks=None, shape=None, device=None,
+                 keep_on_device=False, **scalars):
+    """``shim.dask.map_pipeline`` over dask arrays, stored arrays (or anything ``da.asarray``
+    takes), in the pipeline's numpy order: its docstring says what the arguments are."""
+    inputs, box = _whole_call(pipeline, arrays, shape, scalars)
     outputs = pipeline.outputs
-    if not outputs:
-        raise ArgumentError("pipeline", f"{pipeline.name} has no output to map")
     dtypes = _output_dtypes(outputs, output_dtype)
     device = _checked_device(pipeline, device)
     kept = kept_chunks(device, keep_on_device)
-    box = _output_box(pipeline, inputs, shape, scalars)
-    _check_whole_call(pipeline, inputs, box, scalars)
     out_shape = tuple(extent for _, extent in reversed(box))
     out_chunks = _output_chunks(chunks, out_shape, next(iter(inputs.values()), None), dtypes[0])
 
-    token = tokenize(str(pipeline.path), pipeline.name, [a.name for a in inputs.values()], box,
-                     out_chunks, sorted(scalars.items()), device, keep_on_device)
+    token = tokenize(str(pipeline.path), pipeline.name, [_token_of(a) for a in inputs.values()],
+                     box, out_chunks, sorted(scalars.items()), device, keep_on_device)
     # dask's public API only: each chunk's task comes from a delayed call taking the Pipeline
-    # (in the graph once) and, as Delayed arguments, the input blocks its region spans, so it
-    # depends on those blocks alone and dask's optimizations rename them as they fuse. The tasks
+    # (in the graph once) and, as Delayed arguments, the input blocks its region spans (or the
+    # stored array), so it depends on those alone and dask's optimizations rename them as they
+    # fuse. The tasks
     # then go into one layer of the output: one layer per chunk (da.from_delayed and da.block)
     # makes every compute's graph culling quadratic in the chunks (11 s for 4096 of them).
     name = f"shim-{pipeline.name}-{token}"
     runner = dask.delayed(_Shipped.of(pipeline), name=f"shim-pipeline-{token}")
     run_chunk, pick = dask.delayed(_run_chunk), dask.delayed(operator.getitem)
-    blocks_of = {arg: array.to_delayed(optimize_graph=False) for arg, array in inputs.items()}
+    graph_inputs = {arg: _graph_input(array) for arg, array in inputs.items()}
     whole = {arg: _box_of(array.shape) for arg, array in inputs.items()}
     names = [o.name for o in outputs]
     origins = [np.cumsum((0,) + c[:-1]) for c in out_chunks]
@@ -101,14 +73,14 @@ def map_pipeline(pipeline: Pipeline, *arrays: ArrayLike,
         sizes = [out_chunks[axis][i] for axis, i in enumerate(index)]
         chunk_box = tuple((lo + starts[-1 - d], sizes[-1 - d]) for d, (lo, _) in enumerate(box))
         needed = pipeline.required_regions({n: chunk_box for n in names}, whole, **scalars)
-        sources = [_source(arg, inputs[arg], needed[arg]) for arg in inputs]
+        sources = [_source(arg, inputs[arg], graph_inputs[arg], needed[arg]) for arg in inputs]
         plan = (chunk_box, [(region, starts) for region, _, starts in sources], scalars, device,
                 keep_on_device, names, dtypes)
-        blocks = [blocks_of[arg][spanned] for arg, (_, spans, _) in zip(inputs, sources)
-                  for spanned in spans]
+        blocks = [block for _, spanned, _ in sources for block in spanned]
         calls[index] = run_chunk(runner, plan, *blocks, dask_key_name=(name, *index))
     layer = _tasks_of(calls.values())
-    dependencies = [*inputs.values(), runner]
+    dependencies = [*(a if isinstance(a, da.Array) else graph_inputs[arg]
+                      for arg, a in inputs.items()), runner]
     if len(outputs) == 1:
         graph = HighLevelGraph.from_collections(name, layer, dependencies=dependencies)
         return da.Array(graph, name, out_chunks, dtype=dtypes[0],
@@ -125,6 +97,30 @@ def map_pipeline(pipeline: Pipeline, *arrays: ArrayLike,
     return tuple(results)
 
 
+def output_shape(pipeline, *arrays, shape=None, **scalars) -> tuple:
+    """The shape, numpy order, of the outputs ``map_pipeline`` makes of these arguments (the
+    same for every output), from the arrays' shapes alone; raises what it would raise for
+    arguments that do not fit."""
+    _, box = _whole_call(pipeline, arrays, shape, scalars)
+    return tuple(extent for _, extent in reversed(box))
+
+
+def _whole_call(pipeline, arrays, shape, scalars) -> tuple:
+    """({input name: dask or stored array}, the outputs' box, x first) of the call over the
+    whole arrays, checked as the pipeline checks that call."""
+    buffer_inputs = [a for a in pipeline.inputs if a.is_buffer]
+    if len(arrays) != len(buffer_inputs):
+        raise ArgumentError("arrays", f"{pipeline.name} takes {len(buffer_inputs)} input "
+                                      f"buffers ({', '.join(a.name for a in buffer_inputs)}), "
+                                      f"got {len(arrays)} arrays")
+    inputs = {arg.name: _dask_input(arg, array) for arg, array in zip(buffer_inputs, arrays)}
+    if not pipeline.outputs:
+        raise ArgumentError("pipeline", f"{pipeline.name} has no output to map")
+    box = _output_box(pipeline, inputs, shape, scalars)
+    _check_whole_call(pipeline, inputs, box, scalars)
+    return inputs, box
+
+
 def _tasks_of(calls) -> dict:
     """{key: task} of delayed calls: each one's own layer, without its arguments' graphs."""
     tasks = {}
@@ -135,7 +131,8 @@ def _tasks_of(calls) -> dict:
 
 
 def _dask_input(arg, array):
-    array = array if isinstance(array, da.Array) else da.asarray(array)
+    """A dask array, or a stored array (``stored``) kept as it is, checked against ``arg``."""
+    array = array if isinstance(array, da.Array) or stored(array) else da.asarray(array)
     if array.ndim != arg.dimensions:
         raise ArgumentError(arg.name, f"expected a {arg.dimensions}-D array, got "
                                       f"{array.ndim}-D with shape {array.shape}")
@@ -254,9 +251,10 @@ def _stand_in(shape, dtype, writeable: bool) -> np.ndarray:
 
 def _output_chunks(chunks, shape, first, dtype) -> tuple:
     if chunks is None:
+        first_chunks = first is not None and _chunks_of(first)
         if first is not None and first.shape == shape:
-            return first.chunks
-        chunks = (tuple(c[0] for c in first.chunks) if first is not None
+            return first_chunks
+        chunks = (tuple(c[0] for c in first_chunks) if first is not None
                   and first.ndim == len(shape) else "auto")
     empty = ArgumentError("chunks", f"every chunk needs at least one element along every axis, "
                                     f"got {chunks!r} (output shape {shape})")
@@ -271,14 +269,46 @@ def _output_chunks(chunks, shape, first, dtype) -> tuple:
     return normalized
 
 
-def _source(name: str, array, box) -> tuple:
-    """What a task needs of one input: the region (Halide's box, x first), and the indices and
-    numpy-order origins of the input's blocks that it spans."""
+def stored(array) -> bool:
+    """Whether ``array`` is read where it is stored, each task reading its own region: a Zarr
+    array (``zarr.open_array``) or a TIFF file (``shim.dask.open_tiff``). Both pickle small
+    (where the data is, not the data) and read only the stored chunks a region covers, so a
+    worker holds no input between its tasks; a dask array's blocks are computed once each
+    and held until every chunk whose region spans them is done."""
+    zarr = sys.modules.get("zarr")  # (no Zarr array exists before zarr is imported)
+    return isinstance(array, TiffSource) or zarr is not None and isinstance(array, zarr.Array)
+
+
+def _token_of(array) -> str:
+    return array.name if isinstance(array, da.Array) else tokenize(array)
+
+
+def _chunks_of(array) -> tuple:
+    """An input's chunks in dask's form: a dask array's blocks, a stored array's chunks."""
+    if isinstance(array, da.Array):
+        return array.chunks
+    return da.core.normalize_chunks(array.chunks, array.shape)
+
+
+def _graph_input(array):
+    """What the tasks take of an input: its blocks (Delayed, by block index), or the stored
+    array itself, in the graph once."""
+    if isinstance(array, da.Array):
+        return array.to_delayed(optimize_graph=False)
+    return dask.delayed(array, name=f"shim-stored-{tokenize(array)}")
+
+
+def _source(name: str, array, graph_input, box) -> tuple:
+    """What a task needs of one input: the region (Halide's box, x first), what it takes (the
+    blocks the region spans, or the stored array) and the blocks' numpy-order origins (None
+    for a stored array, which the task reads the region of)."""
     lows = [lo for lo, _ in reversed(box)]
     highs = [lo + extent for lo, extent in reversed(box)]
     if not _covers(array.shape, box):
         raise BoundsError(name, f"a chunk reads {box} (x first), outside the array of shape "
                                 f"{array.shape}")
+    if not isinstance(array, da.Array):
+        return box, [graph_input], None
     spans, origins = [], []
     for axis, chunk in enumerate(array.chunks):
         edges = np.cumsum((0,) + chunk)
@@ -288,7 +318,7 @@ def _source(name: str, array, box) -> tuple:
         origins.append(edges)
     indices = list(itertools.product(*spans))
     starts = [tuple(int(origins[axis][i]) for axis, i in enumerate(index)) for index in indices]
-    return box, indices, starts
+    return box, [graph_input[index] for index in indices], starts
 
 
 class _Shipped:
@@ -329,7 +359,8 @@ class _Shipped:
 
 def _run_chunk(shipped, plan, *blocks):
     """One task: the output chunk over the plan's box from its inputs' regions (``blocks``:
-    those of every input in turn, as many as the plan's ``starts`` of each)."""
+    those of every input in turn, as many as the plan's ``starts`` of each, or the stored
+    array where ``starts`` is None)."""
     pipeline = shipped.load()
     box, sources, scalars, device, keep, output_names, dtypes = plan
     kind = shim_device(device) if device else None
@@ -337,11 +368,15 @@ def _run_chunk(shipped, plan, *blocks):
     arguments = {}
     blocks = iter(blocks)
     for name, (region, starts) in zip(_input_names(pipeline), sources):
-        spanned = list(itertools.islice(blocks, len(starts)))
-        if chunks is not None and any(chunks.is_chunk(block) for block in spanned):
-            arguments[name] = chunks.assemble(region, spanned, starts)  # (on the device)
-            continue
-        buf = Buffer(_assemble(region, spanned, starts), mins=[lo for lo, _ in region])
+        if starts is None:
+            data = _read(next(blocks), region)
+        else:
+            spanned = list(itertools.islice(blocks, len(starts)))
+            if chunks is not None and any(chunks.is_chunk(block) for block in spanned):
+                arguments[name] = chunks.assemble(region, spanned, starts)  # (on the device)
+                continue
+            data = _assemble(region, spanned, starts)
+        buf = Buffer(data, mins=[lo for lo, _ in region])
         if kind is not None:
             buf.copy_to_device(kind)
         arguments[name] = buf
@@ -359,6 +394,22 @@ def _input_names(pipeline) -> list:
     return [a.name for a in pipeline.inputs if a.is_buffer]
 
 
+def _read(array, region) -> np.ndarray:
+    """The ``region`` (x first) of a stored array, read from its store."""
+    return _dense(np.asarray(array[tuple(slice(lo, lo + extent)
+                                         for lo, extent in reversed(region))]))
+
+
+def _dense(array: np.ndarray) -> np.ndarray:
+    """``array``, or a copy of it whose x is dense: Halide pipelines require x's stride to be 1
+    by default, whatever its extent. A block dask made by broadcasting (da.zeros, da.full) has
+    stride 0, one it transposed strides across rows; np.ascontiguousarray would keep a view
+    whose x has one element at any stride (numpy calls it contiguous), a new array's is 1."""
+    if array.ndim and array.strides[-1] != array.itemsize:
+        return np.array(array, order="C")
+    return array
+
+
 def _assemble(region, blocks, starts) -> np.ndarray:
     """The ``region`` (x first) of an input, from the blocks it spans at their numpy-order
     ``starts``: a view where one block holds it all, else a copy of each block's part."""
@@ -373,12 +424,7 @@ def _assemble(region, blocks, starts) -> np.ndarray:
                    for part, s, lo in zip(inside, start, lows))
         parts.append((block[inside], at))
     if len(parts) == 1:
-        view = parts[0][0]
-        # Halide pipelines require x to be dense by default (stride 1); a block dask made by
-        # broadcasting (da.zeros, da.full) has stride 0, and a view of it would be refused.
-        if view.ndim and view.shape[-1] > 1 and view.strides[-1] != view.itemsize:
-            return np.ascontiguousarray(view)
-        return view
+        return _dense(parts[0][0])
     region_array = np.empty(shape, parts[0][0].dtype)
     for part, at in parts:
         region_array[at] = part
