@@ -223,7 +223,7 @@ def test_dlpack_chunks_through_a_graph(blur, opencl, monkeypatch):
     task reads is taken by DLPack, and the regions are joined on the device as for any chunk."""
     gpu, cpu = blur
     stand_in = DLPackChunks(np, "opencl")
-    monkeypatch.setattr("shim.dask.chunks_for", lambda device: stand_in)
+    monkeypatch.setattr("shim.dask.chunked.chunks_for", lambda device: stand_in)
     monkeypatch.setattr("shim.dask_device.chunks_for", lambda device: stand_in)
     src = image((60, 70), seed=3)
     mid = map_pipeline(gpu, da.from_array(src, chunks=(25, 30)), device="opencl",

@@ -36,6 +36,7 @@ from shim.backends.devices import device as shim_device
 from shim.base.errors import (ArgumentError, BoundsError, HalideCodeError, ShimError, SizeWarning,
                               warn_caller)
 from shim.calls import output_sizes
+from shim.native import lib
 from shim.dask.tiff import TiffSource
 from shim.dask_device import chunks_for, kept_chunks
 
@@ -240,7 +241,8 @@ def _check_whole_call(pipeline, inputs: dict, box, scalars) -> None:
             values[o.name] = Buffer(_stand_in(out_shape, o.type.dtype, writeable=True), mins=mins)
     with pipeline.prepare(**values, **scalars):
         if box is None:
-            raise BoundsError(pipeline.outputs[0].name, "no size fits the inputs: pass shape=")
+            raise BoundsError(pipeline.outputs[0].name, lib.halide_error_code_access_out_of_bounds,
+                              "no size fits the inputs: pass shape=")
 
 
 def _stand_in(shape, dtype, writeable: bool) -> np.ndarray:
@@ -305,8 +307,9 @@ def _source(name: str, array, graph_input, box) -> tuple:
     lows = [lo for lo, _ in reversed(box)]
     highs = [lo + extent for lo, extent in reversed(box)]
     if not _covers(array.shape, box):
-        raise BoundsError(name, f"a chunk reads {box} (x first), outside the array of shape "
-                                f"{array.shape}")
+        raise BoundsError(name, lib.halide_error_code_access_out_of_bounds,
+                          f"a chunk reads {box} (x first), outside the array of shape "
+                          f"{array.shape}")
     if not isinstance(array, da.Array):
         return box, [graph_input], None
     spans, origins = [], []
