@@ -163,7 +163,10 @@ def test_a_host_vanishes_mid_graph_and_the_result_is_one_calls(network, blur):
     assert victim.role in done["ran"] and set(done["ran"]) & survivors
     for name in set(done["ran"]) & survivors:
         assert loaded_from_memory(mapped(cluster.workers[name].processes[0].pid), digest)
-    assert not any("halide-shim" in name for name in mapped(cluster.scheduler.processes[0].pid))
+    # (No pipeline loaded from bytes: the shim's own files may be mapped, and are where the
+    # caches' folder is named halide-shim..., as CI's is.)
+    assert not any(name.startswith("/memfd:halide-shim")
+                   for name in mapped(cluster.scheduler.processes[0].pid))
 
 
 PADDING = 8 << 20
