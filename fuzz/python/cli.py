@@ -12,8 +12,10 @@ lines that by design run long or take much memory are skipped: a number above 40
 2**22 in the product of one argument's numbers (an image's elements), more than 3 iterations,
 a benchmark's minimum time above 0.05 s, a distributed scheduler.
 
-Checked: main() returns 0 or 1, or exits as argparse does (SystemExit 0 or 2), and prints no
-traceback: a raw exception out of it is the property broken.
+Checked: main() returns 0 or 1, exits as argparse does (SystemExit 0 or 2), or fails as
+RunGen fails (its message, then SIGABRT: shim/cli/console.py's ``abort``, which here raises
+instead, so that the fuzzer's process goes on), and prints no traceback: a raw exception out of
+it is the property broken.
 """
 
 import atexit
@@ -29,7 +31,19 @@ import numpy as np
 
 from common import PropertyViolated, fuzz, quiet, sample_library
 
+from shim.cli import console
 from shim.cli.main import main as shim_main
+
+
+class RunGenFailure(BaseException):
+    """console.abort() called: RunGen's way to fail, an outcome the property allows."""
+
+
+def _abort():
+    raise RunGenFailure
+
+
+console.abort = _abort
 
 PIPELINES = [sample_library(name) for name in ("brighten", "histogram", "plane_sum")]
 COMMANDS = ("run", "profile", "info")
@@ -126,6 +140,8 @@ def test_one_input(data: bytes) -> None:
     try:
         with quiet(), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             status = shim_main(argv)
+    except RunGenFailure:
+        status = 1
     except SystemExit as e:
         status = e.code
         if status not in (0, 2, None):
